@@ -1,0 +1,83 @@
+#pragma once
+// The public attention API.
+//
+// Layout: q [batch, seq_q, q_heads, head_dim], k/v [batch, seq_k, kv_heads, head_dim], out like q.
+// Any batch/seq/head strides; head_dim must be contiguous (stride 1).
+// Variable-length batches: pass cu_seqlens_q / cu_seqlens_k (int32, [batch + 1], cumulative offsets,
+// on the CPU) and tensors of shape [1, total_tokens, heads, head_dim]; sequence b owns the rows
+// cu_seqlens[b] .. cu_seqlens[b+1]-1.
+//
+// Mask semantics (one predicate, src/common/mask.h, shared by every backend). For query row i and key j of a
+// sequence with lengths (Sq, Sk), the query sits at key position p = i + (Sk - Sq) (bottom-right alignment,
+// as FlashAttention-2: the last query sees the last key). Key j is visible when
+//   (!causal || j <= p)  and  ( (window_left < 0 || j >= p - window_left) && (window_right < 0 || j <= p + window_right)
+//                               || j < sink_tokens )
+// i.e. sink tokens bypass the sliding window but never the causal mask.
+// Scores: s = scale * q.k, then softcap * tanh(s / softcap) when softcap > 0.
+// Learned sink logits (per q head, fp32, natural-log units) join the softmax denominator only.
+// LSE (fp32, [batch, q_heads, seq_q]; varlen: [1, q_heads, total_q]) = log(sum_visible exp(s) + exp(sink_logit)).
+// A row with no visible key gets out = 0 and LSE = -inf (or the sink logit when sink logits are given).
+#include <optional>
+#include <string>
+
+#include "flashlite/tensor.h"
+
+namespace flashlite {
+
+enum class Backend {
+  automatic,  // cpu for CPU tensors, cuda for CUDA tensors
+  reference,  // float64, the three textbook steps; CPU only; the oracle for tests
+  naive,      // three steps with an explicit S x S fp32 buffer (CPU, or split kernels on CUDA)
+  cpu,        // tiled FlashAttention-2 style kernel on the CPU
+  cuda,       // fused kernel on the GPU
+};
+
+const char* backend_name(Backend backend);
+// Parses "auto", "reference", "naive", "cpu", "cuda"; throws Error naming the value otherwise.
+Backend parse_backend(const std::string& name);
+
+struct AttentionOptions {
+  std::optional<double> scale;  // default 1/sqrt(head_dim)
+  bool causal = false;          // bottom-right aligned when seq_q != seq_k
+  int window_left = -1;         // -1 = unlimited
+  int window_right = -1;        // -1 = unlimited
+  int sink_tokens = 0;          // first N keys stay visible regardless of the window
+  TensorView sink_logits;       // optional fp32 [q_heads], same device as q
+  double softcap = 0.0;         // 0 = off
+  TensorView cu_seqlens_q;      // optional int32 [batch + 1] (CPU memory)
+  TensorView cu_seqlens_k;      // optional int32 [batch + 1] (CPU memory)
+};
+
+struct ForwardArgs {
+  TensorView q, k, v;
+  TensorView out;
+  TensorView lse;  // optional fp32 [batch, q_heads, seq_q]
+  AttentionOptions options;
+  Backend backend = Backend::automatic;
+  void* stream = nullptr;  // cudaStream_t for CUDA tensors
+  // Scratch memory on the tensors' device for backends that need it (CUDA naive); query its size with
+  // forward_workspace_bytes(). When absent such a backend allocates (and frees) it itself.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Validates every argument (throws Error, nothing is written), picks the kernel and runs it.
+void forward(const ForwardArgs& args);
+
+// The float64 oracle (CPU tensors only): writes contiguous float64 buffers shaped like q
+// ([batch, seq_q, q_heads, head_dim]) and lse ([batch, q_heads, seq_q]); either may be null. args.out is validated but
+// not written. Rows outside every varlen sequence are not written.
+void reference_forward_f64(const ForwardArgs& args, double* out, double* lse);
+
+// Convenience overload.
+void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+             const TensorView& lse, const AttentionOptions& options, Backend backend = Backend::automatic,
+             void* stream = nullptr);
+
+// Bytes of workspace the chosen backend needs for these arguments (0 for most). Validates the arguments.
+size_t forward_workspace_bytes(const ForwardArgs& args);
+
+// Which kernel forward() would run, as a readable name (e.g. "cpu_tiled_avx2"). Validates the arguments.
+std::string forward_kernel_name(const ForwardArgs& args);
+
+}  // namespace flashlite

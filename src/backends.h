@@ -1,0 +1,31 @@
+#pragma once
+// Entry points of every backend. Each receives a validated problem (src/dispatch.cpp) and trusts it.
+#include <cstddef>
+#include <string>
+
+#include "common/problem.h"
+
+namespace flashlite {
+
+// The kernel forward() runs; chosen in exactly one place (choose_kernel in dispatch.cpp).
+enum class KernelChoice { reference, cpu_naive, cpu_tiled, cuda_naive, cuda_fused };
+
+void run_reference(const AttentionProblem& p);
+void reference_compute(const AttentionProblem& p, double* out64, double* lse64);
+void run_cpu_naive(const AttentionProblem& p);
+void run_cpu_tiled(const AttentionProblem& p);
+const char* cpu_tiled_variant();  // "avx512" / "avx2" / "portable": the code path run_cpu_tiled takes here
+
+// Largest head_dim per backend family.
+inline constexpr int64_t kMaxCpuHeadDim = 512;
+
+#if FLASHLITE_WITH_CUDA
+size_t cuda_naive_workspace_bytes(const AttentionProblem& p);
+void run_cuda_naive(const AttentionProblem& p, void* stream, void* workspace, size_t workspace_bytes);
+// Empty string when the fused kernel supports p; otherwise why not (e.g. "head_dim 48 is not one of 64, 128").
+std::string cuda_fused_unsupported_reason(const AttentionProblem& p);
+void run_cuda_fused(const AttentionProblem& p, void* stream);
+std::string cuda_fused_kernel_name(const AttentionProblem& p);
+#endif
+
+}  // namespace flashlite

@@ -1,0 +1,67 @@
+#pragma once
+// The validated, resolved attention problem every backend receives. Built once by src/dispatch.cpp.
+#include <cstdint>
+
+#include "common/mask.h"
+#include "flashlite/tensor.h"
+
+namespace flashlite {
+
+// Element strides of a [batch, seq, heads, head_dim] view (head_dim stride is 1).
+struct BSHStrides {
+  int64_t batch = 0, seq = 0, head = 0;
+};
+
+struct AttentionProblem {
+  DType dtype = DType::f32;
+  Device device{};
+  int64_t batch = 0;     // number of sequences (varlen: cu_seqlens length - 1)
+  int64_t seq_q = 0;     // padded: seq_q of every sequence; varlen: max over sequences
+  int64_t seq_k = 0;     // padded: seq_k of every sequence; varlen: max over sequences
+  int64_t q_heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t q_tensor_rows = 0;  // q.shape[1]: seq_q, or total rows for varlen
+
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  BSHStrides q_stride, k_stride, v_stride, out_stride;
+
+  float* lse = nullptr;  // optional, fp32
+  int64_t lse_stride_batch = 0, lse_stride_head = 0, lse_stride_seq = 0;
+
+  const float* sink_logits = nullptr;  // optional, [q_heads], same device as q
+  double scale = 1.0;
+  double softcap = 0.0;
+  MaskParams mask;
+
+  // Varlen (both set or both null; host memory). Sequence b has rows cu_seqlens[b] .. cu_seqlens[b+1]-1 of
+  // the single "batch" of the tensors; its lengths are the differences.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+
+  bool varlen() const { return cu_seqlens_q != nullptr; }
+  int64_t group_size() const { return q_heads / kv_heads; }
+  int64_t kv_head_of(int64_t q_head) const { return q_head / group_size(); }
+};
+
+// One sequence of the problem: row offsets into the tensors and its lengths. Works for padded and varlen.
+struct SequenceSlice {
+  int64_t q_row0, k_row0;  // first row (seq index) in the tensor
+  int64_t batch_index;     // batch index in the tensor (0 for varlen)
+  int64_t seq_q, seq_k;
+};
+
+inline SequenceSlice sequence_slice(const AttentionProblem& p, int64_t b) {
+  if (p.varlen()) {
+    return {p.cu_seqlens_q[b], p.cu_seqlens_k[b], 0, int64_t(p.cu_seqlens_q[b + 1]) - p.cu_seqlens_q[b],
+            int64_t(p.cu_seqlens_k[b + 1]) - p.cu_seqlens_k[b]};
+  }
+  return {0, 0, b, p.seq_q, p.seq_k};
+}
+
+// Converts one stored element to float (fp16/bf16/fp32), host side.
+float load_as_float(const void* base, DType dtype, int64_t index);
+void store_from_float(void* base, DType dtype, int64_t index, float value);
+
+}  // namespace flashlite

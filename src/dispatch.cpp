@@ -1,0 +1,368 @@
+// Validates every argument once, resolves the problem, picks the kernel (choose_kernel) and runs it.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "backends.h"
+#include "common/problem.h"
+#include "flashlite/attention.h"
+#include "flashlite/errors.h"
+
+namespace flashlite {
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::automatic: return "auto";
+    case Backend::reference: return "reference";
+    case Backend::naive: return "naive";
+    case Backend::cpu: return "cpu";
+    case Backend::cuda: return "cuda";
+  }
+  return "unknown";
+}
+
+Backend parse_backend(const std::string& name) {
+  for (Backend b : {Backend::automatic, Backend::reference, Backend::naive, Backend::cpu, Backend::cuda}) {
+    if (name == backend_name(b)) return b;
+  }
+  throw Error(ErrorKind::invalid_value,
+              "backend '" + name + "' is unknown; expected one of auto, reference, naive, cpu, cuda");
+}
+
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) { throw Error(ErrorKind::invalid_value, msg); }
+[[noreturn]] void fail_type(const std::string& msg) { throw Error(ErrorKind::invalid_type, msg); }
+
+bool is_float_dtype(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
+
+void check_present(const TensorView& t, const char* name) {
+  if (t.rank == 0 && t.data == nullptr) fail(std::string(name) + " is missing (null tensor)");
+  if (t.data == nullptr && t.numel() > 0) fail(std::string(name) + " has a null data pointer");
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] < 0) {
+      fail(std::string(name) + " has negative size " + std::to_string(t.shape[i]) + " in dimension " +
+           std::to_string(i) + " (shape " + t.shape_string() + ")");
+    }
+  }
+}
+
+void check_rank(const TensorView& t, const char* name, int rank, const char* layout) {
+  if (t.rank != rank) {
+    fail(std::string(name) + " has rank " + std::to_string(t.rank) + " (shape " + t.shape_string() +
+         "); expected rank " + std::to_string(rank) + " " + layout);
+  }
+}
+
+void check_dim(const TensorView& t, const char* name, int dim, int64_t expected, const char* what) {
+  if (t.shape[dim] != expected) {
+    fail(std::string(name) + " has " + what + " " + std::to_string(t.shape[dim]) + " (shape " + t.shape_string() +
+         "); expected " + std::to_string(expected));
+  }
+}
+
+BSHStrides bsh_strides(const TensorView& t, const char* name) {
+  if (t.shape[3] > 1 && t.strides[3] != 1) {
+    fail(std::string(name) + " has head_dim stride " + std::to_string(t.strides[3]) + "; expected 1 (head_dim contiguous)");
+  }
+  return {t.strides[0], t.strides[1], t.strides[2]};
+}
+
+struct ByteRange {
+  uintptr_t lo, hi;
+};
+
+ByteRange byte_range(const TensorView& t) {
+  int64_t lo = 0, hi = 0;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] == 0) return {0, 0};
+    const int64_t ext = (t.shape[i] - 1) * t.strides[i];
+    (ext < 0 ? lo : hi) += ext;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  return {base + uintptr_t(lo * int64_t(dtype_size(t.dtype))), base + uintptr_t((hi + 1) * int64_t(dtype_size(t.dtype)))};
+}
+
+void check_no_overlap(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
+  if (a.data == nullptr || b.data == nullptr || !(a.device == b.device)) return;
+  const ByteRange ra = byte_range(a), rb = byte_range(b);
+  if (ra.lo == ra.hi || rb.lo == rb.hi) return;
+  if (ra.lo < rb.hi && rb.lo < ra.hi) {
+    fail(std::string(a_name) + " overlaps " + b_name + " in memory; the output must not alias an input");
+  }
+}
+
+void check_device(const TensorView& t, const char* name, Device expected) {
+  if (!(t.device == expected)) {
+    fail(std::string(name) + " is on " + device_name(t.device) + " but q is on " + device_name(expected) +
+         "; all tensors must be on the same device");
+  }
+}
+
+const int32_t* check_cu_seqlens(const TensorView& t, const char* name, int64_t batch, int64_t rows) {
+  if (t.dtype != DType::i32) fail_type(std::string(name) + " has dtype " + dtype_name(t.dtype) + "; expected int32");
+  if (t.device.type != DeviceType::cpu) {
+    fail(std::string(name) + " is on " + device_name(t.device) + "; expected CPU memory (cumulative offsets are read on the host)");
+  }
+  if (t.rank != 1) fail(std::string(name) + " has rank " + std::to_string(t.rank) + "; expected rank 1 [batch + 1]");
+  if (t.shape[0] != batch + 1) {
+    fail(std::string(name) + " has " + std::to_string(t.shape[0]) + " entries; expected " + std::to_string(batch + 1) +
+         " (batch + 1, the same as the other cu_seqlens)");
+  }
+  if (t.shape[0] > 1 && t.strides[0] != 1) fail(std::string(name) + " must be contiguous (stride 1)");
+  const auto* cu = static_cast<const int32_t*>(t.data);
+  if (cu[0] != 0) fail(std::string(name) + "[0] is " + std::to_string(cu[0]) + "; expected 0");
+  for (int64_t i = 1; i <= batch; ++i) {
+    if (cu[i] < cu[i - 1]) {
+      fail(std::string(name) + " is not monotone: entry " + std::to_string(i) + " is " + std::to_string(cu[i]) +
+           " after " + std::to_string(cu[i - 1]));
+    }
+  }
+  if (cu[batch] > rows) {
+    fail(std::string(name) + " ends at " + std::to_string(cu[batch]) + ", past the tensor's " + std::to_string(rows) +
+         " rows");
+  }
+  return cu;
+}
+
+struct Resolved {
+  AttentionProblem problem;
+  KernelChoice kernel;
+};
+
+AttentionProblem validate(const ForwardArgs& a) {
+  const AttentionOptions& o = a.options;
+  check_present(a.q, "q");
+  check_present(a.k, "k");
+  check_present(a.v, "v");
+  check_present(a.out, "out");
+  check_rank(a.q, "q", 4, "[batch, seq_q, q_heads, head_dim]");
+  check_rank(a.k, "k", 4, "[batch, seq_k, kv_heads, head_dim]");
+  check_rank(a.v, "v", 4, "[batch, seq_k, kv_heads, head_dim]");
+  check_rank(a.out, "out", 4, "[batch, seq_q, q_heads, head_dim]");
+
+  if (!is_float_dtype(a.q.dtype)) fail_type(std::string("q has dtype ") + dtype_name(a.q.dtype) + "; expected float32, float16 or bfloat16");
+  for (auto [t, name] : {std::pair{&a.k, "k"}, {&a.v, "v"}, {&a.out, "out"}}) {
+    if (t->dtype != a.q.dtype) {
+      fail_type(std::string(name) + " has dtype " + dtype_name(t->dtype) + " but q has " + dtype_name(a.q.dtype) +
+                "; q, k, v and out must share one dtype");
+    }
+  }
+  const Device dev = a.q.device;
+  check_device(a.k, "k", dev);
+  check_device(a.v, "v", dev);
+  check_device(a.out, "out", dev);
+
+  const int64_t batch = a.q.shape[0], seq_q = a.q.shape[1], hq = a.q.shape[2], d = a.q.shape[3];
+  const int64_t seq_k = a.k.shape[1], hkv = a.k.shape[2];
+  check_dim(a.k, "k", 0, batch, "batch");
+  check_dim(a.v, "v", 0, batch, "batch");
+  check_dim(a.k, "k", 3, d, "head_dim");
+  check_dim(a.v, "v", 1, seq_k, "seq_k");
+  check_dim(a.v, "v", 2, hkv, "kv_heads");
+  check_dim(a.v, "v", 3, d, "head_dim");
+  for (int i = 0; i < 4; ++i) check_dim(a.out, "out", i, a.q.shape[i], i == 0 ? "batch" : i == 1 ? "seq_q" : i == 2 ? "q_heads" : "head_dim");
+  if (hq < 1) fail("q has " + std::to_string(hq) + " heads; expected at least 1");
+  if (hkv < 1) fail("k has " + std::to_string(hkv) + " heads; expected at least 1");
+  if (hq % hkv != 0) {
+    fail("q_heads " + std::to_string(hq) + " is not divisible by kv_heads " + std::to_string(hkv) +
+         "; GQA needs q_heads to be a multiple of kv_heads");
+  }
+  if (d < 1) fail("head_dim " + std::to_string(d) + " is unsupported; expected at least 1");
+
+  AttentionProblem p;
+  p.dtype = a.q.dtype;
+  p.device = dev;
+  p.batch = batch;
+  p.seq_q = seq_q;
+  p.seq_k = seq_k;
+  p.q_heads = hq;
+  p.kv_heads = hkv;
+  p.head_dim = d;
+  p.q_tensor_rows = seq_q;
+  p.q = a.q.data;
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.out = a.out.data;
+  p.q_stride = bsh_strides(a.q, "q");
+  p.k_stride = bsh_strides(a.k, "k");
+  p.v_stride = bsh_strides(a.v, "v");
+  p.out_stride = bsh_strides(a.out, "out");
+
+  check_no_overlap(a.out, "out", a.q, "q");
+  check_no_overlap(a.out, "out", a.k, "k");
+  check_no_overlap(a.out, "out", a.v, "v");
+
+  // Options.
+  if (o.window_left < -1) fail("window_left is " + std::to_string(o.window_left) + "; expected -1 (unlimited) or >= 0");
+  if (o.window_right < -1) fail("window_right is " + std::to_string(o.window_right) + "; expected -1 (unlimited) or >= 0");
+  if (o.sink_tokens < 0) fail("sink_tokens is " + std::to_string(o.sink_tokens) + "; expected >= 0");
+  if (o.scale && !std::isfinite(*o.scale)) fail("scale is " + std::to_string(*o.scale) + "; expected a finite number");
+  if (!std::isfinite(o.softcap) || o.softcap < 0) {
+    fail("softcap is " + std::to_string(o.softcap) + "; expected a finite number >= 0 (0 = off)");
+  }
+  p.scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(d));
+  p.softcap = o.softcap;
+  p.mask = {o.causal, o.window_left, o.window_right, o.sink_tokens};
+
+  if (!o.sink_logits.empty()) {
+    check_present(o.sink_logits, "sink_logits");
+    if (o.sink_logits.dtype != DType::f32) fail_type(std::string("sink_logits has dtype ") + dtype_name(o.sink_logits.dtype) + "; expected float32");
+    check_device(o.sink_logits, "sink_logits", dev);
+    if (o.sink_logits.rank != 1 || o.sink_logits.shape[0] != hq) {
+      fail("sink_logits has shape " + o.sink_logits.shape_string() + "; expected [" + std::to_string(hq) + "] (one per q head)");
+    }
+    if (hq > 1 && o.sink_logits.strides[0] != 1) fail("sink_logits must be contiguous (stride 1)");
+    p.sink_logits = static_cast<const float*>(o.sink_logits.data);
+    check_no_overlap(a.out, "out", o.sink_logits, "sink_logits");
+  }
+
+  // Variable-length batches.
+  const bool has_cq = !o.cu_seqlens_q.empty(), has_ck = !o.cu_seqlens_k.empty();
+  if (has_cq != has_ck) fail("cu_seqlens_q and cu_seqlens_k must be given together (varlen) or both omitted");
+  int64_t lse_batch = batch, lse_seq = seq_q;
+  if (has_cq) {
+    if (batch != 1) {
+      fail("q has batch " + std::to_string(batch) + " with cu_seqlens; varlen expects tensors of shape [1, total_tokens, heads, head_dim]");
+    }
+    check_present(o.cu_seqlens_q, "cu_seqlens_q");
+    check_present(o.cu_seqlens_k, "cu_seqlens_k");
+    const int64_t nseq = o.cu_seqlens_q.rank == 1 ? o.cu_seqlens_q.shape[0] - 1 : -1;
+    if (nseq < 0) fail("cu_seqlens_q has shape " + o.cu_seqlens_q.shape_string() + "; expected rank 1 [batch + 1] with at least one entry");
+    p.cu_seqlens_q = check_cu_seqlens(o.cu_seqlens_q, "cu_seqlens_q", nseq, seq_q);
+    p.cu_seqlens_k = check_cu_seqlens(o.cu_seqlens_k, "cu_seqlens_k", nseq, seq_k);
+    p.batch = nseq;
+    p.seq_q = p.seq_k = 0;
+    for (int64_t b = 0; b < nseq; ++b) {
+      p.seq_q = std::max<int64_t>(p.seq_q, p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]);
+      p.seq_k = std::max<int64_t>(p.seq_k, p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]);
+    }
+  }
+
+  if (!a.lse.empty()) {
+    check_present(a.lse, "lse");
+    if (a.lse.dtype != DType::f32) fail_type(std::string("lse has dtype ") + dtype_name(a.lse.dtype) + "; expected float32");
+    check_device(a.lse, "lse", dev);
+    check_rank(a.lse, "lse", 3, has_cq ? "[1, q_heads, total_q]" : "[batch, q_heads, seq_q]");
+    check_dim(a.lse, "lse", 0, lse_batch, "batch");
+    check_dim(a.lse, "lse", 1, hq, "q_heads");
+    check_dim(a.lse, "lse", 2, lse_seq, "seq_q");
+    p.lse = static_cast<float*>(a.lse.data);
+    p.lse_stride_batch = a.lse.strides[0];
+    p.lse_stride_head = a.lse.strides[1];
+    p.lse_stride_seq = a.lse.strides[2];
+    check_no_overlap(a.lse, "lse", a.q, "q");
+    check_no_overlap(a.lse, "lse", a.k, "k");
+    check_no_overlap(a.lse, "lse", a.v, "v");
+    check_no_overlap(a.lse, "lse", a.out, "out");
+  }
+  return p;
+}
+
+KernelChoice choose_kernel(const AttentionProblem& p, Backend requested) {
+  const bool on_cpu = p.device.type == DeviceType::cpu;
+  const std::string where = device_name(p.device);
+  switch (requested) {
+    case Backend::reference:
+      if (!on_cpu) fail("backend 'reference' runs on CPU tensors only, but the tensors are on " + where);
+      return KernelChoice::reference;
+    case Backend::cpu:
+      if (!on_cpu) fail("backend 'cpu' needs CPU tensors, but the tensors are on " + where);
+      if (p.head_dim > kMaxCpuHeadDim) fail("head_dim " + std::to_string(p.head_dim) + " is unsupported by backend 'cpu'; expected at most " + std::to_string(kMaxCpuHeadDim));
+      return KernelChoice::cpu_tiled;
+    case Backend::naive:
+      if (on_cpu) return KernelChoice::cpu_naive;
+#if FLASHLITE_WITH_CUDA
+      return KernelChoice::cuda_naive;
+#else
+      fail("the tensors are on " + where + " but flashlite was built without CUDA");
+#endif
+    case Backend::cuda:
+    case Backend::automatic:
+      if (on_cpu) {
+        if (requested == Backend::cuda) fail("backend 'cuda' needs CUDA tensors, but the tensors are on cpu");
+        if (p.head_dim > kMaxCpuHeadDim) fail("head_dim " + std::to_string(p.head_dim) + " is unsupported on the CPU; expected at most " + std::to_string(kMaxCpuHeadDim));
+        return KernelChoice::cpu_tiled;
+      }
+#if FLASHLITE_WITH_CUDA
+      if (std::string why = cuda_fused_unsupported_reason(p); !why.empty()) fail(why);
+      return KernelChoice::cuda_fused;
+#else
+      fail("the tensors are on " + where + " but flashlite was built without CUDA");
+#endif
+  }
+  fail("backend value " + std::to_string(int(requested)) + " is unknown");
+}
+
+Resolved resolve(const ForwardArgs& args) {
+  AttentionProblem p = validate(args);
+  return {p, choose_kernel(p, args.backend)};
+}
+
+}  // namespace
+
+size_t forward_workspace_bytes(const ForwardArgs& args) {
+  [[maybe_unused]] const Resolved r = resolve(args);
+#if FLASHLITE_WITH_CUDA
+  if (r.kernel == KernelChoice::cuda_naive) return cuda_naive_workspace_bytes(r.problem);
+#endif
+  return 0;
+}
+
+std::string forward_kernel_name(const ForwardArgs& args) {
+  const Resolved r = resolve(args);
+  switch (r.kernel) {
+    case KernelChoice::reference: return "reference_f64";
+    case KernelChoice::cpu_naive: return "cpu_naive_three_step";
+    case KernelChoice::cpu_tiled: return std::string("cpu_tiled_") + cpu_tiled_variant();
+    case KernelChoice::cuda_naive: return "cuda_naive_split";
+    case KernelChoice::cuda_fused:
+#if FLASHLITE_WITH_CUDA
+      return cuda_fused_kernel_name(r.problem);
+#else
+      break;
+#endif
+  }
+  return "unknown";
+}
+
+void forward(const ForwardArgs& args) {
+  const Resolved r = resolve(args);
+  const AttentionProblem& p = r.problem;
+  if (p.batch == 0 || p.seq_q == 0) return;  // nothing to compute
+  switch (r.kernel) {
+    case KernelChoice::reference: run_reference(p); return;
+    case KernelChoice::cpu_naive: run_cpu_naive(p); return;
+    case KernelChoice::cpu_tiled: run_cpu_tiled(p); return;
+#if FLASHLITE_WITH_CUDA
+    case KernelChoice::cuda_naive: run_cuda_naive(p, args.stream, args.workspace, args.workspace_bytes); return;
+    case KernelChoice::cuda_fused: run_cuda_fused(p, args.stream); return;
+#else
+    default: break;
+#endif
+  }
+  throw Error(ErrorKind::runtime, "internal error: no kernel for the chosen backend");
+}
+
+void reference_forward_f64(const ForwardArgs& args, double* out, double* lse) {
+  ForwardArgs a = args;
+  a.backend = Backend::reference;
+  const Resolved r = resolve(a);
+  reference_compute(r.problem, out, lse);
+}
+
+void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+             const TensorView& lse, const AttentionOptions& options, Backend backend, void* stream) {
+  ForwardArgs args;
+  args.q = q;
+  args.k = k;
+  args.v = v;
+  args.out = out;
+  args.lse = lse;
+  args.options = options;
+  args.backend = backend;
+  args.stream = stream;
+  forward(args);
+}
+
+}  // namespace flashlite
