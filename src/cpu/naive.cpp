@@ -61,7 +61,7 @@ void run_cpu_naive(const AttentionProblem& p) {
       for (int64_t j = 0; j < s.seq_k; ++j) row[j] *= inv;
       if (p.lse) {
         p.lse[s.batch_index * p.lse_stride_batch + h * p.lse_stride_head + (s.q_row0 + i) * p.lse_stride_seq] =
-            keys_sum > 0 ? row_max + std::log(denom) : neg_inf;
+            denom > 0 ? row_max + std::log(denom) : neg_inf;
       }
     }
   }

@@ -1,0 +1,31 @@
+// `flashlite`: the command-line tool (attn | info | bench | generate | chat | tokenize).
+#include <iostream>
+
+#include "commands.h"
+#include "flashlite/errors.h"
+#include "flashlite/version.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"flashlite: exact, IO-aware attention for GPUs and CPUs, and a Llama inference engine"};
+  app.add_flag_callback("--version", [] {
+    std::cout << "flashlite " << flashlite::version() << "\n";
+    throw CLI::Success();
+  }, "Print the version and exit");
+  app.require_subcommand(1);
+  flashlite::cli::add_attn_command(app);
+  flashlite::cli::add_info_command(app);
+  flashlite::cli::add_bench_command(app);
+  flashlite::cli::add_engine_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const flashlite::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
