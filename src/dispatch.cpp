@@ -256,6 +256,11 @@ AttentionProblem validate(const ForwardArgs& a) {
     check_no_overlap(a.lse, "lse", a.v, "v");
     check_no_overlap(a.lse, "lse", a.out, "out");
   }
+  // The outputs must not alias the other inputs the kernels read while writing either.
+  for (auto [t, name] : {std::pair{&o.sink_logits, "sink_logits"}, {&o.cu_seqlens_q, "cu_seqlens_q"}, {&o.cu_seqlens_k, "cu_seqlens_k"}}) {
+    check_no_overlap(a.out, "out", *t, name);
+    check_no_overlap(a.lse, "lse", *t, name);
+  }
   return p;
 }
 

@@ -260,6 +260,8 @@ std::vector<GridCase> build_grid() {
   return cases;
 }
 
+void PrintTo(const GridCase& c, std::ostream* os) { *os << c.name; }
+
 const std::vector<GridCase>& grid() {
   static const std::vector<GridCase> cases = build_grid();
   return cases;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +20,11 @@
 #include "common/half.h"
 #include "flashlite/attention.h"
 #include "flashlite/errors.h"
+
+namespace flashlite {
+// Readable test parameters in gtest output.
+inline void PrintTo(Backend b, std::ostream* os) { *os << backend_name(b); }
+}  // namespace flashlite
 
 namespace fltest {
 

@@ -113,6 +113,12 @@ std::vector<BadCase> bad_cases() {
       {"lse_in_out",
        [](Problem& p) { p.args.lse.data = static_cast<float*>(p.args.out.data) + 3; }, V, {"lse overlaps out"}},
       {"lse_in_k", [](Problem& p) { p.args.lse.data = p.args.k.data; }, V, {"lse overlaps k"}},
+      {"lse_on_sink_logits", [](Problem& p) { p.args.lse.data = p.args.options.sink_logits.data; }, V, {"lse overlaps sink_logits"}},
+      {"out_on_sink_logits",
+       [](Problem& p) {
+         p.args.options.sink_logits.data = static_cast<float*>(p.args.out.data) + 100;
+       },
+       V, {"out overlaps sink_logits"}},
       // LSE shape and type.
       {"lse_dtype", [](Problem& p) { p.args.lse.dtype = DType::f16; }, T, {"lse has dtype float16", "expected float32"}},
       {"lse_rank", [](Problem& p) { p.args.lse.rank = 2; }, V, {"lse has rank 2", "[batch, q_heads, seq_q]"}},
@@ -141,6 +147,8 @@ std::vector<BadCase> bad_cases() {
       {"sink_logits_null", [](Problem& p) { p.args.options.sink_logits.data = nullptr; }, V, {"sink_logits has a null data pointer"}},
   };
 }
+
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
 
 class Rejects : public ::testing::TestWithParam<BadCase> {};
 
@@ -171,6 +179,8 @@ struct CuCase {
   std::vector<int32_t> cu_q, cu_k;
   std::vector<std::string> parts;
 };
+
+void PrintTo(const CuCase& c, std::ostream* os) { *os << c.name; }
 
 class RejectsCuSeqlens : public ::testing::TestWithParam<CuCase> {};
 
@@ -218,6 +228,16 @@ TEST(RejectsVarlen, OffsetsOfTheWrongTypeOrPlace) {
     Problem p(varlen_spec(), 6);
     p.args.options.cu_seqlens_q.rank = 2;
     expect_rejected_everywhere(p, ErrorKind::invalid_value, {"cu_seqlens_q has shape", "expected rank 1"});
+  }
+}
+
+TEST(RejectsVarlen, OutputsOverlappingTheOffsets) {
+  for (bool lse : {false, true}) {
+    Problem p(varlen_spec(), 7);
+    int32_t* cu = static_cast<int32_t*>((lse ? p.args.lse : p.args.out).data) + 1;  // a valid cu_seqlens_k inside it
+    cu[0] = 0, cu[1] = 4, cu[2] = 7;
+    p.args.options.cu_seqlens_k.data = cu;
+    expect_rejected_everywhere(p, ErrorKind::invalid_value, {lse ? "lse overlaps cu_seqlens_k" : "out overlaps cu_seqlens_k"});
   }
 }
 
