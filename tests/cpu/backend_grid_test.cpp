@@ -98,7 +98,7 @@ std::vector<GridCase> build_grid() {
   std::map<std::string, int> seen;
   const auto add = [&](const std::string& group, Spec s) {
     std::string name = group + "_" + describe(s);
-    if (int n = seen[name]++) name += "_" + std::to_string(n + 1);
+    if (int n = seen[name]++) name.append("_").append(std::to_string(n + 1));
     cases.push_back({name, s});
   };
   const auto with_mask = [](Spec s, const MaskCase& m) {
@@ -140,6 +140,15 @@ std::vector<GridCase> build_grid() {
     w.mask = {false, 100, 50, 2};
     w.in_layout = Layout::heads_major;
     add("bigseq", w);
+    // Whole tiles invisible: q much longer than k under causal leaves hundreds of rows with no key at all (they must
+    // still be written: zeros, LSE -inf), and a narrow window leaves most key tiles of every row skipped.
+    Spec masked_rows = shape(1, 1000, 300, 2, 1, 64);
+    masked_rows.mask = {true, 64, -1, 0};
+    add("bigseq", masked_rows);
+    Spec narrow = shape(1, 300, 1000, 2, 1, 40, DType::f16);
+    narrow.mask = {false, 32, 0, 3};
+    narrow.sink_logits = true;
+    add("bigseq", narrow);
   }
 
   // head_dim: every listed size, odd ones, the CPU maximum, and tails shorter than any vector.
