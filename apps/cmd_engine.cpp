@@ -1,8 +1,301 @@
-// PLACEHOLDER until the engine lands (owned by the engine work): registers nothing.
+// `flashlite generate | chat | tokenize`: the Llama engine on the command line (CPU path).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
+#include "engine/chat_template.h"
+#include "engine/errors.h"
+#include "engine/generator.h"
+#include "engine/mapped_file.h"
+#include "engine/tokenizer.h"
+#include "engine/weights.h"
 
 namespace flashlite::cli {
 
-void add_engine_commands(CLI::App&) {}
+namespace eng = flashlite::engine;
+using json = nlohmann::json;
+
+namespace {
+
+struct ModelSettings {
+  std::string model, tokenizer, device = "cpu";
+  int threads = 0, context = 0;
+  bool json_out = false;
+};
+
+struct SamplingSettings {
+  int max_tokens = 256;
+  float temperature = 0.0f, top_p = 1.0f;
+  int top_k = 0;
+  uint64_t seed = 0;
+};
+
+void add_model_options(CLI::App* cmd, ModelSettings& m) {
+  cmd->add_option("--model", m.model, "Hugging Face checkpoint directory or llama2.c .bin file")->required();
+  cmd->add_option("--tokenizer", m.tokenizer, "Tokenizer (llama2.c .bin or tokenizer.json); default: the model directory");
+  cmd->add_option("--device", m.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  cmd->add_option("--threads", m.threads, "CPU threads (0 = automatic: 1 for tiny models)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--context", m.context, "KV cache positions per sequence (default: prompt + max tokens, or 4096 for chat)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--json", m.json_out, "Print one JSON object instead of streaming text");
+}
+
+void add_sampling_options(CLI::App* cmd, SamplingSettings& s) {
+  cmd->add_option("--max-tokens", s.max_tokens, "New tokens to generate (per sequence / per turn)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--temperature", s.temperature, "0 = greedy")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--top-k", s.top_k, "Keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--top-p", s.top_p, "Nucleus sampling mass (1 = off)")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  cmd->add_option("--seed", s.seed, "Random seed")->capture_default_str();
+}
+
+struct Loaded {
+  eng::ModelWeights weights;
+  std::unique_ptr<eng::Tokenizer> tokenizer;
+};
+
+Loaded load(const ModelSettings& m, bool quiet) {
+  if (m.device == "cuda") {
+    throw Error(ErrorKind::invalid_value, "--device cuda: the engine's CUDA path is not built yet; use --device cpu");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!quiet) std::fprintf(stderr, "loading %s ...\n", m.model.c_str());
+  Loaded l{eng::load_checkpoint(m.model), nullptr};
+  std::string tok = m.tokenizer;
+  if (tok.empty()) {
+    if (!eng::is_directory(m.model)) {
+      throw Error(ErrorKind::invalid_value, "--model '" + m.model + "' is a llama2.c checkpoint; pass its tokenizer with --tokenizer (e.g. tok512.bin)");
+    }
+    tok = m.model;
+  }
+  l.tokenizer = eng::load_tokenizer(tok);
+  if (l.tokenizer->vocab_size() > l.weights.config.vocab_size) {
+    throw Error(ErrorKind::invalid_value, "tokenizer '" + tok + "' has " + std::to_string(l.tokenizer->vocab_size()) +
+                                              " tokens but the model's vocabulary is " + std::to_string(l.weights.config.vocab_size));
+  }
+  if (!quiet) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "%s\n%zu parameters, tokenizer %s, loaded in %.2f s\n", l.weights.config.summary().c_str(),
+                 l.weights.parameter_count(), l.tokenizer->kind().c_str(), s);
+  }
+  return l;
+}
+
+eng::GenerationParams gen_params(const SamplingSettings& s, const std::vector<int>& stops) {
+  eng::GenerationParams p;
+  p.max_new_tokens = s.max_tokens;
+  p.sampling = {s.temperature, s.top_k, s.top_p, s.seed};
+  p.sampling.validate();
+  p.stop_ids = stops;
+  return p;
+}
+
+int bos_of(const Loaded& l) {
+  return l.weights.config.bos_id >= 0 ? l.weights.config.bos_id : l.tokenizer->bos_id();
+}
+
+std::vector<int> stop_ids_of(const Loaded& l) {
+  std::vector<int> stops = l.weights.config.eos_ids;
+  for (const char* name : {"<|eot_id|>", "<|end_of_text|>"}) {
+    if (auto id = l.tokenizer->token_id(name); id && std::find(stops.begin(), stops.end(), *id) == stops.end()) stops.push_back(*id);
+  }
+  return stops;
+}
+
+json stats_json(const eng::GenerationStats& st, const eng::LlamaCpu& model) {
+  return {{"batch", st.batch},
+          {"prompt_tokens", st.prompt_tokens},
+          {"generated_tokens", st.generated_tokens},
+          {"ttft_ms", st.ttft_ms},
+          {"prefill_tokens_per_s", st.prefill_tokens_per_s()},
+          {"mean_tbt_ms", st.mean_tbt_ms()},
+          {"median_tbt_ms", st.median_tbt_ms()},
+          {"decode_tokens_per_s", st.decode_tokens_per_s()},
+          {"total_ms", st.total_ms},
+          {"peak_rss_bytes", eng::peak_rss_bytes()},
+          {"threads", model.threads()},
+          {"device", "cpu"}};
+}
+
+void print_stats(const eng::GenerationStats& st, const eng::LlamaCpu& model) {
+  std::fprintf(stderr,
+               "\n[batch %d, prompt %d tokens, generated %d] TTFT %.3f ms (prefill %.0f tok/s), time between tokens "
+               "mean %.4f ms median %.4f ms, decode %.1f tok/s, peak memory %.1f MiB, %d thread(s)\n",
+               st.batch, st.prompt_tokens, st.generated_tokens, st.ttft_ms, st.prefill_tokens_per_s(), st.mean_tbt_ms(),
+               st.median_tbt_ms(), st.decode_tokens_per_s(), eng::peak_rss_bytes() / 1048576.0, model.threads());
+}
+
+std::string read_stdin() { return std::string(std::istreambuf_iterator<char>(std::cin), {}); }
+
+std::string dump(const json& j) { return j.dump(2, ' ', false, json::error_handler_t::replace); }
+
+// ---- generate ----
+struct GenerateSettings {
+  ModelSettings m;
+  SamplingSettings s;
+  std::vector<std::string> prompts;
+  bool no_bos = false, special = false;
+};
+
+void run_generate(const GenerateSettings& g) {
+  Loaded l = load(g.m, g.m.json_out);
+  std::vector<std::string> texts = g.prompts.empty() ? std::vector<std::string>{""} : g.prompts;
+  std::vector<std::vector<int>> prompts;
+  const int bos = g.no_bos ? -1 : bos_of(l);
+  size_t longest = 0;
+  for (const std::string& t : texts) {
+    std::vector<int> ids;
+    if (bos >= 0) ids.push_back(bos);
+    std::vector<int> enc = l.tokenizer->encode(t, g.special);
+    ids.insert(ids.end(), enc.begin(), enc.end());
+    if (ids.empty()) throw Error(ErrorKind::invalid_value, "prompt is empty and the model has no BOS token; pass --prompt");
+    longest = std::max(longest, ids.size());
+    prompts.push_back(std::move(ids));
+  }
+  const int max_ctx = l.weights.config.max_seq_len;
+  if (int(longest) > max_ctx) {
+    throw Error(ErrorKind::invalid_value, "prompt has " + std::to_string(longest) + " tokens; the model's context holds " +
+                                              std::to_string(max_ctx));
+  }
+  eng::RuntimeOptions ro;
+  ro.slots = int(prompts.size());
+  ro.threads = g.m.threads;
+  ro.context = g.m.context > 0 ? g.m.context : std::min<int>(max_ctx, int(longest) + g.s.max_tokens);
+  eng::LlamaCpu model(l.weights, ro);
+  const bool stream = !g.m.json_out && prompts.size() == 1;
+  if (stream) {
+    std::fwrite(texts[0].data(), 1, texts[0].size(), stdout);
+    std::fflush(stdout);
+  }
+  int prev = prompts[0].back();
+  auto on_token = [&](int seq, int tok) {
+    if (!stream || seq != 0) return;
+    std::string piece = l.tokenizer->decode_token(tok);
+    // SentencePiece: the first piece after BOS carries the dummy-prefix space; llama2.c drops it.
+    if (prev == bos && l.tokenizer->adds_dummy_prefix() && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
+    prev = tok;
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  };
+  eng::GenerationResult r = eng::generate(model, prompts, gen_params(g.s, stop_ids_of(l)), on_token);
+  if (g.m.json_out) {
+    json outs = json::array();
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      outs.push_back({{"prompt", texts[b]}, {"prompt_ids", prompts[b]}, {"ids", r.tokens[b]},
+                      {"text", l.tokenizer->decode(r.tokens[b])}, {"finish_reason", r.finish_reason[b]}});
+    }
+    std::cout << dump({{"model", g.m.model}, {"outputs", outs}, {"stats", stats_json(r.stats, model)}}) << "\n";
+    return;
+  }
+  if (!stream) {
+    for (size_t b = 0; b < prompts.size(); ++b) std::cout << "[" << b << "] " << texts[b] << l.tokenizer->decode(r.tokens[b]) << "\n";
+  }
+  std::cout << std::flush;
+  print_stats(r.stats, model);
+}
+
+// ---- chat ----
+struct ChatSettings {
+  ModelSettings m;
+  SamplingSettings s;
+  std::string system;
+};
+
+void run_chat(const ChatSettings& c) {
+  Loaded l = load(c.m, false);
+  eng::RuntimeOptions ro;
+  ro.threads = c.m.threads;
+  ro.context = c.m.context > 0 ? c.m.context : std::min(l.weights.config.max_seq_len, 4096);
+  eng::LlamaCpu model(l.weights, ro);
+  eng::ChatSession session(model);
+  eng::ChatFormatter fmt(*l.tokenizer, bos_of(l), c.system);
+  std::fprintf(stderr, "chat (%s); /reset clears the conversation, /exit or end of input quits\n", fmt.description().c_str());
+  const bool tty = isatty(0);
+  std::string line;
+  while (true) {
+    if (tty) std::fprintf(stderr, "> ");
+    if (!std::getline(std::cin, line)) break;
+    if (line == "/exit") break;
+    if (line == "/reset") {
+      session.reset();
+      fmt.reset();
+      std::fprintf(stderr, "(conversation cleared)\n");
+      continue;
+    }
+    std::vector<int> turn = fmt.user_turn(line);
+    auto on_token = [&](int, int tok) {
+      const std::string piece = l.tokenizer->decode_token(tok);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    };
+    try {
+      eng::GenerationResult r = session.turn(turn, gen_params(c.s, stop_ids_of(l)), on_token);
+      std::cout << std::endl;
+      std::fprintf(stderr, "[%d tokens, TTFT %.2f ms, %.1f tok/s, %d cached]\n", r.stats.generated_tokens, r.stats.ttft_ms,
+                   r.stats.decode_tokens_per_s(), session.cached_tokens());
+    } catch (const Error& e) {
+      std::fprintf(stderr, "error: %s (use /reset to start over)\n", e.what());
+    }
+  }
+}
+
+// ---- tokenize ----
+struct TokenizeSettings {
+  std::string model, text;
+  bool has_text = false, json_out = false, special = false, bos = false;
+};
+
+void run_tokenize(const TokenizeSettings& t) {
+  std::unique_ptr<eng::Tokenizer> tok = eng::load_tokenizer(t.model);
+  const std::string text = t.has_text ? t.text : read_stdin();
+  std::vector<int> ids;
+  if (t.bos && tok->bos_id() >= 0) ids.push_back(tok->bos_id());
+  std::vector<int> enc = tok->encode(text, t.special);
+  ids.insert(ids.end(), enc.begin(), enc.end());
+  if (t.json_out) {
+    json pieces = json::array();
+    for (int id : ids) pieces.push_back(tok->decode_token(id));
+    std::cout << dump({{"ids", ids}, {"count", ids.size()}, {"pieces", pieces}, {"decoded", tok->decode(ids)},
+                       {"tokenizer", tok->kind()}})
+              << "\n";
+    return;
+  }
+  for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+  std::cout << "\n";
+}
+
+}  // namespace
+
+void add_engine_commands(CLI::App& app) {
+  auto g = std::make_shared<GenerateSettings>();
+  auto* gen = app.add_subcommand("generate", "Generate text with a Llama model (HF directory or llama2.c .bin)");
+  add_model_options(gen, g->m);
+  add_sampling_options(gen, g->s);
+  gen->add_option("--prompt", g->prompts, "Prompt text; repeat for a batch of prompts");
+  gen->add_flag("--no-bos", g->no_bos, "Do not prepend the BOS token");
+  gen->add_flag("--special", g->special, "Parse special-token strings in the prompt (e.g. <|eot_id|>)");
+  gen->callback([g] { run_generate(*g); });
+
+  auto c = std::make_shared<ChatSettings>();
+  auto* chat = app.add_subcommand("chat", "Interactive chat (Llama 3 template; llama2.c models continue the text)");
+  add_model_options(chat, c->m);
+  add_sampling_options(chat, c->s);
+  chat->add_option("--system", c->system, "System prompt (Llama 3 template)");
+  chat->callback([c] { run_chat(*c); });
+
+  auto t = std::make_shared<TokenizeSettings>();
+  auto* tk = app.add_subcommand("tokenize", "Print the token ids of a text (from --text or standard input)");
+  tk->add_option("--model", t->model, "Tokenizer: a directory with tokenizer.json (or GPT-2 files), a tokenizer.json or a llama2.c .bin")->required();
+  tk->add_option("--text", t->text, "Text to tokenize (default: standard input)")->each([t](const std::string&) { t->has_text = true; });
+  tk->add_flag("--json", t->json_out, "Print ids, pieces and the decoded text as JSON");
+  tk->add_flag("--special", t->special, "Parse special-token strings (e.g. <|begin_of_text|>) as their ids");
+  tk->add_flag("--bos", t->bos, "Prepend the BOS token");
+  tk->callback([t] { run_tokenize(*t); });
+}
 
 }  // namespace flashlite::cli

@@ -1,0 +1,34 @@
+#pragma once
+// Chat turns as token ids. Llama 3 format when the tokenizer has its header/eot tokens:
+//   <|begin_of_text|>[<|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>]
+//   <|start_header_id|>user<|end_header_id|>\n\n{message}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n
+// (contents trimmed, as the template's `| trim`). Otherwise a plain continuation: BOS once, then the text of each turn.
+// Text is never parsed for special tokens, so a message cannot inject "<|eot_id|>".
+#include <string>
+#include <vector>
+
+#include "engine/tokenizer.h"
+
+namespace flashlite::engine {
+
+class ChatFormatter {
+ public:
+  ChatFormatter(const Tokenizer& tok, int bos_id, std::string system);
+  std::vector<int> user_turn(const std::string& message);  // the tokens to append for this turn
+  void reset() { first_ = true; }
+  bool llama3() const { return llama3_; }
+  std::string description() const { return llama3_ ? "Llama 3 chat template" : "plain continuation"; }
+
+ private:
+  std::vector<int> header(const std::string& role) const;
+  const Tokenizer& tok_;
+  int bos_;
+  std::string system_;
+  bool llama3_ = false;
+  bool first_ = true;
+  int start_header_ = -1, end_header_ = -1, eot_ = -1;
+};
+
+std::string trim(const std::string& s);
+
+}  // namespace flashlite::engine

@@ -1,0 +1,51 @@
+#pragma once
+// The model's shape and numerics, from a Hugging Face config.json or a llama2.c header.
+#include <string>
+#include <vector>
+
+namespace flashlite::engine {
+
+// How RoPE pairs the elements of a head: llama2.c rotates adjacent pairs (2i, 2i+1); Hugging Face checkpoints
+// rotate the two halves (i, i + head_dim/2) ("rotate_half").
+enum class RopeStyle { interleaved, half_split };
+
+struct RopeScaling {
+  std::string type = "none";  // "none", "linear" or "llama3"
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int original_max_position = 8192;
+};
+
+struct ModelConfig {
+  std::string source;  // "hf" or "llama2c"
+  int dim = 0;         // hidden_size
+  int hidden_dim = 0;  // intermediate_size
+  int n_layers = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int vocab_size = 0;
+  int max_seq_len = 0;  // max_position_embeddings
+  float rms_eps = 1e-5f;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  RopeStyle rope_style = RopeStyle::half_split;
+  bool tie_embeddings = false;
+  std::string dtype = "float32";  // storage dtype of the checkpoint (informational)
+  int bos_id = -1;
+  std::vector<int> eos_ids;  // stop tokens (generation_config.json, else config.json)
+
+  int q_dim() const { return n_heads * head_dim; }
+  int kv_dim() const { return n_kv_heads * head_dim; }
+  // Throws Error when a field is out of range or inconsistent (heads not divisible, odd head_dim, ...).
+  void validate(const std::string& where) const;
+  std::string summary() const;
+};
+
+// Parses config.json (and generation_config.json when present) of a Hugging Face Llama-family checkpoint.
+ModelConfig load_hf_config(const std::string& dir);
+
+// Inverse frequencies per rotary pair (head_dim / 2 of them), with the configured scaling applied (float64).
+std::vector<double> rope_inv_freq(const ModelConfig& c);
+
+}  // namespace flashlite::engine

@@ -1,0 +1,60 @@
+#pragma once
+// The Llama forward pass on the CPU (fp32): embedding, RMSNorm, fused QKV matmul, RoPE, KV-cache append,
+// attention through flashlite::forward (causal, bottom-right aligned, so a chunk of new queries attends to the whole
+// cached prefix), output projection, SwiGLU MLP, final norm and LM head.
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/weights.h"
+#include "flashlite/attention.h"
+
+namespace flashlite::engine {
+
+struct RuntimeOptions {
+  int slots = 1;          // sequences held at once (batch)
+  int context = 0;        // KV capacity per sequence; 0 = the model's max_seq_len
+  int threads = 0;        // 0 = automatic (1 for models under ~5M parameters, else every core)
+  Backend attention = Backend::cpu;
+};
+
+// New tokens of one sequence, appended at its current cache length.
+struct SequenceInput {
+  int slot = 0;
+  std::vector<int> tokens;
+  bool all_logits = false;  // logits for every new position (teacher forcing); else only the last
+};
+
+class LlamaCpu {
+ public:
+  LlamaCpu(const ModelWeights& weights, const RuntimeOptions& options);
+
+  // Runs every sequence's new tokens in one pass (their rows share the matmuls). Returns the logits rows,
+  // (sum over inputs of n or 1, vocab), in input order. Throws Error on a bad token or a context overflow.
+  const std::vector<float>& forward(const std::vector<SequenceInput>& inputs);
+
+  const ModelConfig& config() const { return w_.config; }
+  KvCache& cache() { return cache_; }
+  int threads() const { return threads_; }
+  int context() const { return cache_.shape().capacity; }
+
+ private:
+  void ensure_scratch(int rows, int logit_rows);
+  void rope_rows(float* qkv, const std::vector<int>& positions, int rows);
+
+  const ModelWeights& w_;
+  RuntimeOptions opt_;
+  int threads_ = 1;
+  KvCache cache_;
+  std::vector<float> cos_, sin_;  // (context, head_dim / 2)
+  // Scratch, grown on demand.
+  std::vector<float> x_;       // (rows, dim) residual stream
+  std::vector<float> xb_;      // (rows, dim) normed input
+  std::vector<float> qkv_;     // (rows, q_dim + 2 kv_dim)
+  std::vector<float> att_;     // (rows, q_dim) attention output
+  std::vector<float> h13_;     // (rows, 2 hidden)
+  std::vector<float> hb_;      // (rows, hidden)
+  std::vector<float> xo_;      // (rows, dim) projection output
+  std::vector<float> logits_;  // (logit rows, vocab)
+};
+
+}  // namespace flashlite::engine

@@ -1,0 +1,83 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "engine/errors.h"
+
+namespace flashlite::engine {
+
+void SamplingParams::validate() const {
+  if (!(temperature >= 0) || !std::isfinite(temperature)) {
+    fail("temperature is " + std::to_string(temperature) + "; expected a finite number >= 0 (0 = greedy)");
+  }
+  if (top_k < 0) fail("top_k is " + std::to_string(top_k) + "; expected >= 0 (0 = off)");
+  if (!(top_p > 0 && top_p <= 1)) fail("top_p is " + std::to_string(top_p) + "; expected a number in (0, 1]");
+}
+
+int argmax(const float* logits, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i)
+    if (logits[i] > logits[best]) best = i;  // first index on ties
+  return best;
+}
+
+Sampler::Sampler(const SamplingParams& params, uint64_t stream) : p_(params) {
+  p_.validate();
+  // splitmix64 of (seed, stream) so nearby seeds and streams give unrelated states; never zero.
+  uint64_t z = params.seed + 0x9E3779B97F4A7C15ull * (stream + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  state_ = (z ^ (z >> 31)) | 1;
+}
+
+float Sampler::uniform() {
+  state_ ^= state_ >> 12;
+  state_ ^= state_ << 25;
+  state_ ^= state_ >> 27;
+  return float((state_ * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
+}
+
+int Sampler::sample(const float* logits, int vocab) {
+  if (p_.temperature == 0.0f) return argmax(logits, vocab);
+  cand_.resize(vocab);
+  for (int i = 0; i < vocab; ++i) cand_[i] = {logits[i], i};
+  // Descending logits (ties: lower id first) so top-k and top-p cut a prefix.
+  auto by_logit = [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; };
+  int n = vocab;
+  if (p_.top_k > 0 && p_.top_k < vocab) {
+    std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
+    n = p_.top_k;
+  } else {
+    std::sort(cand_.begin(), cand_.end(), by_logit);
+  }
+  // Softmax at the temperature over the kept prefix (float64 sums for stability).
+  const double mx = cand_[0].first;
+  std::vector<double> prob(n);
+  double total = 0;
+  for (int i = 0; i < n; ++i) total += prob[i] = std::exp((double(cand_[i].first) - mx) / p_.temperature);
+  if (p_.top_p < 1.0f) {
+    double cum = 0;
+    int keep = n;
+    for (int i = 0; i < n; ++i) {
+      cum += prob[i] / total;
+      if (cum >= p_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    n = keep;
+    total = 0;
+    for (int i = 0; i < n; ++i) total += prob[i];
+  }
+  const double r = double(uniform()) * total;
+  double cum = 0;
+  for (int i = 0; i < n; ++i) {
+    cum += prob[i];
+    if (r < cum) return cand_[i].second;
+  }
+  return cand_[n - 1].second;
+}
+
+}  // namespace flashlite::engine
