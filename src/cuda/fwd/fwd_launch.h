@@ -1,0 +1,74 @@
+#pragma once
+// The fused forward kernels' launch interface: the list of tensor-core tile configurations that dispatch may
+// pick (each compiled once per 16-bit dtype, nothing else is instantiated) and the per-dtype launchers.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "common/problem.h"
+#include "cuda/fwd/fwd_params.h"
+#include "flashlite/errors.h"
+
+namespace flashlite::cuda_fwd {
+
+// X(name, head_dim, block_rows BR, block_keys BC, warps, stages, q_in_registers).
+// smem = (STAGES * 2 * BC + (Q in regs and BR <= 2 BC ? 0 : BR)) * (D + 8) * 2 bytes.
+#define FL_FWD_MMA_CONFIGS(X)                               \
+  X(d32_br128_bc128_w4_s2_qreg, 32, 128, 128, 4, 2, true)   \
+  X(d64_br128_bc128_w4_s2_qreg, 64, 128, 128, 4, 2, true)   \
+  X(d96_br128_bc64_w4_s2, 96, 128, 64, 4, 2, false)         \
+  X(d128_br128_bc64_w4_s2, 128, 128, 64, 4, 2, false)       \
+  X(d128_br64_bc64_w4_s2_qreg, 128, 64, 64, 4, 2, true)     \
+  X(d256_br128_bc64_w8_s2, 256, 128, 64, 8, 2, false)       \
+  X(d256_br32_bc32_w2_s2, 256, 32, 32, 2, 2, false)
+
+enum class MmaConfig : int {
+#define FL_FWD_ENUM(name, d, br, bc, w, s, q) name,
+  FL_FWD_MMA_CONFIGS(FL_FWD_ENUM)
+#undef FL_FWD_ENUM
+};
+
+struct MmaConfigInfo {
+  const char* name;
+  int head_dim, block_rows, block_keys, warps, stages;
+  bool q_in_registers;
+  int smem_bytes;
+};
+
+constexpr MmaConfigInfo mma_config_info(MmaConfig c) {
+  constexpr MmaConfigInfo table[] = {
+#define FL_FWD_INFO(name, d, br, bc, w, s, q) \
+  {#name, d, br, bc, w, s, q, ((s) * 2 * (bc) + ((q) && (br) <= 2 * (bc) ? 0 : (br))) * ((d) + 8) * 2},
+      FL_FWD_MMA_CONFIGS(FL_FWD_INFO)
+#undef FL_FWD_INFO
+  };
+  return table[int(c)];
+}
+
+// Kernel parameters of a padded problem (varlen tables are filled by run_cuda_fused) for tiles of block_rows rows.
+FwdParams make_fwd_params(const AttentionProblem& p, int block_rows, bool tensor_cores);
+
+// Tensor-core launchers (mma_f16.cu, mma_bf16.cu) and the fp32 one (fwd_simt_f32.cu).
+void launch_fwd_mma_f16(MmaConfig c, const FwdParams& p, cudaStream_t stream);
+void launch_fwd_mma_bf16(MmaConfig c, const FwdParams& p, cudaStream_t stream);
+void launch_fwd_simt_f32(int head_dim, const FwdParams& p, cudaStream_t stream);
+int simt_f32_block_rows();
+
+// Raises a kernel's dynamic shared-memory limit once per device (bit per device in `done`).
+template <class Kernel>
+void ensure_smem_optin(Kernel* kernel, int bytes, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (done.load(std::memory_order_relaxed) & bit) return;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess) {
+    throw Error(ErrorKind::runtime, "fused attention: cannot reserve " + std::to_string(bytes) +
+                                        " bytes of shared memory per block: " + cudaGetErrorString(e));
+  }
+  done.fetch_or(bit, std::memory_order_relaxed);
+}
+
+}  // namespace flashlite::cuda_fwd

@@ -1,0 +1,346 @@
+#pragma once
+// The fused forward kernel on tensor cores (FlashAttention-2 class), fp16 / bf16, sm_80 and newer.
+//
+// A block owns BR query rows of one head of one sequence; each warp owns 16 * MT of them. The block walks the key
+// tiles its rows can see (KeyTiles: sink tiles, then the window / causal range), BC keys at a time, through a
+// STAGES-deep cp.async pipeline of K and V tiles in shared memory. Per tile, per warp:
+//   S = Q K^T       mma.sync m16n8k16, Q from registers (QREG) or shared memory, K by ldmatrix, fp32 accumulators
+//   mask            only on tiles that are not fully visible (tile_fully_visible), with the shared predicate
+//   online softmax  in registers, log2 units (scale * log2 e folded in), one ex2 per score
+//   O += P V        P re-packed from the S accumulators as the A operand, V by ldmatrix.trans
+// At the end the sink logit joins the denominator, O is normalised, staged through shared memory and written
+// once with 16-byte stores, and the LSE is written once.
+#include <cuda_runtime.h>
+
+#include <atomic>
+
+#include "cuda/fwd/fwd_common.cuh"
+#include "cuda/fwd/fwd_launch.h"
+
+namespace flashlite::cuda_fwd {
+
+template <int D_, int BR_, int BC_, int WARPS_, int STAGES_, bool QREG_>
+struct MmaTile {
+  static constexpr int D = D_, BR = BR_, BC = BC_, WARPS = WARPS_, STAGES = STAGES_;
+  static constexpr bool QREG = QREG_;
+  static constexpr int THREADS = WARPS * 32;
+  static constexpr int MT = BR / (16 * WARPS);  // m16 tiles per warp
+  static constexpr int NT = BC / 8;             // n8 tiles of S
+  static constexpr int KD = D / 16;             // k16 steps of Q K^T
+  static constexpr int ND = D / 8;              // n8 tiles of O
+  static constexpr int KB = BC / 16;            // k16 steps of P V
+  static constexpr int LD = D + 8;              // smem row stride (elements): 16-byte pad, conflict-free ldmatrix
+  static constexpr int CPR = D / 8;             // 16-byte chunks per row
+  static constexpr int TILE_ELEMS = BC * LD;
+  static constexpr int STAGE_ELEMS = 2 * TILE_ELEMS;  // K tile then V tile
+  static constexpr int Q_ELEMS = BR * LD;
+  // With Q held in registers, Q is staged in the last pipeline stage, which the prologue leaves free.
+  static constexpr bool Q_ALIAS = QREG && Q_ELEMS <= STAGE_ELEMS && STAGES >= 2;
+  static constexpr int SMEM_ELEMS = STAGES * STAGE_ELEMS + (Q_ALIAS ? 0 : Q_ELEMS);
+  static constexpr int SMEM_BYTES = SMEM_ELEMS * 2;
+  static_assert(BR % (16 * WARPS) == 0, "each warp owns whole m16 tiles");
+  static_assert(BC % 16 == 0 && D % 16 == 0, "tiles are k16 multiples");
+  static_assert(STAGES >= 2, "at least double buffering");
+  static_assert(Q_ELEMS <= SMEM_ELEMS, "the output tile is staged in shared memory");
+};
+
+// One 16-byte chunk global -> shared; zeros when !ok.
+template <class T>
+__device__ __forceinline__ void load_chunk(uint32_t d, const T* src, const T* safe, bool ok, bool vec) {
+  if (vec) {
+    cp_async_16(d, ok ? src : safe, ok ? 16 : 0);
+  } else {  // unaligned rows: eight 2-byte loads, one 16-byte shared store (synchronous, same barriers)
+    union {
+      uint4 v;
+      unsigned short h[8];
+    } u;
+    u.v = make_uint4(0, 0, 0, 0);
+    if (ok) {
+      const unsigned short* e = reinterpret_cast<const unsigned short*>(src);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) u.h[x] = e[x];
+    }
+    st_shared_16(d, u.v);
+  }
+}
+
+// Copies ROWS rows (relative to the tile start row0) of D elements from global memory to the shared tile at byte
+// address s_dst; rows at or past `valid` are zero-filled (never read: they may belong to another sequence or hold
+// NaN padding).
+template <class Cfg, int ROWS, class T>
+__device__ __forceinline__ void load_tile(uint32_t s_dst, const T* g, int64_t row_stride, int row0, int valid,
+                                          bool vec) {
+  constexpr int CPR = Cfg::CPR, LD = Cfg::LD;
+  if constexpr (Cfg::THREADS % CPR == 0 && ROWS % (Cfg::THREADS / CPR) == 0) {
+    // Each thread owns one 16-byte column chunk and every RSTEP-th row: addresses advance by constants.
+    constexpr int RSTEP = Cfg::THREADS / CPR;
+    const int r = int(threadIdx.x) / CPR, ch = int(threadIdx.x) % CPR;
+    const T* src = g + int64_t(row0 + r) * row_stride + ch * 8;
+    const int64_t step = int64_t(RSTEP) * row_stride;
+    const uint32_t dst = s_dst + uint32_t((r * LD + ch * 8) * 2);
+#pragma unroll
+    for (int it = 0; it < ROWS / RSTEP; ++it) {
+      load_chunk(dst + uint32_t(it * RSTEP * LD * 2), src, g, row0 + r + it * RSTEP < valid, vec);
+      src += step;
+    }
+  } else {  // e.g. D = 96: 12 chunks per row
+    constexpr int CHUNKS = ROWS * CPR;
+#pragma unroll
+    for (int it = 0; it < (CHUNKS + Cfg::THREADS - 1) / Cfg::THREADS; ++it) {
+      const int c = int(threadIdx.x) + it * Cfg::THREADS;
+      if (CHUNKS % Cfg::THREADS != 0 && c >= CHUNKS) break;
+      const int r = c / CPR, ch = c % CPR;
+      load_chunk(s_dst + uint32_t((r * LD + ch * 8) * 2), g + int64_t(row0 + r) * row_stride + ch * 8, g,
+                 row0 + r < valid, vec);
+    }
+  }
+}
+
+template <class T, class Cfg>
+__global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_constant__ FwdParams p) {
+  constexpr int BR = Cfg::BR, BC = Cfg::BC, MT = Cfg::MT, NT = Cfg::NT, KD = Cfg::KD, ND = Cfg::ND,
+                KB = Cfg::KB, LD = Cfg::LD, STAGES = Cfg::STAGES;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+
+  BlockWork w;
+  if (!decode_block(p, BR, w)) return;
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates: row group, thread in group
+  const int sq = w.sq, sk = w.sk;
+  const int i0 = w.tile * BR;
+  const int i1 = min(i0 + BR, sq);
+  const KeyTiles kt = key_tiles(p.mask, i0, i1, sq, sk, BC);
+
+  const int kvh = w.head / p.group;
+  const T* qg = static_cast<const T*>(p.q) + w.tb * p.q_sb + w.q_row0 * p.q_ss + w.head * p.q_sh;
+  const T* kg = static_cast<const T*>(p.k) + w.tb * p.k_sb + w.k_row0 * p.k_ss + kvh * p.k_sh;
+  const T* vg = static_cast<const T*>(p.v) + w.tb * p.v_sb + w.k_row0 * p.v_ss + kvh * p.v_sh;
+
+  // Shared memory as 32-bit addresses (bytes): [stage][K tile | V tile], then Q unless it aliases the last stage.
+  constexpr uint32_t STAGE_BYTES = Cfg::STAGE_ELEMS * 2, TILE_BYTES = Cfg::TILE_ELEMS * 2;
+  const uint32_t s_base = smem_addr(smem_raw);
+  const uint32_t sQ = s_base + (Cfg::Q_ALIAS ? (STAGES - 1) : STAGES) * STAGE_BYTES;
+  auto issue_kv = [&](int n) {
+    const uint32_t st = s_base + uint32_t(n % STAGES) * STAGE_BYTES;
+    const int j0 = kt.tile(n) * BC;
+    load_tile<Cfg, BC>(st, kg, p.k_ss, j0, sk, p.vec_in);
+    load_tile<Cfg, BC>(st + TILE_BYTES, vg, p.v_ss, j0, sk, p.vec_in);
+  };
+
+  // Prologue: Q, then the first STAGES - 1 key tiles, one commit group each.
+  load_tile<Cfg, BR>(sQ, qg, p.q_ss, i0, sq, p.vec_in);
+  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < kt.count) issue_kv(s);
+    cp_async_commit();
+  }
+
+  const int wrow0 = warp * MT * 16;  // first row of this warp within the tile
+  // Per-lane ldmatrix row addresses (see the PTX fragment layouts of m16n8k16); the tile offsets are constants.
+  //   Q (A operand, x4 = a0..a3): rows (lane/8 % 2)*8 + lane%8, columns (lane/16)*8
+  //   K (B = K^T, two n8 tiles):  keys (lane/16)*8 + lane%8,   columns (lane/8 % 2)*8
+  //   V (B = V, .trans, two n8):  keys (lane/8 % 2)*8 + lane%8, columns (lane/16)*8
+  const uint32_t q_lane = sQ + uint32_t(((wrow0 + (lane / 8 % 2) * 8 + lane % 8) * LD + (lane / 16) * 8) * 2);
+  const uint32_t k_lane = uint32_t((((lane / 16) * 8 + lane % 8) * LD + (lane / 8 % 2) * 8) * 2);
+  const uint32_t v_lane = TILE_BYTES + uint32_t((((lane / 8 % 2) * 8 + lane % 8) * LD + (lane / 16) * 8) * 2);
+
+  uint32_t qreg[Cfg::QREG ? MT : 1][Cfg::QREG ? KD : 1][4];
+  if constexpr (Cfg::QREG) {
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) ldmatrix_x4(qreg[mi][kk], q_lane + uint32_t((mi * 16 * LD + kk * 16) * 2));
+    // The loop's first barrier orders these reads before the last stage (which may alias sQ) is overwritten.
+  }
+
+  float o[MT][ND][4];
+  float m_run[MT][2], l_run[MT][2];
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+    for (int dn = 0; dn < ND; ++dn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mi][dn][e] = 0.f;
+    m_run[mi][0] = m_run[mi][1] = -INFINITY;
+    l_run[mi][0] = l_run[mi][1] = 0.f;
+  }
+
+  // Rows of this warp that exist; a warp wholly past the sequence end computes on zeros and writes nothing.
+  const int wr0 = i0 + wrow0, wr1 = min(wr0 + MT * 16, sq);
+
+  for (int n = 0; n < kt.count; ++n) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // tile n is in shared memory for everyone; tile n - 1's stage is free
+    if (n + STAGES - 1 < kt.count) issue_kv(n + STAGES - 1);
+    cp_async_commit();
+
+    const int st = n % STAGES;
+    const int j0 = kt.tile(n) * BC;
+    const uint32_t stage = s_base + uint32_t(st) * STAGE_BYTES;
+
+    // S = Q K^T (raw dot products, fp32).
+    float s[MT][NT][4];
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < NT; ++nj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mi][nj][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      uint32_t qa[MT][4];
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) {
+        if constexpr (Cfg::QREG) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qa[mi][e] = qreg[mi][kk][e];
+        } else {
+          ldmatrix_x4(qa[mi], q_lane + uint32_t((mi * 16 * LD + kk * 16) * 2));
+        }
+      }
+#pragma unroll
+      for (int nj = 0; nj < NT; nj += 2) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, stage + k_lane + uint32_t((nj * 8 * LD + kk * 16) * 2));
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+          mma_16816<T>(s[mi][nj], qa[mi], kb[0], kb[1]);
+          mma_16816<T>(s[mi][nj + 1], qa[mi], kb[2], kb[3]);
+        }
+      }
+    }
+
+    // Scores in log2 units (softcap first when asked), then the mask on boundary tiles only.
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < NT; ++nj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x = s[mi][nj][e];
+          s[mi][nj][e] = p.softcap ? p.softcap_post * accurate_tanh(x * p.softcap_pre) : x * p.scale_log2;
+        }
+    const bool full = wr0 >= sq || (j0 + BC <= sk && tile_fully_visible(p.mask, wr0, wr1, j0, j0 + BC, sq, sk));
+    if (!full) {
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < NT; ++nj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = wr0 + mi * 16 + g + (e / 2) * 8;
+            const int j = j0 + nj * 8 + 2 * t + (e % 2);
+            if (j >= sk || !key_visible(p.mask, i, j, sq, sk)) s[mi][nj][e] = -INFINITY;
+          }
+    }
+
+    // Online softmax: each quad of lanes shares a row; sums stay per-thread until the end.
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nj = 0; nj < NT; ++nj) mx = fmaxf(mx, fmaxf(s[mi][nj][2 * r], s[mi][nj][2 * r + 1]));
+        mx = quad_max(mx);
+        const float m_new = fmaxf(m_run[mi][r], mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: avoid -inf - -inf
+        const float alpha = fast_exp2(m_run[mi][r] - m_use);
+        m_run[mi][r] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int nj = 0; nj < NT; ++nj)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pe = fast_exp2(s[mi][nj][2 * r + e] - m_use);
+            s[mi][nj][2 * r + e] = pe;
+            sum += pe;
+          }
+        l_run[mi][r] = l_run[mi][r] * alpha + sum;
+#pragma unroll
+        for (int dn = 0; dn < ND; ++dn) {
+          o[mi][dn][2 * r] *= alpha;
+          o[mi][dn][2 * r + 1] *= alpha;
+        }
+      }
+
+    // O += P V: the S accumulators of two n8 tiles form one k16 A fragment.
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) {
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) {
+        pa[mi][0] = pack2<T>(s[mi][2 * kb][0], s[mi][2 * kb][1]);
+        pa[mi][1] = pack2<T>(s[mi][2 * kb][2], s[mi][2 * kb][3]);
+        pa[mi][2] = pack2<T>(s[mi][2 * kb + 1][0], s[mi][2 * kb + 1][1]);
+        pa[mi][3] = pack2<T>(s[mi][2 * kb + 1][2], s[mi][2 * kb + 1][3]);
+      }
+#pragma unroll
+      for (int dn = 0; dn < ND; dn += 2) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, stage + v_lane + uint32_t((kb * 16 * LD + dn * 8) * 2));
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+          mma_16816<T>(o[mi][dn], pa[mi], vb[0], vb[1]);
+          mma_16816<T>(o[mi][dn + 1], pa[mi], vb[2], vb[3]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: normalise (the sink logit joins the denominator), stage O in shared memory, write it once.
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the pipeline buffers
+  const float sink2 = p.sink_logits ? p.sink_logits[w.head] * kLog2e : -INFINITY;
+  T* sO = smem;
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float lse;
+      const float f = finish_row(m_run[mi][r], quad_sum(l_run[mi][r]), sink2, lse);
+      const int row = wrow0 + mi * 16 + g + r * 8;  // within the tile
+#pragma unroll
+      for (int dn = 0; dn < ND; ++dn) {
+        *reinterpret_cast<uint32_t*>(sO + row * LD + dn * 8 + 2 * t) =
+            pack2<T>(o[mi][dn][2 * r] * f, o[mi][dn][2 * r + 1] * f);
+      }
+      if (p.lse && t == 0 && i0 + row < sq) {
+        p.lse[w.tb * p.lse_sb + w.head * p.lse_sh + (w.q_row0 + i0 + row) * p.lse_ss] = lse;
+      }
+    }
+  __syncthreads();
+  T* og = static_cast<T*>(p.out) + w.tb * p.o_sb + w.q_row0 * p.o_ss + w.head * p.o_sh;
+  constexpr int CHUNKS = BR * Cfg::CPR;
+#pragma unroll
+  for (int it = 0; it < (CHUNKS + Cfg::THREADS - 1) / Cfg::THREADS; ++it) {
+    const int c = int(threadIdx.x) + it * Cfg::THREADS;
+    if (CHUNKS % Cfg::THREADS != 0 && c >= CHUNKS) break;
+    const int r = c / Cfg::CPR, ch = c % Cfg::CPR;
+    if (i0 + r >= sq) continue;
+    const uint4 val = *reinterpret_cast<const uint4*>(sO + r * LD + ch * 8);
+    T* dst = og + int64_t(i0 + r) * p.o_ss + ch * 8;
+    if (p.vec_out) {
+      *reinterpret_cast<uint4*>(dst) = val;
+    } else {
+      const unsigned short* h = reinterpret_cast<const unsigned short*>(&val);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) reinterpret_cast<unsigned short*>(dst)[e] = h[e];
+    }
+  }
+}
+
+// Launches one instantiation. grid: one block per (query tile, sequence, head).
+template <class T, class Cfg>
+void launch_fwd_mma(const FwdParams& p, cudaStream_t stream) {
+  static std::atomic<uint64_t> configured{0};
+  if constexpr (Cfg::SMEM_BYTES > 48 * 1024) ensure_smem_optin(fwd_mma_kernel<T, Cfg>, Cfg::SMEM_BYTES, configured);
+  const int64_t blocks = int64_t(p.q_tiles) * p.q_heads * p.batch;
+  fwd_mma_kernel<T, Cfg><<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(p);
+}
+
+}  // namespace flashlite::cuda_fwd

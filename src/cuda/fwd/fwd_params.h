@@ -1,0 +1,52 @@
+#pragma once
+// Kernel parameters of the fused forward kernels (tensor-core and fp32), filled once per call by launch.cu.
+// Passed by value as a __grid_constant__ kernel argument: no device allocation, no host sync, so a padded call
+// (and a varlen call with at most kInlineSeqs sequences) can be captured in a CUDA graph.
+#include <cstdint>
+
+#include "common/mask.h"
+
+namespace flashlite::cuda_fwd {
+
+// Varlen offsets of up to this many sequences travel inside the kernel parameters (2 x 129 int32 = 1 KiB).
+inline constexpr int kInlineSeqs = 128;
+
+enum class VarlenMode : int { padded = 0, inline_table = 1, device_table = 2 };
+
+struct FwdParams {
+  const void* q = nullptr;  // (batch, seq_q, q_heads, head_dim), head_dim contiguous
+  const void* k = nullptr;  // (batch, seq_k, kv_heads, head_dim)
+  const void* v = nullptr;  // (batch, seq_k, kv_heads, head_dim)
+  void* out = nullptr;      // (batch, seq_q, q_heads, head_dim)
+  float* lse = nullptr;     // optional (batch, q_heads, seq_q), natural log
+  const float* sink_logits = nullptr;  // optional (q_heads), natural-log units
+
+  // Element strides: batch, seq, head.
+  int64_t q_sb = 0, q_ss = 0, q_sh = 0;
+  int64_t k_sb = 0, k_ss = 0, k_sh = 0;
+  int64_t v_sb = 0, v_ss = 0, v_sh = 0;
+  int64_t o_sb = 0, o_ss = 0, o_sh = 0;
+  int64_t lse_sb = 0, lse_sh = 0, lse_ss = 0;
+
+  int batch = 0;    // sequences
+  int seq_q = 0;    // padded: every sequence; varlen: the longest
+  int seq_k = 0;
+  int q_heads = 0;
+  int group = 1;    // q_heads / kv_heads: kv_head = q_head / group
+  int q_tiles = 0;  // tiles of the longest query sequence, cdiv(seq_q, block rows)
+
+  float scale_log2 = 0;    // scale * log2(e): scores live in log2 units so exp2 is one instruction
+  float softcap_pre = 0;   // scale / softcap
+  float softcap_post = 0;  // softcap * log2(e)
+  bool softcap = false;
+  bool reverse_tiles = false;  // causal: the heaviest (last) query tile of each sequence starts first
+  bool vec_in = false;         // q, k, v rows are 16-byte aligned: cp.async 16-byte copies
+  bool vec_out = false;        // out rows are 16-byte aligned: 16-byte stores
+  MaskParams mask;
+
+  VarlenMode varlen = VarlenMode::padded;
+  const int* cu_dev = nullptr;         // device_table: (2, batch + 1): cu_seqlens_q then cu_seqlens_k
+  int cu_inline[2][kInlineSeqs + 1]{};  // inline_table: cu_seqlens_q, cu_seqlens_k
+};
+
+}  // namespace flashlite::cuda_fwd

@@ -1,0 +1,248 @@
+// Entry points of the fused CUDA forward backend (src/backends.h): what it supports, which kernel runs (decided in
+// exactly one function, choose_fwd_kernel below) and the launch.
+//
+// Host/device traffic per call: none for padded batches (parameters by value: graph-capturable, no allocation,
+// no host sync). Varlen offsets of up to kInlineSeqs sequences ride inside the kernel parameters too; longer
+// tables go to a per-call device buffer (cudaMallocAsync + cudaMemcpyAsync from the host array + cudaFreeAsync, all
+// on the caller's stream): correct and asynchronous, but not capturable in a CUDA graph.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+#include <string>
+#include <vector>
+
+#include "backends.h"
+#include "cuda/fwd/fwd_launch.h"
+#include "flashlite/errors.h"
+
+namespace flashlite {
+namespace cuda_fwd {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw Error(ErrorKind::runtime, std::string("fused attention: ") + what + " failed: " + cudaGetErrorString(e));
+  }
+}
+
+struct DeviceProps {
+  int cc = 0;          // major * 10 + minor
+  int smem_optin = 0;  // bytes of shared memory one block may opt in to
+};
+
+// Cached per device (attribute queries are cheap but not free; they never synchronise).
+DeviceProps device_props(int dev) {
+  static std::atomic<int> cc[64], smem[64];
+  DeviceProps d;
+  if (dev >= 0 && dev < 64 && cc[dev].load() != 0) return {cc[dev].load(), smem[dev].load()};
+  int major = 0, minor = 0;
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "reading the compute capability");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "reading the compute capability");
+  check(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+        "reading the shared-memory limit");
+  d.cc = major * 10 + minor;
+  if (dev >= 0 && dev < 64) {
+    smem[dev].store(d.smem_optin);
+    cc[dev].store(d.cc);
+  }
+  return d;
+}
+
+// Runs the launch on the tensors' device and puts the caller's current device back.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int dev) {
+    check(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ == dev) {
+      prev_ = -1;
+    } else {
+      check(cudaSetDevice(dev), "cudaSetDevice");
+    }
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+bool supported_head_dim(int64_t d) { return d == 32 || d == 64 || d == 96 || d == 128 || d == 256; }
+
+struct FwdChoice {
+  bool simt = false;  // fp32 path
+  MmaConfig mma{};
+  int block_rows = 0;
+  int smem_bytes = 0;
+};
+
+// THE kernel choice: tile shapes per (head_dim, dtype, GPU). The tensor-core configurations are those of
+// FL_FWD_MMA_CONFIGS (the only ones compiled); bench/fwd's sweep is the evidence for each pick
+// (docs/perf-notes.md, "Fused forward").
+FwdChoice choose_fwd_kernel(const AttentionProblem& p, const DeviceProps& dev) {
+  FwdChoice k;
+  if (p.dtype == DType::f32) {
+    k.simt = true;
+    k.block_rows = simt_f32_block_rows();
+    return k;
+  }
+  const auto fits = [&](MmaConfig c) { return mma_config_info(c).smem_bytes <= dev.smem_optin; };
+  switch (p.head_dim) {
+    case 32: k.mma = MmaConfig::d32_br128_bc128_w4_s2_qreg; break;
+    case 64: k.mma = MmaConfig::d64_br128_bc128_w4_s2_qreg; break;
+    case 96: k.mma = MmaConfig::d96_br128_bc64_w4_s2; break;
+    case 128:  // 104 KB: A100/H100 class; 99 KB parts (sm_86/89) take the register-Q tile
+      k.mma = fits(MmaConfig::d128_br128_bc64_w4_s2) ? MmaConfig::d128_br128_bc64_w4_s2
+                                                      : MmaConfig::d128_br64_bc64_w4_s2_qreg;
+      break;
+    default:  // 256: 203 KB on H100; elsewhere the small tile
+      k.mma = dev.cc >= 90 && fits(MmaConfig::d256_br128_bc64_w8_s2) ? MmaConfig::d256_br128_bc64_w8_s2
+                                                                     : MmaConfig::d256_br32_bc32_w2_s2;
+      break;
+  }
+  k.block_rows = mma_config_info(k.mma).block_rows;
+  k.smem_bytes = mma_config_info(k.mma).smem_bytes;
+  return k;
+}
+
+bool rows_aligned16(const void* base, const BSHStrides& s, int64_t batch, int64_t heads) {
+  const auto ok = [](int64_t stride) { return (stride * 2) % 16 == 0; };  // 2-byte elements
+  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && ok(s.seq) && (batch <= 1 || ok(s.batch)) &&
+         (heads <= 1 || ok(s.head));
+}
+
+std::string dtype_tag(DType t) { return t == DType::f16 ? "f16" : t == DType::bf16 ? "bf16" : "f32"; }
+
+}  // namespace
+
+FwdParams make_fwd_params(const AttentionProblem& p, int block_rows, bool tensor_cores) {
+  FwdParams f;
+  f.q = p.q;
+  f.k = p.k;
+  f.v = p.v;
+  f.out = p.out;
+  f.lse = p.lse;
+  f.sink_logits = p.sink_logits;
+  f.q_sb = p.q_stride.batch, f.q_ss = p.q_stride.seq, f.q_sh = p.q_stride.head;
+  f.k_sb = p.k_stride.batch, f.k_ss = p.k_stride.seq, f.k_sh = p.k_stride.head;
+  f.v_sb = p.v_stride.batch, f.v_ss = p.v_stride.seq, f.v_sh = p.v_stride.head;
+  f.o_sb = p.out_stride.batch, f.o_ss = p.out_stride.seq, f.o_sh = p.out_stride.head;
+  f.lse_sb = p.lse_stride_batch, f.lse_sh = p.lse_stride_head, f.lse_ss = p.lse_stride_seq;
+  f.batch = int(p.batch);
+  f.seq_q = int(p.seq_q);
+  f.seq_k = int(p.seq_k);
+  f.q_heads = int(p.q_heads);
+  f.group = int(p.group_size());
+  f.q_tiles = int((p.seq_q + block_rows - 1) / block_rows);
+  const double log2e = 1.4426950408889634;
+  f.scale_log2 = float(p.scale * log2e);
+  f.softcap = p.softcap > 0;
+  if (f.softcap) {
+    f.softcap_pre = float(p.scale / p.softcap);
+    f.softcap_post = float(p.softcap * log2e);
+  }
+  f.reverse_tiles = p.mask.causal;
+  f.mask = p.mask;
+  const int64_t tb = p.varlen() ? 1 : p.batch;
+  if (tensor_cores) {
+    f.vec_in = rows_aligned16(p.q, p.q_stride, tb, p.q_heads) && rows_aligned16(p.k, p.k_stride, tb, p.kv_heads) &&
+               rows_aligned16(p.v, p.v_stride, tb, p.kv_heads);
+    f.vec_out = rows_aligned16(p.out, p.out_stride, tb, p.q_heads);
+  }
+  return f;
+}
+
+}  // namespace cuda_fwd
+
+std::string cuda_fused_unsupported_reason(const AttentionProblem& p) {
+  using namespace cuda_fwd;
+  if (!supported_head_dim(p.head_dim)) {
+    return "head_dim " + std::to_string(p.head_dim) +
+           " is unsupported by the fused CUDA kernel (backend 'cuda'); expected one of 32, 64, 96, 128, 256";
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return "backend 'cuda': no CUDA device is available";
+  }
+  if (p.device.index < 0 || p.device.index >= count) {
+    return "the tensors are on " + device_name(p.device) + " but only " + std::to_string(count) +
+           " CUDA device(s) exist";
+  }
+  const DeviceProps dev = device_props(p.device.index);
+  if (dev.cc < 80) {
+    return "the fused CUDA kernel needs compute capability 8.0 or newer (mma.sync bf16, cp.async); " +
+           device_name(p.device) + " has " + std::to_string(dev.cc / 10) + "." + std::to_string(dev.cc % 10);
+  }
+  const FwdChoice k = choose_fwd_kernel(p, dev);
+  if (k.smem_bytes > dev.smem_optin) {
+    return "head_dim " + std::to_string(p.head_dim) + " needs " + std::to_string(k.smem_bytes) +
+           " bytes of shared memory per block but " + device_name(p.device) + " allows " +
+           std::to_string(dev.smem_optin);
+  }
+  if (p.seq_q > INT_MAX || p.seq_k > INT_MAX || p.q_tensor_rows > INT_MAX) {
+    return "sequence length " + std::to_string(std::max(p.seq_q, p.seq_k)) +
+           " is too long for the fused CUDA kernel; expected at most " + std::to_string(INT_MAX);
+  }
+  const int64_t tiles = (p.seq_q + k.block_rows - 1) / k.block_rows;
+  if (tiles * p.q_heads * p.batch > INT_MAX) {
+    return "batch " + std::to_string(p.batch) + " x q_heads " + std::to_string(p.q_heads) + " x query tiles " +
+           std::to_string(tiles) + " exceeds the fused CUDA kernel's grid limit of " + std::to_string(INT_MAX) +
+           " blocks";
+  }
+  return {};
+}
+
+std::string cuda_fused_kernel_name(const AttentionProblem& p) {
+  using namespace cuda_fwd;
+  const FwdChoice k = choose_fwd_kernel(p, device_props(p.device.index));
+  if (k.simt) return "cuda_fused_simt_f32_d" + std::to_string(p.head_dim);
+  return "cuda_fused_mma_" + dtype_tag(p.dtype) + "_" + mma_config_info(k.mma).name;
+}
+
+void run_cuda_fused(const AttentionProblem& p, void* stream_handle) {
+  using namespace cuda_fwd;
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  DeviceGuard guard(p.device.index);
+  const FwdChoice k = choose_fwd_kernel(p, device_props(p.device.index));
+  FwdParams f = make_fwd_params(p, k.block_rows, !k.simt);
+
+  void* table = nullptr;  // varlen offsets past kInlineSeqs
+  if (p.varlen()) {
+    if (p.batch <= kInlineSeqs) {
+      f.varlen = VarlenMode::inline_table;
+      for (int64_t b = 0; b <= p.batch; ++b) {
+        f.cu_inline[0][b] = p.cu_seqlens_q[b];
+        f.cu_inline[1][b] = p.cu_seqlens_k[b];
+      }
+    } else {
+      f.varlen = VarlenMode::device_table;
+      std::vector<int> host(size_t(2 * (p.batch + 1)));  // (2, batch + 1)
+      for (int64_t b = 0; b <= p.batch; ++b) {
+        host[size_t(b)] = p.cu_seqlens_q[b];
+        host[size_t(p.batch + 1 + b)] = p.cu_seqlens_k[b];
+      }
+      const size_t bytes = host.size() * sizeof(int);
+      check(cudaMallocAsync(&table, bytes, stream), "cudaMallocAsync (varlen offsets)");
+      // From pageable memory: returns once the bytes are staged, so `host` may go out of scope.
+      check(cudaMemcpyAsync(table, host.data(), bytes, cudaMemcpyHostToDevice, stream), "copying varlen offsets");
+      f.cu_dev = static_cast<const int*>(table);
+    }
+  }
+
+  if (k.simt) {
+    launch_fwd_simt_f32(int(p.head_dim), f, stream);
+  } else if (p.dtype == DType::f16) {
+    launch_fwd_mma_f16(k.mma, f, stream);
+  } else {
+    launch_fwd_mma_bf16(k.mma, f, stream);
+  }
+  const cudaError_t launched = cudaGetLastError();
+  if (table) check(cudaFreeAsync(table, stream), "cudaFreeAsync (varlen offsets)");
+  check(launched, "launching the fused attention kernel");
+}
+
+}  // namespace flashlite

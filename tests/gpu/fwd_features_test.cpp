@@ -1,0 +1,149 @@
+// The fused CUDA forward kernel beyond the numerics grid: CUDA-graph capture (padded and inline-varlen calls do no
+// allocation and no host sync), run-to-run determinism (a race would show), a user stream, the kernel name that
+// dispatch reports, and the CUDA-specific bad-input paths (these need no GPU: arguments are rejected first).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "gpu_util.h"
+
+namespace fltest {
+namespace {
+
+Spec small_spec(DType t, int64_t d) {
+  Spec s;
+  s.dtype = t;
+  s.d = d;
+  s.batch = 2;
+  s.seq_q = 333;
+  s.seq_k = 333;
+  s.hq = 4;
+  s.hkv = 2;
+  s.mask.causal = true;
+  return s;
+}
+
+std::vector<uint8_t> device_bytes(const void* d, size_t n) {
+  std::vector<uint8_t> h(n);
+  cuda_check(cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  return h;
+}
+
+TEST(FusedFeatures, RepeatedRunsAreBitwiseIdentical) {
+  FL_SKIP_WITHOUT_GPU();
+  for (DType t : {DType::bf16, DType::f32}) {
+    Spec s = small_spec(t, 128);
+    s.mask = {true, 100, -1, 4};
+    Problem p(s, seed_of("determinism"));
+    DeviceMirror m(p);
+    flashlite::forward(m.args);
+    FL_CUDA_OK(cudaDeviceSynchronize());
+    const auto first = device_bytes(m.device_of(p.outbuf), p.outbuf.bytes.size());
+    const auto first_lse = device_bytes(m.device_of(p.lsebuf), p.lsebuf.bytes.size());
+    for (int run = 0; run < 5; ++run) {
+      m.poison_outputs(p);
+      flashlite::forward(m.args);
+      FL_CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_TRUE(device_bytes(m.device_of(p.outbuf), p.outbuf.bytes.size()) == first) << "run " << run;
+      EXPECT_TRUE(device_bytes(m.device_of(p.lsebuf), p.lsebuf.bytes.size()) == first_lse) << "run " << run;
+    }
+  }
+}
+
+// Captures forward() in a graph on a user stream, replays it into poisoned outputs and compares with the reference.
+void capture_and_check(const Spec& s, const std::string& name) {
+  Problem p(s, seed_of(name));
+  const Result64 ref = reference64(p);
+  const Snapshot before = snapshot(p);
+  DeviceMirror m(p);
+  cudaStream_t stream;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  m.args.stream = stream;
+  cudaGraph_t graph;
+  cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  flashlite::forward(m.args);
+  cuda_check(cudaStreamEndCapture(stream, &graph), "end capture (the call must not sync or allocate)");
+  cudaGraphExec_t exec;
+  cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  for (int i = 0; i < 2; ++i) cuda_check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+  cuda_check(cudaStreamSynchronize(stream), "replay");
+  m.copy_back();
+  expect_matches(p, ref, before, gpu_tolerance(s.dtype));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(FusedFeatures, PaddedCallCapturesInCudaGraph) {
+  FL_SKIP_WITHOUT_GPU();
+  capture_and_check(small_spec(DType::bf16, 64), "graph_padded");
+}
+
+TEST(FusedFeatures, InlineVarlenCallCapturesInCudaGraph) {
+  FL_SKIP_WITHOUT_GPU();
+  Spec s = small_spec(DType::f16, 128);
+  s.batch = 1;
+  s.varlen_q = {10, 0, 200, 1};
+  s.varlen_k = {30, 5, 150, 1};
+  capture_and_check(s, "graph_varlen");
+}
+
+TEST(FusedFeatures, KernelNameNamesTheTile) {
+  FL_SKIP_WITHOUT_GPU();
+  Problem p(small_spec(DType::bf16, 128), 1);
+  DeviceMirror m(p);
+  const std::string name = flashlite::forward_kernel_name(m.args);
+  EXPECT_EQ(name.rfind("cuda_fused_mma_bf16_d128_", 0), 0u) << name;
+  Problem p32(small_spec(DType::f32, 64), 1);
+  DeviceMirror m32(p32);
+  EXPECT_EQ(flashlite::forward_kernel_name(m32.args), "cuda_fused_simt_f32_d64");
+}
+
+// Views with fake device pointers: dispatch rejects them before anything touches memory, GPU or not.
+ForwardArgs fake_cuda_args(DType t, int64_t d) {
+  ForwardArgs a;
+  auto view = [&](uintptr_t base, int64_t s, int64_t h) {
+    TensorView v = view_n(reinterpret_cast<void*>(base), t, {1, s, h, d}, {s * h * d, h * d, d, 1});
+    v.device = Device::cuda(0);
+    return v;
+  };
+  a.q = view(0x100000, 16, 2);
+  a.k = view(0x200000, 16, 2);
+  a.v = view(0x300000, 16, 2);
+  a.out = view(0x400000, 16, 2);
+  a.backend = Backend::cuda;
+  return a;
+}
+
+TEST(FusedFeatures, UnsupportedHeadDimIsRejectedWithItsValue) {
+  for (DType t : {DType::f32, DType::f16, DType::bf16})
+    for (int64_t d : {8, 48, 80, 160, 512}) {
+      try {
+        flashlite::forward(fake_cuda_args(t, d));
+        ADD_FAILURE() << "head_dim " << d << " was accepted";
+      } catch (const flashlite::Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("head_dim " + std::to_string(d)), std::string::npos) << msg;
+        EXPECT_NE(msg.find("32, 64, 96, 128, 256"), std::string::npos) << msg;
+        EXPECT_EQ(e.kind(), flashlite::ErrorKind::invalid_value);
+      }
+    }
+}
+
+TEST(FusedFeatures, CudaBackendRefusesCpuTensors) {
+  Spec s = small_spec(DType::f32, 64);
+  Problem p(s, 3);
+  ForwardArgs a = p.args;
+  a.backend = Backend::cuda;
+  try {
+    flashlite::forward(a);
+    ADD_FAILURE() << "CPU tensors were accepted by backend 'cuda'";
+  } catch (const flashlite::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backend 'cuda' needs CUDA tensors"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace fltest

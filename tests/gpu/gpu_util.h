@@ -1,0 +1,119 @@
+#pragma once
+// GPU test helpers: device mirrors of the CPU suite's Problem (tests/cpu/test_util.h). A problem is built, filled and
+// NaN-poisoned on the host exactly as the CPU tests do; every host buffer is copied to the device byte for byte and
+// the views are re-pointed at the same offsets, so the same float64 reference and the same checks (errors, NaN,
+// untouched padding bytes, unchanged inputs) apply to the CUDA backend after the bytes are copied back.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace fltest {
+
+inline bool has_gpu() {
+  static const bool yes = [] {
+    int n = 0;
+    const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+    cudaGetLastError();
+    return ok;
+  }();
+  return yes;
+}
+
+#define FL_SKIP_WITHOUT_GPU() \
+  if (!::fltest::has_gpu()) GTEST_SKIP() << "no CUDA device"
+
+#define FL_CUDA_OK(call)                                                                              \
+  do {                                                                                                \
+    const cudaError_t e_ = (call);                                                                    \
+    ASSERT_EQ(e_, cudaSuccess) << #call << ": " << cudaGetErrorString(e_);                            \
+  } while (0)
+
+inline void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Device copies of every host buffer of a Problem; `args` is the problem's ForwardArgs re-pointed to them
+// (cu_seqlens stay on the host, as the API wants).
+struct DeviceMirror {
+  struct Pair {
+    Buffer* host;
+    void* dev;
+  };
+  std::vector<Pair> pairs;
+  ForwardArgs args;
+
+  explicit DeviceMirror(Problem& p) : args(p.args) {
+    for (Buffer* b : {&p.qbuf, &p.kbuf, &p.vbuf, &p.outbuf, &p.lsebuf, &p.sinkbuf}) {
+      if (b->bytes.empty()) continue;
+      void* d = nullptr;
+      cuda_check(cudaMalloc(&d, b->bytes.size()), "cudaMalloc");
+      cuda_check(cudaMemcpy(d, b->bytes.data(), b->bytes.size(), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+      pairs.push_back({b, d});
+    }
+    for (TensorView* t : {&args.q, &args.k, &args.v, &args.out, &args.lse, &args.options.sink_logits}) repoint(*t);
+    args.backend = Backend::cuda;
+  }
+  ~DeviceMirror() {
+    for (auto& pr : pairs) cudaFree(pr.dev);
+  }
+  DeviceMirror(const DeviceMirror&) = delete;
+  DeviceMirror& operator=(const DeviceMirror&) = delete;
+
+  // Copies every device buffer back over its host buffer (outputs and, to prove them unchanged, inputs).
+  void copy_back() {
+    cuda_check(cudaDeviceSynchronize(), "kernel execution");
+    for (auto& pr : pairs) {
+      cuda_check(cudaMemcpy(pr.host->bytes.data(), pr.dev, pr.host->bytes.size(), cudaMemcpyDeviceToHost),
+                 "cudaMemcpy D2H");
+    }
+  }
+  // Re-poisons the device outputs (NaN), e.g. between two runs.
+  void poison_outputs(Problem& p) {
+    for (auto& pr : pairs) {
+      if (pr.host != &p.outbuf && pr.host != &p.lsebuf) continue;
+      Buffer tmp(pr.host->dtype, pr.host->numel());
+      tmp.poison();
+      cuda_check(cudaMemcpy(pr.dev, tmp.bytes.data(), tmp.bytes.size(), cudaMemcpyHostToDevice), "poison");
+    }
+  }
+  void* device_of(const Buffer& b) const {
+    for (auto& pr : pairs)
+      if (pr.host == &b) return pr.dev;
+    return nullptr;
+  }
+
+ private:
+  void repoint(TensorView& t) {
+    if (t.data == nullptr) return;
+    const auto* ptr = static_cast<const uint8_t*>(t.data);
+    for (auto& pr : pairs) {
+      const uint8_t* lo = pr.host->bytes.data();
+      if (ptr >= lo && ptr < lo + pr.host->bytes.size()) {
+        t.data = static_cast<uint8_t*>(pr.dev) + (ptr - lo);
+        t.device = Device::cuda(0);
+        return;
+      }
+    }
+    throw std::runtime_error("a view points outside every buffer of the problem");
+  }
+};
+
+// Tolerances of the correctness protocol (DESIGN.md): fp32 max abs 1e-4; fp16/bf16 relative 1e-2; LSE 1e-4.
+inline Tolerance gpu_tolerance(DType) { return Tolerance{1e-4, 1e-2, 1e-4}; }
+
+// Runs the CUDA backend on a problem and checks it against the float64 reference.
+inline void run_and_check(const Spec& spec, const std::string& name) {
+  Problem p(spec, seed_of(name));
+  const Result64 ref = reference64(p);
+  const Snapshot before = snapshot(p);
+  DeviceMirror m(p);
+  flashlite::forward(m.args);
+  m.copy_back();
+  expect_matches(p, ref, before, gpu_tolerance(spec.dtype));
+}
+
+}  // namespace fltest
