@@ -11,12 +11,17 @@ phases="${1:-build,test,sanitize,sweep,peers}"
 commit="${2:-unknown}"
 shift 2 2>/dev/null || shift $#
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-out="${OUT:-$root/out}"
+# Logs collect in a scratch folder, packed into $OUT/fwd_run.tgz after every phase (the machine returns at most 8
+# files, and a phase cut off by the time limit still leaves the earlier ones).
+dest="${OUT:-$root/out}"
+out=/tmp/fwd_run
 build="$root/build-fwd"
-mkdir -p "$out"
+mkdir -p "$out" "$dest"
 export PYTHONUNBUFFERED=1
 has() { [[ ",$phases," == *",$1,"* ]]; }
-log() { echo "== $(date +%T) $*"; }
+pack() { tar czf "$dest/fwd_run.tgz" -C "$out" . 2>/dev/null; }
+log() { pack; echo "== $(date +%T) $*"; }
+trap pack EXIT
 
 if has build; then
   log "build"
@@ -50,8 +55,9 @@ fi
 if has test; then
   log "ctest -L gpu"
   (cd "$build" && ctest -L gpu -j"$(nproc)" --timeout 600 --output-on-failure > "$out/ctest.log" 2>&1)
-  tail -5 "$out/ctest.log"
-  grep -E "Failed|\*\*\*" "$out/ctest.log" | head -40
+  grep -E "tests passed|tests failed" "$out/ctest.log"
+  sed -n '/The following tests FAILED/,$p' "$out/ctest.log" | head -60
+  grep -E "Failure|non-finite|relative error|LSE mismatches|were written|must be exactly|Which is|Expected" "$out/ctest.log" | head -40
 fi
 
 if has sanitize; then
@@ -80,5 +86,6 @@ fi
 
 if has sweep && has peers; then
   python3 "$root/bench/fwd/combine.py" "$out/fwd_sweep_raw.json" "$out/sdpa_peers.json" --out "$out/fwd_sweep.json"
+  cp "$out/fwd_sweep.json" "$dest/"
 fi
 log "done"
