@@ -40,7 +40,7 @@ void run_cuda_naive(const AttentionProblem&, void*, void*, size_t) { throw Error
 }
 EOF
     g++ -std=c++20 -O2 -c -I"$root/src" -I"$root/include" -DFLASHLITE_WITH_CUDA=1 /tmp/naive_stub.cpp -o /tmp/naive_stub.o
-    extra+=("-DCMAKE_EXE_LINKER_FLAGS=/tmp/naive_stub.o")
+    extra+=("-DCMAKE_CXX_STANDARD_LIBRARIES=/tmp/naive_stub.o" "-DCMAKE_CUDA_STANDARD_LIBRARIES=/tmp/naive_stub.o")
   fi
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DFLASHLITE_BUILD_APPS=OFF -DFLASHLITE_BUILD_ENGINE=OFF -DFLASHLITE_FWD_SWEEP=ON "${extra[@]}" > "$out/cmake.log" 2>&1 \
