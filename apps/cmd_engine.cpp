@@ -247,11 +247,27 @@ void run_chat(const ChatSettings& c) {
 // ---- tokenize ----
 struct TokenizeSettings {
   std::string model, text;
-  bool has_text = false, json_out = false, special = false, bos = false;
+  bool has_text = false, json_out = false, special = false, bos = false, jsonl = false;
 };
 
 void run_tokenize(const TokenizeSettings& t) {
   std::unique_ptr<eng::Tokenizer> tok = eng::load_tokenizer(t.model);
+  if (t.jsonl) {  // many texts per load (tests): one JSON string per input line -> one JSON object per output line
+    std::string line;
+    while (std::getline(std::cin, line)) {
+      if (line.empty()) continue;
+      json in;
+      try {
+        in = json::parse(line);
+      } catch (const json::exception& e) {
+        throw Error(ErrorKind::invalid_value, std::string("--jsonl input line is not JSON: ") + e.what());
+      }
+      if (!in.is_string()) throw Error(ErrorKind::invalid_value, "--jsonl input line is not a JSON string");
+      const std::vector<int> ids = tok->encode(in.get<std::string>(), t.special);
+      std::cout << json({{"ids", ids}, {"decoded", tok->decode(ids)}}).dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+    }
+    return;
+  }
   const std::string text = t.has_text ? t.text : read_stdin();
   std::vector<int> ids;
   if (t.bos && tok->bos_id() >= 0) ids.push_back(tok->bos_id());
@@ -295,6 +311,7 @@ void add_engine_commands(CLI::App& app) {
   tk->add_flag("--json", t->json_out, "Print ids, pieces and the decoded text as JSON");
   tk->add_flag("--special", t->special, "Parse special-token strings (e.g. <|begin_of_text|>) as their ids");
   tk->add_flag("--bos", t->bos, "Prepend the BOS token");
+  tk->add_flag("--jsonl", t->jsonl, "Batch mode: each standard-input line is a JSON string; prints one JSON object per line");
   tk->callback([t] { run_tokenize(*t); });
 }
 

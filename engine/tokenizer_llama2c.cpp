@@ -116,8 +116,8 @@ class Llama2cTokenizer final : public Tokenizer {
         ids.push_back(it->second);
       } else if (byte_ids_[0] >= 0) {
         for (unsigned char b : ch) ids.push_back(byte_ids_[b]);
-      } else {
-        ids.push_back(0);  // <unk>: the vocabulary has no byte tokens
+      } else if (ids.empty() || ids.back() != 0) {
+        ids.push_back(0);  // <unk>: no byte tokens; a run of unknown characters is one <unk>, as SentencePiece does
       }
     }
     std::string buf;

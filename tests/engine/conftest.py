@@ -1,0 +1,39 @@
+"""Shared fixtures for the engine's pytest files: the flashlite binary and the shared models directory."""
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _binary():
+    env = os.environ.get("FLASHLITE_BIN")
+    if env:
+        return pathlib.Path(env)
+    return REPO / "build" / "bin" / "flashlite"
+
+
+@pytest.fixture(scope="session")
+def flashlite_bin():
+    path = _binary()
+    if not path.exists():
+        pytest.skip(f"flashlite binary not found at {path} (build it, or set FLASHLITE_BIN)")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def models_dir():
+    path = pathlib.Path(os.environ.get("FLASHLITE_MODELS", REPO.parent / "shared" / "models"))
+    if not path.is_dir():
+        pytest.skip(f"models directory {path} is absent (expected ../shared/models relative to the repo)")
+    return path
+
+
+def run_cli(binary, args, stdin=None, check=True):
+    """Runs the CLI; returns the CompletedProcess (bytes in, text out)."""
+    proc = subprocess.run([binary, *args], input=stdin, capture_output=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"flashlite {' '.join(args)} failed ({proc.returncode}): {proc.stderr.decode(errors='replace')}")
+    return proc
