@@ -247,17 +247,20 @@ class BpeTokenizer final : public Tokenizer {
       }
     }
     std::vector<int> ids;
+    bool prev_unk = false;
     for (std::string_view ch : utf8_chars(word)) {
       auto it = s_.vocab.find(std::string(ch));
+      const bool unk = it == s_.vocab.end() && !(s_.byte_fallback && byte_ids_[static_cast<unsigned char>(ch[0])] >= 0);
       if (it != s_.vocab.end()) {
         ids.push_back(it->second);
-      } else if (s_.byte_fallback && byte_ids_[static_cast<unsigned char>(ch[0])] >= 0) {
+      } else if (!unk) {
         for (unsigned char c : ch) ids.push_back(byte_ids_[c]);
       } else if (s_.unk_id >= 0) {
-        ids.push_back(s_.unk_id);
+        if (!(s_.fuse_unk && prev_unk)) ids.push_back(s_.unk_id);
       } else {
         fail(s_.source + ": character '" + std::string(ch) + "' is not in the vocabulary and there is no unk token");
       }
+      prev_unk = unk;
     }
     bpe_merge(ids, [&](int a, int b) -> std::optional<MergeCandidate> {
       auto it = merges_.find(key(a, b));

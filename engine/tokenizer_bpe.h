@@ -41,6 +41,7 @@ struct BpeSpec {
   bool ignore_merges = false;
   bool byte_fallback = false;
   int unk_id = -1;
+  bool fuse_unk = false;  // a run of unknown characters becomes one unk token
   std::vector<AddedToken> added;
   std::vector<NormalizerStep> normalizers;
   std::vector<PreTokenizerStep> pre_tokenizers;

@@ -146,6 +146,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
     read_merges(model.at("merges"), s);
     s.ignore_merges = model.value("ignore_merges", false);
     s.byte_fallback = model.value("byte_fallback", false);
+    s.fuse_unk = model.value("fuse_unk", false);
     if (model.contains("unk_token") && model["unk_token"].is_string()) {
       auto it = s.vocab.find(model["unk_token"].get<std::string>());
       if (it != s.vocab.end()) s.unk_id = it->second;

@@ -137,3 +137,54 @@ def test_tok105_matches_sentencepiece(flashlite_bin, models_dir):
              "Tom's dog is big", "abc xyz 123", "Zebra? Quick!", "caf\u00e9 \u65e5\u672c"]
     got = engine_encode(flashlite_bin, path / "tok105.bin", texts, False)
     compare(texts, got, [sp.encode(t) for t in texts], "tok105 vs sentencepiece")
+
+
+def _train_llama2_style(tmp_path, byte_fallback):
+    """A Llama-2-style tokenizer.json (U+2581 for spaces, BPE merges, <0xXX> byte fallback), trained on the fly by
+    `tokenizers` itself so the test needs no downloaded vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=byte_fallback, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    specials = ["<unk>", "<s>", "</s>"] + ([f"<0x{b:02X}>" for b in range(256)] if byte_fallback else [])
+    trainer = trainers.BpeTrainer(vocab_size=600 if byte_fallback else 300, special_tokens=specials,
+                                  show_progress=False)
+    corpus = [t for t in FIXED if "<|" not in t] * 3 + ["the quick brown fox jumps over the lazy dog"] * 20
+    tok.train_from_iterator(corpus, trainer)
+    if byte_fallback:
+        # Byte tokens are ordinary vocabulary entries in Llama 2, not added tokens.
+        data = json.loads(tok.to_str())
+        data["added_tokens"] = [a for a in data["added_tokens"] if not a["content"].startswith("<0x")]
+        tok = Tokenizer.from_str(json.dumps(data))
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    return tok, path
+
+
+@pytest.mark.parametrize("byte_fallback", [True, False], ids=["byte_fallback", "unk"])
+def test_llama2_style_tokenizer_json_matches_hf(flashlite_bin, tmp_path, byte_fallback):
+    hf, path = _train_llama2_style(tmp_path, byte_fallback)
+    texts = [t for t in CASES if "\u2581" not in t]
+    got = engine_encode(flashlite_bin, path, texts, True)
+    compare(texts, got, [hf.encode(t, add_special_tokens=False).ids for t in texts], f"llama2-style bf={byte_fallback}")
+    if byte_fallback:
+        bad = [t for t, g in zip(texts, got) if g["decoded"] != hf.decode(g["ids"], skip_special_tokens=False)]
+        assert not bad, f"decode differs from HF for {bad[:5]}"
+
+
+def test_tokenize_errors_are_clear(flashlite_bin, tmp_path):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"model": {"type": "WordPiece", "vocab": {}}}')
+    proc = run_cli(flashlite_bin, ["tokenize", "--model", str(tmp_path), "--text", "x"], check=False)
+    assert proc.returncode != 0 and b"model type 'WordPiece' is unsupported" in proc.stderr, proc.stderr
+    bad.write_text("{not json")
+    proc = run_cli(flashlite_bin, ["tokenize", "--model", str(bad), "--text", "x"], check=False)
+    assert proc.returncode != 0 and b"not valid JSON" in proc.stderr, proc.stderr
+    trunc = tmp_path / "tok.bin"
+    trunc.write_bytes(b"\x07\x00\x00\x00" + b"\x00\x00\x00\x00" + b"\x05\x00\x00\x00ab")
+    proc = run_cli(flashlite_bin, ["tokenize", "--model", str(trunc), "--text", "x"], check=False)
+    assert proc.returncode != 0 and b"corrupt or truncated" in proc.stderr, proc.stderr
+    proc = run_cli(flashlite_bin, ["tokenize", "--model", str(tmp_path / "absent"), "--text", "x"], check=False)
+    assert proc.returncode != 0 and b"does not exist" in proc.stderr, proc.stderr
