@@ -15,7 +15,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # files, and a phase cut off by the time limit still leaves the earlier ones).
 dest="${OUT:-$root/out}"
 out=/tmp/fwd_run
-build="$root/build-fwd"
+build="${BUILD_DIR:-$root/build-fwd}"
 mkdir -p "$out" "$dest"
 export PYTHONUNBUFFERED=1
 has() { [[ ",$phases," == *",$1,"* ]]; }
@@ -26,7 +26,7 @@ trap pack EXIT
 if has build; then
   log "build"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/device.txt"
-  extra=()
+  extra=("-DCMAKE_EXE_LINKER_FLAGS=")  # reset what an older configure may have cached
   [ -d "$root/.carry/gtest" ] && extra+=("-DGTest_DIR=$root/.carry/gtest/usr/lib/x86_64-linux-gnu/cmake/GTest")
   if ! grep -rqs "run_cuda_naive" "$root/src/cuda/naive" 2>/dev/null; then
     # The CUDA naive backend has not landed in this tree: link a stand-in that throws (never committed).
@@ -42,9 +42,11 @@ EOF
     g++ -std=c++20 -O2 -c -I"$root/src" -I"$root/include" -DFLASHLITE_WITH_CUDA=1 /tmp/naive_stub.cpp -o /tmp/naive_stub.o
     extra+=("-DCMAKE_CXX_STANDARD_LIBRARIES=/tmp/naive_stub.o" "-DCMAKE_CUDA_STANDARD_LIBRARIES=/tmp/naive_stub.o")
   fi
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-    -DFLASHLITE_BUILD_APPS=OFF -DFLASHLITE_BUILD_ENGINE=OFF -DFLASHLITE_FWD_SWEEP=ON "${extra[@]}" > "$out/cmake.log" 2>&1 \
-    || { tail -30 "$out/cmake.log"; exit 1; }
+  configure() {
+    cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+      -DFLASHLITE_BUILD_APPS=OFF -DFLASHLITE_BUILD_ENGINE=OFF -DFLASHLITE_FWD_SWEEP=ON "${extra[@]}" > "$out/cmake.log" 2>&1
+  }
+  configure || { rm -rf "$build"; configure; } || { tail -30 "$out/cmake.log"; exit 1; }
   start=$(date +%s)
   cmake --build "$build" -j"$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$out/build.log" | head -60; exit 1; }
   log "built in $(( $(date +%s) - start )) s"
