@@ -41,6 +41,19 @@ float Sampler::uniform() {
 
 int Sampler::sample(const float* logits, int vocab) {
   if (p_.temperature == 0.0f) return argmax(logits, vocab);
+  if (p_.top_k == 0 && p_.top_p >= 1.0f) {  // plain temperature sampling: no sort needed
+    float mx = logits[0];
+    for (int i = 1; i < vocab; ++i) mx = std::max(mx, logits[i]);
+    double total = 0;
+    for (int i = 0; i < vocab; ++i) total += std::exp((double(logits[i]) - mx) / p_.temperature);
+    const double r = double(uniform()) * total;
+    double cum = 0;
+    for (int i = 0; i < vocab; ++i) {
+      cum += std::exp((double(logits[i]) - mx) / p_.temperature);
+      if (r < cum) return i;
+    }
+    return argmax(logits, vocab);
+  }
   cand_.resize(vocab);
   for (int i = 0; i < vocab; ++i) cand_[i] = {logits[i], i};
   // Descending logits (ties: lower id first) so top-k and top-p cut a prefix.

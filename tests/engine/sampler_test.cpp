@@ -1,0 +1,93 @@
+// The sampler: greedy is argmax (first index on ties); temperature sampling follows softmax(logits / T) in frequency;
+// top-k and top-p keep exactly the tokens they should; seeds reproduce; bad parameters are errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "engine/sampler.h"
+#include "flashlite/errors.h"
+
+namespace {
+
+namespace eng = flashlite::engine;
+
+std::vector<float> random_logits(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 2.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+TEST(Sampler, GreedyIsArgmaxFirstOnTies) {
+  std::vector<float> v = random_logits(1000, 1);
+  const int best = int(std::max_element(v.begin(), v.end()) - v.begin());
+  eng::Sampler s({0.f, 0, 1.f, 0}, 0);
+  EXPECT_EQ(s.sample(v.data(), 1000), best);
+  std::vector<float> ties{1.f, 3.f, 3.f, 2.f};
+  EXPECT_EQ(s.sample(ties.data(), 4), 1);
+}
+
+TEST(Sampler, FrequenciesFollowSoftmaxAtTemperature) {
+  const std::vector<float> logits{0.5f, -1.f, 2.f, 0.f, 1.f, -0.5f};
+  const float T = 0.7f;
+  std::vector<double> p(logits.size());
+  double z = 0;
+  for (size_t i = 0; i < p.size(); ++i) z += p[i] = std::exp(logits[i] / T);
+  eng::Sampler s({T, 0, 1.f, 7}, 0);
+  const int n = 200000;
+  std::vector<int> count(logits.size());
+  for (int i = 0; i < n; ++i) ++count[s.sample(logits.data(), int(logits.size()))];
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double want = p[i] / z, got = double(count[i]) / n;
+    // 5 standard deviations of a binomial proportion.
+    EXPECT_NEAR(got, want, 5 * std::sqrt(want * (1 - want) / n)) << "token " << i;
+  }
+}
+
+TEST(Sampler, TopKAndTopPKeepTheRightSet) {
+  const std::vector<float> logits{1.f, 4.f, 3.f, 2.f, 0.f};  // order: 1, 2, 3, 0, 4
+  eng::Sampler k2({1.f, 2, 1.f, 3}, 0);
+  std::map<int, int> seen;
+  for (int i = 0; i < 2000; ++i) ++seen[k2.sample(logits.data(), 5)];
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(seen.count(1) && seen.count(2));
+  // probabilities at T=1: token 1 ~0.644, token 2 ~0.237: top_p 0.7 keeps {1, 2}, top_p 0.5 keeps {1}.
+  eng::Sampler p7({1.f, 0, 0.7f, 3}, 0);
+  seen.clear();
+  for (int i = 0; i < 2000; ++i) ++seen[p7.sample(logits.data(), 5)];
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(seen.count(1) && seen.count(2));
+  eng::Sampler p5({1.f, 0, 0.5f, 3}, 0);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(p5.sample(logits.data(), 5), 1);
+}
+
+TEST(Sampler, SeedsReproduceAndStreamsDiffer) {
+  const std::vector<float> v = random_logits(300, 2);
+  auto draw = [&](uint64_t seed, uint64_t stream) {
+    eng::Sampler s({1.f, 0, 1.f, seed}, stream);
+    std::vector<int> out;
+    for (int i = 0; i < 50; ++i) out.push_back(s.sample(v.data(), 300));
+    return out;
+  };
+  EXPECT_EQ(draw(5, 0), draw(5, 0));
+  EXPECT_NE(draw(5, 0), draw(6, 0));
+  EXPECT_NE(draw(5, 0), draw(5, 1));
+}
+
+TEST(Sampler, BadParametersAreErrors) {
+  EXPECT_THROW(eng::Sampler({-1.f, 0, 1.f, 0}, 0), flashlite::Error);
+  EXPECT_THROW(eng::Sampler({NAN, 0, 1.f, 0}, 0), flashlite::Error);
+  EXPECT_THROW(eng::Sampler({1.f, -2, 1.f, 0}, 0), flashlite::Error);
+  EXPECT_THROW(eng::Sampler({1.f, 0, 0.f, 0}, 0), flashlite::Error);
+  EXPECT_THROW(eng::Sampler({1.f, 0, 1.5f, 0}, 0), flashlite::Error);
+  try {
+    eng::SamplingParams{1.f, 0, 1.5f, 0}.validate();
+  } catch (const flashlite::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("top_p is 1.5"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
