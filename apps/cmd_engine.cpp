@@ -24,7 +24,7 @@ using json = nlohmann::json;
 namespace {
 
 struct ModelSettings {
-  std::string model, tokenizer, device = "cpu";
+  std::string model, tokenizer, device = "cpu", attention = "cpu";
   int threads = 0, context = 0;
   bool json_out = false;
 };
@@ -43,12 +43,14 @@ void add_model_options(CLI::App* cmd, ModelSettings& m) {
   cmd->add_option("--threads", m.threads, "CPU threads (0 = automatic: 1 for tiny models)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--context", m.context, "KV cache positions per sequence (default: prompt + max tokens, or 4096 for chat)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--attention", m.attention, "flashlite attention backend on the CPU: cpu (tiled), naive or reference")
+      ->check(CLI::IsMember({"cpu", "naive", "reference"}))->capture_default_str();
   cmd->add_flag("--json", m.json_out, "Print one JSON object instead of streaming text");
 }
 
 void add_sampling_options(CLI::App* cmd, SamplingSettings& s) {
   cmd->add_option("--max-tokens", s.max_tokens, "New tokens to generate (per sequence / per turn)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--temperature", s.temperature, "0 = greedy")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--temperature", s.temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0))->capture_default_str();
   cmd->add_option("--top-k", s.top_k, "Keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--top-p", s.top_p, "Nucleus sampling mass (1 = off)")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   cmd->add_option("--seed", s.seed, "Random seed")->capture_default_str();
@@ -65,7 +67,14 @@ Loaded load(const ModelSettings& m, bool quiet) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   if (!quiet) std::fprintf(stderr, "loading %s ...\n", m.model.c_str());
-  Loaded l{eng::load_checkpoint(m.model), nullptr};
+  eng::LoadProgress progress;
+  if (!quiet) {
+    progress = [](int done, int total) {
+      std::fprintf(stderr, "\r  layer %d/%d", done, total);
+      if (done == total) std::fprintf(stderr, "\n");
+    };
+  }
+  Loaded l{eng::load_checkpoint(m.model, progress), nullptr};
   std::string tok = m.tokenizer;
   if (tok.empty()) {
     if (!eng::is_directory(m.model)) {
@@ -107,7 +116,7 @@ std::vector<int> stop_ids_of(const Loaded& l) {
   return stops;
 }
 
-json stats_json(const eng::GenerationStats& st, const eng::LlamaCpu& model) {
+json stats_json(const eng::GenerationStats& st, eng::LlamaCpu& model) {
   return {{"batch", st.batch},
           {"prompt_tokens", st.prompt_tokens},
           {"generated_tokens", st.generated_tokens},
@@ -119,6 +128,7 @@ json stats_json(const eng::GenerationStats& st, const eng::LlamaCpu& model) {
           {"total_ms", st.total_ms},
           {"peak_rss_bytes", eng::peak_rss_bytes()},
           {"threads", model.threads()},
+          {"attention_kernel", model.attention_kernel()},
           {"device", "cpu"}};
 }
 
@@ -165,6 +175,7 @@ void run_generate(const GenerateSettings& g) {
   eng::RuntimeOptions ro;
   ro.slots = int(prompts.size());
   ro.threads = g.m.threads;
+  ro.attention = parse_backend(g.m.attention);
   ro.context = g.m.context > 0 ? g.m.context : std::min<int>(max_ctx, int(longest) + g.s.max_tokens);
   eng::LlamaCpu model(l.weights, ro);
   const bool stream = !g.m.json_out && prompts.size() == 1;
@@ -210,6 +221,7 @@ void run_chat(const ChatSettings& c) {
   Loaded l = load(c.m, false);
   eng::RuntimeOptions ro;
   ro.threads = c.m.threads;
+  ro.attention = parse_backend(c.m.attention);
   ro.context = c.m.context > 0 ? c.m.context : std::min(l.weights.config.max_seq_len, 4096);
   eng::LlamaCpu model(l.weights, ro);
   eng::ChatSession session(model);

@@ -7,7 +7,7 @@
 
 namespace flashlite::engine {
 
-ModelWeights load_hf_checkpoint(const std::string& dir) {
+ModelWeights load_hf_checkpoint(const std::string& dir, const LoadProgress& progress) {
   ModelWeights w;
   w.config = load_hf_config(dir);
   const ModelConfig& c = w.config;
@@ -29,6 +29,8 @@ ModelWeights load_hf_checkpoint(const std::string& dir) {
     ckpt.read_f32(p + "mlp.gate_proj.weight", {hid, dim}, writable(l.w13));
     ckpt.read_f32(p + "mlp.up_proj.weight", {hid, dim}, writable(l.w13) + hid * dim);
     ckpt.read_f32(p + "mlp.down_proj.weight", {dim, hid}, writable(l.w2));
+    // Only worth showing for checkpoints of a few hundred MB and more.
+    if (progress && ckpt.total_bytes() > (256u << 20)) progress(i + 1, c.n_layers);
   }
   ckpt.read_f32("model.norm.weight", {dim}, writable(w.rms_final));
   if (!w.config.tie_embeddings) ckpt.read_f32("lm_head.weight", {vocab, dim}, writable(w.lm_head));

@@ -162,3 +162,20 @@ const std::vector<float>& LlamaCpu::forward(const std::vector<SequenceInput>& in
 }
 
 }  // namespace flashlite::engine
+
+namespace flashlite::engine {
+
+std::string LlamaCpu::attention_kernel() {
+  const ModelConfig& c = w_.config;
+  std::vector<float> q(size_t(c.q_dim())), o(size_t(c.q_dim()));
+  ForwardArgs a;
+  a.q = TensorView::contiguous(q.data(), DType::f32, Device::cpu(), {1, 1, c.n_heads, c.head_dim});
+  a.k = cache_.k_view(0, 0, 1);
+  a.v = cache_.v_view(0, 0, 1);
+  a.out = TensorView::contiguous(o.data(), DType::f32, Device::cpu(), {1, 1, c.n_heads, c.head_dim});
+  a.options.causal = true;
+  a.backend = opt_.attention;
+  return forward_kernel_name(a);
+}
+
+}  // namespace flashlite::engine

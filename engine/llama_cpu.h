@@ -2,6 +2,7 @@
 // The Llama forward pass on the CPU (fp32): embedding, RMSNorm, fused QKV matmul, RoPE, KV-cache append,
 // attention through flashlite::forward (causal, bottom-right aligned, so a chunk of new queries attends to the whole
 // cached prefix), output projection, SwiGLU MLP, final norm and LM head.
+#include <string>
 #include <vector>
 
 #include "engine/kv_cache.h"
@@ -36,6 +37,7 @@ class LlamaCpu {
   KvCache& cache() { return cache_; }
   int threads() const { return threads_; }
   int context() const { return cache_.shape().capacity; }
+  std::string attention_kernel();  // flashlite's kernel name for a decode step, e.g. "cpu_tiled_avx2"
 
  private:
   void ensure_scratch(int rows, int logit_rows);

@@ -53,8 +53,8 @@ void layout_weights(ModelWeights& w) {
   w.lm_head = c.tie_embeddings ? w.embedding : take(vocab * dim);
 }
 
-ModelWeights load_checkpoint(const std::string& path) {
-  if (is_directory(path)) return load_hf_checkpoint(path);
+ModelWeights load_checkpoint(const std::string& path, const LoadProgress& progress) {
+  if (is_directory(path)) return load_hf_checkpoint(path, progress);
   if (file_exists(path)) return load_llama2c_checkpoint(path);
   fail("model path '" + path + "' does not exist; expected a Hugging Face checkpoint directory or a llama2.c .bin file");
 }

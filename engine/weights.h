@@ -2,6 +2,7 @@
 // Model weights for the CPU path: fp32, row-major [out_features, in_features], in one 64-byte aligned arena.
 // Q/K/V and gate/up are stored fused so one matmul reads x once.
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,8 +43,10 @@ inline float* writable(const float* p) { return const_cast<float*>(p); }
 
 // Loads a checkpoint: a directory (Hugging Face: config.json + safetensors) or a llama2.c .bin file.
 // Throws Error with the file, the value and the expectation on anything missing, truncated or inconsistent.
-ModelWeights load_checkpoint(const std::string& path);
+// `progress(layers_done, layers)` is called while a Hugging Face checkpoint converts (big models take seconds).
+using LoadProgress = std::function<void(int, int)>;
+ModelWeights load_checkpoint(const std::string& path, const LoadProgress& progress = {});
 ModelWeights load_llama2c_checkpoint(const std::string& path);
-ModelWeights load_hf_checkpoint(const std::string& dir);
+ModelWeights load_hf_checkpoint(const std::string& dir, const LoadProgress& progress = {});
 
 }  // namespace flashlite::engine
