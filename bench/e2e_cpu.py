@@ -47,7 +47,8 @@ def run_engine(args, max_tokens):
     positions = len(o["prompt_ids"]) + len(o["ids"])
     return {"decode_tok_s": s["decode_tokens_per_s"], "ttft_ms": s["ttft_ms"], "mean_tbt_ms": s["mean_tbt_ms"],
             "e2e_positions_per_s": (positions - 1) / (s["total_ms"] / 1e3), "positions": positions,
-            "generated": len(o["ids"]), "peak_rss_bytes": s["peak_rss_bytes"], "ids": o["ids"]}
+            "generated": len(o["ids"]), "peak_rss_bytes": s["peak_rss_bytes"], "ids": o["ids"],
+            "attention_kernel": s.get("attention_kernel", "?")}
 
 
 def run_llama2c(args, steps):
@@ -99,6 +100,7 @@ def main():
         o = json.loads(ours.stdout)["outputs"][0]
         result["same_greedy_text_as_llama2c"] = (o["prompt"] + o["text"]).strip() == l2c[0]["text"].strip()
     result["engine"]["all_decode_tok_s"] = [r["decode_tok_s"] for r in engine]
+    result["engine"]["attention_kernel"] = engine[0]["attention_kernel"]
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
