@@ -1,11 +1,10 @@
 """Shared fixtures for the engine's pytest files: the flashlite binary and the shared models directory."""
 import os
 import pathlib
-import subprocess
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from engine_testlib import REPO
 
 
 def _binary():
@@ -29,11 +28,3 @@ def models_dir():
     if not path.is_dir():
         pytest.skip(f"models directory {path} is absent (expected ../shared/models relative to the repo)")
     return path
-
-
-def run_cli(binary, args, stdin=None, check=True):
-    """Runs the CLI; returns the CompletedProcess (bytes in, text out)."""
-    proc = subprocess.run([binary, *args], input=stdin, capture_output=True, timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"flashlite {' '.join(args)} failed ({proc.returncode}): {proc.stderr.decode(errors='replace')}")
-    return proc

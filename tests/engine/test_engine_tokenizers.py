@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from conftest import run_cli
+from engine_testlib import run_cli
 
 tokenizers = pytest.importorskip("tokenizers", reason="pip package `tokenizers` is needed (scripts/requirements.txt)")
 

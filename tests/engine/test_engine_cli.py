@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from engine_testlib import run_cli
 
 
 def stories(models_dir):

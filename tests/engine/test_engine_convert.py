@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, run_cli
-from test_tokenizers import CASES, engine_encode
+from engine_testlib import REPO, run_cli
+from test_engine_tokenizers import CASES, engine_encode
 
 
 @pytest.fixture(scope="module")

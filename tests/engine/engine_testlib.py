@@ -1,0 +1,13 @@
+"""Helpers for the engine's pytest files (imported by name, so kept out of conftest.py)."""
+import pathlib
+import subprocess
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def run_cli(binary, args, stdin=None, check=True):
+    """Runs the CLI; returns the CompletedProcess (bytes in, bytes out)."""
+    proc = subprocess.run([binary, *args], input=stdin, capture_output=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"flashlite {' '.join(args)} failed ({proc.returncode}): {proc.stderr.decode(errors='replace')}")
+    return proc
