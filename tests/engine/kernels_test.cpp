@@ -57,7 +57,8 @@ TEST_P(Matmul, MatchesFloat64) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Matmul,
                          ::testing::Values(Shape{1, 1, 1}, Shape{1, 7, 3}, Shape{1, 64, 512}, Shape{1, 172, 64},
                                            Shape{1, 64, 13}, Shape{2, 9, 9}, Shape{3, 64, 344}, Shape{5, 17, 31},
-                                           Shape{7, 256, 1030}, Shape{16, 2048, 256}, Shape{1, 4096, 300}),
+                                           Shape{7, 256, 1030}, Shape{16, 2048, 256}, Shape{1, 4096, 300}, Shape{70, 33, 20},
+                                           Shape{130, 256, 96}),
                          [](const auto& info) {
                            return std::to_string(info.param.rows) + "x" + std::to_string(info.param.in) + "x" +
                                   std::to_string(info.param.out);
