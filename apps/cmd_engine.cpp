@@ -13,6 +13,7 @@
 #include "engine/errors.h"
 #include "engine/generator.h"
 #include "engine/mapped_file.h"
+#include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "engine/weights.h"
 
@@ -24,7 +25,7 @@ using json = nlohmann::json;
 namespace {
 
 struct ModelSettings {
-  std::string model, tokenizer, device = "cpu", attention = "cpu";
+  std::string model, tokenizer, device = "cpu", attention = "auto", precision = "auto";
   int threads = 0, context = 0;
   bool json_out = false;
 };
@@ -43,8 +44,10 @@ void add_model_options(CLI::App* cmd, ModelSettings& m) {
   cmd->add_option("--threads", m.threads, "CPU threads (0 = automatic: 1 for tiny models)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--context", m.context, "KV cache positions per sequence (default: prompt + max tokens, or 4096 for chat)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--attention", m.attention, "flashlite attention backend on the CPU: cpu (tiled), naive or reference")
-      ->check(CLI::IsMember({"cpu", "naive", "reference"}))->capture_default_str();
+  cmd->add_option("--attention", m.attention, "flashlite attention backend: auto (cpu / cuda fused), cpu, naive, reference")
+      ->check(CLI::IsMember({"auto", "cpu", "naive", "reference", "cuda"}))->capture_default_str();
+  cmd->add_option("--precision", m.precision, "CUDA weights and activations: auto (bf16), bf16 or fp32")
+      ->check(CLI::IsMember({"auto", "bf16", "fp32"}))->capture_default_str();
   cmd->add_flag("--json", m.json_out, "Print one JSON object instead of streaming text");
 }
 
@@ -62,9 +65,6 @@ struct Loaded {
 };
 
 Loaded load(const ModelSettings& m, bool quiet) {
-  if (m.device == "cuda") {
-    throw Error(ErrorKind::invalid_value, "--device cuda: the engine's CUDA path is not built yet; use --device cpu");
-  }
   const auto t0 = std::chrono::steady_clock::now();
   if (!quiet) std::fprintf(stderr, "loading %s ...\n", m.model.c_str());
   eng::LoadProgress progress;
@@ -116,7 +116,7 @@ std::vector<int> stop_ids_of(const Loaded& l) {
   return stops;
 }
 
-json stats_json(const eng::GenerationStats& st, eng::LlamaCpu& model) {
+json stats_json(const eng::GenerationStats& st, eng::LlamaModel& model) {
   return {{"batch", st.batch},
           {"prompt_tokens", st.prompt_tokens},
           {"generated_tokens", st.generated_tokens},
@@ -129,10 +129,10 @@ json stats_json(const eng::GenerationStats& st, eng::LlamaCpu& model) {
           {"peak_rss_bytes", eng::peak_rss_bytes()},
           {"threads", model.threads()},
           {"attention_kernel", model.attention_kernel()},
-          {"device", "cpu"}};
+          {"device", model.device()}};
 }
 
-void print_stats(const eng::GenerationStats& st, const eng::LlamaCpu& model) {
+void print_stats(const eng::GenerationStats& st, const eng::LlamaModel& model) {
   std::fprintf(stderr,
                "\n[batch %d, prompt %d tokens, generated %d] TTFT %.3f ms (prefill %.0f tok/s), time between tokens "
                "mean %.4f ms median %.4f ms, decode %.1f tok/s, peak memory %.1f MiB, %d thread(s)\n",
@@ -176,8 +176,10 @@ void run_generate(const GenerateSettings& g) {
   ro.slots = int(prompts.size());
   ro.threads = g.m.threads;
   ro.attention = parse_backend(g.m.attention);
+  ro.precision = g.m.precision;
   ro.context = g.m.context > 0 ? g.m.context : std::min<int>(max_ctx, int(longest) + g.s.max_tokens);
-  eng::LlamaCpu model(l.weights, ro);
+  std::unique_ptr<eng::LlamaModel> model_ptr = eng::create_model(l.weights, ro, g.m.device);
+  eng::LlamaModel& model = *model_ptr;
   const bool stream = !g.m.json_out && prompts.size() == 1;
   if (stream) {
     std::fwrite(texts[0].data(), 1, texts[0].size(), stdout);
@@ -222,8 +224,10 @@ void run_chat(const ChatSettings& c) {
   eng::RuntimeOptions ro;
   ro.threads = c.m.threads;
   ro.attention = parse_backend(c.m.attention);
+  ro.precision = c.m.precision;
   ro.context = c.m.context > 0 ? c.m.context : std::min(l.weights.config.max_seq_len, 4096);
-  eng::LlamaCpu model(l.weights, ro);
+  std::unique_ptr<eng::LlamaModel> model_ptr = eng::create_model(l.weights, ro, c.m.device);
+  eng::LlamaModel& model = *model_ptr;
   eng::ChatSession session(model);
   eng::ChatFormatter fmt(*l.tokenizer, bos_of(l), c.system);
   std::fprintf(stderr, "chat (%s); /reset clears the conversation, /exit or end of input quits\n", fmt.description().c_str());

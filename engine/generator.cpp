@@ -19,7 +19,7 @@ struct SlotInput {
   std::vector<int> tokens;
 };
 
-GenerationResult run(LlamaCpu& model, const std::vector<SlotInput>& inputs, const GenerationParams& params,
+GenerationResult run(LlamaModel& model, const std::vector<SlotInput>& inputs, const GenerationParams& params,
                      const TokenCallback& on_token, uint64_t stream_base, std::vector<int>* last_tokens) {
   params.sampling.validate();
   if (params.max_new_tokens < 0) fail("max_new_tokens is " + std::to_string(params.max_new_tokens) + "; expected >= 0");
@@ -37,9 +37,9 @@ GenerationResult run(LlamaCpu& model, const std::vector<SlotInput>& inputs, cons
   std::vector<SequenceInput> step;
   for (const SlotInput& in : inputs) {
     if (in.tokens.empty()) fail("prompt " + std::to_string(&in - inputs.data()) + " is empty; expected at least one token");
-    if (model.cache().length(in.slot) + int(in.tokens.size()) > model.context()) {
+    if (model.length(in.slot) + int(in.tokens.size()) > model.context()) {
       fail("prompt " + std::to_string(&in - inputs.data()) + " has " + std::to_string(in.tokens.size()) +
-           " tokens (plus " + std::to_string(model.cache().length(in.slot)) + " cached); the context holds " +
+           " tokens (plus " + std::to_string(model.length(in.slot)) + " cached); the context holds " +
            std::to_string(model.context()) + " tokens");
     }
     step.push_back({in.slot, in.tokens, false});
@@ -63,7 +63,7 @@ GenerationResult run(LlamaCpu& model, const std::vector<SlotInput>& inputs, cons
       ++res.stats.generated_tokens;
       if (on_token) on_token(b, tok);
       if (int(res.tokens[b].size()) >= params.max_new_tokens) live[b] = false;
-      else if (model.cache().length(inputs[b].slot) >= model.context()) {
+      else if (model.length(inputs[b].slot) >= model.context()) {
         live[b] = false;
         res.finish_reason[b] = "context";
       }
@@ -115,16 +115,16 @@ double GenerationStats::decode_tokens_per_s() const {
   return s > 0 ? decode_tokens / (s / 1e3) : 0;
 }
 
-GenerationResult generate(LlamaCpu& model, const std::vector<std::vector<int>>& prompts, const GenerationParams& params,
+GenerationResult generate(LlamaModel& model, const std::vector<std::vector<int>>& prompts, const GenerationParams& params,
                           const TokenCallback& on_token) {
   if (prompts.empty()) fail("no prompts given");
-  if (int(prompts.size()) > model.cache().shape().slots) {
-    fail(std::to_string(prompts.size()) + " prompts exceed the " + std::to_string(model.cache().shape().slots) +
+  if (int(prompts.size()) > model.slots()) {
+    fail(std::to_string(prompts.size()) + " prompts exceed the " + std::to_string(model.slots()) +
          " sequences the runtime was created for");
   }
   std::vector<SlotInput> inputs;
   for (size_t b = 0; b < prompts.size(); ++b) {
-    model.cache().reset(int(b));
+    model.reset(int(b));
     inputs.push_back({int(b), prompts[b]});
   }
   return run(model, inputs, params, on_token, 0, nullptr);
@@ -143,7 +143,7 @@ GenerationResult ChatSession::turn(const std::vector<int>& new_tokens, const Gen
 }
 
 void ChatSession::reset() {
-  model_.cache().reset(slot_);
+  model_.reset(slot_);
   pending_.clear();
 }
 

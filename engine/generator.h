@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/llama_cpu.h"
+#include "engine/model.h"
 #include "engine/sampler.h"
 
 namespace flashlite::engine {
@@ -40,20 +40,20 @@ struct GenerationResult {
 using TokenCallback = std::function<void(int sequence, int token)>;
 
 // Generates for sequences in slots 0..prompts.size()-1; each slot's cache is cleared first.
-GenerationResult generate(LlamaCpu& model, const std::vector<std::vector<int>>& prompts, const GenerationParams& params,
+GenerationResult generate(LlamaModel& model, const std::vector<std::vector<int>>& prompts, const GenerationParams& params,
                           const TokenCallback& on_token = {});
 
 // Continues one slot without clearing it: appends `new_tokens` (plus a stop token the previous turn left out of the
 // cache) and generates. Keeps the KV cache between turns.
 class ChatSession {
  public:
-  explicit ChatSession(LlamaCpu& model, int slot = 0) : model_(model), slot_(slot) {}
+  explicit ChatSession(LlamaModel& model, int slot = 0) : model_(model), slot_(slot) {}
   GenerationResult turn(const std::vector<int>& new_tokens, const GenerationParams& params, const TokenCallback& on_token = {});
-  int cached_tokens() { return model_.cache().length(slot_); }
+  int cached_tokens() { return model_.length(slot_); }
   void reset();
 
  private:
-  LlamaCpu& model_;
+  LlamaModel& model_;
   int slot_;
   std::vector<int> pending_;  // last sampled token, not yet in the cache
   uint64_t turns_ = 0;

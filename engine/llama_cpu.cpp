@@ -133,7 +133,7 @@ const std::vector<float>& LlamaCpu::forward(const std::vector<SequenceInput>& in
       a.out = TensorView::strided(&att_[size_t(row0[s]) * qd], DType::f32, Device::cpu(), {1, n, c.n_heads, D},
                                   {int64_t(n) * qd, qd, D, 1});
       a.options.causal = true;  // bottom-right: new row i sees cached keys [0, len + i]
-      a.backend = opt_.attention;
+      a.backend = opt_.attention == Backend::automatic ? Backend::cpu : opt_.attention;
       flashlite::forward(a);
     }
     mm(xo_.data(), att_.data(), L.wo, qd, dim, qd, dim);
@@ -174,7 +174,7 @@ std::string LlamaCpu::attention_kernel() {
   a.v = cache_.v_view(0, 0, 1);
   a.out = TensorView::contiguous(o.data(), DType::f32, Device::cpu(), {1, 1, c.n_heads, c.head_dim});
   a.options.causal = true;
-  a.backend = opt_.attention;
+  a.backend = opt_.attention == Backend::automatic ? Backend::cpu : opt_.attention;
   return forward_kernel_name(a);
 }
 

@@ -6,38 +6,29 @@
 #include <vector>
 
 #include "engine/kv_cache.h"
+#include "engine/model.h"
 #include "engine/weights.h"
 #include "flashlite/attention.h"
 
 namespace flashlite::engine {
 
-struct RuntimeOptions {
-  int slots = 1;          // sequences held at once (batch)
-  int context = 0;        // KV capacity per sequence; 0 = the model's max_seq_len
-  int threads = 0;        // 0 = automatic (1 for models under ~5M parameters, else every core)
-  Backend attention = Backend::cpu;
-};
-
-// New tokens of one sequence, appended at its current cache length.
-struct SequenceInput {
-  int slot = 0;
-  std::vector<int> tokens;
-  bool all_logits = false;  // logits for every new position (teacher forcing); else only the last
-};
-
-class LlamaCpu {
+class LlamaCpu final : public LlamaModel {
  public:
   LlamaCpu(const ModelWeights& weights, const RuntimeOptions& options);
 
   // Runs every sequence's new tokens in one pass (their rows share the matmuls). Returns the logits rows,
   // (sum over inputs of n or 1, vocab), in input order. Throws Error on a bad token or a context overflow.
-  const std::vector<float>& forward(const std::vector<SequenceInput>& inputs);
+  const std::vector<float>& forward(const std::vector<SequenceInput>& inputs) override;
 
-  const ModelConfig& config() const { return w_.config; }
+  const ModelConfig& config() const override { return w_.config; }
   KvCache& cache() { return cache_; }
-  int threads() const { return threads_; }
-  int context() const { return cache_.shape().capacity; }
-  std::string attention_kernel();  // flashlite's kernel name for a decode step, e.g. "cpu_tiled_avx2"
+  int slots() const override { return cache_.shape().slots; }
+  int context() const override { return cache_.shape().capacity; }
+  int length(int slot) override { return cache_.length(slot); }
+  void reset(int slot) override { cache_.reset(slot); }
+  int threads() const override { return threads_; }
+  std::string device() const override { return "cpu"; }
+  std::string attention_kernel() override;  // e.g. "cpu_tiled_avx2"
 
  private:
   void ensure_scratch(int rows, int logit_rows);

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "engine/generator.h"
+#include "engine/llama_cpu.h"
 #include "engine/tokenizer.h"
 #include "engine/weights.h"
 #include "flashlite/errors.h"
