@@ -5,7 +5,7 @@
 // inputs rotated across sets so that L2 never holds them. Writes JSON (--out) and prints a table.
 //
 //   flashlite_fwd_sweep [--seqs 512,1024,...] [--dims 64,128] [--variants 1,2,...] [--reps 30] [--out f.json]
-//                       [--commit id] [--no-variants] [--window]
+//                       [--commit id] [--no-variants] [--window] [--rank-major 4,11 (block-order ablation)]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -25,7 +25,7 @@
 #include "variants.h"
 
 namespace flashlite::cuda_fwd {
-#define FL_DECL(id, d, br, bc, w, s, q) void sweep_launch_v##id(const FwdParams&, cudaStream_t);
+#define FL_DECL(id, d, br, bc, w, s, q, f) void sweep_launch_v##id(const FwdParams&, cudaStream_t);
 FL_SWEEP_VARIANTS(FL_DECL)
 #undef FL_DECL
 }  // namespace flashlite::cuda_fwd
@@ -47,10 +47,11 @@ using cuda_fwd::FwdParams;
 struct Variant {
   int id, d, br, bc, warps, stages;
   bool qreg;
+  int feat;
   void (*launch)(const FwdParams&, cudaStream_t);
 };
 const Variant kVariants[] = {
-#define FL_ENTRY(id, d, br, bc, w, s, q) {id, d, br, bc, w, s, q, flashlite::cuda_fwd::sweep_launch_v##id},
+#define FL_ENTRY(id, d, br, bc, w, s, q, f) {id, d, br, bc, w, s, q, f, flashlite::cuda_fwd::sweep_launch_v##id},
     FL_SWEEP_VARIANTS(FL_ENTRY)
 #undef FL_ENTRY
 };
@@ -248,7 +249,7 @@ std::vector<int> parse_list(const char* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int> seqs = {512, 1024, 2048, 4096, 8192, 16384}, dims = {64, 128}, only;
+  std::vector<int> seqs = {512, 1024, 2048, 4096, 8192, 16384}, dims = {64, 128}, only, rank_major;
   int reps = 30;
   bool run_variants = true, window = false;
   std::string out_path = "fwd_sweep.json", commit = "unknown";
@@ -258,6 +259,7 @@ int main(int argc, char** argv) {
     if (a == "--seqs") seqs = parse_list(next), ++i;
     else if (a == "--dims") dims = parse_list(next), ++i;
     else if (a == "--variants") only = parse_list(next), ++i;
+    else if (a == "--rank-major") rank_major = parse_list(next), ++i;
     else if (a == "--reps") reps = std::atoi(next), ++i;
     else if (a == "--out") out_path = next, ++i;
     else if (a == "--commit") commit = next, ++i;
@@ -277,9 +279,10 @@ int main(int argc, char** argv) {
                   (only.empty() || std::find(only.begin(), only.end(), v.id) != only.end());
     if (!selected[i]) continue;
     checks[i] = check_variant(v);
-    std::printf("check v%-2d d%-3d br%-3d bc%-3d w%d s%d %-4s: %s (rel %.2e, lse %.2e)\n", v.id, v.d, v.br, v.bc,
-                v.warps, v.stages, v.qreg ? "qreg" : "qsm", checks[i].ok ? "ok" : "FAILED", checks[i].worst_rel,
+    std::printf("check v%-2d d%-3d br%-3d bc%-3d w%d s%d %-4s f%d: %s (rel %.2e, lse %.2e)\n", v.id, v.d, v.br, v.bc,
+                v.warps, v.stages, v.qreg ? "qreg" : "qsm", v.feat, checks[i].ok ? "ok" : "FAILED", checks[i].worst_rel,
                 checks[i].worst_lse);
+    std::fflush(stdout);
   }
 
   FILE* js = std::fopen(out_path.c_str(), "w");
@@ -298,8 +301,8 @@ int main(int argc, char** argv) {
     if (!selected[i]) continue;
     const Variant& v = kVariants[i];
     std::fprintf(js, "%s    {\"id\": %d, \"head_dim\": %d, \"br\": %d, \"bc\": %d, \"warps\": %d, \"stages\": %d, "
-                     "\"q_in_registers\": %s, \"check_ok\": %s, \"check_rel_err\": %.3e, \"check_lse_err\": %.3e}",
-                 first ? "" : ",\n", v.id, v.d, v.br, v.bc, v.warps, v.stages, v.qreg ? "true" : "false",
+                     "\"q_in_registers\": %s, \"feat\": %d, \"check_ok\": %s, \"check_rel_err\": %.3e, \"check_lse_err\": %.3e}",
+                 first ? "" : ",\n", v.id, v.d, v.br, v.bc, v.warps, v.stages, v.qreg ? "true" : "false", v.feat,
                  checks[i].ok ? "true" : "false", checks[i].worst_rel, checks[i].worst_lse);
     first = false;
   }
@@ -371,7 +374,7 @@ int main(int argc, char** argv) {
       r.label = "v" + std::to_string(var.id);
       r.variant = var.id;
       r.kernel = "br" + std::to_string(var.br) + "_bc" + std::to_string(var.bc) + "_w" + std::to_string(var.warps) +
-                 "_s" + std::to_string(var.stages) + (var.qreg ? "_qreg" : "");
+                 "_s" + std::to_string(var.stages) + (var.qreg ? "_qreg" : "") + "_f" + std::to_string(var.feat);
       r.checked = checks[i].ok;
       r.rel = checks[i].worst_rel;
       if (r.checked) {
@@ -381,6 +384,12 @@ int main(int argc, char** argv) {
               make_problem(s, q[size_t(set)], k[size_t(set)], v[size_t(set)], out, lse), var.br, true));
         }
         r.us = median_us([&](int set) { var.launch(params[size_t(set)], nullptr); }, sets, reps);
+        if (std::find(rank_major.begin(), rank_major.end(), var.id) != rank_major.end()) {
+          rows.push_back(r);  // the same variant with the earlier block order (tile rank slowest)
+          for (auto& fp : params) fp.rank_major = true;
+          r.label += "_rankmajor";
+          r.us = median_us([&](int set) { var.launch(params[size_t(set)], nullptr); }, sets, reps);
+        }
       }
       rows.push_back(r);
     }

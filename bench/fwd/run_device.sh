@@ -2,6 +2,7 @@
 # One call on the GPU machine for the fused forward kernel: build (sm_90a, all cores), GPU tests (ctest -L gpu),
 # compute-sanitizer (memcheck, racecheck) on a small filter, the tile sweep and the torch peers. Logs and JSON go to
 # $OUT (or ./out). Phases: any of build,test,sanitize,sweep,peers,ncu (comma list; default all but ncu).
+# PEER_ARGS (e.g. --flex) go to sdpa_peers.py.
 #
 #   bash bench/fwd/run_device.sh [phases] [commit] [sweep args...]
 #
@@ -84,6 +85,17 @@ if has peers; then
   log "peers"
   python3 "$root/bench/fwd/sdpa_peers.py" --out "$out/sdpa_peers.json" ${PEER_ARGS:-} > "$out/peers.log" 2>&1
   echo "peers rc=$?"; tail -3 "$out/peers.log"
+fi
+
+if has ncu; then
+  log "ncu (Speed of Light of the dispatched kernel, D128 and D64, S 4096, causal and not)"
+  for d in 128 64; do
+    ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats -k regex:fwd_mma --launch-skip 3 -c 2 \
+      "$build/bin/flashlite_fwd_sweep" --no-variants --seqs 4096 --dims $d --reps 1 --out /tmp/ncu_sweep.json \
+      > "$out/ncu_d$d.log" 2>&1
+    echo "ncu d$d rc=$?"
+    grep -E "fwd_mma_kernel|Memory Throughput|Compute \(SM\) Throughput|Duration|Registers Per|Achieved Occupancy" "$out/ncu_d$d.log" | head -20
+  done
 fi
 
 if has sweep && has peers; then

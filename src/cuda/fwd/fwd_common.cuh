@@ -27,15 +27,22 @@ struct BlockWork {
   int64_t tb;       // tensor batch index: seq when padded, 0 when varlen
 };
 
-// 1-D grid over (tile rank, sequence, head) with heads fastest (GQA groups share K/V in L2) and tile rank slowest,
-// so that with reverse_tiles every sequence's heaviest causal tiles are scheduled first (longest job first).
-// Returns false when the block has nothing to do (its tile lies past its sequence's end).
+// 1-D grid over (sequence, head, tile rank) with the tile rank fastest: the blocks of one (sequence, head) run
+// side by side and share its K/V in L2 (heads next to each other share a GQA group's K/V too). With reverse_tiles
+// (causal) a sequence's heaviest query tile (its last) takes rank 0, so the long blocks of each head start first.
+// Returns false when the block has nothing to do (its rank lies past its sequence's tiles).
 __device__ __forceinline__ bool decode_block(const FwdParams& p, int block_rows, BlockWork& w) {
-  const int per_rank = p.q_heads * p.batch;
-  const int rank = int(blockIdx.x) / per_rank;
-  const int rest = int(blockIdx.x) - rank * per_rank;
-  w.head = rest % p.q_heads;
-  w.seq = rest / p.q_heads;
+  int pair, rank;
+  if (!p.rank_major) {
+    pair = int(blockIdx.x) / p.q_tiles;
+    rank = int(blockIdx.x) - pair * p.q_tiles;
+  } else {  // the earlier order (rank slowest), kept for the sweep's ablation: K/V re-read from DRAM per rank
+    const int pairs = p.q_heads * p.batch;
+    rank = int(blockIdx.x) / pairs;
+    pair = int(blockIdx.x) - rank * pairs;
+  }
+  w.head = pair % p.q_heads;
+  w.seq = pair / p.q_heads;
   if (p.varlen == VarlenMode::padded) {
     w.sq = p.seq_q;
     w.sk = p.seq_k;

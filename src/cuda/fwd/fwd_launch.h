@@ -17,7 +17,7 @@ namespace flashlite::cuda_fwd {
 // smem = (STAGES * 2 * BC + (Q in regs and BR <= 2 BC ? 0 : BR)) * (D + 8) * 2 bytes.
 #define FL_FWD_MMA_CONFIGS(X)                               \
   X(d32_br128_bc128_w4_s2_qreg, 32, 128, 128, 4, 2, true)   \
-  X(d64_br128_bc128_w4_s2_qreg, 64, 128, 128, 4, 2, true)   \
+  X(d64_br128_bc64_w4_s2_qreg, 64, 128, 64, 4, 2, true)     \
   X(d96_br128_bc64_w4_s2, 96, 128, 64, 4, 2, false)         \
   X(d128_br128_bc64_w4_s2, 128, 128, 64, 4, 2, false)       \
   X(d128_br64_bc64_w4_s2_qreg, 128, 64, 64, 4, 2, true)     \

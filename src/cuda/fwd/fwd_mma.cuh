@@ -16,12 +16,20 @@
 
 #include "cuda/fwd/fwd_common.cuh"
 #include "cuda/fwd/fwd_launch.h"
+#include "cuda/fwd/row_mask.h"
 
 namespace flashlite::cuda_fwd {
 
-template <int D_, int BR_, int BC_, int WARPS_, int STAGES_, bool QREG_>
+// Optional steps of the kernel (template bits so that the sweep can measure each one; production uses all).
+inline constexpr int kFoldScale = 1;    // scale * log2(e) folded into exp2's FFMA, no separate multiply
+inline constexpr int kSkipRescale = 2;  // O is not rescaled on tiles where no row of the warp raised its max
+inline constexpr int kEarlyPack = 4;    // P packed to 16 bits right after the exponent (fewer live registers)
+inline constexpr int kFeatAll = kFoldScale | kSkipRescale | kEarlyPack;
+
+// TAG only makes otherwise equal configurations distinct types (bench/fwd instantiates its own copies).
+template <int D_, int BR_, int BC_, int WARPS_, int STAGES_, bool QREG_, int FEAT_ = kFeatAll, int TAG_ = 0>
 struct MmaTile {
-  static constexpr int D = D_, BR = BR_, BC = BC_, WARPS = WARPS_, STAGES = STAGES_;
+  static constexpr int D = D_, BR = BR_, BC = BC_, WARPS = WARPS_, STAGES = STAGES_, FEAT = FEAT_;
   static constexpr bool QREG = QREG_;
   static constexpr int THREADS = WARPS * 32;
   static constexpr int MT = BR / (16 * WARPS);  // m16 tiles per warp
@@ -172,6 +180,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
   // Rows of this warp that exist; a warp wholly past the sequence end computes on zeros and writes nothing.
   const int wr0 = i0 + wrow0, wr1 = min(wr0 + MT * 16, sq);
 
+  // Scale folded into the exponent unless a softcap (or a non-positive scale) needs the scores transformed first.
+  const bool transform = !(Cfg::FEAT & kFoldScale) || p.softcap || !(p.scale_log2 > 0.f);
+  const float mult = transform ? 1.f : p.scale_log2;
+
   for (int n = 0; n < kt.count; ++n) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile n is in shared memory for everyone; tile n - 1's stage is free
@@ -214,31 +226,45 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
       }
     }
 
-    // Scores in log2 units (softcap first when asked), then the mask on boundary tiles only.
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-      for (int nj = 0; nj < NT; ++nj)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = s[mi][nj][e];
-          s[mi][nj][e] = p.softcap ? p.softcap_post * accurate_tanh(x * p.softcap_pre) : x * p.scale_log2;
-        }
-    const bool full = wr0 >= sq || (j0 + BC <= sk && tile_fully_visible(p.mask, wr0, wr1, j0, j0 + BC, sq, sk));
-    if (!full) {
+    // Scores: a softcap (or a non-positive scale) turns them into log2 units here; otherwise the scale * log2(e)
+    // is folded into the exponent below (kFoldScale: one FFMA per score).
+    if (transform) {
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
         for (int nj = 0; nj < NT; ++nj)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int i = wr0 + mi * 16 + g + (e / 2) * 8;
-            const int j = j0 + nj * 8 + 2 * t + (e % 2);
-            if (j >= sk || !key_visible(p.mask, i, j, sq, sk)) s[mi][nj][e] = -INFINITY;
+            const float x = s[mi][nj][e];
+            s[mi][nj][e] = p.softcap ? p.softcap_post * accurate_tanh(x * p.softcap_pre) : x * p.scale_log2;
           }
     }
+    // The mask, on boundary tiles only.
+    const bool full = wr0 >= sq || (j0 + BC <= sk && tile_fully_visible(p.mask, wr0, wr1, j0, j0 + BC, sq, sk));
+    if (!full) {
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          // Row interval form of the shared predicate (row_mask.h); 32-bit compares against tile-relative keys.
+          const RowKeys rk = row_keys(p.mask, wr0 + mi * 16 + g + r * 8, sq, sk);
+          const int lo = clamp_to(rk.lo - j0, -1, BC), hi = clamp_to(rk.hi - j0, -1, BC);
+          const int se = clamp_to(rk.sink_end - j0, 0, BC);
+#pragma unroll
+          for (int nj = 0; nj < NT; ++nj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = nj * 8 + 2 * t + e;
+              if (!((j >= lo && j <= hi) || j < se)) s[mi][nj][2 * r + e] = -INFINITY;
+            }
+        }
+    }
 
-    // Online softmax: each quad of lanes shares a row; sums stay per-thread until the end.
+    // Online softmax: each quad of lanes shares a row; sums stay per-thread until the end. m_run is in score
+    // units (log2 units times 1 / mult).
+    uint32_t pk[MT][NT][2];  // kEarlyPack: P as 16-bit pairs right after the exponent (frees the fp32 scores)
+    bool raised = false;     // some row of this thread raised a running max that was finite
+    float alpha[MT][2];
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
@@ -247,26 +273,40 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
 #pragma unroll
         for (int nj = 0; nj < NT; ++nj) mx = fmaxf(mx, fmaxf(s[mi][nj][2 * r], s[mi][nj][2 * r + 1]));
         mx = quad_max(mx);
-        const float m_new = fmaxf(m_run[mi][r], mx);
+        const float m_old = m_run[mi][r];
+        const float m_new = fmaxf(m_old, mx);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: avoid -inf - -inf
-        const float alpha = fast_exp2(m_run[mi][r] - m_use);
+        alpha[mi][r] = fast_exp2((m_old - m_use) * mult);
+        raised |= m_new > m_old && m_old > -INFINITY;  // else O is still zero or unchanged
         m_run[mi][r] = m_new;
+        const float neg = -m_use * mult;
         float sum = 0.f;
 #pragma unroll
-        for (int nj = 0; nj < NT; ++nj)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pe = fast_exp2(s[mi][nj][2 * r + e] - m_use);
-            s[mi][nj][2 * r + e] = pe;
-            sum += pe;
+        for (int nj = 0; nj < NT; ++nj) {
+          const float p0 = fast_exp2(fmaf(s[mi][nj][2 * r], mult, neg));
+          const float p1 = fast_exp2(fmaf(s[mi][nj][2 * r + 1], mult, neg));
+          sum += p0 + p1;
+          if constexpr (Cfg::FEAT & kEarlyPack) {
+            pk[mi][nj][r] = pack2<T>(p0, p1);
+          } else {
+            s[mi][nj][2 * r] = p0;
+            s[mi][nj][2 * r + 1] = p1;
           }
-        l_run[mi][r] = l_run[mi][r] * alpha + sum;
+        }
+        l_run[mi][r] = l_run[mi][r] * alpha[mi][r] + sum;
+      }
+    // Rescale O; kSkipRescale: not at all when no row of the warp raised its max (most tiles of long rows).
+    if (!(Cfg::FEAT & kSkipRescale) || __any_sync(0xffffffffu, raised)) {
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
         for (int dn = 0; dn < ND; ++dn) {
-          o[mi][dn][2 * r] *= alpha;
-          o[mi][dn][2 * r + 1] *= alpha;
+          o[mi][dn][0] *= alpha[mi][0];
+          o[mi][dn][1] *= alpha[mi][0];
+          o[mi][dn][2] *= alpha[mi][1];
+          o[mi][dn][3] *= alpha[mi][1];
         }
-      }
+    }
 
     // O += P V: the S accumulators of two n8 tiles form one k16 A fragment.
 #pragma unroll
@@ -274,10 +314,17 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
       uint32_t pa[MT][4];
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) {
-        pa[mi][0] = pack2<T>(s[mi][2 * kb][0], s[mi][2 * kb][1]);
-        pa[mi][1] = pack2<T>(s[mi][2 * kb][2], s[mi][2 * kb][3]);
-        pa[mi][2] = pack2<T>(s[mi][2 * kb + 1][0], s[mi][2 * kb + 1][1]);
-        pa[mi][3] = pack2<T>(s[mi][2 * kb + 1][2], s[mi][2 * kb + 1][3]);
+        if constexpr (Cfg::FEAT & kEarlyPack) {
+          pa[mi][0] = pk[mi][2 * kb][0];
+          pa[mi][1] = pk[mi][2 * kb][1];
+          pa[mi][2] = pk[mi][2 * kb + 1][0];
+          pa[mi][3] = pk[mi][2 * kb + 1][1];
+        } else {
+          pa[mi][0] = pack2<T>(s[mi][2 * kb][0], s[mi][2 * kb][1]);
+          pa[mi][1] = pack2<T>(s[mi][2 * kb][2], s[mi][2 * kb][3]);
+          pa[mi][2] = pack2<T>(s[mi][2 * kb + 1][0], s[mi][2 * kb + 1][1]);
+          pa[mi][3] = pack2<T>(s[mi][2 * kb + 1][2], s[mi][2 * kb + 1][3]);
+        }
       }
 #pragma unroll
       for (int dn = 0; dn < ND; dn += 2) {
@@ -302,7 +349,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float lse;
-      const float f = finish_row(m_run[mi][r], quad_sum(l_run[mi][r]), sink2, lse);
+      const float f = finish_row(m_run[mi][r] * mult, quad_sum(l_run[mi][r]), sink2, lse);
       const int row = wrow0 + mi * 16 + g + r * 8;  // within the tile
 #pragma unroll
       for (int dn = 0; dn < ND; ++dn) {

@@ -92,7 +92,7 @@ FwdChoice choose_fwd_kernel(const AttentionProblem& p, const DeviceProps& dev) {
   const auto fits = [&](MmaConfig c) { return mma_config_info(c).smem_bytes <= dev.smem_optin; };
   switch (p.head_dim) {
     case 32: k.mma = MmaConfig::d32_br128_bc128_w4_s2_qreg; break;
-    case 64: k.mma = MmaConfig::d64_br128_bc128_w4_s2_qreg; break;
+    case 64: k.mma = MmaConfig::d64_br128_bc64_w4_s2_qreg; break;
     case 96: k.mma = MmaConfig::d96_br128_bc64_w4_s2; break;
     case 128:  // 104 KB: A100/H100 class; 99 KB parts (sm_86/89) take the register-Q tile
       k.mma = fits(MmaConfig::d128_br128_bc64_w4_s2) ? MmaConfig::d128_br128_bc64_w4_s2
