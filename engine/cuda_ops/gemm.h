@@ -1,0 +1,28 @@
+#pragma once
+// y = x W^T on the GPU through cuBLASLt: x (rows, in) and W (out, in) row-major in Elem (bf16 or fp32), fp32
+// accumulation (no TF32, so fp32 runs are exact to fp32 rounding), y (rows, out) in Elem or fp32 (logits).
+// Plans (descriptors + chosen algorithm) are cached per shape.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "engine/cuda_ops/ops.h"
+
+namespace flashlite::engine::cuda_ops {
+
+class Gemm {
+ public:
+  explicit Gemm(size_t workspace_bytes = size_t(32) << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+  void run(void* y, const void* x, const void* w, int rows, int in, int out, Elem e, bool y_f32, void* stream);
+
+ private:
+  struct Plan;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flashlite::engine::cuda_ops

@@ -1,0 +1,15 @@
+#pragma once
+// The Llama forward pass on a CUDA GPU (engine/cuda_ops/llama_cuda.cpp, built when CUDA is on): weights and
+// activations in bf16 (or fp32 for exactness checks), fp32 residual stream and accumulation, GEMMs through cuBLASLt,
+// small kernels for embedding / RMSNorm / RoPE + cache append / SwiGLU / residual adds, attention through
+// flashlite::forward on device tensors (the fused kernel; the split "naive" kernels for head dims it lacks).
+#include <memory>
+
+#include "engine/model.h"
+#include "engine/weights.h"
+
+namespace flashlite::engine {
+
+std::unique_ptr<LlamaModel> create_llama_cuda(const ModelWeights& weights, const RuntimeOptions& options);
+
+}  // namespace flashlite::engine
