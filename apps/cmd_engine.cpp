@@ -6,6 +6,7 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
@@ -150,18 +151,31 @@ struct GenerateSettings {
   SamplingSettings s;
   std::vector<std::string> prompts;
   bool no_bos = false, special = false;
+  int prompt_tokens = 0;  // benchmarks: prompts of exactly this many tokens (BOS + random ids)
+  int batch = 0;          // benchmarks: repeat the prompts up to this many sequences
 };
 
 void run_generate(const GenerateSettings& g) {
   Loaded l = load(g.m, g.m.json_out);
   std::vector<std::string> texts = g.prompts.empty() ? std::vector<std::string>{""} : g.prompts;
+  const size_t given = texts.size();
+  for (size_t b = given; int(b) < g.batch; ++b) texts.push_back(texts[b % given]);
   std::vector<std::vector<int>> prompts;
   const int bos = g.no_bos ? -1 : bos_of(l);
   size_t longest = 0;
+  uint64_t rng = 0x9E3779B97F4A7C15ull;
   for (const std::string& t : texts) {
     std::vector<int> ids;
     if (bos >= 0) ids.push_back(bos);
     std::vector<int> enc = l.tokenizer->encode(t, g.special);
+    if (g.prompt_tokens > 0) {  // synthetic prompt: random ordinary tokens, a different one per sequence
+      enc.clear();
+      while (int(ids.size() + enc.size()) < g.prompt_tokens) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        const int id = 3 + int(rng % uint64_t(std::max(1, l.tokenizer->vocab_size() - 300)));
+        if (!l.tokenizer->is_special(id)) enc.push_back(id);
+      }
+    }
     ids.insert(ids.end(), enc.begin(), enc.end());
     if (ids.empty()) throw Error(ErrorKind::invalid_value, "prompt is empty and the model has no BOS token; pass --prompt");
     longest = std::max(longest, ids.size());
@@ -260,6 +274,68 @@ void run_chat(const ChatSettings& c) {
   }
 }
 
+// ---- score (teacher forcing) ----
+struct ScoreSettings {
+  ModelSettings m;
+  std::string ids, text, out;
+  int decode_from = -1;  // positions from here on are fed one at a time (exercises the decode path)
+};
+
+// Writes a float32 array (rows, cols) as a .npy file.
+void write_npy(const std::string& path, const std::vector<float>& data, size_t rows, size_t cols) {
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(rows) + ", " +
+                       std::to_string(cols) + "), }";
+  while ((10 + header.size() + 1) % 64) header += ' ';
+  header += '\n';
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) throw Error(ErrorKind::invalid_value, "cannot write --out '" + path + "'");
+  const uint16_t len = uint16_t(header.size());
+  std::fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+  std::fwrite(&len, 2, 1, f);
+  std::fwrite(header.data(), 1, header.size(), f);
+  const size_t written = std::fwrite(data.data(), 4, data.size(), f);
+  if (std::fclose(f) != 0 || written != data.size()) throw Error(ErrorKind::runtime, "writing '" + path + "' failed");
+}
+
+void run_score(const ScoreSettings& sc) {
+  ModelSettings m = sc.m;
+  std::vector<int> ids;
+  {
+    std::string list = sc.ids;
+    for (char& c : list)
+      if (c == ',') c = ' ';
+    std::istringstream in(list);
+    int v;
+    while (in >> v) ids.push_back(v);
+  }
+  std::unique_ptr<eng::Tokenizer> tok;
+  eng::ModelWeights w = eng::load_checkpoint(m.model);
+  if (ids.empty()) {
+    tok = eng::load_tokenizer(m.tokenizer.empty() ? m.model : m.tokenizer);
+    const int bos = w.config.bos_id >= 0 ? w.config.bos_id : tok->bos_id();
+    if (bos >= 0) ids.push_back(bos);
+    for (int t : tok->encode(sc.text, false)) ids.push_back(t);
+  }
+  if (ids.empty()) throw Error(ErrorKind::invalid_value, "nothing to score: pass --ids or --text");
+  eng::RuntimeOptions ro;
+  ro.threads = m.threads;
+  ro.attention = parse_backend(m.attention);
+  ro.precision = m.precision;
+  ro.context = m.context > 0 ? m.context : std::min<int>(w.config.max_seq_len, int(ids.size()));
+  std::unique_ptr<eng::LlamaModel> model = eng::create_model(w, ro, m.device);
+  const size_t split = sc.decode_from < 0 ? ids.size() : std::min<size_t>(ids.size(), std::max(1, sc.decode_from));
+  std::vector<float> logits = model->forward({{0, std::vector<int>(ids.begin(), ids.begin() + split), true}});
+  for (size_t i = split; i < ids.size(); ++i) {
+    const std::vector<float>& row = model->forward({{0, {ids[i]}, true}});
+    logits.insert(logits.end(), row.begin(), row.end());
+  }
+  write_npy(sc.out, logits, ids.size(), size_t(w.config.vocab_size));
+  std::cout << json({{"positions", ids.size()}, {"vocab", w.config.vocab_size}, {"out", sc.out}, {"device", model->device()},
+                     {"attention_kernel", model->attention_kernel()}, {"ids", ids}})
+                   .dump()
+            << "\n";
+}
+
 // ---- tokenize ----
 struct TokenizeSettings {
   std::string model, text;
@@ -311,6 +387,9 @@ void add_engine_commands(CLI::App& app) {
   gen->add_option("--prompt", g->prompts, "Prompt text; repeat for a batch of prompts");
   gen->add_flag("--no-bos", g->no_bos, "Do not prepend the BOS token");
   gen->add_flag("--special", g->special, "Parse special-token strings in the prompt (e.g. <|eot_id|>)");
+  gen->add_option("--prompt-tokens", g->prompt_tokens, "Benchmarks: use prompts of exactly N tokens (BOS + random ids)")
+      ->check(CLI::NonNegativeNumber);
+  gen->add_option("--batch", g->batch, "Benchmarks: repeat the prompts up to this many sequences")->check(CLI::NonNegativeNumber);
   gen->callback([g] { run_generate(*g); });
 
   auto c = std::make_shared<ChatSettings>();
@@ -319,6 +398,15 @@ void add_engine_commands(CLI::App& app) {
   add_sampling_options(chat, c->s);
   chat->add_option("--system", c->system, "System prompt (Llama 3 template)");
   chat->callback([c] { run_chat(*c); });
+
+  auto sc = std::make_shared<ScoreSettings>();
+  auto* score = app.add_subcommand("score", "Teacher-forced logits of every position, written to a .npy file (for parity tests)");
+  add_model_options(score, sc->m);
+  score->add_option("--ids", sc->ids, "Token ids, comma or space separated");
+  score->add_option("--text", sc->text, "Text to score (tokenized with BOS) when --ids is absent");
+  score->add_option("--out", sc->out, "Output .npy file (positions, vocab) float32")->required();
+  score->add_option("--decode-from", sc->decode_from, "Feed positions from here on one at a time (the decode path)");
+  score->callback([sc] { run_score(*sc); });
 
   auto t = std::make_shared<TokenizeSettings>();
   auto* tk = app.add_subcommand("tokenize", "Print the token ids of a text (from --text or standard input)");

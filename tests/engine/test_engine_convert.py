@@ -44,3 +44,19 @@ def test_converted_tokenizer_matches(flashlite_bin, converted):
     hf_ids = [hf.encode(s, add_special_tokens=False).ids for s in texts]
     bad = [(s, w, h) for s, w, h in zip(texts, want, hf_ids) if w != h]
     assert not bad, f"{len(bad)} differ, e.g. {bad[:3]}"
+
+
+def test_converted_model_scores_the_same(flashlite_bin, converted, tmp_path):
+    """Teacher-forced logits of every position (flashlite score): the llama2.c file, its HF conversion, and the HF
+    conversion fed one token at a time after position 4 all agree."""
+    np = pytest.importorskip("numpy")
+    m, t, hf = converted
+    text = "Once upon a time, there was a little girl named Lily. She loved to play."
+    run_cli(flashlite_bin, ["score", "--model", str(m), "--tokenizer", str(t), "--text", text, "--out", str(tmp_path / "a.npy")])
+    run_cli(flashlite_bin, ["score", "--model", str(hf), "--text", text, "--out", str(tmp_path / "b.npy")])
+    run_cli(flashlite_bin, ["score", "--model", str(hf), "--text", text, "--decode-from", "4", "--out", str(tmp_path / "c.npy")])
+    a, b, c = (np.load(tmp_path / f"{n}.npy") for n in "abc")
+    assert a.shape == b.shape == c.shape and a.shape[1] == 512 and a.shape[0] > 15
+    assert np.isfinite(a).all()
+    assert np.abs(a - b).max() < 1e-4
+    assert np.abs(b - c).max() < 1e-4
