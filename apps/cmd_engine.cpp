@@ -153,6 +153,7 @@ struct GenerateSettings {
   bool no_bos = false, special = false;
   int prompt_tokens = 0;  // benchmarks: prompts of exactly this many tokens (BOS + random ids)
   int batch = 0;          // benchmarks: repeat the prompts up to this many sequences
+  bool ignore_eos = false;
 };
 
 void run_generate(const GenerateSettings& g) {
@@ -209,7 +210,8 @@ void run_generate(const GenerateSettings& g) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   };
-  eng::GenerationResult r = eng::generate(model, prompts, gen_params(g.s, stop_ids_of(l)), on_token);
+  eng::GenerationResult r =
+      eng::generate(model, prompts, gen_params(g.s, g.ignore_eos ? std::vector<int>{} : stop_ids_of(l)), on_token);
   if (g.m.json_out) {
     json outs = json::array();
     for (size_t b = 0; b < prompts.size(); ++b) {
@@ -389,6 +391,7 @@ void add_engine_commands(CLI::App& app) {
   gen->add_flag("--special", g->special, "Parse special-token strings in the prompt (e.g. <|eot_id|>)");
   gen->add_option("--prompt-tokens", g->prompt_tokens, "Benchmarks: use prompts of exactly N tokens (BOS + random ids)")
       ->check(CLI::NonNegativeNumber);
+  gen->add_flag("--ignore-eos", g->ignore_eos, "Do not stop at stop tokens (benchmarks, parity runs)");
   gen->add_option("--batch", g->batch, "Benchmarks: repeat the prompts up to this many sequences")->check(CLI::NonNegativeNumber);
   gen->callback([g] { run_generate(*g); });
 
