@@ -128,6 +128,7 @@ json stats_json(const eng::GenerationStats& st, eng::LlamaModel& model) {
           {"decode_tokens_per_s", st.decode_tokens_per_s()},
           {"total_ms", st.total_ms},
           {"peak_rss_bytes", eng::peak_rss_bytes()},
+          {"device_bytes", model.device_bytes()},
           {"threads", model.threads()},
           {"attention_kernel", model.attention_kernel()},
           {"device", model.device()}};

@@ -1,5 +1,6 @@
 #pragma once
 // What the generation loop needs from a model, whatever runs it (CPU: LlamaCpu; CUDA: LlamaCuda).
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,7 @@ class LlamaModel {
   virtual void reset(int slot) = 0;    // forget a sequence
   virtual int threads() const { return 1; }
   virtual std::string device() const = 0;
+  virtual size_t device_bytes() const { return 0; }  // accelerator memory held (weights, KV cache, scratch)
   virtual std::string attention_kernel() = 0;  // flashlite's kernel name for a decode step
 };
 

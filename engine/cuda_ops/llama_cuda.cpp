@@ -32,14 +32,22 @@ struct DeviceBuffer {
   }
   ~DeviceBuffer() {
     if (ptr) cudaFree(ptr);
+    allocated() -= bytes;
   }
   void reserve(size_t n, const char* what) {
     if (n <= bytes) return;
     if (ptr) cudaFree(ptr);
+    allocated() -= bytes;
     ptr = nullptr;
     bytes = 0;
     cuda_check(cudaMalloc(&ptr, n), std::string("allocation of ") + std::to_string(n) + " bytes for " + what);
     bytes = n;
+    allocated() += n;
+  }
+  // Bytes held by all DeviceBuffers of the process (reported as the engine's device memory).
+  static size_t& allocated() {
+    static size_t total = 0;
+    return total;
   }
   template <typename T>
   T* as() const { return static_cast<T*>(ptr); }
@@ -107,6 +115,7 @@ class LlamaCuda final : public LlamaModel {
            (elem_ == Elem::bf16 ? "bf16" : "fp32") + ")";
   }
   std::string attention_kernel() override { return forward_kernel_name(attention_args(0, 0, 0, 1, 1)); }
+  size_t device_bytes() const override { return DeviceBuffer::allocated() + (size_t(32) << 20); }  // + GEMM workspace
 
   const std::vector<float>& forward(const std::vector<SequenceInput>& inputs) override;
 

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""GPU end-to-end generation benchmark: the flashlite engine side by side with Hugging Face transformers (sdpa,
+static cache) on the same random Llama-3.2-1B-shaped bf16 checkpoint. Batch 1 and 16; prompt 512 and 4096; 128 new
+tokens. Reports TTFT, time between tokens, decode tok/s (all sequences), achieved weight bandwidth (bf16 weight bytes
+read per decode step / step time) against the device's measured copy bandwidth, and peak memory.
+
+Run on the GPU machine after building flashlite with CUDA:
+  python3 bench/e2e.py --flashlite build/bin/flashlite --out $OUT/e2e.json
+The checkpoint is written once to --checkpoint (default /tmp/flashlite_llama32_1b_random) with the Llama 3 tokenizer
+files from ../shared/models/llama3-tokenizer (or --tokenizer-dir) beside it.
+"""
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import time
+
+import torch
+import transformers
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+LLAMA32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                  num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+                  rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, bos_token_id=128000,
+                  eos_token_id=[128001, 128008, 128009],
+                  rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 8192})
+
+
+def make_checkpoint(path, tokenizer_dir):
+    path = pathlib.Path(path)
+    if (path / "config.json").exists():
+        return path
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA32_1B)).to(torch.bfloat16)
+    model.save_pretrained(path, safe_serialization=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        if (pathlib.Path(tokenizer_dir) / f).exists():
+            shutil.copy(pathlib.Path(tokenizer_dir) / f, path / f)
+    del model
+    torch.cuda.empty_cache()
+    return path
+
+
+def copy_bandwidth():
+    """Device copy bandwidth (read + write bytes per second), median of 20 copies of 1 GiB."""
+    x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+    y = torch.empty_like(x)
+    times = []
+    for i in range(25):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        y.copy_(x)
+        b.record()
+        b.synchronize()
+        if i >= 5:
+            times.append(a.elapsed_time(b) / 1e3)
+    times.sort()
+    del x, y
+    torch.cuda.empty_cache()
+    return 2 * (1 << 30) / times[len(times) // 2]
+
+
+def weight_bytes(model_dir):
+    total = 0
+    for f in pathlib.Path(model_dir).glob("*.safetensors"):
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n))
+        total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+    return total
+
+
+def run_engine(args, model_dir, batch, prompt, new):
+    cmd = [args.flashlite, "generate", "--model", str(model_dir), "--device", "cuda", "--prompt-tokens", str(prompt),
+           "--batch", str(batch), "--max-tokens", str(new), "--ignore-eos", "--json"]
+    runs = []
+    for _ in range(args.repeats):
+        out = json.loads(subprocess.run(cmd, capture_output=True, check=True).stdout)
+        runs.append(out["stats"])
+    runs.sort(key=lambda s: s["decode_tokens_per_s"])
+    s = runs[len(runs) // 2]
+    return {"ttft_ms": s["ttft_ms"], "tbt_ms": s["mean_tbt_ms"], "decode_tok_s": s["decode_tokens_per_s"],
+            "peak_device_bytes": s.get("device_bytes", 0), "attention_kernel": s.get("attention_kernel")}
+
+
+def run_transformers(model, batch, prompt, new, repeats):
+    ids = torch.randint(0, 128000, (batch, prompt), device="cuda")
+    ids[:, 0] = 128000
+    kw = dict(do_sample=False, cache_implementation="static", pad_token_id=0)
+
+    def timed(n):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    timed(2)  # warm-up (static cache allocation)
+    torch.cuda.reset_peak_memory_stats()
+    ttft = sorted(timed(1) for _ in range(repeats))[repeats // 2]
+    total = sorted(timed(new) for _ in range(repeats))[repeats // 2]
+    tbt = (total - ttft) / (new - 1)
+    return {"ttft_ms": ttft * 1e3, "tbt_ms": tbt * 1e3, "decode_tok_s": batch / tbt,
+            "peak_device_bytes": torch.cuda.max_memory_allocated()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--flashlite", default=os.environ.get("FLASHLITE_BIN", str(REPO / "build" / "bin" / "flashlite")))
+    ap.add_argument("--checkpoint", default="/tmp/flashlite_llama32_1b_random")
+    ap.add_argument("--tokenizer-dir", default=str(REPO.parent / "shared" / "models" / "llama3-tokenizer"))
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--prompts", default="512,4096")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    model_dir = make_checkpoint(args.checkpoint, args.tokenizer_dir)
+    bw = copy_bandwidth()
+    wbytes = weight_bytes(model_dir)
+    hf = None
+    if not args.skip_transformers:
+        hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16,
+                                                           attn_implementation="sdpa").cuda().eval()
+    rows = []
+    for b in map(int, args.batches.split(",")):
+        for p in map(int, args.prompts.split(",")):
+            row = {"batch": b, "prompt": p, "new_tokens": args.new_tokens,
+                   "flashlite": run_engine(args, model_dir, b, p, args.new_tokens)}
+            if hf is not None:
+                row["transformers"] = run_transformers(hf, b, p, args.new_tokens, args.repeats)
+            for k in ("flashlite", "transformers"):
+                if k in row:  # every decode step reads all weights once
+                    row[k]["weight_gb_s"] = wbytes / (row[k]["tbt_ms"] / 1e3) / 1e9
+                    row[k]["fraction_of_copy_bw"] = row[k]["weight_gb_s"] * 1e9 / bw
+            rows.append(row)
+            print(json.dumps(row))
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    result = {"benchmark": "e2e", "device": torch.cuda.get_device_name(), "commit": commit,
+              "torch": torch.__version__, "transformers": transformers.__version__,
+              "copy_bandwidth_gb_s": bw / 1e9, "weight_bytes": wbytes, "rows": rows}
+    out = args.out or str(REPO / "bench" / "results" / torch.cuda.get_device_name().replace(" ", "_") / "e2e.json")
+    pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
