@@ -96,6 +96,11 @@ if has ncu; then
     echo "ncu d$d rc=$?"
     grep -E "fwd_mma_kernel|Memory Throughput|Compute \(SM\) Throughput|Duration|Registers Per|Achieved Occupancy" "$out/ncu_d$d.log" | head -20
   done
+  python3 "$root/bench/fwd/ncu_peers_once.py" > "$out/peers_once.log" 2>&1; cat "$out/peers_once.log"
+  ncu --clock-control none --section SpeedOfLight --nvtx --nvtx-include "naive/" --nvtx-include "flash/" \
+    python3 "$root/bench/fwd/ncu_peers_once.py" > "$out/ncu_peers.log" 2>&1
+  echo "ncu peers rc=$?"
+  grep -E "^  [a-zA-Z_].*\(|Memory Throughput|Compute \(SM\) Throughput|Duration" "$out/ncu_peers.log" | cut -c1-110 | head -40
 fi
 
 if has sweep && has peers; then

@@ -27,16 +27,16 @@ struct BlockWork {
   int64_t tb;       // tensor batch index: seq when padded, 0 when varlen
 };
 
-// 1-D grid over (sequence, head, tile rank) with the tile rank fastest: the blocks of one (sequence, head) run
-// side by side and share its K/V in L2 (heads next to each other share a GQA group's K/V too). With reverse_tiles
-// (causal) a sequence's heaviest query tile (its last) takes rank 0, so the long blocks of each head start first.
-// Returns false when the block has nothing to do (its rank lies past its sequence's tiles).
+// 1-D grid over (sequence, head) pairs and tile ranks. Pair-major (default): a pair's tiles run side by side and share
+// its K/V in L2 (neighbouring heads share a GQA group's K/V too). Rank-major (causal): rank 0 of every pair first;
+// with reverse_tiles a sequence's heaviest query tile (its last) has rank 0, so the longest blocks start first
+// (longest-job-first balancing across the SMs). Returns false when the rank lies past the sequence's tiles.
 __device__ __forceinline__ bool decode_block(const FwdParams& p, int block_rows, BlockWork& w) {
   int pair, rank;
   if (!p.rank_major) {
     pair = int(blockIdx.x) / p.q_tiles;
     rank = int(blockIdx.x) - pair * p.q_tiles;
-  } else {  // the earlier order (rank slowest), kept for the sweep's ablation: K/V re-read from DRAM per rank
+  } else {
     const int pairs = p.q_heads * p.batch;
     rank = int(blockIdx.x) / pairs;
     pair = int(blockIdx.x) - rank * pairs;

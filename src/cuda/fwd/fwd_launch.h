@@ -13,19 +13,22 @@
 
 namespace flashlite::cuda_fwd {
 
-// X(name, head_dim, block_rows BR, block_keys BC, warps, stages, q_in_registers).
+// X(name, head_dim, block_rows BR, block_keys BC, warps, stages, q_in_registers, feat) where feat = the kernel's
+// optional steps (fwd_mma.cuh: 1 fold scale into exp2, 2 skip rescale, 4 early P pack). Picked from bench/fwd's
+// sweep on an H100 (docs/perf-notes.md, "Fused forward").
 // smem = (STAGES * 2 * BC + (Q in regs and BR <= 2 BC ? 0 : BR)) * (D + 8) * 2 bytes.
-#define FL_FWD_MMA_CONFIGS(X)                               \
-  X(d32_br128_bc128_w4_s2_qreg, 32, 128, 128, 4, 2, true)   \
-  X(d64_br128_bc64_w4_s2_qreg, 64, 128, 64, 4, 2, true)     \
-  X(d96_br128_bc64_w4_s2, 96, 128, 64, 4, 2, false)         \
-  X(d128_br128_bc64_w4_s2, 128, 128, 64, 4, 2, false)       \
-  X(d128_br64_bc64_w4_s2_qreg, 128, 64, 64, 4, 2, true)     \
-  X(d256_br128_bc64_w8_s2, 256, 128, 64, 8, 2, false)       \
-  X(d256_br32_bc32_w2_s2, 256, 32, 32, 2, 2, false)
+#define FL_FWD_MMA_CONFIGS(X)                                     \
+  X(d32_br128_bc128_w4_s2_qreg, 32, 128, 128, 4, 2, true, 7)      \
+  X(d64_br128_bc64_w4_s2_qreg, 64, 128, 64, 4, 2, true, 7)        \
+  X(d64_br128_bc128_w4_s2, 64, 128, 128, 4, 2, false, 7)          \
+  X(d96_br128_bc64_w4_s2, 96, 128, 64, 4, 2, false, 7)            \
+  X(d128_br128_bc64_w4_s2_f3, 128, 128, 64, 4, 2, false, 3)       \
+  X(d128_br64_bc64_w4_s2_qreg, 128, 64, 64, 4, 2, true, 7)        \
+  X(d256_br128_bc64_w8_s2, 256, 128, 64, 8, 2, false, 7)          \
+  X(d256_br32_bc32_w2_s2, 256, 32, 32, 2, 2, false, 7)
 
 enum class MmaConfig : int {
-#define FL_FWD_ENUM(name, d, br, bc, w, s, q) name,
+#define FL_FWD_ENUM(name, d, br, bc, w, s, q, f) name,
   FL_FWD_MMA_CONFIGS(FL_FWD_ENUM)
 #undef FL_FWD_ENUM
 };
@@ -39,7 +42,7 @@ struct MmaConfigInfo {
 
 constexpr MmaConfigInfo mma_config_info(MmaConfig c) {
   constexpr MmaConfigInfo table[] = {
-#define FL_FWD_INFO(name, d, br, bc, w, s, q) \
+#define FL_FWD_INFO(name, d, br, bc, w, s, q, f) \
   {#name, d, br, bc, w, s, q, ((s) * 2 * (bc) + ((q) && (br) <= 2 * (bc) ? 0 : (br))) * ((d) + 8) * 2},
       FL_FWD_MMA_CONFIGS(FL_FWD_INFO)
 #undef FL_FWD_INFO

@@ -40,7 +40,7 @@ struct FwdParams {
   float softcap_post = 0;  // softcap * log2(e)
   bool softcap = false;
   bool reverse_tiles = false;  // causal: the heaviest (last) query tile of each sequence starts first
-  bool rank_major = false;     // block order ablation (bench only): tile rank slowest instead of fastest
+  bool rank_major = false;     // block order: tile rank slowest (causal) instead of fastest
   bool vec_in = false;         // q, k, v rows are 16-byte aligned: cp.async 16-byte copies
   bool vec_out = false;        // out rows are 16-byte aligned: 16-byte stores
   MaskParams mask;

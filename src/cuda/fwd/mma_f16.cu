@@ -5,8 +5,8 @@ namespace flashlite::cuda_fwd {
 
 void launch_fwd_mma_f16(MmaConfig c, const FwdParams& p, cudaStream_t stream) {
   switch (c) {
-#define FL_FWD_CASE(name, d, br, bc, w, s, q) \
-  case MmaConfig::name: launch_fwd_mma<__half, MmaTile<d, br, bc, w, s, q>>(p, stream); return;
+#define FL_FWD_CASE(name, d, br, bc, w, s, q, f) \
+  case MmaConfig::name: launch_fwd_mma<__half, MmaTile<d, br, bc, w, s, q, f>>(p, stream); return;
     FL_FWD_MMA_CONFIGS(FL_FWD_CASE)
 #undef FL_FWD_CASE
   }
