@@ -25,6 +25,7 @@ class Sampler {
   SamplingParams p_;
   uint64_t state_;
   std::vector<std::pair<float, int>> cand_;  // scratch
+  std::vector<double> weights_;              // scratch
 };
 
 int argmax(const float* logits, int n);

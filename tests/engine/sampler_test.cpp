@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <map>
+#include <set>
 #include <random>
 
 #include "engine/sampler.h"
@@ -87,6 +89,39 @@ TEST(Sampler, BadParametersAreErrors) {
     eng::SamplingParams{1.f, 0, 1.5f, 0}.validate();
   } catch (const flashlite::Error& e) {
     EXPECT_NE(std::string(e.what()).find("top_p is 1.5"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Top-p against a brute-force nucleus over a large random vocabulary: the kept set must be exactly the smallest prefix
+// (by probability) whose mass reaches top_p, whatever the engine's shortcuts.
+TEST(Sampler, TopPMatchesBruteForceNucleus) {
+  const int V = 2000;
+  std::vector<float> v = random_logits(V, 11);
+  for (float top_p : {0.3f, 0.9f, 0.99f}) {
+    std::vector<std::pair<double, int>> p(V);
+    double z = 0;
+    for (int i = 0; i < V; ++i) z += std::exp(double(v[i]) / 0.8);
+    for (int i = 0; i < V; ++i) p[i] = {std::exp(double(v[i]) / 0.8) / z, i};
+    std::sort(p.begin(), p.end(), [](auto a, auto b) { return a.first > b.first; });
+    std::set<int> nucleus;
+    double cum = 0;
+    for (const auto& [prob, id] : p) {
+      nucleus.insert(id);
+      cum += prob;
+      if (cum >= top_p) break;
+    }
+    eng::Sampler s({0.8f, 0, top_p, 9}, 0);
+    std::set<int> seen;
+    for (int i = 0; i < 4000; ++i) {
+      const int t = s.sample(v.data(), V);
+      ASSERT_TRUE(nucleus.count(t)) << "token " << t << " is outside the top_p " << top_p << " nucleus";
+      seen.insert(t);
+    }
+    if (nucleus.size() <= 20) EXPECT_EQ(seen.size(), nucleus.size()) << "top_p " << top_p;
   }
 }
 
