@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 
 #include "engine/cuda_ops/gemm.h"
@@ -73,6 +74,7 @@ class LlamaCuda final : public LlamaModel {
     slots_ = o.slots;
     lengths_.assign(slots_, 0);
     cuda_check(cudaStreamCreate(&stream_), "stream creation");
+    gemm_ = std::make_unique<cuda_ops::Gemm>();  // after the device checks: it allocates on the device
     upload_weights(w);
     // RoPE tables, float64 math rounded once (the CPU path's numbers exactly).
     const std::vector<double> inv = rope_inv_freq(c_);
@@ -206,7 +208,7 @@ class LlamaCuda final : public LlamaModel {
   Backend attention_ = Backend::cuda;
   std::vector<int> lengths_;
   cudaStream_t stream_ = nullptr;
-  cuda_ops::Gemm gemm_;
+  std::unique_ptr<cuda_ops::Gemm> gemm_;
   DeviceBuffer embedding_, rms_final_, lm_head_, cos_, sin_;
   std::vector<Layer> layers_;
   std::vector<std::unique_ptr<DeviceBuffer>> k_cache_, v_cache_;  // per layer (slots * context, kv_heads, head_dim)
@@ -253,7 +255,7 @@ const std::vector<float>& LlamaCuda::forward(const std::vector<SequenceInput>& i
   for (int l = 0; l < c_.n_layers; ++l) {
     const Layer& L = layers_[l];
     cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_att.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);
-    gemm_.run(qkv_.ptr, xb_.ptr, L.wqkv.ptr, rows, dim, qkv_w, elem_, false, s);
+    gemm_->run(qkv_.ptr, xb_.ptr, L.wqkv.ptr, rows, dim, qkv_w, elem_, false, s);
     cuda_ops::RopeAppendParams rp;
     rp.qkv = qkv_.ptr;
     rp.cos = cos_.as<float>();
@@ -273,17 +275,17 @@ const std::vector<float>& LlamaCuda::forward(const std::vector<SequenceInput>& i
       const int n = int(inputs[q].tokens.size());
       flashlite::forward(attention_args(l, inputs[q].slot, row0[q], n, lengths_[inputs[q].slot] + n));
     }
-    gemm_.run(xo_.ptr, att_.ptr, L.wo.ptr, rows, qd, dim, elem_, false, s);
+    gemm_->run(xo_.ptr, att_.ptr, L.wo.ptr, rows, qd, dim, elem_, false, s);
     cuda_ops::residual_add(x_.as<float>(), xo_.ptr, size_t(rows) * dim, elem_, s);
     cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_ffn.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);
-    gemm_.run(h13_.ptr, xb_.ptr, L.w13.ptr, rows, dim, 2 * hid, elem_, false, s);
+    gemm_->run(h13_.ptr, xb_.ptr, L.w13.ptr, rows, dim, 2 * hid, elem_, false, s);
     cuda_ops::swiglu(hb_.ptr, h13_.ptr, rows, hid, elem_, s);
-    gemm_.run(xo_.ptr, hb_.ptr, L.w2.ptr, rows, hid, dim, elem_, false, s);
+    gemm_->run(xo_.ptr, hb_.ptr, L.w2.ptr, rows, hid, dim, elem_, false, s);
     cuda_ops::residual_add(x_.as<float>(), xo_.ptr, size_t(rows) * dim, elem_, s);
   }
   cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), rms_final_.ptr, logit_index_.as<int32_t>(), lrows, dim, c_.rms_eps, elem_, s);
   const void* head = c_.tie_embeddings ? embedding_.ptr : lm_head_.ptr;
-  gemm_.run(logits_dev_.ptr, xb_.ptr, head, lrows, dim, c_.vocab_size, elem_, true, s);
+  gemm_->run(logits_dev_.ptr, xb_.ptr, head, lrows, dim, c_.vocab_size, elem_, true, s);
   logits_.resize(size_t(lrows) * c_.vocab_size);
   cuda_check(cudaMemcpyAsync(logits_.data(), logits_dev_.ptr, logits_.size() * 4, cudaMemcpyDeviceToHost, stream_), "logits download");
   cuda_check(cudaStreamSynchronize(stream_), "forward");
