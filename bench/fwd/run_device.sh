@@ -90,11 +90,11 @@ fi
 if has ncu; then
   log "ncu (Speed of Light of the dispatched kernel, D128 and D64, S 4096, causal and not)"
   for d in 128 64; do
-    ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats -k regex:fwd_mma --launch-skip 3 -c 2 \
+    ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section WarpStateStats -k regex:fwd_mma --launch-skip 3 -c 2 \
       "$build/bin/flashlite_fwd_sweep" --no-variants --seqs 4096 --dims $d --reps 1 --out /tmp/ncu_sweep.json \
       > "$out/ncu_d$d.log" 2>&1
     echo "ncu d$d rc=$?"
-    grep -E "fwd_mma_kernel|Memory Throughput|Compute \(SM\) Throughput|Duration|Registers Per|Achieved Occupancy" "$out/ncu_d$d.log" | head -20
+    grep -E "fwd_mma_kernel|Memory Throughput|Compute \(SM\) Throughput|Duration|Registers Per|Achieved Occupancy|Executed Ipc Active|Issue Slots Busy" "$out/ncu_d$d.log" | head -24
   done
   python3 "$root/bench/fwd/ncu_peers_once.py" > "$out/peers_once.log" 2>&1; cat "$out/peers_once.log"
   ncu --clock-control none --section SpeedOfLight --nvtx --nvtx-include "naive/" --nvtx-include "flash/" \
