@@ -23,8 +23,8 @@ void add_bench_command(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   auto* cpu = bench->add_subcommand("cpu", "CPU sweep: naive vs tiled, GFLOP/s against the measured FMA peak, peak memory "
-                                           "(arguments after -- go to flashlite_bench_cpu, e.g. -- --quick --json out.json)");
-  cpu->allow_extras();
+                                           "(the arguments that follow go to flashlite_bench_cpu, e.g. --quick --json out.json)");
+  cpu->prefix_command();  // everything after "cpu" goes to flashlite_bench_cpu
   cpu->callback([cpu] {
     std::vector<std::string> extra = cpu->remaining();
     const std::string dir = self_dir();
