@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for the fused forward kernel: build (sm_90a, all cores), GPU tests (ctest -L gpu),
 # compute-sanitizer (memcheck, racecheck) on a small filter, the tile sweep and the torch peers. Logs and JSON go to
-# $OUT (or ./out). Phases: any of build,test,sanitize,sweep,peers,ncu (comma list; default all but ncu).
+# $OUT (or ./out). Phases: any of build,test,sanitize,sweep,peers,sbs,ncu (comma list; default: the first five).
 # PEER_ARGS (e.g. --flex) go to sdpa_peers.py.
 #
 #   bash bench/fwd/run_device.sh [phases] [commit] [sweep args...]
@@ -85,6 +85,13 @@ if has peers; then
   log "peers"
   python3 "$root/bench/fwd/sdpa_peers.py" --out "$out/sdpa_peers.json" ${PEER_ARGS:-} > "$out/peers.log" 2>&1
   echo "peers rc=$?"; tail -3 "$out/peers.log"
+fi
+
+if has sbs; then
+  log "side by side with torch SDPA (one process, same tensors, interleaved rounds)"
+  python3 "$root/bench/fwd/side_by_side.py" --lib "$build/lib/libflashlite_fwd_capi.so" --out "$out/side_by_side.json" \
+    > "$out/sbs.log" 2>&1
+  echo "sbs rc=$?"; cat "$out/sbs.log"; cp "$out/side_by_side.json" "$dest/" 2>/dev/null
 fi
 
 if has ncu; then
