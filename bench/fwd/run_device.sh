@@ -49,7 +49,7 @@ EOF
   }
   configure || { rm -rf "$build"; configure; } || { tail -30 "$out/cmake.log"; exit 1; }
   start=$(date +%s)
-  cmake --build "$build" -j"$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$out/build.log" | head -60; exit 1; }
+  cmake --build "$build" -j"$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} > "$out/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$out/build.log" | head -60; exit 1; }
   log "built in $(( $(date +%s) - start )) s"
   cuobjdump -res-usage "$build/src/libflashlite.a" 2>/dev/null | grep -A1 "fwd_" | grep -oE "Function [^ ]+|REG:[0-9]+|STACK:[0-9]+|SHARED:[0-9]+|LOCAL:[0-9]+" \
     | paste - - - - - > "$out/res_usage.txt" || true
