@@ -64,6 +64,7 @@ class BpeTokenizer final : public Tokenizer {
       if (a.id < 0 || a.content.empty()) fail(s_.source + ": an added token has an empty content or negative id");
       id_to_token_[a.id] = a.content;
       added_ids_[a.content] = a.id;
+      added_first_byte_[static_cast<unsigned char>(a.content[0])] = true;
       if (a.special) special_[a.id] = true;
     }
     merges_.reserve(s_.merges.size() * 2);
@@ -87,7 +88,6 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<int> encode(std::string_view text, bool parse_special) const override {
     std::vector<int> out;
     size_t start = 0, i = 0;
-    std::string_view pending_text;
     bool strip_next_left = false;
     auto flush_text = [&](std::string_view seg, bool strip_right) {
       if (strip_next_left) while (!seg.empty() && is_space(seg.front())) seg.remove_prefix(1);
@@ -95,6 +95,10 @@ class BpeTokenizer final : public Tokenizer {
       encode_segment(seg, out);
     };
     while (i < text.size()) {
+      if (!added_first_byte_[static_cast<unsigned char>(text[i])]) {  // no added token starts with this byte
+        ++i;
+        continue;
+      }
       const AddedToken* best = nullptr;
       for (const AddedToken& a : s_.added) {  // leftmost-longest match among the allowed added tokens
         if ((a.special && !parse_special) || text.compare(i, a.content.size(), a.content) != 0) continue;
@@ -111,7 +115,6 @@ class BpeTokenizer final : public Tokenizer {
       strip_next_left = best->rstrip;
     }
     flush_text(text.substr(start), false);
-    (void)pending_text;
     return out;
   }
 
@@ -276,6 +279,7 @@ class BpeTokenizer final : public Tokenizer {
   std::unordered_map<std::string, int> added_ids_;
   std::unordered_map<uint64_t, std::pair<int, int>> merges_;  // (left, right) -> (rank, merged id)
   int byte_ids_[256] = {};
+  bool added_first_byte_[256] = {};
 };
 
 }  // namespace
