@@ -1,7 +1,7 @@
 """Plots of the fused forward results (plain SVG, no plotting library needed): TFLOP/s against sequence length for
 flashlite's dispatched kernel and torch SDPA's flash / cuDNN backends, and a roofline with the measured points.
 
-    python3 bench/fwd/plots.py bench/results/h100/fwd_sweep.json bench/results/h100/
+    python3 bench/fwd/plots.py bench/results/h100/fwd_sweep.json bench/results/h100/ [fwd_side_by_side.json]
 """
 import json
 import math
@@ -30,8 +30,13 @@ def axes(xs, ys, xlabel, ylabel, xlog=True, ylog=False):
     return el, px, py, (x0, x1, y0, y1)
 
 
-def tflops_plot(data, d, causal, path):
-    rows = [r for r in data["summary"] if r["head_dim"] == d and r["causal"] == causal and r["window_left"] < 0]
+def tflops_plot(data, d, causal, path, sbs=None):
+    if sbs:  # side_by_side.json: one process, same tensors, interleaved rounds
+        rows = [{"seq": r["seq"], "dispatch_tflops": r["flashlite"]["tflops"], "sdpa_flash_tflops": r["sdpa_flash"]["tflops"],
+                 "sdpa_cudnn_tflops": r["sdpa_cudnn"]["tflops"]}
+                for r in sbs["rows"] if r["head_dim"] == d and r["causal"] == causal]
+    else:
+        rows = [r for r in data["summary"] if r["head_dim"] == d and r["causal"] == causal and r["window_left"] < 0]
     series = {"flashlite (cuda)": ("dispatch_tflops", "#d62728"), "SDPA flash": ("sdpa_flash_tflops", "#1f77b4"),
               "SDPA cuDNN": ("sdpa_cudnn_tflops", "#7f7f7f")}
     xs = [r["seq"] for r in rows]
@@ -94,9 +99,10 @@ def roofline(data, path):
 def main():
     data = json.load(open(sys.argv[1]))
     out = sys.argv[2].rstrip("/")
+    sbs = json.load(open(sys.argv[3])) if len(sys.argv) > 3 else None
     for d in (64, 128):
         for causal in (False, True):
-            tflops_plot(data, d, causal, f"{out}/fwd_d{d}_{'causal' if causal else 'full'}.svg")
+            tflops_plot(data, d, causal, f"{out}/fwd_d{d}_{'causal' if causal else 'full'}.svg", sbs)
     roofline(data, f"{out}/fwd_roofline.svg")
 
 
