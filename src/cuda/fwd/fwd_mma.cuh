@@ -6,6 +6,7 @@
 // STAGES-deep cp.async pipeline of K and V tiles in shared memory. Per tile, per warp:
 //   S = Q K^T       mma.sync m16n8k16, Q from registers (QREG) or shared memory, K by ldmatrix, fp32 accumulators
 //   mask            only on tiles that are not fully visible (tile_fully_visible), with the shared predicate
+//                   restated per row as key intervals (row_mask.h)
 //   online softmax  in registers, log2 units (scale * log2 e folded in), one ex2 per score
 //   O += P V        P re-packed from the S accumulators as the A operand, V by ldmatrix.trans
 // At the end the sink logit joins the denominator, O is normalised, staged through shared memory and written
