@@ -5,8 +5,8 @@
 #
 #   bash scripts/gpu-check.sh [OUTDIR]
 #
-# The GPU machine has no package registry: GoogleTest comes from .carry/gtest when the machine lacks it (a git-ignored
-# folder of `dpkg -x`-unpacked libgtest-dev; name it in the device tool's carry list). See the README.
+# The GPU machine has no package registry: GoogleTest, CLI11 and PCRE2 come from .carry/deps (made here by
+# scripts/make-carry.sh; name .carry in the device tool's carry list). See the README.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${1:-${OUT:-$root/out}}"
@@ -26,7 +26,10 @@ arch="${cap}"
 
 step "build (sm_${arch})"
 extra=()
-[ -d "$root/.carry/gtest" ] && extra+=("-DGTest_DIR=$root/.carry/gtest/usr/lib/x86_64-linux-gnu/cmake/GTest")
+prefixes=""
+[ -d "$root/.carry/deps/usr" ] && prefixes="$root/.carry/deps/usr"
+[ -d "$root/.carry/gtest/usr" ] && prefixes="${prefixes:+$prefixes;}$root/.carry/gtest/usr"
+[ -n "$prefixes" ] && extra+=("-DCMAKE_PREFIX_PATH=$prefixes")
 start=$(date +%s)
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" "${extra[@]}" \
   > "$logs/cmake.log" 2>&1 || { tail -30 "$logs/cmake.log"; exit 1; }
