@@ -1,0 +1,134 @@
+// Entry points of the split ("naive") CUDA backend (src/backends.h): the seeds' three textbook steps as four kernel
+// launches per call, over an explicit S x S fp32 workspace.
+//
+//   1. scores_kernel      S = Q K^T                  batched tiled GEMM (gemm_nt.cu)
+//   2. scale_mask_kernel  S = mask(softcap(scale S))  elementwise      (softmax.cu)
+//   3. softmax_kernel     P = softmax(S), LSE          one block a row  (softmax.cu)
+//   4. pv_kernel          O = P V                     batched tiled GEMM (gemm_nn.cu)
+//
+// Workspace (query it with forward_workspace_bytes): [varlen offsets, 256-byte aligned][S: (batch * q_heads, seq_q,
+// seq_k) fp32]. When the caller passes none, it is taken with cudaMallocAsync on the stream and released with
+// cudaFreeAsync after the last kernel (stream-ordered, no host sync; but not capturable in a CUDA graph unless the
+// graph allows memory nodes, so graph users pass a workspace). Varlen offsets are host arrays in the API: they are
+// copied into the workspace with one cudaMemcpyAsync (pageable source: staged before the call returns).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends.h"
+#include "cuda/common/check.h"
+#include "cuda/common/dtype.cuh"
+#include "cuda/naive/naive_params.h"
+
+namespace flashlite {
+namespace {
+
+using cuda_naive::NaiveParams;
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+size_t offsets_bytes(const AttentionProblem& p) {
+  return p.varlen() ? align_up(size_t(2 * (p.batch + 1)) * sizeof(int32_t)) : 0;
+}
+
+// (batch * q_heads, seq_q, seq_k) fp32, with an overflow check (a naive S x S buffer grows quadratically).
+size_t scores_bytes(const AttentionProblem& p) {
+  const unsigned __int128 n = (unsigned __int128)(p.batch * p.q_heads) * uint64_t(p.seq_q) * uint64_t(p.seq_k) * 4u;
+  if (n > (unsigned __int128)(SIZE_MAX / 2)) {
+    throw Error(ErrorKind::invalid_value, "backend 'naive' would need a " + std::to_string(p.batch * p.q_heads) +
+                                              " x " + std::to_string(p.seq_q) + " x " + std::to_string(p.seq_k) +
+                                              " fp32 score buffer, which does not fit in memory; use backend 'cuda'");
+  }
+  return size_t(n);
+}
+
+// Frees a workspace the call allocated itself, stream-ordered, also when a launch throws.
+struct OwnedWorkspace {
+  void* ptr = nullptr;
+  cudaStream_t stream = nullptr;
+  ~OwnedWorkspace() {
+    if (ptr) cudaFreeAsync(ptr, stream);
+  }
+};
+
+NaiveParams make_params(const AttentionProblem& p, float* scores) {
+  NaiveParams n;
+  n.q = p.q;
+  n.k = p.k;
+  n.v = p.v;
+  n.out = p.out;
+  n.lse = p.lse;
+  n.sink_logits = p.sink_logits;
+  n.s = scores;
+  n.q_sb = p.q_stride.batch, n.q_ss = p.q_stride.seq, n.q_sh = p.q_stride.head;
+  n.k_sb = p.k_stride.batch, n.k_ss = p.k_stride.seq, n.k_sh = p.k_stride.head;
+  n.v_sb = p.v_stride.batch, n.v_ss = p.v_stride.seq, n.v_sh = p.v_stride.head;
+  n.o_sb = p.out_stride.batch, n.o_ss = p.out_stride.seq, n.o_sh = p.out_stride.head;
+  n.lse_sb = p.lse_stride_batch, n.lse_sh = p.lse_stride_head, n.lse_ss = p.lse_stride_seq;
+  n.batch = p.batch;
+  n.seq_q = p.seq_q;
+  n.seq_k = p.seq_k;
+  n.q_heads = p.q_heads;
+  n.group = p.group_size();
+  n.head_dim = p.head_dim;
+  n.scale = float(p.scale);
+  n.softcap = float(p.softcap);
+  n.mask = p.mask;
+  return n;
+}
+
+}  // namespace
+
+size_t cuda_naive_workspace_bytes(const AttentionProblem& p) { return offsets_bytes(p) + scores_bytes(p); }
+
+void run_cuda_naive(const AttentionProblem& p, void* stream_handle, void* workspace, size_t workspace_bytes) {
+  if (p.seq_q > INT_MAX) {
+    throw Error(ErrorKind::invalid_value, "seq_q " + std::to_string(p.seq_q) + " is too long for backend 'naive' on CUDA; expected at most " + std::to_string(INT_MAX));
+  }
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  cuda::DeviceGuard guard(p.device.index);
+  const size_t need = cuda_naive_workspace_bytes(p);
+  OwnedWorkspace owned;
+  if (workspace == nullptr) {
+    if (need > 0) {
+      FL_CUDA_CHECK(cudaMallocAsync(&owned.ptr, need, stream));
+      owned.stream = stream;
+    }
+    workspace = owned.ptr;
+  } else if (workspace_bytes < need) {
+    throw Error(ErrorKind::invalid_value, "workspace has " + std::to_string(workspace_bytes) +
+                                              " bytes; backend 'naive' needs " + std::to_string(need) +
+                                              " for these shapes (see forward_workspace_bytes)");
+  } else if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+    throw Error(ErrorKind::invalid_value, "workspace is not 16-byte aligned; expected an allocation's start address");
+  }
+
+  auto* base = static_cast<char*>(workspace);
+  NaiveParams n = make_params(p, reinterpret_cast<float*>(base + offsets_bytes(p)));
+  if (p.varlen()) {
+    std::vector<int32_t> host(size_t(2 * (p.batch + 1)));  // (2, batch + 1): cu_seqlens_q then cu_seqlens_k
+    for (int64_t b = 0; b <= p.batch; ++b) {
+      host[size_t(b)] = p.cu_seqlens_q[b];
+      host[size_t(p.batch + 1 + b)] = p.cu_seqlens_k[b];
+    }
+    FL_CUDA_CHECK(cudaMemcpyAsync(base, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    n.cu_q = reinterpret_cast<const int*>(base);
+    n.cu_k = n.cu_q + p.batch + 1;
+  }
+
+  cuda::dispatch_float_dtype(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    cuda_naive::launch_scores<T>(n, stream);
+    cuda_naive::launch_scale_mask(n, stream);
+    cuda_naive::launch_softmax(n, stream);
+    cuda_naive::launch_pv<T>(n, stream);
+  });
+}
+
+}  // namespace flashlite
