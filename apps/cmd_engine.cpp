@@ -105,6 +105,18 @@ eng::GenerationParams gen_params(const SamplingSettings& s, const std::vector<in
   return p;
 }
 
+// A model's vocabulary may be padded past the tokenizer's; such ids (never seen in training) print as nothing.
+std::string piece_of(const eng::Tokenizer& tok, int id) {
+  return id >= 0 && id < tok.vocab_size() ? tok.decode_token(id) : std::string();
+}
+
+std::string text_of(const eng::Tokenizer& tok, const std::vector<int>& ids) {
+  std::vector<int> known;
+  for (int id : ids)
+    if (id >= 0 && id < tok.vocab_size()) known.push_back(id);
+  return tok.decode(known);
+}
+
 int bos_of(const Loaded& l) {
   return l.weights.config.bos_id >= 0 ? l.weights.config.bos_id : l.tokenizer->bos_id();
 }
@@ -204,7 +216,7 @@ void run_generate(const GenerateSettings& g) {
   int prev = prompts[0].back();
   auto on_token = [&](int seq, int tok) {
     if (!stream || seq != 0) return;
-    std::string piece = l.tokenizer->decode_token(tok);
+    std::string piece = piece_of(*l.tokenizer, tok);
     // SentencePiece: the first piece after BOS carries the dummy-prefix space; llama2.c drops it.
     if (prev == bos && l.tokenizer->adds_dummy_prefix() && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
     prev = tok;
@@ -217,13 +229,13 @@ void run_generate(const GenerateSettings& g) {
     json outs = json::array();
     for (size_t b = 0; b < prompts.size(); ++b) {
       outs.push_back({{"prompt", texts[b]}, {"prompt_ids", prompts[b]}, {"ids", r.tokens[b]},
-                      {"text", l.tokenizer->decode(r.tokens[b])}, {"finish_reason", r.finish_reason[b]}});
+                      {"text", text_of(*l.tokenizer, r.tokens[b])}, {"finish_reason", r.finish_reason[b]}});
     }
     std::cout << dump({{"model", g.m.model}, {"outputs", outs}, {"stats", stats_json(r.stats, model)}}) << "\n";
     return;
   }
   if (!stream) {
-    for (size_t b = 0; b < prompts.size(); ++b) std::cout << "[" << b << "] " << texts[b] << l.tokenizer->decode(r.tokens[b]) << "\n";
+    for (size_t b = 0; b < prompts.size(); ++b) std::cout << "[" << b << "] " << texts[b] << text_of(*l.tokenizer, r.tokens[b]) << "\n";
   }
   std::cout << std::flush;
   print_stats(r.stats, model);
@@ -262,7 +274,7 @@ void run_chat(const ChatSettings& c) {
     }
     std::vector<int> turn = fmt.user_turn(line);
     auto on_token = [&](int, int tok) {
-      const std::string piece = l.tokenizer->decode_token(tok);
+      const std::string piece = piece_of(*l.tokenizer, tok);
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     };
