@@ -239,4 +239,39 @@ TEST(Llama2cFiles, TruncatedCorruptAndMissingFilesAreErrors) {
   EXPECT_NE(load_error(p).find("does not exist"), std::string::npos) << load_error(p);
 }
 
+// The version-1 ("ak42") layout of the same weights loads to the same model: written here from the v0 file.
+TEST(Llama2cFiles, Version1FormatEqualsLegacy) {
+  const std::string src = reftest::models_dir() + "/stories260K/stories260K.bin";
+  if (!std::filesystem::exists(src)) GTEST_SKIP() << "model file absent: " << src;
+  std::ifstream in(src, std::ios::binary);
+  const std::string v0((std::istreambuf_iterator<char>(in)), {});
+  int32_t h[7];
+  std::memcpy(h, v0.data(), 28);
+  const size_t dim = h[0], hid = h[1], L = h[2], hd = dim / h[3], kvd = size_t(h[4]) * hd, vocab = h[5];
+  // v0 sections in order, as byte ranges.
+  std::vector<std::pair<size_t, size_t>> sec;
+  size_t off = 28;
+  for (size_t n : {vocab * dim, L * dim, L * dim * dim, L * kvd * dim, L * kvd * dim, L * dim * dim, L * dim,
+                   L * hid * dim, L * dim * hid, L * hid * dim, dim}) {
+    sec.emplace_back(off, n * 4);
+    off += n * 4;
+  }
+  enum { emb, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final };
+  std::string v1(256, '\0');
+  const uint32_t magic = 0x616b3432;
+  const int32_t version = 1;
+  std::memcpy(v1.data(), &magic, 4);
+  std::memcpy(v1.data() + 4, &version, 4);
+  std::memcpy(v1.data() + 8, h, 28);
+  v1[36] = 1;  // shared classifier
+  for (int k : {rms_att, rms_ffn, rms_final, emb, wq, wk, wv, wo, w1, w2, w3}) v1 += v0.substr(sec[k].first, sec[k].second);
+  const std::string p = temp_path("v1.bin");
+  std::ofstream(p, std::ios::binary).write(v1.data(), v1.size());
+  const eng::ModelWeights a = eng::load_checkpoint(src), b = eng::load_checkpoint(p);
+  std::filesystem::remove(p);
+  const std::vector<int> tokens{1, 403, 407, 261, 378, 300, 301};
+  eng::LlamaCpu ma(a, {}), mb(b, {});
+  EXPECT_EQ(ma.forward({{0, tokens, true}}), mb.forward({{0, tokens, true}}));
+}
+
 }  // namespace
