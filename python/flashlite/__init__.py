@@ -1,0 +1,15 @@
+"""flashlite: exact, IO-aware attention for NVIDIA GPUs and CPUs.
+
+    out = flashlite.attention(q, k, v, causal=True)          # q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D]
+
+Works on torch tensors (CPU and CUDA, through a torch custom op that torch.compile and CUDA graphs accept), numpy
+arrays (CPU) and cupy arrays (CUDA), viewed in place through DLPack. SDPA's [B, H, S, D] convention:
+flashlite.torch.scaled_dot_product_attention. Errors arrive as ValueError / TypeError / RuntimeError.
+"""
+from . import _C
+from ._api import attention, kernel_name, reference, workspace_bytes
+
+__version__ = _C.__version__
+with_cuda = bool(_C.with_cuda)
+
+__all__ = ["attention", "kernel_name", "reference", "workspace_bytes", "with_cuda", "__version__"]

@@ -1,0 +1,102 @@
+"""The torch custom ops flashlite::attention and flashlite::attention_out (torch.library), with fake implementations
+so torch.compile can trace them and CUDA graphs can capture them.
+
+CUDA-graph safety: the ops run on torch's current stream, allocate only through torch (outputs, and the CUDA naive
+backend's workspace), and never synchronise with the host. Varlen batches read cu_seqlens from CPU tensors; the
+fused kernel keeps up to 128 sequences in its launch parameters (capturable), the naive backend copies them to the
+device with cudaMemcpyAsync (not capturable).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch.utils import dlpack as _dlpack
+
+from . import _C
+from ._api import _lse_shape
+
+Tensor = torch.Tensor
+
+
+def _dl(t):
+    """A DLPack capsule of a tensor: a view, no copy, and no stream handshake (torch's __dlpack__ may record an
+    event on the current stream and make the default stream wait on it, which a CUDA graph capture forbids)."""
+    if t is None or not isinstance(t, torch.Tensor):
+        return t
+    return _dlpack.to_dlpack(t.detach())
+
+
+def _run(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left, window_right,
+         sink_tokens, softcap, backend):
+    if q.is_cuda:
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        device = q.device
+
+        def allocate(nbytes):  # the naive backend's S x S workspace, from torch's caching allocator
+            return _dl(torch.empty(nbytes, dtype=torch.uint8, device=device))
+    else:
+        stream, allocate = 0, None
+    _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(sink_logits), _dl(cu_seqlens_q), _dl(cu_seqlens_k),
+               causal=causal, scale=scale, window_left=window_left, window_right=window_right, sink_tokens=sink_tokens,
+               softcap=softcap, backend=backend, stream=stream, allocate=allocate)
+
+
+@torch.library.custom_op("flashlite::attention", mutates_args=())
+def attention_op(q: Tensor, k: Tensor, v: Tensor, sink_logits: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+                 cu_seqlens_k: Optional[Tensor], causal: bool, scale: Optional[float], window_left: int,
+                 window_right: int, sink_tokens: int, softcap: float, backend: str) -> Tuple[Tensor, Tensor]:
+    """out [B, Sq, Hq, D] (q's dtype) and lse [B, Hq, Sq] fp32 for q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D]."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
+    _run(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left, window_right,
+         sink_tokens, softcap, backend)
+    return out, lse
+
+
+@attention_op.register_fake
+def _attention_fake(q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left, window_right,
+                    sink_tokens, softcap, backend):
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashlite::attention_out", mutates_args=("out",))
+def attention_out_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, sink_logits: Optional[Tensor],
+                     cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], causal: bool,
+                     scale: Optional[float], window_left: int, window_right: int, sink_tokens: int, softcap: float,
+                     backend: str) -> Tensor:
+    """Writes the attention into `out`; returns the fp32 LSE."""
+    lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
+    _run(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left, window_right,
+         sink_tokens, softcap, backend)
+    return lse
+
+
+@attention_out_op.register_fake
+def _attention_out_fake(q, k, v, out, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left,
+                        window_right, sink_tokens, softcap, backend):
+    return q.new_empty(_lse_shape(q), dtype=torch.float32)
+
+
+def _as_tensor(x, name):
+    if x is None or isinstance(x, torch.Tensor):
+        return x
+    try:
+        return torch.as_tensor(x)  # numpy int32 cu_seqlens: zero-copy on the CPU
+    except Exception:
+        raise TypeError(f"{name} is a {type(x).__name__}; expected a torch.Tensor") from None
+
+
+def attention(q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k, opts, return_lse, out):
+    for name, t in (("k", k), ("v", v), ("out", out)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} is a {type(t).__name__} but q is a torch.Tensor; pass tensors of one library")
+    sink_logits = _as_tensor(sink_logits, "sink_logits")
+    cu_q, cu_k = _as_tensor(cu_seqlens_q, "cu_seqlens_q"), _as_tensor(cu_seqlens_k, "cu_seqlens_k")
+    args = (sink_logits, cu_q, cu_k, opts["causal"], opts["scale"], opts["window_left"], opts["window_right"],
+            opts["sink_tokens"], opts["softcap"], opts["backend"])
+    if out is None:
+        out, lse = attention_op(q, k, v, *args)
+    else:
+        lse = attention_out_op(q, k, v, out, *args)
+    return (out, lse) if return_lse else out

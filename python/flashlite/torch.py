@@ -1,0 +1,58 @@
+"""PyTorch entry points: scaled_dot_product_attention with SDPA's [batch, heads, seq, head_dim] convention.
+
+    from flashlite.torch import scaled_dot_product_attention as sdpa
+    y = sdpa(q, k, v, is_causal=True)                    # q [B, H, S, D]
+
+It views the inputs as flashlite's [B, S, H, D] (a transpose, no copy) and returns a [B, H, S, D] view of a
+[B, S, H, D] result, so `y.transpose(1, 2).reshape(B, S, H * D)` is free. The custom ops themselves
+(torch.ops.flashlite.attention / attention_out) are registered on import.
+"""
+from __future__ import annotations
+
+import torch as _torch
+
+from . import _torch_ops
+from ._api import attention
+
+attention_op = _torch_ops.attention_op
+attention_out_op = _torch_ops.attention_out_op
+
+__all__ = ["scaled_dot_product_attention", "attention", "attention_op", "attention_out_op"]
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False, *, backend="auto"):
+    """torch.nn.functional.scaled_dot_product_attention's signature and semantics on flashlite's kernels.
+
+    Supported: 4-D inputs, is_causal (top-left aligned, as SDPA: query i sees keys j <= i), scale, enable_gqa.
+    Not supported (ValueError): attn_mask (use flashlite.attention's window / sink options for the masks it knows),
+    dropout_p > 0, is_causal with fewer queries than keys (SDPA's top-left alignment hides keys past the query index,
+    which flashlite's bottom-right causal mask cannot express; flashlite.attention(causal=True) gives bottom-right).
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, _torch.Tensor):
+            raise TypeError(f"{name} is a {type(t).__name__}; expected a torch.Tensor")
+        if t.dim() != 4:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; flashlite supports 4-D [batch, heads, seq, head_dim]")
+    if attn_mask is not None:
+        raise ValueError("attn_mask is not supported by flashlite.torch.scaled_dot_product_attention; use is_causal, "
+                         "or flashlite.attention(window=..., sink_tokens=..., sink_logits=...) for those masks")
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p is {dropout_p}; flashlite has no dropout (expected 0.0)")
+    hq, hkv = query.shape[1], key.shape[1]
+    if hq != hkv and not enable_gqa:
+        raise ValueError(f"query has {hq} heads but key has {hkv}; pass enable_gqa=True for grouped-query attention")
+    sq, sk = query.shape[2], key.shape[2]
+    causal, window = False, (-1, -1)
+    if is_causal:
+        if sq == sk:
+            causal = True
+        elif sq > sk:
+            window = (-1, sq - sk)  # top-left: key j visible iff j <= i, i.e. j <= p + (sq - sk) with p = i + sk - sq
+        else:
+            raise ValueError(f"is_causal with {sq} queries and {sk} keys: SDPA aligns the causal mask top-left, which "
+                             "flashlite cannot express when seq_q < seq_k; use flashlite.attention(causal=True) for "
+                             "the bottom-right alignment (the last query sees the last key)")
+    out = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal, scale=scale,
+                    window=window, backend=backend)
+    return out.transpose(1, 2)

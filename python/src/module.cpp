@@ -1,0 +1,196 @@
+// flashlite._C: the nanobind bridge from Python array objects (anything with DLPack or the buffer protocol: torch,
+// numpy, cupy, jax) to flashlite::forward. Arrays are viewed in place (no copies); flashlite::Error kinds become
+// ValueError / TypeError / RuntimeError with the same message. The Python package (flashlite/__init__.py) allocates
+// outputs and picks the stream; this layer only converts and calls.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "flashlite/attention.h"
+#include "flashlite/errors.h"
+#include "flashlite/tensor.h"
+#include "flashlite/version.h"
+
+namespace nb = nanobind;
+using namespace flashlite;
+
+namespace {
+
+using InArray = nb::ndarray<nb::ro>;  // read-only views are fine for inputs
+using OutArray = nb::ndarray<>;
+
+DType to_dtype(nb::dlpack::dtype dt, const char* name) {
+  using Code = nb::dlpack::dtype_code;
+  if (dt.lanes == 1) {
+    if (dt.code == uint8_t(Code::Float) && dt.bits == 32) return DType::f32;
+    if (dt.code == uint8_t(Code::Float) && dt.bits == 16) return DType::f16;
+    if (dt.code == uint8_t(Code::Bfloat) && dt.bits == 16) return DType::bf16;
+    if (dt.code == uint8_t(Code::Int) && dt.bits == 32) return DType::i32;
+  }
+  throw Error(ErrorKind::invalid_type, std::string(name) + " has an unsupported dtype (DLPack code " +
+                                           std::to_string(dt.code) + ", " + std::to_string(dt.bits) +
+                                           " bits); expected float32, float16, bfloat16 (or int32 for cu_seqlens)");
+}
+
+template <class... Ts>
+TensorView to_view(const nb::ndarray<Ts...>& a, const char* name) {
+  TensorView t;
+  t.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  t.dtype = to_dtype(a.dtype(), name);
+  const int dev = a.device_type();
+  if (dev == nb::device::cpu::value) {
+    t.device = Device::cpu();
+  } else if (dev == nb::device::cuda::value) {
+    t.device = Device::cuda(a.device_id());
+  } else {
+    throw Error(ErrorKind::invalid_value, std::string(name) + " is on DLPack device type " + std::to_string(dev) +
+                                              "; expected CPU or CUDA memory");
+  }
+  if (a.ndim() > size_t(kMaxRank)) {
+    throw Error(ErrorKind::invalid_value, std::string(name) + " has rank " + std::to_string(a.ndim()) +
+                                              "; expected at most " + std::to_string(kMaxRank));
+  }
+  t.rank = int(a.ndim());
+  for (int i = 0; i < t.rank; ++i) {
+    t.shape[size_t(i)] = int64_t(a.shape(size_t(i)));
+    t.strides[size_t(i)] = int64_t(a.stride(size_t(i)));
+  }
+  return t;
+}
+
+template <class A>
+TensorView opt_view(const std::optional<A>& a, const char* name) {
+  return a ? to_view(*a, name) : TensorView{};
+}
+
+// The arguments of one call, as Python passes them (keyword names match flashlite.attention's).
+ForwardArgs make_args(const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
+                      const std::optional<OutArray>& lse, const std::optional<InArray>& sink_logits,
+                      const std::optional<InArray>& cu_seqlens_q, const std::optional<InArray>& cu_seqlens_k,
+                      bool causal, std::optional<double> scale, int window_left, int window_right, int sink_tokens,
+                      double softcap, const std::string& backend, uintptr_t stream) {
+  ForwardArgs a;
+  a.q = to_view(q, "q");
+  a.k = to_view(k, "k");
+  a.v = to_view(v, "v");
+  a.out = to_view(out, "out");
+  a.lse = opt_view(lse, "lse");
+  a.options.sink_logits = opt_view(sink_logits, "sink_logits");
+  a.options.cu_seqlens_q = opt_view(cu_seqlens_q, "cu_seqlens_q");
+  a.options.cu_seqlens_k = opt_view(cu_seqlens_k, "cu_seqlens_k");
+  a.options.causal = causal;
+  a.options.scale = scale;
+  a.options.window_left = window_left;
+  a.options.window_right = window_right;
+  a.options.sink_tokens = sink_tokens;
+  a.options.softcap = softcap;
+  a.backend = parse_backend(backend);
+  a.stream = reinterpret_cast<void*>(stream);
+  return a;
+}
+
+#define FL_PY_PARAMS                                                                                           \
+  const InArray &q, const InArray &k, const InArray &v, const OutArray &out, const std::optional<OutArray> &lse, \
+      const std::optional<InArray> &sink_logits, const std::optional<InArray> &cu_seqlens_q,                   \
+      const std::optional<InArray> &cu_seqlens_k, bool causal, std::optional<double> scale, int window_left,   \
+      int window_right, int sink_tokens, double softcap, const std::string &backend, uintptr_t stream
+#define FL_PY_ARGS                                                                                              \
+  q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left, window_right, sink_tokens, \
+      softcap, backend, stream
+#define FL_PY_ARG_NAMES                                                                                         \
+  nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(), nb::arg("sink_logits").none(), \
+      nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("causal"), nb::arg("scale").none(), \
+      nb::arg("window_left"), nb::arg("window_right"), nb::arg("sink_tokens"), nb::arg("softcap"),              \
+      nb::arg("backend"), nb::arg("stream")
+
+// Runs the attention. The scratch memory of the CUDA naive backend comes from `workspace` (a byte array on the
+// device) when given, else from `allocate(nbytes)` (e.g. torch's caching allocator, so CUDA graphs can capture the
+// call), else the backend allocates it itself (cudaMallocAsync).
+void py_forward(FL_PY_PARAMS, const std::optional<OutArray>& workspace, nb::object allocate) {
+  ForwardArgs a = make_args(FL_PY_ARGS);
+  const auto on_q_device = [&](const OutArray& w, const char* what) {
+    if (a.q.device.type == DeviceType::cuda &&
+        (w.device_type() != nb::device::cuda::value || w.device_id() != a.q.device.index)) {
+      throw Error(ErrorKind::invalid_value, std::string(what) + " is not on " + device_name(a.q.device) +
+                                                "; the workspace must live on the tensors' device");
+    }
+  };
+  std::optional<OutArray> allocated;  // keeps an allocated workspace alive until the launches are queued
+  if (workspace) {
+    on_q_device(*workspace, "workspace");
+    a.workspace = workspace->data();
+    a.workspace_bytes = workspace->nbytes();
+  } else if (!allocate.is_none()) {
+    const size_t bytes = forward_workspace_bytes(a);
+    if (bytes > 0) {
+      allocated = nb::cast<OutArray>(allocate(bytes));
+      on_q_device(*allocated, "the allocated workspace");
+      a.workspace = allocated->data();
+      a.workspace_bytes = allocated->nbytes();
+    }
+  }
+  nb::gil_scoped_release release;
+  forward(a);
+}
+
+void translate(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const Error& e) {
+    PyObject* type = e.kind() == ErrorKind::invalid_value  ? PyExc_ValueError
+                     : e.kind() == ErrorKind::invalid_type ? PyExc_TypeError
+                                                           : PyExc_RuntimeError;
+    PyErr_SetString(type, e.what());
+  }
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "flashlite native module (see the flashlite package)";
+  nb::register_exception_translator(translate);
+  m.attr("__version__") = version();
+  m.attr("with_cuda") = bool(FLASHLITE_WITH_CUDA);
+
+  m.def("forward", &py_forward, FL_PY_ARG_NAMES, nb::arg("workspace").none() = nb::none(),
+        nb::arg("allocate").none() = nb::none(), "Validates the arguments and runs flashlite::forward in place.");
+  m.def(
+      "workspace_bytes", [](FL_PY_PARAMS) { return forward_workspace_bytes(make_args(FL_PY_ARGS)); }, FL_PY_ARG_NAMES,
+      "Bytes of scratch memory the chosen backend needs (0 for all but CUDA naive). Validates the arguments.");
+  m.def(
+      "kernel_name", [](FL_PY_PARAMS) { return forward_kernel_name(make_args(FL_PY_ARGS)); }, FL_PY_ARG_NAMES,
+      "Which kernel forward() would run for these arguments. Validates the arguments.");
+  m.def(
+      "reference_f64",
+      [](FL_PY_PARAMS, OutArray out64, std::optional<OutArray> lse64) {
+        ForwardArgs a = make_args(FL_PY_ARGS);
+        a.backend = Backend::reference;
+        (void)forward_kernel_name(a);  // validates q/k/v/out first, so their errors come before ours
+        // Contiguous float64 CPU arrays of exactly the oracle's sizes (q's shape; [q.shape[0], q_heads, q.shape[1]]).
+        const auto check64 = [](const OutArray& x, const char* name, size_t numel) {
+          size_t expect_stride = 1;
+          bool contiguous = true;
+          for (size_t i = x.ndim(); i-- > 0;) {
+            if (x.shape(i) > 1 && size_t(x.stride(i)) != expect_stride) contiguous = false;
+            expect_stride *= x.shape(i);
+          }
+          if (x.dtype() != nb::dtype<double>() || x.device_type() != nb::device::cpu::value || !contiguous ||
+              x.size() != numel) {
+            throw Error(ErrorKind::invalid_type, std::string(name) + " must be a contiguous float64 CPU array of " +
+                                                     std::to_string(numel) + " elements");
+          }
+        };
+        const size_t rows = size_t(a.q.shape[0] * a.q.shape[1] * a.q.shape[2]);
+        check64(out64, "out64", rows * size_t(a.q.shape[3]));
+        if (lse64) check64(*lse64, "lse64", rows);
+        nb::gil_scoped_release release;
+        reference_forward_f64(a, static_cast<double*>(out64.data()), lse64 ? static_cast<double*>(lse64->data()) : nullptr);
+      },
+      FL_PY_ARG_NAMES, nb::arg("out64"), nb::arg("lse64").none(),
+      "The float64 oracle on CPU arrays: writes contiguous out64 shaped like q and lse64 [batch, q_heads, seq_q].");
+}
