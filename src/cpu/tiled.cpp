@@ -1,58 +1,307 @@
-// The `cpu` backend: picks the widest tiled-kernel build this CPU can run. FLASHLITE_CPU_SIMD=portable|avx2|avx512
-// forces a variant (tests use it to cover every path the machine supports).
+// The `cpu` backend: FlashAttention-2 Algorithm 1 on the CPU.
+//
+// A task is (sequence, KV head, a tile of query rows) and takes every q head of that KV head's group along, so a K/V
+// tile is loaded once for the whole group. Its "query columns" are (row, head) pairs, n = r * heads + g, at most
+// kQueryCols of them. For each K/V tile of kKeys keys that the mask leaves visible:
+//   S^T = K Q^T           (keys x query columns; Q^T packed once per task)
+//   softcap, then mask    (the predicate is evaluated only on tiles that are not fully visible)
+//   online softmax        (running max m, running sum l, rescale factor alpha; vectorised across query columns)
+//   O = O * alpha + P V   (the rescale folded into the GEMM's load of O)
+// Memory per thread: O(kKeys * head_dim + kQueryCols * head_dim), never seq x seq. fp32 K/V are read in place; fp16
+// and bf16 tiles are converted to fp32 once per tile. The hot loops (GEMM, conversion, softmax step, softcap) are
+// built per instruction set (tiled_simd.h); this file picks one at run time and holds the algorithm around them.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "backends.h"
+#include "common/half.h"
+#include "cpu/tiled_kernels.h"
 #include "flashlite/errors.h"
 
 namespace flashlite {
-namespace cpu_portable { void run_tiled(const AttentionProblem& p); }
-namespace cpu_avx2 { void run_tiled(const AttentionProblem& p); }
-namespace cpu_avx512 { void run_tiled(const AttentionProblem& p); }
-
+namespace cpu_tiled {
 namespace {
 
-bool cpu_has(const char* level) {
-  if (std::strcmp(level, "avx512") == 0) {
+constexpr int64_t kQueryCols = 64;  // query columns (rows x heads of one group) per task
+constexpr int64_t kKeys = 64;       // keys per K/V tile
+constexpr double kLog2e = 1.4426950408889634;
+constexpr double kLn2 = 0.6931471805599453;
+
+// ---- Which build of the hot loops runs. FLASHLITE_CPU_SIMD=portable|avx2|avx512 forces one (the tests cover every
+// build this machine can execute that way).
+
+bool cpu_has(const std::string& level) {
+  if (level == "avx512") {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") &&
            __builtin_cpu_supports("f16c");
   }
-  if (std::strcmp(level, "avx2") == 0) {
+  if (level == "avx2") {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   }
   return true;
 }
 
-const char* detect_variant() {
+const TiledKernels& choose_kernels() {
   if (const char* forced = std::getenv("FLASHLITE_CPU_SIMD"); forced && *forced) {
-    for (const char* level : {"portable", "avx2", "avx512"}) {
-      if (std::strcmp(forced, level) == 0) {
-        if (!cpu_has(level)) {
-          throw Error(ErrorKind::invalid_value, std::string("FLASHLITE_CPU_SIMD=") + forced + " but this CPU lacks " + level);
+    const std::string level = forced;
+    if (level != "portable" && level != "avx2" && level != "avx512") {
+      throw Error(ErrorKind::invalid_value, "FLASHLITE_CPU_SIMD is '" + level + "'; expected portable, avx2 or avx512");
+    }
+    if (!cpu_has(level)) throw Error(ErrorKind::invalid_value, "FLASHLITE_CPU_SIMD=" + level + " but this CPU lacks " + level);
+    return level == "avx512" ? kernels_avx512() : level == "avx2" ? kernels_avx2() : kernels_portable();
+  }
+  if (cpu_has("avx512")) return kernels_avx512();
+  if (cpu_has("avx2")) return kernels_avx2();
+  return kernels_portable();
+}
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// ---- Stored rows <-> fp32 (once per task, not per tile: plain code is enough).
+
+void load_row(const void* base, DType dtype, int64_t offset, int64_t n, float* dst) {
+  if (dtype == DType::f32) {
+    std::memcpy(dst, static_cast<const float*>(base) + offset, size_t(n) * sizeof(float));
+    return;
+  }
+  const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
+  for (int64_t i = 0; i < n; ++i) dst[i] = dtype == DType::f16 ? fp16_to_float(src[i]) : bf16_to_float(src[i]);
+}
+
+void store_row(void* base, DType dtype, int64_t offset, int64_t n, const float* src, float mul) {
+  if (dtype == DType::f32) {
+    float* dst = static_cast<float*>(base) + offset;
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * mul;
+    return;
+  }
+  uint16_t* dst = static_cast<uint16_t*>(base) + offset;
+  for (int64_t i = 0; i < n; ++i) dst[i] = dtype == DType::f16 ? float_to_fp16(src[i] * mul) : float_to_bf16(src[i] * mul);
+}
+
+// ---- Per-thread scratch, kept between calls (grow-only), 64-byte aligned.
+struct Scratch {
+  float* data = nullptr;
+  size_t floats = 0;
+  ~Scratch() { std::free(data); }
+  float* get(size_t n) {
+    if (n > floats) {
+      std::free(data);
+      data = static_cast<float*>(std::aligned_alloc(64, round_up(int64_t(n) * 4, 64)));
+      floats = data ? n : 0;
+      if (!data) throw std::bad_alloc();
+    }
+    return data;
+  }
+};
+
+// One task: query rows [row0, row0 + rows) of sequence `seq`, q heads [head0, head0 + heads) (all of kv_head's group,
+// or a chunk of it when the group has more than kQueryCols heads).
+struct Task {
+  int64_t seq, kv_head, head0, heads, row0, rows;
+  double cost;  // visible (row, key) pairs x heads: heavy tasks are started first
+};
+
+struct Plan {
+  const AttentionProblem& p;
+  const TiledKernels& k;
+  int64_t dp;           // head_dim rounded up to the vector width
+  bool k_in_place;      // fp32 K is the GEMM's A operand as stored (any head_dim)
+  bool v_in_place;      // fp32 V is the GEMM's B operand as stored (head_dim a multiple of the vector width)
+  float q_sign;         // folded into Q^T: the sign of scale (0 for scale 0), so that log2_scale is > 0
+  float log2_scale;     // score units -> log2 units: |scale| * log2(e), or log2(e) after the softcap
+  float softcap_in, softcap_out;  // softcap: s -> softcap * tanh(s * scale / softcap)
+};
+
+// Visible key ranges of rows [i0, i1): the window range and the sink tokens below it, merged when they touch.
+int visible_ranges(const AttentionProblem& p, const SequenceSlice& s, int64_t i0, int64_t i1, KeyRange out[2]) {
+  const KeyRange win = window_key_range(p.mask, i0, i1, s.seq_q, s.seq_k);
+  const int64_t sink_end = std::min<int64_t>(p.mask.sink_tokens, causal_key_end(p.mask, i1, s.seq_q, s.seq_k));
+  int n = 0;
+  if (sink_end > 0 && sink_end >= win.begin) {
+    out[n++] = {0, std::max(sink_end, win.end)};
+  } else {
+    if (sink_end > 0) out[n++] = {0, sink_end};
+    if (win.end > win.begin) out[n++] = {win.begin, win.end};
+  }
+  return n;
+}
+
+void run_task(const Plan& plan, const Task& t, Scratch& scratch) {
+  const AttentionProblem& p = plan.p;
+  const TiledKernels& kern = plan.k;
+  const SequenceSlice s = sequence_slice(p, t.seq);
+  const int64_t d = p.head_dim, dp = plan.dp, heads = t.heads;
+  const int64_t n_real = t.rows * heads, np = round_up(n_real, kern.width);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+
+  float* const base = scratch.get(size_t(d * np + 2 * kKeys * dp + kKeys * np + n_real * dp + 3 * np + 2 * dp));
+  float* const qt = base;                  // (head_dim, np)  Q^T, pre-scaled; columns >= n_real are zero
+  float* const kbuf = qt + d * np;         // (kKeys, dp)     converted K tile (fp16/bf16)
+  float* const vbuf = kbuf + kKeys * dp;   // (kKeys, dp)     converted V tile, zero-padded columns
+  float* const st = vbuf + kKeys * dp;     // (kKeys, np)     scores S^T, then probabilities P^T
+  float* const o = st + kKeys * np;        // (n_real, dp)    unnormalised output accumulator
+  float* const m = o + n_real * dp;        // (np)            running max, log2 units
+  float* const l = m + np;                 // (np)            running sum
+  float* const alpha = l + np;             // (np)            rescale factor of this step
+  float* const row = alpha + np;           // (2 * dp)        one stored row as fp32
+
+  // Q^T: column n = r * heads + g is query row row0 + r of q head head0 + g.
+  std::fill(qt, qt + d * np, 0.0f);
+  for (int64_t r = 0; r < t.rows; ++r) {
+    for (int64_t g = 0; g < heads; ++g) {
+      const int64_t n = r * heads + g;
+      load_row(p.q, p.dtype,
+               s.batch_index * p.q_stride.batch + (s.q_row0 + t.row0 + r) * p.q_stride.seq + (t.head0 + g) * p.q_stride.head,
+               d, row);
+      for (int64_t x = 0; x < d; ++x) qt[x * np + n] = row[x] * plan.q_sign;
+    }
+  }
+  std::fill(m, m + np, neg_inf);
+  std::fill(l, l + np, 0.0f);
+  std::fill(o, o + n_real * dp, 0.0f);
+
+  const int64_t i0 = t.row0, i1 = t.row0 + t.rows;
+  const int64_t k_base = s.batch_index * p.k_stride.batch + s.k_row0 * p.k_stride.seq + t.kv_head * p.k_stride.head;
+  const int64_t v_base = s.batch_index * p.v_stride.batch + s.k_row0 * p.v_stride.seq + t.kv_head * p.v_stride.head;
+  KeyRange ranges[2];
+  const int n_ranges = visible_ranges(p, s, i0, i1, ranges);
+  for (int ri = 0; ri < n_ranges; ++ri) {
+    for (int64_t j0 = ranges[ri].begin; j0 < ranges[ri].end; j0 += kKeys) {
+      const int64_t j1 = std::min(j0 + kKeys, ranges[ri].end), keys = j1 - j0;
+
+      // K and V tiles as fp32 operands.
+      const float* ka = kbuf;
+      int64_t ka_row = dp;
+      if (plan.k_in_place) {
+        ka = static_cast<const float*>(p.k) + k_base + j0 * p.k_stride.seq;
+        ka_row = p.k_stride.seq;
+      } else {
+        const size_t elem = p.dtype == DType::f32 ? 4 : 2;
+        kern.convert({static_cast<const char*>(p.k) + (k_base + j0 * p.k_stride.seq) * elem, p.dtype, p.k_stride.seq,
+                      kbuf, dp, keys, d, d});
+      }
+      const float* vb = vbuf;
+      int64_t vb_row = dp;
+      if (plan.v_in_place) {
+        vb = static_cast<const float*>(p.v) + v_base + j0 * p.v_stride.seq;
+        vb_row = p.v_stride.seq;
+      } else {
+        const size_t elem = p.dtype == DType::f32 ? 4 : 2;
+        kern.convert({static_cast<const char*>(p.v) + (v_base + j0 * p.v_stride.seq) * elem, p.dtype, p.v_stride.seq,
+                      vbuf, dp, keys, d, dp});
+      }
+
+      // S^T = K Q^T, softcap, mask.
+      kern.gemm({ka, ka_row, 1, qt, np, st, np, keys, np, d, false, nullptr});
+      if (p.softcap > 0) kern.softcap({st, np, keys, np, plan.softcap_in, plan.softcap_out});
+      if (!tile_fully_visible(p.mask, i0, i1, j0, j1, s.seq_q, s.seq_k)) {
+        for (int64_t c = 0; c < keys; ++c) {
+          float* srow = st + c * np;
+          for (int64_t r = 0; r < t.rows; ++r) {
+            if (key_visible(p.mask, i0 + r, j0 + c, s.seq_q, s.seq_k)) continue;
+            for (int64_t g = 0; g < heads; ++g) srow[r * heads + g] = neg_inf;
+          }
         }
-        return level;
+      }
+
+      // Online softmax, then O = O * alpha + P V.
+      kern.online_softmax({st, np, keys, np, plan.log2_scale, m, l, alpha});
+      kern.gemm({st, 1, np, vb, vb_row, o, dp, n_real, dp, keys, true, alpha});
+    }
+  }
+
+  // Finalise: the sink logit joins the denominator only; a row that saw no key gives zeros and LSE -inf (or the sink
+  // logit). m is in log2 units of the scaled score.
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int64_t r = 0; r < t.rows; ++r) {
+    for (int64_t g = 0; g < heads; ++g) {
+      const int64_t n = r * heads + g, h = t.head0 + g, i = s.q_row0 + i0 + r;
+      const double sink = p.sink_logits ? double(p.sink_logits[h]) : -inf;
+      double lse = sink, mul = 0.0;
+      if (m[n] != neg_inf) {
+        const double m_nat = double(m[n]) * kLn2;
+        const double row_max = std::max(m_nat, sink);
+        const double e = std::exp(m_nat - row_max);
+        const double denom = double(l[n]) * e + (sink == -inf ? 0.0 : std::exp(sink - row_max));
+        lse = row_max + std::log(denom);
+        mul = e / denom;
+      }
+      store_row(p.out, p.dtype, s.batch_index * p.out_stride.batch + i * p.out_stride.seq + h * p.out_stride.head, d,
+                o + n * dp, float(mul));
+      if (p.lse) p.lse[s.batch_index * p.lse_stride_batch + h * p.lse_stride_head + i * p.lse_stride_seq] = float(lse);
+    }
+  }
+}
+
+std::vector<Task> make_tasks(const AttentionProblem& p) {
+  const int64_t group = p.group_size();
+  const int64_t heads_per_task = std::min(group, kQueryCols);
+  const int64_t rows_per_task = std::max<int64_t>(1, kQueryCols / heads_per_task);
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const SequenceSlice s = sequence_slice(p, b);
+    for (int64_t i0 = 0; i0 < s.seq_q; i0 += rows_per_task) {
+      const int64_t rows = std::min(rows_per_task, s.seq_q - i0);
+      KeyRange ranges[2];
+      const int n = visible_ranges(p, s, i0, i0 + rows, ranges);
+      double keys = 0;
+      for (int r = 0; r < n; ++r) keys += double(ranges[r].end - ranges[r].begin);
+      for (int64_t kvh = 0; kvh < p.kv_heads; ++kvh) {
+        for (int64_t g0 = 0; g0 < group; g0 += heads_per_task) {
+          const int64_t heads = std::min(heads_per_task, group - g0);
+          tasks.push_back({b, kvh, kvh * group + g0, heads, i0, rows, (keys + 16) * double(rows * heads)});
+        }
       }
     }
-    throw Error(ErrorKind::invalid_value,
-                std::string("FLASHLITE_CPU_SIMD is '") + forced + "'; expected portable, avx2 or avx512");
   }
-  if (cpu_has("avx512")) return "avx512";
-  if (cpu_has("avx2")) return "avx2";
-  return "portable";
+  // Longest first, so that under a causal mask the last (heaviest) q tiles start first and the dynamic schedule fills
+  // in behind them.
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  return tasks;
 }
 
 }  // namespace
+}  // namespace cpu_tiled
 
-const char* cpu_tiled_variant() { return detect_variant(); }
+const char* cpu_tiled_variant() { return cpu_tiled::choose_kernels().name; }
 
 void run_cpu_tiled(const AttentionProblem& p) {
-  const char* variant = detect_variant();
-  if (std::strcmp(variant, "avx512") == 0) return cpu_avx512::run_tiled(p);
-  if (std::strcmp(variant, "avx2") == 0) return cpu_avx2::run_tiled(p);
-  cpu_portable::run_tiled(p);
+  using namespace cpu_tiled;
+  const TiledKernels& kern = choose_kernels();
+  const bool f32 = p.dtype == DType::f32;
+  const bool cap = p.softcap > 0;
+  Plan plan{p,
+            kern,
+            round_up(p.head_dim, kern.width),
+            f32,
+            f32 && p.head_dim % kern.width == 0,
+            cap ? 1.0f : p.scale > 0 ? 1.0f : p.scale < 0 ? -1.0f : 0.0f,
+            float(cap || p.scale == 0 ? kLog2e : std::fabs(p.scale) * kLog2e),
+            cap ? float(p.scale / p.softcap) : 0.0f,
+            float(p.softcap)};
+  const std::vector<Task> tasks = make_tasks(p);
+  const int64_t n_tasks = int64_t(tasks.size());
+  double work = 0;  // (row, key, head) triples: below ~1M a parallel region costs more than it saves
+  for (const Task& t : tasks) work += t.cost;
+  std::atomic<bool> failed{false};
+#pragma omp parallel for schedule(dynamic, 1) if (n_tasks > 1 && work * double(p.head_dim) > 2e5)
+  for (int64_t i = 0; i < n_tasks; ++i) {
+    thread_local Scratch scratch;
+    try {
+      run_task(plan, tasks[size_t(i)], scratch);
+    } catch (...) {
+      failed = true;
+    }
+  }
+  if (failed) throw Error(ErrorKind::runtime, "cpu backend: out of memory for the per-thread tile scratch");
 }
 
 }  // namespace flashlite

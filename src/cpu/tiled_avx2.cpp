@@ -1,23 +1,44 @@
-// The tiled CPU kernel compiled for the avx2 instruction set (see tiled_kernel.inc; flags set in src/CMakeLists.txt).
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <limits>
-#include <new>
+// The tiled kernel's hot loops for AVX2 + FMA + F16C (compiled with those flags, see src/CMakeLists.txt; called only
+// after a runtime CPU check in tiled.cpp). A 4 x 16 register block: 8 accumulators, enough to hide the FMA latency.
+#include <immintrin.h>
 
-#include "common/problem.h"
-#include "flashlite/errors.h"
+#include "cpu/tiled_simd.h"
 
-namespace flashlite::cpu_avx2 {
+namespace flashlite::cpu_tiled {
 namespace {
-// Included inside this anonymous namespace so no inline function is shared with another ISA's translation unit.
-#include "common/half.h"
-using namespace flashlite;  // the copy of half.h just included in this namespace
-#include "cpu/tiled_kernel.inc"
+
+struct Avx2 {
+  using reg = __m256;
+  static constexpr int width = 8, mr = 4, nv = 2;
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg set1(float x) { return _mm256_set1_ps(x); }
+  static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, reg x) { _mm256_storeu_ps(p, x); }
+  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
+  static reg min(reg a, reg b) { return _mm256_min_ps(a, b); }
+  static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
+  static reg select_lt(reg x, reg t, reg a, reg b) { return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, t, _CMP_LT_OQ)); }
+  static reg round(reg x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static reg pow2i(reg n) {
+    const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+  }
+  static reg load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static reg load_bf16(const uint16_t* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  static float f16_scalar(uint16_t h) { return _cvtsh_ss(h); }
+};
+
+constexpr TiledKernels kKernels = TiledSimd<Avx2>::table("avx2");
+
 }  // namespace
 
-void run_tiled(const AttentionProblem& p) { run_tiled_impl(p); }
+const TiledKernels& kernels_avx2() { return kKernels; }
 
-}  // namespace flashlite::cpu_avx2
+}  // namespace flashlite::cpu_tiled

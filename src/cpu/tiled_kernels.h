@@ -1,0 +1,78 @@
+#pragma once
+// The hot loops of the tiled CPU kernel, built once per instruction set (tiled_portable.cpp, tiled_avx2.cpp,
+// tiled_avx512.cpp, all from the one template in tiled_simd.h). The algorithm around them (tiles, masks, the online
+// softmax bookkeeping, output) is written once, in tiled.cpp, and calls them through this table.
+//
+// Only plain data and declarations here: an inline function in a header shared by translation units compiled for
+// different instruction sets could be emitted with AVX instructions and then picked by the linker for every caller.
+#include <cstdint>
+
+#include "flashlite/tensor.h"
+
+namespace flashlite::cpu_tiled {
+
+// C (+)= A B over fp32 tiles. A(r, k) = a[r * a_row + k * a_k] (any strides: K rows in place, or P transposed);
+// B(k, n) = b[k * ldb + n]; C(r, n) = c[r * ldc + n]. n is a multiple of the vector width; m and k are any size.
+// accumulate: C = C * c_row_scale[r] + A B (c_row_scale null: C + A B); otherwise C = A B.
+struct GemmArgs {
+  const float* a;
+  int64_t a_row, a_k;
+  const float* b;
+  int64_t ldb;
+  float* c;
+  int64_t ldc;
+  int64_t m, n, k;
+  bool accumulate;
+  const float* c_row_scale;
+};
+
+// rows x cols stored elements (f32/f16/bf16; row stride src_row, elements contiguous) -> fp32 dst (row stride ldd).
+// Columns [cols, pad_cols) of dst are set to zero.
+struct ConvertArgs {
+  const void* src;
+  DType dtype;
+  int64_t src_row;
+  float* dst;
+  int64_t ldd;
+  int64_t rows, cols, pad_cols;
+};
+
+// One online-softmax step over a tile of scores S^T (keys x query columns, masked entries -inf). log2_scale (> 0)
+// turns a score into log2 units; m is kept in log2 units. Per query column n:
+//   m_new = max(m[n], max_c s[c][n] * log2_scale)
+//   s[c][n] = 2^(s[c][n] * log2_scale - m_new)   (one FMA: accurate for the large terms even when |s| is large)
+//   alpha[n] = 2^(m[n] - m_new)                   (what the output accumulator must be scaled by)
+//   l[n] = l[n] * alpha[n] + sum_c s[c][n];  m[n] = m_new
+// Columns whose m stays -inf get p = 0 and alpha = 0. n is a multiple of the vector width.
+struct SoftmaxArgs {
+  float* s;
+  int64_t lds;
+  int64_t keys, n;
+  float log2_scale;
+  float* m;
+  float* l;
+  float* alpha;
+};
+
+// s[c][n] = out_mul * tanh(in_mul * s[c][n]) for c < keys, n < n (a multiple of the vector width).
+struct SoftcapArgs {
+  float* s;
+  int64_t lds;
+  int64_t keys, n;
+  float in_mul, out_mul;
+};
+
+struct TiledKernels {
+  const char* name;
+  int width;  // floats per vector: query columns and padded head_dim are multiples of it
+  void (*gemm)(const GemmArgs&);
+  void (*convert)(const ConvertArgs&);
+  void (*online_softmax)(const SoftmaxArgs&);
+  void (*softcap)(const SoftcapArgs&);
+};
+
+const TiledKernels& kernels_portable();
+const TiledKernels& kernels_avx2();
+const TiledKernels& kernels_avx512();
+
+}  // namespace flashlite::cpu_tiled
