@@ -1,74 +1,170 @@
 #!/usr/bin/env bash
-# The one command for the GPU machine: build everything for the GPU found (sm_90a on Hopper), run the GPU tests
-# (ctest: fused forward, CUDA engine), run the main job (`flashlite attn`) on a few shapes, and leave logs and JSON in
-# OUTDIR (argument, or $OUT). The fused kernel's sweep/profiling/side-by-side live in bench/fwd/run_device.sh.
+# The one command for a GPU machine: builds everything for the GPU it finds (sm_90a on Hopper) plus the Python module
+# (pip, into a target folder), runs every ctest suite (the GPU tests run for real there), the main job (`flashlite
+# attn`) on a few shapes, pytest tests/python (GPU backends vs float64 and torch SDPA, torch.compile, CUDA graphs),
+# compute-sanitizer (memcheck, racecheck, initcheck) on a small driver, and the attention benchmark. Results go to
+# OUTDIR (argument, else $OUT, else ./out): attn_main_job.json, attention.json and plots as files, every log bundled
+# into gpu_check_logs.tgz (a GPU lease returns at most 8 files). The fused kernel's sweep/profiling live in
+# bench/fwd/run_device.sh.
 #
-#   bash scripts/gpu-check.sh [OUTDIR]
+#   bash scripts/gpu-check.sh [OUTDIR] [--only STEP[,STEP...]] [--skip STEP[,STEP...]]
+#   steps, in order: info build ctest attn pytest sanitize bench
 #
-# The GPU machine has no package registry: GoogleTest, CLI11 and PCRE2 come from .carry/deps (made here by
-# scripts/make-carry.sh; name .carry in the device tool's carry list). See the README.
+# Environment: COMMIT (id recorded in the results when the tree has no .git), BENCH_ARGS (for bench/attention.py,
+# default --quick), CMAKE_EXTRA (more CMake arguments), CTEST_ARGS (e.g. "-L gpu"), PYTEST_ARGS, BUILD_DIR, CUDA_ARCH.
+# The GPU machine has no package registry: GoogleTest, CLI11 and PCRE2 come from .carry/ (made here by
+# scripts/make-carry.sh; name .carry in the device tool's carry list); torch, nanobind and scikit-build-core are there.
+# A failing step is reported and the script goes on; the exit status is 1 if any step failed.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-out="${1:-${OUT:-$root/out}}"
+dest="${OUT:-$root/out}"
+only="" skip=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --only) only="$2"; shift 2 ;;
+    --skip) skip="$2"; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) dest="$1"; shift ;;
+  esac
+done
+mkdir -p "$dest"
+dest="$(cd "$dest" && pwd)"
+logs="$(mktemp -d /tmp/gpu_check.XXXX)"
 build="${BUILD_DIR:-$root/build-gpu}"
-mkdir -p "$out"
-logs=/tmp/gpu-check-logs
-mkdir -p "$logs"
-pack() { tar czf "$out/gpu-check-logs.tgz" -C "$logs" . 2>/dev/null; }
-trap pack EXIT
-step() { echo "== $(date +%T) $*"; }
+pysite="$build/pysite"  # the Python module is installed here (pip --target); PYTHONPATH points at it
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+commit="${COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+failed=()
 
-step "device"
-nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv | tee "$logs/device.txt"
-cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '.')
-arch="${cap}"
-[ "$cap" = "90" ] && arch="90a"
+want() { [[ -z "$only" || ",$only," == *",$1,"* ]] && [[ ",$skip," != *",$1,"* ]]; }
+pack() { tar czf "$dest/gpu_check_logs.tgz" -C "$logs" . 2>/dev/null; }
+say() { echo "== $(date +%T) $*" | tee -a "$logs/summary.txt"; }
+step() {  # step NAME: runs step_NAME, times it, records failure
+  want "$1" || return 0
+  local t0=$SECONDS
+  say "$1"
+  if "step_$1"; then say "$1 ok ($((SECONDS - t0)) s)"; else say "$1 FAILED ($((SECONDS - t0)) s)"; failed+=("$1"); fi
+  pack
+}
 
-step "build (sm_${arch})"
-extra=()
-prefixes=""
-[ -d "$root/.carry/deps/usr" ] && prefixes="$root/.carry/deps/usr"
-[ -d "$root/.carry/gtest/usr" ] && prefixes="${prefixes:+$prefixes;}$root/.carry/gtest/usr"
-[ -n "$prefixes" ] && extra+=("-DCMAKE_PREFIX_PATH=$prefixes")
-start=$(date +%s)
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" "${extra[@]}" \
-  > "$logs/cmake.log" 2>&1 || { tail -30 "$logs/cmake.log"; exit 1; }
-cmake --build "$build" -j"$(nproc)" > "$logs/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$logs/build.log" | head -60; exit 1; }
-echo "built in $(( $(date +%s) - start )) s"
+gpu_arch() {  # compute capability 9.0 -> 90a (Hopper-only instructions), 8.6 -> 86
+  local cc
+  cc="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')"
+  [ -z "$cc" ] && { echo 90a; return; }
+  [ "$cc" = 90 ] && echo 90a || echo "$cc"
+}
+arch="${CUDA_ARCH:-$(gpu_arch)}"
 
-step "ctest (every suite; GPU tests run for real here)"
-(cd "$build" && ctest -j8 --timeout 900 --output-on-failure > "$logs/ctest.log" 2>&1)
-ctest_rc=$?
-grep -E "tests passed|tests failed|Total Test" "$logs/ctest.log"
-grep -E "\(Failed\)|\(Timeout\)|\*\*\*Exception" "$logs/ctest.log" | head -20
+step_info() {
+  {
+    echo "commit: $commit"
+    nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,clocks.max.sm --format=csv
+    nvcc --version | tail -2
+    python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
+    python3 -c "import nanobind, scikit_build_core; print('nanobind', nanobind.__version__, 'scikit-build-core', scikit_build_core.__version__)"
+    echo "cuda arch: $arch, cores: $(nproc)"
+  } 2>&1 | tee "$logs/info.txt"
+}
 
-step "main job: flashlite attn"
-bin="$build/bin/flashlite"
-"$bin" info | tee "$logs/info.txt"
-{
-  echo "["
-  first=1
-  while read -r args; do
-    [ $first -eq 1 ] || echo ","
-    first=0
-    # shellcheck disable=SC2086
-    "$bin" attn $args --json || echo '{"failed": "'"$args"'"}'
-  done <<'CASES'
+step_build() {
+  local extra=(-DCMAKE_CUDA_ARCHITECTURES="$arch") prefixes=""
+  [ -d "$root/.carry/deps/usr" ] && prefixes="$root/.carry/deps/usr"
+  [ -d "$root/.carry/gtest/usr" ] && prefixes="${prefixes:+$prefixes;}$root/.carry/gtest/usr"
+  [ -n "$prefixes" ] && extra+=("-DCMAKE_PREFIX_PATH=$prefixes")
+  # The Python module builds at the same time as the C++ tree (both use every core; the CUDA files dominate).
+  (python3 -m pip install --no-build-isolation --no-deps --no-compile --target "$pysite" --upgrade \
+     -Cbuild-dir="$build/py" -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" "$root" > "$logs/pip_build.log" 2>&1
+   echo $? > "$logs/pip_build.rc") &
+  local pip_pid=$!
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}" ${CMAKE_EXTRA:-} > "$logs/cmake.log" 2>&1 \
+    && cmake --build "$build" -j"$(nproc)" > "$logs/build.log" 2>&1
+  local rc=$?
+  wait "$pip_pid"
+  [ $rc -ne 0 ] && grep -E "error|FAILED" -A3 "$logs/build.log" "$logs/cmake.log" | head -40
+  [ "$(cat "$logs/pip_build.rc")" != 0 ] && { tail -30 "$logs/pip_build.log"; rc=1; }
+  return $rc
+}
+
+step_ctest() {
+  # shellcheck disable=SC2086
+  (cd "$build" && ctest -j8 --timeout 900 --output-on-failure ${CTEST_ARGS:-} > "$logs/ctest.log" 2>&1)
+  local rc=$?
+  grep -E "tests passed|tests failed|Total Test time" "$logs/ctest.log"
+  grep -E "\(Failed\)|\(Timeout\)|\*\*\*Exception" "$logs/ctest.log" | head -20
+  return $rc
+}
+
+step_attn() {  # the main job on a few shapes, checked against the float64 reference, as JSON
+  local bin="$build/bin/flashlite" first=1 rc=0
+  [ -x "$bin" ] || { echo "no $bin (apps not built)"; return 1; }
+  "$bin" info > "$logs/flashlite_info.txt" 2>&1
+  {
+    echo "["
+    while read -r args; do
+      [ $first -eq 1 ] || echo ","
+      first=0
+      # shellcheck disable=SC2086
+      "$bin" attn $args --json || { echo '{"failed": "'"$args"'"}'; }
+    done <<'CASES'
 --batch 1 --heads 8 --seq-q 1024
 --batch 4 --heads 16 --seq-q 4096 --head-dim 128 --causal --no-check --repeat 20
 --batch 2 --heads 32 --kv-heads 8 --seq-q 2048 --head-dim 128 --causal --repeat 20
 --batch 1 --heads 8 --seq-q 4096 --head-dim 128 --window 1024,0 --sink-tokens 4 --sink-logits --repeat 20
 --batch 3 --heads 8 --kv-heads 2 --seq-q 700 --seq-k 900 --varlen --causal --dtype f16
 --batch 1 --heads 8 --seq-q 512 --dtype f32 --causal
+--batch 2 --heads 8 --kv-heads 2 --seq-q 1024 --head-dim 128 --causal --dtype bf16 --backend naive --repeat 5
 CASES
-  echo "]"
-} > "$out/attn_main_job.json" 2> "$logs/attn.err"
-python3 -c "
-import json,sys
-rows=json.load(open('$out/attn_main_job.json'))
-for r in rows:
-    if 'failed' in r: print('FAILED', r['failed']); continue
-    print('%-9s %-26s b%d h%d/%d sq%d sk%d d%d %8.3f ms %8.1f TFLOP/s  %s' % (r['dtype'], r['kernel'], r['batch'], r['heads'], r['kv_heads'], r['seq_q'], r['seq_k'], r['head_dim'], r['median_ms'], r['gflops_per_s']/1e3, ('rel %.2e PASS' % r['rel_err']) if r.get('passed') else ('unchecked' if not r['checked'] else 'FAIL')))
-" | tee "$logs/attn_summary.txt"
-cp "$logs/ctest.log" "$out/ctest.log" 2>/dev/null
-exit $ctest_rc
+    echo "]"
+  } > "$dest/attn_main_job.json" 2> "$logs/attn.err"
+  python3 - "$dest/attn_main_job.json" <<'PY' | tee "$logs/attn_summary.txt" || rc=1
+import json, sys
+bad = 0
+for r in json.load(open(sys.argv[1])):
+    if "failed" in r:
+        bad += 1
+        print("FAILED", r["failed"])
+        continue
+    ok = r.get("passed") or not r.get("checked")
+    bad += not ok
+    print("%-5s %-34s b%d h%d/%d sq%d sk%d d%d %9.3f ms %7.1f TFLOP/s  %s" % (
+        r["dtype"], r["kernel"], r["batch"], r["heads"], r["kv_heads"], r["seq_q"], r["seq_k"], r["head_dim"],
+        r["median_ms"], r["gflops_per_s"] / 1e3,
+        ("rel %.2e PASS" % r["rel_err"]) if r.get("passed") else ("unchecked" if not r.get("checked") else "FAIL")))
+sys.exit(1 if bad else 0)
+PY
+  return $rc
+}
+
+pyenv() { PYTHONPATH="$pysite${PYTHONPATH:+:$PYTHONPATH}" "$@"; }
+
+step_pytest() {
+  local par=()
+  python3 -c "import xdist" 2>/dev/null && par=(-n 4)
+  pyenv python3 -m pytest -q -rs -p no:cacheprovider "${par[@]}" "$root/tests/python" ${PYTEST_ARGS:-} \
+    --junitxml="$logs/pytest.xml" > "$logs/pytest.log" 2>&1
+  local rc=$?
+  tail -25 "$logs/pytest.log"
+  return $rc
+}
+
+step_sanitize() {
+  local rc=0 tool
+  for tool in memcheck racecheck initcheck; do
+    pyenv compute-sanitizer --tool "$tool" --error-exitcode 3 python3 "$root/tests/python/sanitize_driver.py" \
+      > "$logs/sanitize_$tool.log" 2>&1
+    local r=$?
+    echo "$tool rc=$r: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|cases passed|skipped' "$logs/sanitize_$tool.log" | tr '\n' ' ')"
+    [ $r -ne 0 ] && { rc=1; grep -m5 -E "Invalid|Race|Uninitialized|Error" "$logs/sanitize_$tool.log"; }
+  done
+  return $rc
+}
+
+step_bench() {
+  pyenv python3 "$root/bench/attention.py" --commit "$commit" --out "$dest/attention.json" \
+    --plots "$dest" ${BENCH_ARGS:---quick} 2>&1 | tee "$logs/bench.log" | tail -60
+}
+
+for s in info build ctest attn pytest sanitize bench; do step "$s"; done
+say "done; failed steps: ${failed[*]:-none}"
+pack
+[ ${#failed[@]} -eq 0 ]

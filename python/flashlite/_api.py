@@ -56,11 +56,13 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
     cuda. out: write into this array instead of allocating one. LSE is [batch, q_heads, seq_q] fp32 (natural log).
     """
     lib = _library(q)
-    opts = _options(causal, scale, window, sink_tokens, softcap, backend)
-    cu_q, cu_k = _cu_seqlens(cu_seqlens_q), _cu_seqlens(cu_seqlens_k)
     if lib == "torch":
         from . import _torch_ops
-        return _torch_ops.attention(q, k, v, sink_logits, cu_q, cu_k, opts, return_lse, out)
+        return _torch_ops.attention(q, k, v, causal=causal, scale=scale, window=window, sink_tokens=sink_tokens,
+                                    sink_logits=sink_logits, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
+                                    cu_seqlens_k=cu_seqlens_k, return_lse=return_lse, backend=backend, out=out)
+    opts = _options(causal, scale, window, sink_tokens, softcap, backend)
+    cu_q, cu_k = _cu_seqlens(cu_seqlens_q), _cu_seqlens(cu_seqlens_k)
 
     if lib == "numpy":
         import numpy as xp

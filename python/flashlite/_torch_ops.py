@@ -6,7 +6,6 @@ backend's workspace), and never synchronise with the host. Varlen batches read c
 fused kernel keeps up to 128 sequences in its launch parameters (capturable), the naive backend copies them to the
 device with cudaMemcpyAsync (not capturable).
 """
-from __future__ import annotations
 
 from typing import Optional, Tuple
 
@@ -81,20 +80,30 @@ def _attention_out_fake(q, k, v, out, sink_logits, cu_seqlens_q, cu_seqlens_k, c
 def _as_tensor(x, name):
     if x is None or isinstance(x, torch.Tensor):
         return x
+    if isinstance(x, (list, tuple)):
+        return torch.tensor(x, dtype=torch.int32)
     try:
-        return torch.as_tensor(x)  # numpy int32 cu_seqlens: zero-copy on the CPU
+        return torch.as_tensor(x)  # e.g. numpy int32 cu_seqlens: zero-copy on the CPU
     except Exception:
         raise TypeError(f"{name} is a {type(x).__name__}; expected a torch.Tensor") from None
 
 
-def attention(q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k, opts, return_lse, out):
-    for name, t in (("k", k), ("v", v), ("out", out)):
+def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens=0, sink_logits=None, softcap=0.0,
+              cu_seqlens_q=None, cu_seqlens_k=None, return_lse=False, backend="auto", out=None):
+    """flashlite.attention for torch tensors, written so torch.compile traces it whole (fullgraph=True): it only
+    checks argument types and calls the custom ops torch.ops.flashlite.attention / attention_out."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if t is not None and not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} is a {type(t).__name__} but q is a torch.Tensor; pass tensors of one library")
-    sink_logits = _as_tensor(sink_logits, "sink_logits")
-    cu_q, cu_k = _as_tensor(cu_seqlens_q, "cu_seqlens_q"), _as_tensor(cu_seqlens_k, "cu_seqlens_k")
-    args = (sink_logits, cu_q, cu_k, opts["causal"], opts["scale"], opts["window_left"], opts["window_right"],
-            opts["sink_tokens"], opts["softcap"], opts["backend"])
+            raise TypeError(f"{name} is a {type(t).__name__}; expected a torch.Tensor (pass tensors of one library)")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend is {backend!r}; expected one of auto, reference, naive, cpu, cuda")
+    if window is None:
+        window = (-1, -1)
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window is {window!r}; expected a pair (left, right) of ints, -1 = unlimited")
+    args = (_as_tensor(sink_logits, "sink_logits"), _as_tensor(cu_seqlens_q, "cu_seqlens_q"),
+            _as_tensor(cu_seqlens_k, "cu_seqlens_k"), bool(causal), None if scale is None else float(scale),
+            int(window[0]), int(window[1]), int(sink_tokens), float(softcap), backend)
     if out is None:
         out, lse = attention_op(q, k, v, *args)
     else:

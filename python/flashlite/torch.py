@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch as _torch
 
 from . import _torch_ops
-from ._api import attention
+from ._torch_ops import attention
 
 attention_op = _torch_ops.attention_op
 attention_out_op = _torch_ops.attention_out_op

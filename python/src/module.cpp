@@ -32,9 +32,15 @@ DType to_dtype(nb::dlpack::dtype dt, const char* name) {
     if (dt.code == uint8_t(Code::Bfloat) && dt.bits == 16) return DType::bf16;
     if (dt.code == uint8_t(Code::Int) && dt.bits == 32) return DType::i32;
   }
-  throw Error(ErrorKind::invalid_type, std::string(name) + " has an unsupported dtype (DLPack code " +
-                                           std::to_string(dt.code) + ", " + std::to_string(dt.bits) +
-                                           " bits); expected float32, float16, bfloat16 (or int32 for cu_seqlens)");
+  const char* kind = dt.code == uint8_t(Code::Int)      ? "int"
+                     : dt.code == uint8_t(Code::UInt)   ? "uint"
+                     : dt.code == uint8_t(Code::Float)  ? "float"
+                     : dt.code == uint8_t(Code::Bfloat) ? "bfloat"
+                     : dt.code == uint8_t(Code::Bool)   ? "bool"
+                                                        : "complex";
+  throw Error(ErrorKind::invalid_type, std::string(name) + " has dtype " + kind + std::to_string(dt.bits) +
+                                           (dt.lanes != 1 ? "x" + std::to_string(dt.lanes) : std::string()) +
+                                           "; expected float32, float16 or bfloat16 (int32 for cu_seqlens)");
 }
 
 template <class... Ts>

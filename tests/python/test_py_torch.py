@@ -1,0 +1,99 @@
+"""The torch side on the CPU (skips without torch): custom ops (opcheck: schema, fake tensors, AOT dispatch),
+torch.compile tracing, SDPA semantics of flashlite.torch.scaled_dot_product_attention and its errors."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import flashlite  # noqa: E402
+import flashlite.torch as fltorch  # noqa: E402
+from pyattn_util import assert_close, assert_lse_close  # noqa: E402
+
+
+def _inputs(b, sq, sk, hq, hkv, d, dtype=torch.float32, device="cpu", seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    mk = lambda s, h: torch.randn(b, s, h, d, generator=g).to(dtype=dtype, device=device)  # noqa: E731
+    return mk(sq, hq), mk(sk, hkv), mk(sk, hkv)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_op_matches_reference_cpu(dtype):
+    q, k, v = _inputs(2, 33, 40, 8, 2, 64, dtype)
+    sinks = torch.randn(8)
+    out, lse = flashlite.attention(q, k, v, causal=True, window=(16, -1), sink_tokens=2, sink_logits=sinks,
+                                   return_lse=True)
+    ref, ref_lse = flashlite.reference(q, k, v, causal=True, window=(16, -1), sink_tokens=2, sink_logits=sinks)
+    assert out.dtype == dtype and out.shape == q.shape and lse.dtype == torch.float32
+    assert_close(out.float().numpy(), ref, str(dtype).replace("torch.", ""))
+    assert_lse_close(lse.numpy(), ref_lse)
+
+
+def test_out_argument_and_varlen_cpu():
+    q, k, v = _inputs(1, 21, 31, 4, 2, 64)
+    out = torch.full_like(q, float("nan"))
+    cu_q, cu_k = torch.tensor([0, 3, 3, 21], dtype=torch.int32), torch.tensor([0, 10, 12, 31], dtype=torch.int32)
+    res = flashlite.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True, out=out)
+    assert res is out
+    ref, _ = flashlite.reference(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+    assert_close(out.numpy(), ref, "float32")
+
+
+def test_opcheck():
+    q, k, v = _inputs(2, 9, 12, 4, 2, 32)
+    args = (q, k, v, None, None, None, True, None, -1, -1, 0, 0.0, "auto")
+    torch.library.opcheck(fltorch.attention_op, args)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    cuk = torch.tensor([0, 5, 12], dtype=torch.int32)
+    torch.library.opcheck(fltorch.attention_op, (q[:1], k[:1], v[:1], torch.randn(4), cu, cuk, False, 0.3, 3, 1, 1,
+                                                 2.0, "cpu"))
+    torch.library.opcheck(fltorch.attention_out_op, (q, k, v, torch.empty_like(q), None, None, None, False, None, -1,
+                                                     -1, 0, 0.0, "naive"))
+
+
+def test_compile_traces_the_op_cpu():
+    q, k, v = _inputs(1, 16, 16, 4, 4, 64)
+
+    def f(q, k, v):
+        return fltorch.attention(q, k, v, causal=True) * 2.0
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v), f(q, k, v))
+
+
+@pytest.mark.parametrize("sq,sk,hq,hkv,causal", [(17, 17, 4, 4, False), (32, 32, 8, 2, True), (40, 24, 4, 4, True),
+                                                  (1, 50, 4, 1, False)])
+def test_sdpa_semantics_cpu(sq, sk, hq, hkv, causal):
+    g = torch.Generator().manual_seed(sq)
+    q = torch.randn(2, hq, sq, 64, generator=g)  # SDPA layout [B, H, S, D]
+    k = torch.randn(2, hkv, sk, 64, generator=g)
+    v = torch.randn(2, hkv, sk, 64, generator=g)
+    got = fltorch.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, scale=0.1)
+    kk, vv = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), kk.double(), vv.double(), is_causal=causal,
+                                                             scale=0.1)
+    assert got.shape == want.shape
+    assert (got.double() - want).abs().max().item() < 1e-4
+
+
+def test_sdpa_errors():
+    q = torch.randn(1, 4, 8, 64)
+    k = torch.randn(1, 2, 8, 64)
+    with pytest.raises(ValueError, match="attn_mask is not supported"):
+        fltorch.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="dropout_p is 0.1"):
+        fltorch.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        fltorch.scaled_dot_product_attention(q, k, k)
+    with pytest.raises(ValueError, match="top-left"):
+        fltorch.scaled_dot_product_attention(q[:, :, :4], q, q, is_causal=True)
+    with pytest.raises(ValueError, match="4-D"):
+        fltorch.scaled_dot_product_attention(q[0], q[0], q[0])
+
+
+def test_errors_from_the_op():
+    q, k, v = _inputs(1, 8, 8, 4, 2, 64)
+    with pytest.raises(TypeError, match="k has dtype bfloat16 but q has float32"):
+        flashlite.attention(q, k.bfloat16(), v)
+    with pytest.raises(ValueError, match="window_left is -3"):
+        flashlite.attention(q, k, v, window=(-3, 0))
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        flashlite.attention(q, np.zeros((1, 8, 2, 64), np.float32), v)
