@@ -242,7 +242,10 @@ def run_config(c, args, free_bytes):
     fns = {"flashlite_cuda": flashlite_fn(c, "cuda"), "flashlite_naive": flashlite_fn(c, "naive")}
     for name in SDPA_BACKENDS:
         fns[name] = sdpa_fn(c, name)
-    fns["flex"] = flex_fn(c) if not args.no_flex else None
+    try:
+        fns["flex"] = flex_fn(c) if not args.no_flex else None
+    except Exception as e:  # noqa: BLE001 -- no FlexAttention in this torch
+        fns["flex"] = e
     fns["torch_naive"] = torch_naive_fn(c)
     # S x S buffers: flashlite naive keeps fp32 scores; torch's naive path holds scores, their fp32 softmax and P.
     limits = {"flashlite_naive": naive_bytes(c, 4), "torch_naive": naive_bytes(c, 2 + 4 + 4 + DT[c["dtype"]].itemsize)}
@@ -251,6 +254,9 @@ def run_config(c, args, free_bytes):
     for name, fn in fns.items():
         row = dict(c, backend=name)
         if fn is None:
+            continue
+        if isinstance(fn, Exception):
+            rows.append(dict(row, status=f"unsupported: {type(fn).__name__}: {str(fn).splitlines()[0][:160]}"))
             continue
         if name in limits and limits[name] > min(free_bytes * 0.8, args.max_naive_gb * 2 ** 30):
             row.update(status=f"skipped: its S x S buffers need {limits[name] / 2 ** 30:.1f} GiB")

@@ -31,9 +31,11 @@ def _panels(rows):
 
 
 def _figure(result, title, keys):
-    fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 4.2), squeeze=False)
+    cols = min(2, len(keys))
+    rows = (len(keys) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.4 * rows), squeeze=False)
     fig.suptitle(f"{title} - {result['device']}, torch {result['torch']}, commit {result['commit']}", fontsize=10)
-    return fig, axes[0]
+    return fig, axes.ravel()
 
 
 def _series(ax, ref, key, value):

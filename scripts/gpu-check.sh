@@ -11,7 +11,8 @@
 #   steps, in order: info build ctest attn pytest sanitize bench
 #
 # Environment: COMMIT (id recorded in the results when the tree has no .git), BENCH_ARGS (for bench/attention.py,
-# default --quick), CMAKE_EXTRA (more CMake arguments), CTEST_ARGS (e.g. "-L gpu"), PYTEST_ARGS, BUILD_DIR, CUDA_ARCH.
+# default --quick), CMAKE_EXTRA (more CMake arguments), BUILD_TARGETS (default: all), CTEST_ARGS (e.g. "-L gpu"),
+# PYTEST_ARGS, BUILD_DIR, CUDA_ARCH.
 # The GPU machine has no package registry: GoogleTest, CLI11 and PCRE2 come from .carry/ (made here by
 # scripts/make-carry.sh; name .carry in the device tool's carry list); torch, nanobind and scikit-build-core are there.
 # A failing step is reported and the script goes on; the exit status is 1 if any step failed.
@@ -77,7 +78,7 @@ step_build() {
    echo $? > "$logs/pip_build.rc") &
   local pip_pid=$!
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}" ${CMAKE_EXTRA:-} > "$logs/cmake.log" 2>&1 \
-    && cmake --build "$build" -j"$(nproc)" > "$logs/build.log" 2>&1
+    && cmake --build "$build" -j"$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} > "$logs/build.log" 2>&1
   local rc=$?
   wait "$pip_pid"
   [ $rc -ne 0 ] && grep -E "error|FAILED" -A3 "$logs/build.log" "$logs/cmake.log" | head -40
