@@ -1,0 +1,130 @@
+#pragma once
+// The KV cache API: cache views (contiguous or paged), append of new K/V with rotary embedding, and decode
+// (attention of a few new query tokens over the whole cache) with a plan/run split.
+//
+// Layouts (element views, any strides for the first three dimensions, head_dim contiguous):
+//   contiguous  k, v [batch, max_len, kv_heads, head_dim]; sequence b holds host.seq_lens[b] tokens at rows 0...
+//   paged       k, v [num_pages, page_size, kv_heads, head_dim], page_size 16..256 (FlashInfer's CSR page table):
+//               sequence b owns the pages page_indices[page_indptr[b] .. page_indptr[b+1]) in token order (they need
+//               not be contiguous or ordered in the pool); its last page holds last_page_len[b] tokens, so it holds
+//               (pages - 1) * page_size + last_page_len[b] tokens (0 when it has no pages).
+//
+// Lengths describe the cache AFTER the step's append: grow seq_lens / the page table first, then append_kv()
+// writes the new tokens as the last n of each sequence, then decode() attends over the whole sequence.
+//
+// Index arrays are int32, contiguous, and given twice for CUDA caches: `host` (CPU memory, read by validation and
+// planning before anything is launched) and `device` (the same values on the cache's device, read by the kernels,
+// so that a CUDA graph captured once reads the current lengths at every replay). Keeping both in sync is the
+// caller's job; CPU caches fill only `host`.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "flashlite/attention.h"
+#include "flashlite/tensor.h"
+
+namespace flashlite {
+
+enum class KvLayout { contiguous, paged };
+
+struct KvIndex {
+  TensorView seq_lens;       // contiguous: int32 [batch], 0..max_len
+  TensorView page_indptr;    // paged: int32 [batch + 1], non-decreasing
+  TensorView page_indices;   // paged: int32 [>= page_indptr[batch]], page ids in [0, num_pages)
+  TensorView last_page_len;  // paged: int32 [batch], 1..page_size (0 only for a sequence without pages)
+};
+
+struct KvCacheView {
+  KvLayout layout = KvLayout::contiguous;
+  TensorView k, v;  // same shape and dtype (float16 / bfloat16; float32 on the CPU)
+  KvIndex host;     // CPU memory
+  KvIndex device;   // CUDA caches: the same arrays on the cache's device
+};
+
+// Tokens sequence b holds, read from the host index (validates nothing; for callers and tests).
+int64_t kv_length(const KvCacheView& cache, int64_t b);
+
+// ------------------------------------------------------------------------------------------------ rotary embedding
+
+enum class RopeLayout {
+  half_split,   // pairs (c, c + head_dim/2): Hugging Face Llama / GPT-NeoX
+  interleaved,  // pairs (2c, 2c + 1): Meta's original Llama / GPT-J
+};
+
+// Token at cache position p (0-based within its sequence) rotates pair c by the angle p * inv_freq(c), with
+// inv_freq(c) = theta^(-2c / head_dim), optionally rescaled by Llama-3's 'llama3' rule (rope_scaling.rope_type
+// "llama3" in Hugging Face configs): wavelengths longer than original_max_position / low_freq_factor are divided
+// by factor, shorter than original_max_position / high_freq_factor kept, and smoothly interpolated between.
+// (x, y) -> (x cos - y sin, y cos + x sin). Angles are computed in float64 on every backend.
+struct RopeOptions {
+  bool enabled = false;
+  double theta = 10000.0;
+  RopeLayout layout = RopeLayout::half_split;
+  bool llama3 = false;
+  double llama3_factor = 8.0;
+  double llama3_low_freq_factor = 1.0;
+  double llama3_high_freq_factor = 4.0;
+  double llama3_original_max_position = 8192.0;
+};
+
+// inv_freq(c) of the rule above, 0 <= c < head_dim / 2.
+double rope_inv_freq(const RopeOptions& rope, int64_t head_dim, int64_t c);
+
+// ------------------------------------------------------------------------------------------------ append
+
+struct AppendArgs {
+  KvCacheView cache;
+  TensorView k, v;    // new tokens [batch, n, kv_heads, head_dim], the cache's dtype; they become positions
+                      // length(b) - n .. length(b) - 1 of sequence b
+  TensorView q;       // optional [batch, n, q_heads, head_dim]: rotated with the same positions (needs rope.enabled)
+  TensorView q_out;   // required with q: where the rotated q goes; may be q itself (in place), else must not overlap
+  RopeOptions rope;   // applied to k (and q) on the way; v is copied as is
+  Backend backend = Backend::automatic;  // automatic, cpu or cuda
+  void* stream = nullptr;                // cudaStream_t for CUDA caches
+};
+
+// Validates everything first (shapes, dtypes, devices, lengths vs max_len or the pages given, page ids, pages
+// written by two sequences): on error throws flashlite::Error and writes nothing. One kernel launch on CUDA.
+void append_kv(const AppendArgs& args);
+
+// ------------------------------------------------------------------------------------------------ decode
+
+// A decode plan: computed on the host from shapes and a length bound only (no device sync), so a decode step
+// can be captured in a CUDA graph and replayed while the lengths (read by the kernels from cache.device) grow.
+struct DecodePlan {
+  int num_splits = 1;         // KV splits per (sequence, kv head): flash-decoding; their partials merge by LSE
+  int64_t max_kv_len = 0;     // the longest sequence this plan serves
+  int64_t batch = 0, q_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  DType dtype = DType::bf16;
+  Device device{};
+  size_t workspace_bytes = 0;  // device scratch decode() needs with this plan (0 when num_splits == 1)
+};
+
+struct DecodeArgs {
+  TensorView q;    // [batch, q_len, q_heads, head_dim]: the last q_len tokens of each sequence (q_len 1..8 on CUDA)
+  KvCacheView cache;
+  TensorView out;  // like q
+  TensorView lse;  // optional fp32 [batch, q_heads, q_len]
+  // scale, causal (bottom-right: query i sits at position length - q_len + i), window, sink tokens, sink logits and
+  // softcap exactly as forward() (attention.h); cu_seqlens must be empty (the cache gives the lengths).
+  AttentionOptions options;
+  Backend backend = Backend::automatic;  // automatic, cpu or cuda
+  void* stream = nullptr;
+  const DecodePlan* plan = nullptr;  // null: planned here from the current host lengths
+  void* workspace = nullptr;         // >= plan->workspace_bytes on the cache's device; null: allocated per call
+  size_t workspace_bytes = 0;        // (cudaMallocAsync/cudaFreeAsync on the stream)
+};
+
+// max_kv_len: the bound the plan must serve (e.g. the cache capacity for a graph replayed over many steps);
+// -1 = the longest sequence in args.cache now. num_splits: 0 = chosen from batch, kv heads, the bound and the SM
+// count; > 0 forces it (benchmarks). Validates args like decode().
+DecodePlan plan_decode(const DecodeArgs& args, int64_t max_kv_len = -1, int num_splits = 0);
+
+// Validates everything (throws Error, writes nothing), then runs: CPU, or on CUDA one split-KV kernel (GQA heads of
+// a KV head packed as rows of one tile: one pass over that head's K/V) plus, when split, one combine kernel.
+void decode(const DecodeArgs& args);
+
+// Which kernel decode() runs, e.g. "cuda_decode_split_bf16_d128 (splits 32)". Validates args.
+std::string decode_kernel_name(const DecodeArgs& args);
+
+}  // namespace flashlite

@@ -1,0 +1,50 @@
+#pragma once
+// Kernel parameters of the split-KV decode kernels (passed by value as a __grid_constant__ argument: no device
+// allocation and no host sync, so a decode step can be captured in a CUDA graph). Filled by launch.cu.
+#include <cstdint>
+
+#include "common/mask.h"
+
+namespace flashlite::cuda_decode {
+
+struct DecodeParams {
+  const void* q = nullptr;  // (batch, q_len, q_heads, head_dim)
+  void* out = nullptr;      // (batch, q_len, q_heads, head_dim)
+  float* lse = nullptr;     // optional (batch, q_heads, q_len), natural log
+  const float* sink_logits = nullptr;  // optional (q_heads)
+  int64_t q_sb = 0, q_ss = 0, q_sh = 0;
+  int64_t o_sb = 0, o_ss = 0, o_sh = 0;
+  int64_t lse_sb = 0, lse_sh = 0, lse_ss = 0;
+
+  // Cache: token p of sequence b, head h at  page * s0 + slot * s1 + h * s2  with (page, slot) = (b, p) when
+  // contiguous and (indices[indptr[b] + p / page_size], p % page_size) when paged.
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t k_s0 = 0, k_s1 = 0, k_s2 = 0;
+  int64_t v_s0 = 0, v_s1 = 0, v_s2 = 0;
+  bool paged = false;
+  int page_size = 0;
+  const int32_t* seq_lens = nullptr;       // contiguous: (batch), on the device
+  const int32_t* indptr = nullptr;         // paged: (batch + 1)
+  const int32_t* indices = nullptr;        // paged
+  const int32_t* last_page_len = nullptr;  // paged: (batch)
+
+  int batch = 0, q_len = 0, q_heads = 0, kv_heads = 0;
+  int group = 1;       // q_heads / kv_heads
+  int rows = 0;        // group * q_len: rows of one (sequence, kv head); row r = (q position r / group, head r % group)
+  int row_chunks = 1;  // blocks over the rows (kDecodeRowsPerBlock rows each)
+  int num_splits = 1;  // KV splits per (sequence, kv head, row chunk)
+
+  float scale_log2 = 0;  // scale * log2(e)
+  float scale = 0;
+  float softcap = 0;     // 0 = off
+  MaskParams mask;
+  bool q_vec = false;    // q rows 16-byte aligned
+
+  // Split > 1: partial results, (batch, kv_heads, rows, splits, head_dim) fp32 (normalised) and
+  // (batch, kv_heads, rows, splits) natural-log LSEs; the combine kernel merges them into out / lse.
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+};
+
+}  // namespace flashlite::cuda_decode

@@ -1,0 +1,196 @@
+// Host side of CUDA decode: what the kernels support, the resident-block count the plan needs, and the launch
+// (split kernel, then, when split, the combine kernel as a programmatic dependent launch on sm_90).
+// Nothing here synchronises with the device or reads device memory: a decode step can be captured in a CUDA graph
+// (with a caller-provided workspace; without one, the per-call cudaMallocAsync/cudaFreeAsync are captured too).
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "cuda/common/check.h"
+#include "cuda/decode/decode_kernels.h"
+#include "cuda/decode/decode_params.h"
+#include "kv/kv_backends.h"
+
+namespace flashlite {
+namespace {
+
+using cuda_decode::DecodeKernels;
+using cuda_decode::DecodeParams;
+
+constexpr int kSplitThreads = 128;
+constexpr int kCombineThreads = 128;
+constexpr float kLog2e = 1.4426950408889634f;
+
+DecodeKernels kernels_for(const DecodeProblem& p) {
+  return p.cache.dtype == DType::bf16 ? cuda_decode::decode_kernels_bf16(int(p.cache.head_dim))
+                                      : cuda_decode::decode_kernels_f16(int(p.cache.head_dim));
+}
+
+int64_t row_chunks(const DecodeProblem& p) {
+  return (p.group() * p.q_len + kDecodeRowsPerBlock - 1) / kDecodeRowsPerBlock;
+}
+
+bool aligned16(const void* ptr, const Strides3& s) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && s.s0 % 8 == 0 && s.s1 % 8 == 0 && s.s2 % 8 == 0;
+}
+
+// Per device: SM count, compute capability, and per kernel instance the opt-in shared memory being set and its
+// resident blocks per SM (cached; attribute calls never synchronise).
+struct KernelState {
+  std::atomic<int> blocks_per_sm{0};
+};
+KernelState g_state[64][4];  // device x (dtype, head_dim) instance
+std::atomic<int> g_sms[64], g_cc[64];
+
+int instance_index(const DecodeProblem& p) { return (p.cache.dtype == DType::bf16 ? 0 : 2) + (p.cache.head_dim == 64 ? 0 : 1); }
+
+// Prepares the split kernel on the current device (opt-in shared memory) and returns its resident blocks per SM.
+int prepare_kernel(int dev, const DecodeProblem& p, const DecodeKernels& k) {
+  KernelState& st = g_state[dev & 63][instance_index(p)];
+  int n = st.blocks_per_sm.load();
+  if (n > 0) return n;
+  FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributeMaxDynamicSharedMemorySize, k.split_smem_bytes));
+  FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.split, kSplitThreads, k.split_smem_bytes));
+  if (n < 1) n = 1;
+  st.blocks_per_sm.store(n);
+  return n;
+}
+
+int sm_count(int dev) {
+  int n = g_sms[dev & 63].load();
+  if (n > 0) return n;
+  FL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  g_sms[dev & 63].store(n);
+  return n;
+}
+
+int compute_capability(int dev) {
+  int cc = g_cc[dev & 63].load();
+  if (cc > 0) return cc;
+  int major = 0, minor = 0;
+  FL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  FL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  cc = major * 10 + minor;
+  g_cc[dev & 63].store(cc);
+  return cc;
+}
+
+bool use_pdl(int dev) {
+  static const bool off = [] {
+    const char* e = std::getenv("FLASHLITE_DECODE_PDL");
+    return e != nullptr && e[0] == '0';
+  }();
+  return !off && compute_capability(dev) >= 90;
+}
+
+}  // namespace
+
+std::string cuda_decode_unsupported_reason(const DecodeProblem& p) {
+  const KvCacheDesc& c = p.cache;
+  if (c.dtype != DType::bf16 && c.dtype != DType::f16) {
+    return std::string("the CUDA decode kernel needs a float16 or bfloat16 cache; got ") + dtype_name(c.dtype) +
+           " (float32 caches run on the cpu backend)";
+  }
+  if (c.head_dim != 64 && c.head_dim != 128) {
+    return "head_dim " + std::to_string(c.head_dim) + " is not supported by the CUDA decode kernel; expected 64 or 128";
+  }
+  if (p.q_len > 64) return "q_len " + std::to_string(p.q_len) + " is too long for the CUDA decode kernel; expected 1..64";
+  if (!aligned16(c.k, c.ks) || !aligned16(c.v, c.vs)) {
+    return "cache.k / cache.v rows are not 16-byte aligned (data pointer and the first three strides must be "
+           "multiples of 16 bytes); the CUDA decode kernel copies 16-byte chunks";
+  }
+  if (c.batch > 65535) return "batch " + std::to_string(c.batch) + " exceeds the CUDA decode grid; expected at most 65535";
+  if (c.kv_heads * row_chunks(p) > 65535) return "kv_heads x row chunks exceeds the CUDA decode grid (65535)";
+  return "";
+}
+
+int64_t cuda_decode_slots(const DecodeProblem& p) {
+  cuda::DeviceGuard guard(p.cache.device.index);
+  const int dev = p.cache.device.index;
+  return int64_t(sm_count(dev)) * prepare_kernel(dev, p, kernels_for(p));
+}
+
+std::string cuda_decode_kernel_name(const DecodeProblem& p) {
+  return std::string("cuda_decode_split_") + (p.cache.dtype == DType::bf16 ? "bf16" : "f16") + "_d" +
+         std::to_string(p.cache.head_dim) + (p.cache.paged ? "_paged" : "_contiguous");
+}
+
+void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle, void* workspace, size_t workspace_bytes) {
+  const KvCacheDesc& c = p.cache;
+  const int dev = c.device.index;
+  cuda::DeviceGuard guard(dev);
+  auto stream = static_cast<cudaStream_t>(stream_handle);
+  const DecodeKernels kern = kernels_for(p);
+  prepare_kernel(dev, p, kern);
+
+  DecodeParams P;
+  P.q = p.q;
+  P.out = p.out;
+  P.lse = p.lse;
+  P.sink_logits = p.sink_logits;
+  P.q_sb = p.q_st.s0, P.q_ss = p.q_st.s1, P.q_sh = p.q_st.s2;
+  P.o_sb = p.o_st.s0, P.o_ss = p.o_st.s1, P.o_sh = p.o_st.s2;
+  P.lse_sb = p.lse_sb, P.lse_sh = p.lse_sh, P.lse_ss = p.lse_ss;
+  P.k = c.k;
+  P.v = c.v;
+  P.k_s0 = c.ks.s0, P.k_s1 = c.ks.s1, P.k_s2 = c.ks.s2;
+  P.v_s0 = c.vs.s0, P.v_s1 = c.vs.s1, P.v_s2 = c.vs.s2;
+  P.paged = c.paged;
+  P.page_size = c.paged ? int(c.capacity) : 0;
+  P.seq_lens = c.k_seq_lens;
+  P.indptr = c.k_indptr;
+  P.indices = c.k_indices;
+  P.last_page_len = c.k_last_page_len;
+  P.batch = int(c.batch);
+  P.q_len = int(p.q_len);
+  P.q_heads = int(p.q_heads);
+  P.kv_heads = int(c.kv_heads);
+  P.group = int(p.group());
+  P.rows = int(p.group() * p.q_len);
+  P.row_chunks = int(row_chunks(p));
+  P.num_splits = num_splits;
+  P.scale = float(p.scale);
+  P.scale_log2 = float(p.scale * double(kLog2e));
+  P.softcap = float(p.softcap);
+  P.mask = p.mask;
+  P.q_vec = aligned16(p.q, p.q_st);
+
+  void* ws = workspace;
+  const size_t need = decode_workspace_bytes(p, num_splits);
+  bool owned = false;
+  if (num_splits > 1) {
+    if (ws == nullptr) {
+      FL_CUDA_CHECK(cudaMallocAsync(&ws, need, stream));
+      owned = true;
+    }
+    const size_t rows_total = size_t(c.batch * p.q_heads * p.q_len) * size_t(num_splits);
+    const size_t o_bytes = (rows_total * size_t(c.head_dim) * sizeof(float) + 255) / 256 * 256;
+    P.part_o = static_cast<float*>(ws);
+    P.part_lse = reinterpret_cast<float*>(static_cast<char*>(ws) + o_bytes);
+  }
+  (void)workspace_bytes;  // checked against the plan by decode()
+
+  void* args[] = {&P};
+  const dim3 grid(unsigned(num_splits), unsigned(c.kv_heads * P.row_chunks), unsigned(c.batch));
+  FL_CUDA_CHECK(cudaLaunchKernel(kern.split, grid, dim3(kSplitThreads), args, size_t(kern.split_smem_bytes), stream));
+  if (num_splits > 1) {
+    const int64_t items = c.batch * c.kv_heads * int64_t(P.rows);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned((items + kCombineThreads / 32 - 1) / (kCombineThreads / 32)));
+    cfg.blockDim = dim3(kCombineThreads);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = use_pdl(dev) ? 1 : 0;
+    FL_CUDA_CHECK(cudaLaunchKernelExC(&cfg, kern.combine, args));
+  }
+  if (owned) FL_CUDA_CHECK(cudaFreeAsync(ws, stream));
+}
+
+}  // namespace flashlite

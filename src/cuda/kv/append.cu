@@ -1,0 +1,159 @@
+// CUDA append of one step's (or a prefill chunk's) K/V into the cache, all sequences in one launch, with the rotary
+// embedding of K (and Q) fused in. One block per new token: it computes the token's cos/sin table once (float64
+// angles from the host's inv_freq table, so long positions stay exact), then writes every kv head's K (rotated)
+// and V row and rotates every q head. Positions come from the device index (graph-safe): the token t of n new ones
+// of sequence b sits at length(b) - n + t.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/check.h"
+#include "cuda/common/dtype.cuh"
+#include "kv/kv_backends.h"
+
+namespace flashlite {
+namespace cuda_kv {
+
+inline constexpr int kAppendThreads = 128;
+inline constexpr int kMaxPairs = 128;  // head_dim <= 256
+
+struct AppendParams {
+  const void* k_new = nullptr;  // (batch, n, kv_heads, head_dim)
+  const void* v_new = nullptr;
+  int64_t kn_s0 = 0, kn_s1 = 0, kn_s2 = 0, vn_s0 = 0, vn_s1 = 0, vn_s2 = 0;
+  const void* q = nullptr;  // optional (batch, n, q_heads, head_dim)
+  void* q_out = nullptr;
+  int64_t q_s0 = 0, q_s1 = 0, q_s2 = 0, qo_s0 = 0, qo_s1 = 0, qo_s2 = 0;
+  int q_heads = 0;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  int64_t kc_s0 = 0, kc_s1 = 0, kc_s2 = 0, vc_s0 = 0, vc_s1 = 0, vc_s2 = 0;
+  bool paged = false;
+  int page_size = 0;
+  const int32_t* seq_lens = nullptr;
+  const int32_t* indptr = nullptr;
+  const int32_t* indices = nullptr;
+  const int32_t* last_page_len = nullptr;
+  int n_new = 0, kv_heads = 0, head_dim = 0;
+  bool rope = false;
+  bool interleaved = false;
+  double inv_freq[kMaxPairs];
+};
+
+template <class T>
+__global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_constant__ AppendParams p) {
+  __shared__ float2 cs[kMaxPairs];  // (cos, sin) of this token's angles
+  const int b = int(blockIdx.x) / p.n_new, t = int(blockIdx.x) % p.n_new;
+  const int half = p.head_dim / 2;
+  int L, page_base = 0;
+  if (p.paged) {
+    page_base = p.indptr[b];
+    const int pages = p.indptr[b + 1] - page_base;
+    L = pages == 0 ? 0 : (pages - 1) * p.page_size + p.last_page_len[b];
+  } else {
+    L = p.seq_lens[b];
+  }
+  const int pos = L - p.n_new + t;
+  if (p.rope) {
+    for (int c = int(threadIdx.x); c < half; c += kAppendThreads) {
+      double sn, cn;
+      sincos(double(pos) * p.inv_freq[c], &sn, &cn);
+      cs[c] = make_float2(float(cn), float(sn));
+    }
+    __syncthreads();
+  }
+  int64_t page = b, slot = pos;
+  if (p.paged) {
+    page = p.indices[page_base + pos / p.page_size];
+    slot = pos % p.page_size;
+  }
+  T* kc = static_cast<T*>(p.k_cache) + page * p.kc_s0 + slot * p.kc_s1;
+  T* vc = static_cast<T*>(p.v_cache) + page * p.vc_s0 + slot * p.vc_s1;
+  const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_s0 + t * p.kn_s1;
+  const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_s0 + t * p.vn_s1;
+
+  // K: rotated pairs, one pair per thread and step (or plain copies); V: copies.
+  if (p.rope) {
+    for (int it = int(threadIdx.x); it < p.kv_heads * half; it += kAppendThreads) {
+      const int h = it / half, c = it % half;
+      const int ia = p.interleaved ? 2 * c : c, ib = p.interleaved ? 2 * c + 1 : c + half;
+      const float xa = cuda::to_float(kn[h * p.kn_s2 + ia]), xb = cuda::to_float(kn[h * p.kn_s2 + ib]);
+      const float2 r = cs[c];
+      kc[h * p.kc_s2 + ia] = cuda::from_float<T>(xa * r.x - xb * r.y);
+      kc[h * p.kc_s2 + ib] = cuda::from_float<T>(xb * r.x + xa * r.y);
+    }
+  } else {
+    for (int it = int(threadIdx.x); it < p.kv_heads * p.head_dim; it += kAppendThreads) {
+      const int h = it / p.head_dim, e = it % p.head_dim;
+      kc[h * p.kc_s2 + e] = kn[h * p.kn_s2 + e];
+    }
+  }
+  for (int it = int(threadIdx.x); it < p.kv_heads * p.head_dim; it += kAppendThreads) {
+    const int h = it / p.head_dim, e = it % p.head_dim;
+    vc[h * p.vc_s2 + e] = vn[h * p.vn_s2 + e];
+  }
+  if (p.q != nullptr) {
+    const T* q = static_cast<const T*>(p.q) + b * p.q_s0 + t * p.q_s1;
+    T* qo = static_cast<T*>(p.q_out) + b * p.qo_s0 + t * p.qo_s1;
+    for (int it = int(threadIdx.x); it < p.q_heads * half; it += kAppendThreads) {
+      const int h = it / half, c = it % half;
+      const int ia = p.interleaved ? 2 * c : c, ib = p.interleaved ? 2 * c + 1 : c + half;
+      const float xa = cuda::to_float(q[h * p.q_s2 + ia]), xb = cuda::to_float(q[h * p.q_s2 + ib]);
+      const float2 r = cs[c];
+      qo[h * p.qo_s2 + ia] = cuda::from_float<T>(xa * r.x - xb * r.y);  // in place: both read before either write
+      qo[h * p.qo_s2 + ib] = cuda::from_float<T>(xb * r.x + xa * r.y);
+    }
+  }
+}
+
+}  // namespace cuda_kv
+
+std::string cuda_append_unsupported_reason(const AppendProblem& p) {
+  if (p.cache.head_dim > 2 * cuda_kv::kMaxPairs) {
+    return "head_dim " + std::to_string(p.cache.head_dim) + " is too large for the CUDA append kernel; expected at most " +
+           std::to_string(2 * cuda_kv::kMaxPairs);
+  }
+  if (p.cache.batch * p.n_new > int64_t(INT32_MAX)) return "batch x new tokens exceeds the CUDA append grid";
+  return "";
+}
+
+void run_cuda_append(const AppendProblem& p, void* stream) {
+  const KvCacheDesc& c = p.cache;
+  cuda::DeviceGuard guard(c.device.index);
+  cuda_kv::AppendParams P;
+  P.k_new = p.k;
+  P.v_new = p.v;
+  P.kn_s0 = p.k_st.s0, P.kn_s1 = p.k_st.s1, P.kn_s2 = p.k_st.s2;
+  P.vn_s0 = p.v_st.s0, P.vn_s1 = p.v_st.s1, P.vn_s2 = p.v_st.s2;
+  P.q = p.q;
+  P.q_out = p.q_out;
+  P.q_s0 = p.q_st.s0, P.q_s1 = p.q_st.s1, P.q_s2 = p.q_st.s2;
+  P.qo_s0 = p.qo_st.s0, P.qo_s1 = p.qo_st.s1, P.qo_s2 = p.qo_st.s2;
+  P.q_heads = int(p.q_heads);
+  P.k_cache = c.k;
+  P.v_cache = c.v;
+  P.kc_s0 = c.ks.s0, P.kc_s1 = c.ks.s1, P.kc_s2 = c.ks.s2;
+  P.vc_s0 = c.vs.s0, P.vc_s1 = c.vs.s1, P.vc_s2 = c.vs.s2;
+  P.paged = c.paged;
+  P.page_size = c.paged ? int(c.capacity) : 0;
+  P.seq_lens = c.k_seq_lens;
+  P.indptr = c.k_indptr;
+  P.indices = c.k_indices;
+  P.last_page_len = c.k_last_page_len;
+  P.n_new = int(p.n_new);
+  P.kv_heads = int(c.kv_heads);
+  P.head_dim = int(c.head_dim);
+  P.rope = p.rope.enabled;
+  P.interleaved = p.rope.interleaved;
+  for (int64_t i = 0; i < c.head_dim / 2 && p.rope.enabled; ++i) P.inv_freq[i] = rope_inv_freq(p.rope.options, c.head_dim, i);
+  const dim3 grid(unsigned(c.batch * p.n_new));
+  cuda::dispatch_float_dtype(c.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    cuda_kv::append_kernel<T><<<grid, cuda_kv::kAppendThreads, 0, static_cast<cudaStream_t>(stream)>>>(P);
+  });
+  FL_CUDA_CHECK_LAUNCH("append_kernel");
+}
+
+}  // namespace flashlite

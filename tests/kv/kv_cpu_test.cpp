@@ -1,0 +1,355 @@
+// The KV-cache API on the CPU backend (runs in CI): decode over contiguous and paged caches against the float64
+// oracle, append with RoPE against a float64 RoPE, append-then-decode against attention over the concatenation,
+// the split planner, and every bad input rejected with nothing written.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "kv/kv_backends.h"
+#include "kv_test_util.h"
+
+namespace kvtest {
+namespace {
+
+using flashlite::AppendArgs;
+using flashlite::Error;
+using flashlite::ErrorKind;
+using flashlite::RopeLayout;
+using flashlite::RopeOptions;
+
+// ------------------------------------------------------------------------------------------------ decode grid
+
+struct CpuCase {
+  std::string name;
+  CacheSpec cache;
+  DecodeSpec dec;
+};
+
+std::vector<CpuCase> cpu_cases() {
+  std::vector<CpuCase> v;
+  const std::vector<int32_t> ragged = {1, 15, 16, 17, 100, 300};
+  for (bool paged : {false, true}) {
+    for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+      for (auto [hq, hkv] : {std::pair{4, 4}, {8, 2}, {8, 1}, {6, 2}}) {
+        for (int q_len : {1, 3, 8}) {
+          CpuCase c;
+          c.cache.paged = paged;
+          c.cache.page_size = 16;
+          c.cache.kv_heads = hkv;
+          c.cache.head_dim = t == DType::f16 ? 32 : 64;
+          c.cache.dtype = t;
+          c.cache.lens = ragged;
+          c.dec.q_heads = hq;
+          c.dec.q_len = q_len;
+          c.dec.opt.causal = q_len > 1;
+          c.name = std::string(paged ? "paged16" : "contig") + "_" + flashlite::dtype_name(t) + "_hq" + std::to_string(hq) +
+                   "_hkv" + std::to_string(hkv) + "_q" + std::to_string(q_len);
+          v.push_back(c);
+        }
+      }
+    }
+  }
+  // Masks: a window crossing pages, sink tokens, sink logits, softcap, non-causal multi-token, page size 32.
+  auto masked = [&](std::string name, auto edit) {
+    CpuCase c;
+    c.cache.paged = true;
+    c.cache.page_size = 16;
+    c.cache.kv_heads = 2;
+    c.cache.head_dim = 64;
+    c.cache.dtype = DType::f32;
+    c.cache.lens = {5, 40, 77, 200};
+    c.dec.q_heads = 8;
+    c.dec.q_len = 4;
+    c.dec.opt.causal = true;
+    edit(c);
+    c.name = name;
+    v.push_back(c);
+  };
+  masked("window_crossing_pages", [](CpuCase& c) { c.dec.opt.window_left = 20; });
+  masked("window_sinks", [](CpuCase& c) { c.dec.opt.window_left = 20, c.dec.opt.sink_tokens = 3; });
+  masked("window_sinks_bf16_padded", [](CpuCase& c) {
+    c.dec.opt.window_left = 33, c.dec.opt.sink_tokens = 18, c.cache.dtype = DType::bf16, c.cache.padded = true;
+    c.dec.padded_out = true;
+  });
+  masked("sink_logits", [](CpuCase& c) { c.dec.sink_logits = true; });
+  masked("sink_logits_window_sinks", [](CpuCase& c) {
+    c.dec.sink_logits = true, c.dec.opt.window_left = 10, c.dec.opt.sink_tokens = 2;
+  });
+  masked("softcap_scale", [](CpuCase& c) { c.dec.opt.softcap = 5.0, c.dec.opt.scale = 0.3; });
+  masked("not_causal", [](CpuCase& c) { c.dec.opt.causal = false; });
+  masked("window_right", [](CpuCase& c) { c.dec.opt.causal = false, c.dec.opt.window_left = 7, c.dec.opt.window_right = 2; });
+  masked("page32_q8_rows_masked", [](CpuCase& c) {  // q_len > length: leading rows see nothing
+    c.cache.page_size = 32, c.cache.lens = {3, 1, 64, 65}, c.dec.q_len = 8;
+  });
+  masked("page32_q8_sinklogits_empty_rows", [](CpuCase& c) {
+    c.cache.page_size = 32, c.cache.lens = {3, 1, 64, 65}, c.dec.q_len = 8, c.dec.sink_logits = true;
+  });
+  masked("empty_sequence", [](CpuCase& c) { c.cache.lens = {0, 19, 0}; });
+  return v;
+}
+
+class CpuDecode : public ::testing::TestWithParam<CpuCase> {};
+
+TEST_P(CpuDecode, MatchesFloat64Reference) {
+  const CpuCase& tc = GetParam();
+  HostCache cache(tc.cache, fltest::seed_of(tc.name));
+  DecodeProblem p(cache, tc.dec, fltest::seed_of(tc.name + "q"));
+  const std::vector<uint8_t> out_before = p.outbuf.bytes, k_before = cache.kbuf.bytes, v_before = cache.vbuf.bytes;
+  for (Backend b : {Backend::automatic, Backend::cpu}) {
+    p.args.backend = b;
+    flashlite::decode(p.args);
+    expect_decode_matches(p, out_before);
+    p.outbuf.poison();
+  }
+  EXPECT_TRUE(cache.kbuf.bytes == k_before && cache.vbuf.bytes == v_before) << "the cache changed";
+  EXPECT_EQ(flashlite::decode_kernel_name(p.args), "cpu_decode");
+}
+
+INSTANTIATE_TEST_SUITE_P(Kv, CpuDecode, ::testing::ValuesIn(cpu_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// ------------------------------------------------------------------------------------------------ append + RoPE
+
+struct AppendCase {
+  std::string name;
+  bool paged;
+  DType dtype;
+  int n_new;
+  bool rope;
+  RopeLayout layout = RopeLayout::half_split;
+  bool llama3 = false;
+  bool q = false;
+  bool in_place = false;
+};
+
+// New K/V/Q of one append ([batch, n, heads, D], random), and the checks after it ran.
+struct AppendFixture {
+  HostCache& cache;
+  AppendCase tc;
+  int64_t hq = 6;
+  Buffer k, v, q, q_out;
+  AppendArgs args;
+
+  AppendFixture(HostCache& c, const AppendCase& t) : cache(c), tc(t) {
+    const int64_t B = c.batch, N = t.n_new, H = c.spec.kv_heads, D = c.spec.head_dim;
+    const DType dt = c.spec.dtype;
+    std::mt19937_64 rng(fltest::seed_of(t.name + "new"));
+    std::normal_distribution<float> normal(0.f, 1.f);
+    k = Buffer(dt, B * N * H * D);
+    v = Buffer(dt, B * N * H * D);
+    q = Buffer(dt, B * N * hq * D);
+    for (Buffer* buf : {&k, &v, &q})
+      for (int64_t i = 0; i < buf->numel(); ++i) fltest::store(dt, buf->data(), i, normal(rng));
+    args.cache = c.view;
+    args.k = fltest::view_n(k.data(), dt, {B, N, H, D}, {N * H * D, H * D, D, 1});
+    args.v = fltest::view_n(v.data(), dt, {B, N, H, D}, {N * H * D, H * D, D, 1});
+    args.rope.enabled = t.rope;
+    args.rope.layout = t.layout;
+    args.rope.llama3 = t.llama3;
+    if (t.llama3) args.rope.theta = 500000.0, args.rope.llama3_factor = 32.0;  // Llama 3.2's values
+    if (t.q) {
+      args.q = fltest::view_n(q.data(), dt, {B, N, hq, D}, {N * hq * D, hq * D, D, 1});
+      if (t.in_place) {
+        args.q_out = args.q;
+      } else {
+        q_out = Buffer(dt, B * N * hq * D);
+        q_out.poison();
+        args.q_out = fltest::view_n(q_out.data(), dt, {B, N, hq, D}, {N * hq * D, hq * D, D, 1});
+      }
+    }
+  }
+
+  // After the append: new tokens (rotated) in the last n positions, every other cache byte as before.
+  void check(const std::vector<uint8_t>& k_before, const std::vector<uint8_t>& v_before, const std::vector<uint8_t>& q_before) {
+    const int64_t N = tc.n_new, H = cache.spec.kv_heads, D = cache.spec.head_dim;
+    const DType dt = cache.spec.dtype;
+    const size_t es = fltest::elem_size(dt);
+    std::vector<uint8_t> k_expect = k_before, v_expect = v_before;
+    int64_t bad = 0;
+    std::string first;
+    auto expect_row = [&](const std::vector<double>& want, const uint8_t* got_base, int64_t off, const std::string& what) {
+      for (int64_t c = 0; c < D; ++c) {
+        const double got = fltest::load(dt, got_base, off + c);
+        if (!(std::fabs(got - want[size_t(c)]) <= stored_tol(dt, want[size_t(c)])) && bad++ == 0) {
+          first = what + "[" + std::to_string(c) + "] = " + std::to_string(got) + ", expected " + std::to_string(want[size_t(c)]);
+        }
+      }
+    };
+    for (int64_t b = 0; b < cache.batch; ++b) {
+      for (int64_t t = 0; t < N; ++t) {
+        const int64_t pos = cache.len(b) - N + t;
+        for (int64_t h = 0; h < H; ++h) {
+          std::vector<double> kr(static_cast<size_t>(D)), vr(static_cast<size_t>(D));
+          for (int64_t c = 0; c < D; ++c) {
+            kr[size_t(c)] = fltest::load(dt, k.bytes.data(), ((b * N + t) * H + h) * D + c);
+            vr[size_t(c)] = fltest::load(dt, v.bytes.data(), ((b * N + t) * H + h) * D + c);
+          }
+          if (tc.rope) kr = test_rope(args.rope, kr, pos);
+          const int64_t off = cache.offset(b, pos, h);
+          const std::string where = "b" + std::to_string(b) + " pos " + std::to_string(pos) + " h" + std::to_string(h);
+          expect_row(kr, cache.kbuf.bytes.data(), off, "k " + where);
+          expect_row(vr, cache.vbuf.bytes.data(), off, "v " + where);
+          std::memcpy(k_expect.data() + off * int64_t(es), cache.kbuf.bytes.data() + off * int64_t(es), size_t(D) * es);
+          std::memcpy(v_expect.data() + off * int64_t(es), cache.vbuf.bytes.data() + off * int64_t(es), size_t(D) * es);
+        }
+        if (tc.q) {
+          const uint8_t* qo = tc.in_place ? q.bytes.data() : q_out.bytes.data();
+          for (int64_t h = 0; h < hq; ++h) {
+            std::vector<double> qr(static_cast<size_t>(D));
+            for (int64_t c = 0; c < D; ++c) qr[size_t(c)] = fltest::load(dt, q_before.data(), ((b * N + t) * hq + h) * D + c);
+            expect_row(test_rope(args.rope, qr, pos), qo, ((b * N + t) * hq + h) * D, "q b" + std::to_string(b) + " h" + std::to_string(h));
+          }
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0) << "appended values differ from the float64 RoPE; first: " << first;
+    EXPECT_TRUE(cache.kbuf.bytes == k_expect) << "cache.k bytes outside the new tokens changed";
+    EXPECT_TRUE(cache.vbuf.bytes == v_expect) << "cache.v bytes outside the new tokens changed";
+    if (tc.q && !tc.in_place) EXPECT_TRUE(q.bytes == q_before) << "q changed (not in place)";
+  }
+};
+
+CacheSpec append_cache(const AppendCase& t) {
+  CacheSpec s;
+  s.paged = t.paged;
+  s.page_size = 16;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.dtype = t.dtype;
+  s.lens = {int32_t(t.n_new), 16 + t.n_new, 31, 200, 4000};  // new tokens start at 0, on a page boundary, inside
+  s.filled.clear();
+  for (int32_t l : s.lens) s.filled.push_back(l - t.n_new);
+  return s;
+}
+
+std::vector<AppendCase> append_cases() {
+  std::vector<AppendCase> v;
+  for (bool paged : {false, true})
+    for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+      const std::string base = std::string(paged ? "paged" : "contig") + "_" + flashlite::dtype_name(t);
+      v.push_back({base + "_plain_n1", paged, t, 1, false});
+      v.push_back({base + "_rope_half_n1_q", paged, t, 1, true, RopeLayout::half_split, false, true});
+      v.push_back({base + "_rope_interleaved_n5_q_inplace", paged, t, 5, true, RopeLayout::interleaved, false, true, true});
+      v.push_back({base + "_rope_llama3_n17_q", paged, t, 17, true, RopeLayout::half_split, true, true});
+    }
+  return v;
+}
+
+class CpuAppend : public ::testing::TestWithParam<AppendCase> {};
+
+TEST_P(CpuAppend, WritesRotatedTokensAndNothingElse) {
+  const AppendCase& tc = GetParam();
+  HostCache cache(append_cache(tc), fltest::seed_of(tc.name));
+  AppendFixture f(cache, tc);
+  const auto k_before = cache.kbuf.bytes, v_before = cache.vbuf.bytes, q_before = f.q.bytes;
+  flashlite::append_kv(f.args);
+  f.check(k_before, v_before, q_before);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kv, CpuAppend, ::testing::ValuesIn(append_cases()), [](const auto& info) { return info.param.name; });
+
+TEST(CpuRope, InvFreqMatchesHuggingFaceLlama3Rule) {
+  RopeOptions r;
+  r.theta = 500000.0, r.llama3 = true, r.llama3_factor = 32.0;
+  for (int64_t c = 0; c < 64; ++c) EXPECT_NEAR(flashlite::rope_inv_freq(r, 128, c), test_inv_freq(r, 128, c), 1e-15) << c;
+  r.llama3 = false;
+  EXPECT_DOUBLE_EQ(flashlite::rope_inv_freq(r, 128, 0), 1.0);
+  EXPECT_NEAR(flashlite::rope_inv_freq(r, 128, 32), std::pow(500000.0, -0.5), 1e-15);
+}
+
+// Append one token (rotated) to every sequence, then decode: equals attention over [old cache, rope(new token)]
+// computed by the oracle from plain tensors built here (not from the cache).
+TEST(CpuKv, AppendThenDecodeEqualsAttentionOverConcatenation) {
+  for (bool paged : {false, true}) {
+    SCOPED_TRACE(paged ? "paged" : "contiguous");
+    AppendCase tc{"concat", paged, DType::f32, 2, true, RopeLayout::half_split, true, true};
+    HostCache cache(append_cache(tc), fltest::seed_of("concat"));
+    AppendFixture f(cache, tc);
+    // Plain [1, L, H, D] copies of each sequence: the filled prefix read back, then the new tokens rotated here.
+    const int64_t H = cache.spec.kv_heads, D = cache.spec.head_dim, N = tc.n_new;
+    std::vector<std::vector<float>> kcat(size_t(cache.batch)), vcat(size_t(cache.batch));
+    for (int64_t b = 0; b < cache.batch; ++b) {
+      const int64_t L = cache.len(b);
+      kcat[size_t(b)].resize(size_t(L * H * D));
+      vcat[size_t(b)].resize(size_t(L * H * D));
+      for (int64_t j = 0; j < L - N; ++j)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t c = 0; c < D; ++c) {
+            kcat[size_t(b)][size_t((j * H + h) * D + c)] = cache.k_at(b, j, h, c);
+            vcat[size_t(b)][size_t((j * H + h) * D + c)] = cache.v_at(b, j, h, c);
+          }
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          std::vector<double> kr(static_cast<size_t>(D));
+          for (int64_t c = 0; c < D; ++c) kr[size_t(c)] = fltest::load(DType::f32, f.k.bytes.data(), ((b * N + t) * H + h) * D + c);
+          kr = test_rope(f.args.rope, kr, L - N + t);
+          for (int64_t c = 0; c < D; ++c) {
+            kcat[size_t(b)][size_t(((L - N + t) * H + h) * D + c)] = float(kr[size_t(c)]);
+            vcat[size_t(b)][size_t(((L - N + t) * H + h) * D + c)] = fltest::load(DType::f32, f.v.bytes.data(), ((b * N + t) * H + h) * D + c);
+          }
+        }
+    }
+    flashlite::append_kv(f.args);
+    DecodeSpec ds;
+    ds.q_heads = 4, ds.q_len = N, ds.opt.causal = true;
+    DecodeProblem p(cache, ds, fltest::seed_of("concat q"));
+    flashlite::decode(p.args);
+    for (int64_t b = 0; b < cache.batch; ++b) {
+      const int64_t L = cache.len(b);
+      ForwardArgs a;
+      a.q = fltest::view_n(p.qbuf.at(b * N * 4 * D), DType::f32, {1, N, 4, D}, {N * 4 * D, 4 * D, D, 1});
+      a.k = fltest::view_n(kcat[size_t(b)].data(), DType::f32, {1, L, H, D}, {L * H * D, H * D, D, 1});
+      a.v = fltest::view_n(vcat[size_t(b)].data(), DType::f32, {1, L, H, D}, {L * H * D, H * D, D, 1});
+      std::vector<float> dummy(static_cast<size_t>(N * 4 * D));
+      a.out = fltest::view_n(dummy.data(), DType::f32, {1, N, 4, D}, {N * 4 * D, 4 * D, D, 1});
+      a.options.causal = true;
+      std::vector<double> ref(static_cast<size_t>(N * 4 * D));
+      flashlite::reference_forward_f64(a, ref.data(), nullptr);
+      double max_err = 0;
+      for (int64_t i = 0; i < N * 4 * D; ++i) max_err = std::max(max_err, std::fabs(ref[size_t(i)] - fltest::load(DType::f32, p.outbuf.bytes.data(), b * N * 4 * D + i)));
+      EXPECT_LT(max_err, 2e-5) << "sequence " << b;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ plan
+
+TEST(DecodePlan, SplitCountFillsOneWaveAndEvensChunks) {
+  using flashlite::choose_num_splits;
+  // batch 1, 8 kv heads, 8192 keys, 264 resident blocks: 33 slots per pair, 128 tiles -> 4 tiles each -> 32 splits.
+  EXPECT_EQ(choose_num_splits(8, 8192, 264, 64, 256), 32);
+  EXPECT_EQ(choose_num_splits(8, 32768, 264, 64, 256), 32);  // 512 tiles, 33 -> 16 per split -> 32
+  EXPECT_EQ(choose_num_splits(512, 8192, 264, 64, 256), 1);   // the pairs fill the device
+  EXPECT_EQ(choose_num_splits(128, 1024, 264, 64, 256), 2);
+  EXPECT_EQ(choose_num_splits(8, 100, 264, 64, 256), 2);      // never more splits than tiles
+  EXPECT_EQ(choose_num_splits(8, 0, 264, 64, 256), 1);
+  EXPECT_EQ(choose_num_splits(1, 1 << 20, 1000, 64, 256), 256);  // capped
+  flashlite::MaskParams m;
+  EXPECT_EQ(flashlite::decode_visible_keys_bound(m, 1, 5000), 5000);
+  m.window_left = 100, m.sink_tokens = 4;
+  EXPECT_EQ(flashlite::decode_visible_keys_bound(m, 1, 5000), 5000);  // not causal, no right limit: everything
+  m.causal = true;
+  EXPECT_EQ(flashlite::decode_visible_keys_bound(m, 2, 5000), 100 + 2 + 4);
+  m.causal = false, m.window_right = 3;
+  EXPECT_EQ(flashlite::decode_visible_keys_bound(m, 2, 5000), 100 + 2 + 3 + 4);
+}
+
+TEST(DecodePlan, CpuPlanHasOneSplitAndNoWorkspace) {
+  CacheSpec cs;
+  cs.lens = {10, 300};
+  cs.dtype = DType::f32;
+  HostCache cache(cs, 1);
+  DecodeProblem p(cache, DecodeSpec{}, 2);
+  const flashlite::DecodePlan plan = flashlite::plan_decode(p.args, 4096);
+  EXPECT_EQ(plan.num_splits, 1);
+  EXPECT_EQ(plan.workspace_bytes, 0u);
+  EXPECT_EQ(plan.max_kv_len, 4096);
+  EXPECT_EQ(plan.batch, 2);
+  p.args.plan = &plan;
+  const auto before = p.outbuf.bytes;
+  flashlite::decode(p.args);
+  expect_decode_matches(p, before);
+}
+
+}  // namespace
+}  // namespace kvtest

@@ -1,0 +1,321 @@
+#pragma once
+// Helpers of the KV-cache tests: host caches (contiguous or paged with shuffled, non-contiguous page tables and
+// spare pages) whose every element outside the held tokens is NaN, decode problems over them, the float64 oracle
+// (reference_forward_f64 over K/V gathered into plain [1, L, kv_heads, head_dim] tensors), an independent float64
+// RoPE, and the checks (errors vs reference, NaN, zeros for rows with no visible key, bytes outside outputs kept).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numbers>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flashlite/kv_cache.h"
+#include "test_util.h"  // tests/cpu: Buffer, load/store, view_n, seed_of
+
+namespace kvtest {
+
+using flashlite::AttentionOptions;
+using flashlite::Backend;
+using flashlite::DecodeArgs;
+using flashlite::Device;
+using flashlite::DType;
+using flashlite::ForwardArgs;
+using flashlite::KvCacheView;
+using flashlite::KvLayout;
+using flashlite::TensorView;
+using fltest::Buffer;
+
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+inline TensorView i32_view(std::vector<int32_t>& v) {
+  return fltest::view_n(v.data(), DType::i32, {int64_t(v.size())}, {1});
+}
+
+// ------------------------------------------------------------------------------------------------ caches
+
+struct CacheSpec {
+  bool paged = false;
+  int64_t page_size = 16;
+  int64_t kv_heads = 2, head_dim = 64;
+  DType dtype = DType::bf16;
+  std::vector<int32_t> lens;    // tokens held per sequence (after the step's append)
+  std::vector<int32_t> filled;  // tokens written with random values (default: lens); the rest stays NaN
+  int64_t max_len = 0;          // contiguous capacity; 0 = longest + 7
+  int64_t spare_pages = 3;      // pages in the pool nobody owns (NaN)
+  bool padded = false;          // gaps between heads / tokens / pages (strides not packed)
+};
+
+struct HostCache {
+  CacheSpec spec;
+  int64_t batch = 0, num_pages = 0, cap = 0;  // cap: max_len (contiguous) or page_size (paged)
+  std::array<int64_t, 4> shape{}, strides{};
+  Buffer kbuf, vbuf;
+  std::vector<int32_t> seq_lens, indptr, indices, last;
+  KvCacheView view;  // host view (index host-side only)
+
+  HostCache(const CacheSpec& s, uint64_t seed) : spec(s) {
+    batch = int64_t(s.lens.size());
+    if (spec.filled.empty()) spec.filled = s.lens;
+    const int64_t H = s.kv_heads, D = s.head_dim;
+    int64_t longest = 0;
+    for (int32_t l : s.lens) longest = std::max<int64_t>(longest, l);
+    std::mt19937_64 rng(seed);
+    if (!s.paged) {
+      cap = s.max_len > 0 ? s.max_len : longest + 7;
+      shape = {batch, cap, H, D};
+      seq_lens = s.lens;
+    } else {
+      cap = s.page_size;
+      indptr = {0};
+      for (int32_t l : s.lens) indptr.push_back(indptr.back() + int32_t((l + cap - 1) / cap));
+      num_pages = indptr.back() + s.spare_pages;
+      std::vector<int32_t> perm(static_cast<size_t>(num_pages));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);  // pages neither contiguous nor ordered
+      indices.assign(perm.begin(), perm.begin() + indptr.back());
+      indices.push_back(-7);  // an entry past indptr[batch]: never read
+      for (size_t b = 0; b < s.lens.size(); ++b) {
+        const int64_t pages = indptr[b + 1] - indptr[b];
+        last.push_back(pages == 0 ? 0 : int32_t(s.lens[b] - (pages - 1) * cap));
+      }
+      shape = {num_pages, cap, H, D};
+    }
+    if (s.padded) {
+      const int64_t hs = D + 8, ts = H * hs + 16, ps = shape[1] * ts + 24;
+      strides = {ps, ts, hs, 1};
+    } else {
+      strides = {shape[1] * H * D, H * D, D, 1};
+    }
+    const int64_t numel = shape[0] * strides[0];
+    kbuf = Buffer(s.dtype, numel);
+    vbuf = Buffer(s.dtype, numel);
+    kbuf.poison();
+    vbuf.poison();
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t p = 0; p < spec.filled[size_t(b)]; ++p)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t c = 0; c < D; ++c) {
+            fltest::store(s.dtype, kbuf.data(), offset(b, p, h) + c, normal(rng));
+            fltest::store(s.dtype, vbuf.data(), offset(b, p, h) + c, normal(rng));
+          }
+    view.layout = s.paged ? KvLayout::paged : KvLayout::contiguous;
+    view.k = fltest::view_n(kbuf.data(), s.dtype, {shape[0], shape[1], shape[2], shape[3]},
+                            {strides[0], strides[1], strides[2], strides[3]});
+    view.v = view.k;
+    view.v.data = vbuf.data();
+    if (!s.paged) {
+      view.host.seq_lens = i32_view(seq_lens);
+    } else {
+      view.host.page_indptr = i32_view(indptr);
+      view.host.page_indices = i32_view(indices);
+      view.host.last_page_len = i32_view(last);
+    }
+  }
+  HostCache(const HostCache&) = delete;
+  HostCache& operator=(const HostCache&) = delete;
+
+  int64_t len(int64_t b) const { return spec.lens[size_t(b)]; }
+  // Element offset of token p of sequence b, head h (written again here, independent of the library).
+  int64_t offset(int64_t b, int64_t p, int64_t h) const {
+    if (!spec.paged) return b * strides[0] + p * strides[1] + h * strides[2];
+    const int64_t page = indices[size_t(indptr[size_t(b)] + p / cap)];
+    return page * strides[0] + (p % cap) * strides[1] + h * strides[2];
+  }
+  float k_at(int64_t b, int64_t p, int64_t h, int64_t c) const { return fltest::load(spec.dtype, kbuf.bytes.data(), offset(b, p, h) + c); }
+  float v_at(int64_t b, int64_t p, int64_t h, int64_t c) const { return fltest::load(spec.dtype, vbuf.bytes.data(), offset(b, p, h) + c); }
+};
+
+// ------------------------------------------------------------------------------------------------ decode problems
+
+struct DecodeSpec {
+  int64_t q_heads = 4, q_len = 1;
+  AttentionOptions opt;  // causal, window, sinks, softcap, scale (sink_logits filled by the problem)
+  bool sink_logits = false;
+  bool padded_out = false;  // out with a gap after each head (its bytes must stay NaN)
+  bool lse = true;
+};
+
+struct DecodeProblem {
+  DecodeSpec spec;
+  HostCache& cache;
+  Buffer qbuf, outbuf, lsebuf, sinkbuf;
+  DecodeArgs args;
+
+  DecodeProblem(HostCache& c, const DecodeSpec& s, uint64_t seed) : spec(s), cache(c) {
+    const int64_t B = c.batch, S = s.q_len, H = s.q_heads, D = c.spec.head_dim;
+    const DType t = c.spec.dtype;
+    std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    qbuf = Buffer(t, B * S * H * D);
+    for (int64_t i = 0; i < qbuf.numel(); ++i) fltest::store(t, qbuf.data(), i, normal(rng));
+    const int64_t hs = s.padded_out ? D + 8 : D;
+    outbuf = Buffer(t, B * S * H * hs);
+    outbuf.poison();
+    args.q = fltest::view_n(qbuf.data(), t, {B, S, H, D}, {S * H * D, H * D, D, 1});
+    args.out = fltest::view_n(outbuf.data(), t, {B, S, H, D}, {S * H * hs, H * hs, hs, 1});
+    if (s.lse) {
+      lsebuf = Buffer(DType::f32, B * H * S);
+      lsebuf.poison();
+      args.lse = fltest::view_n(lsebuf.data(), DType::f32, {B, H, S}, {H * S, S, 1});
+    }
+    args.cache = c.view;
+    args.options = s.opt;
+    if (s.sink_logits) {
+      sinkbuf = Buffer(DType::f32, H);
+      for (int64_t h = 0; h < H; ++h) {
+        const float v = h % 3 == 0 ? normal(rng) : h % 3 == 1 ? 3.f : -std::numeric_limits<float>::infinity();
+        fltest::store(DType::f32, sinkbuf.data(), h, v);
+      }
+      args.options.sink_logits = fltest::view_n(sinkbuf.data(), DType::f32, {H}, {1});
+    }
+  }
+  DecodeProblem(const DecodeProblem&) = delete;
+  DecodeProblem& operator=(const DecodeProblem&) = delete;
+};
+
+// The oracle for one sequence: reference_forward_f64 over its K/V gathered into [1, L, kv_heads, D] (stored values,
+// same dtype) with q [1, q_len, q_heads, D]. out: [q_len, q_heads, D]; lse: [q_heads, q_len].
+struct Ref {
+  std::vector<double> out, lse;
+};
+
+inline Ref oracle(const DecodeProblem& p, int64_t b) {
+  const HostCache& c = p.cache;
+  const int64_t L = c.len(b), H = c.spec.kv_heads, D = c.spec.head_dim, S = p.spec.q_len, Hq = p.spec.q_heads;
+  const DType t = c.spec.dtype;
+  Buffer k(t, std::max<int64_t>(L, 1) * H * D), v(t, std::max<int64_t>(L, 1) * H * D), q(t, S * Hq * D), out(t, S * Hq * D);
+  for (int64_t j = 0; j < L; ++j)
+    for (int64_t h = 0; h < H; ++h) {
+      std::memcpy(k.at((j * H + h) * D), c.kbuf.bytes.data() + c.offset(b, j, h) * int64_t(fltest::elem_size(t)), size_t(D) * fltest::elem_size(t));
+      std::memcpy(v.at((j * H + h) * D), c.vbuf.bytes.data() + c.offset(b, j, h) * int64_t(fltest::elem_size(t)), size_t(D) * fltest::elem_size(t));
+    }
+  std::memcpy(q.data(), p.qbuf.bytes.data() + b * S * Hq * D * int64_t(fltest::elem_size(t)), size_t(S * Hq * D) * fltest::elem_size(t));
+  ForwardArgs a;
+  a.q = fltest::view_n(q.data(), t, {1, S, Hq, D}, {S * Hq * D, Hq * D, D, 1});
+  a.k = fltest::view_n(k.data(), t, {1, L, H, D}, {L * H * D, H * D, D, 1});
+  a.v = fltest::view_n(v.data(), t, {1, L, H, D}, {L * H * D, H * D, D, 1});
+  a.out = fltest::view_n(out.data(), t, {1, S, Hq, D}, {S * Hq * D, Hq * D, D, 1});
+  a.options = p.args.options;
+  if (p.spec.sink_logits) a.options.sink_logits = fltest::view_n(const_cast<uint8_t*>(p.sinkbuf.bytes.data()), DType::f32, {Hq}, {1});
+  Ref r;
+  r.out.assign(size_t(S * Hq * D), std::nan(""));
+  r.lse.assign(size_t(Hq * S), std::nan(""));
+  flashlite::reference_forward_f64(a, r.out.data(), r.lse.data());
+  return r;
+}
+
+// Whether query row i of sequence b sees any key (the documented predicate, tests/cpu/test_util.h).
+inline bool row_sees_a_key(const DecodeProblem& p, int64_t b, int64_t i) {
+  const AttentionOptions& o = p.spec.opt;
+  const fltest::MaskSpec m{o.causal, o.window_left, o.window_right, o.sink_tokens};
+  for (int64_t j = 0; j < p.cache.len(b); ++j)
+    if (fltest::doc_visible(m, i, j, p.spec.q_len, p.cache.len(b))) return true;
+  return false;
+}
+
+struct Tol {
+  double max_abs = 1e-4;  // fp32 caches
+  double rel = 1e-2;      // fp16 / bf16: ||out - ref|| / ||ref|| per sequence
+  double lse = 1e-4;      // |lse - ref| <= lse * max(1, |ref|)
+};
+
+// Compares out / lse of a decode run (host copies in p's buffers) with the oracle; `out_before` is the output buffer
+// as it was before the run (its bytes outside the view must be unchanged).
+inline void expect_decode_matches(const DecodeProblem& p, const std::vector<uint8_t>& out_before, const Tol& tol = {}) {
+  const HostCache& c = p.cache;
+  const int64_t S = p.spec.q_len, Hq = p.spec.q_heads, D = c.spec.head_dim;
+  const DType t = c.spec.dtype;
+  const bool half = t != DType::f32;
+  const TensorView& o = p.args.out;
+  std::vector<uint8_t> expect = out_before;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    SCOPED_TRACE("sequence " + std::to_string(b) + " (length " + std::to_string(c.len(b)) + ")");
+    const Ref r = oracle(p, b);
+    double max_abs = 0, d2 = 0, r2 = 0;
+    int64_t bad = 0, zero_bad = 0, lse_bad = 0;
+    std::string first;
+    for (int64_t i = 0; i < S; ++i) {
+      const bool sees = row_sees_a_key(p, b, i);
+      for (int64_t h = 0; h < Hq; ++h) {
+        for (int64_t e = 0; e < D; ++e) {
+          const int64_t off = b * o.strides[0] + i * o.strides[1] + h * o.strides[2] + e;
+          const size_t es = fltest::elem_size(t);
+          std::memcpy(expect.data() + off * int64_t(es), p.outbuf.bytes.data() + off * int64_t(es), es);
+          const double got = fltest::load(t, p.outbuf.bytes.data(), off);
+          const double want = r.out[size_t((i * Hq + h) * D + e)];
+          const double err = std::fabs(got - want);
+          if (!std::isfinite(got) || (!half && !(err <= tol.max_abs))) {
+            if (bad++ == 0) first = "out[i" + std::to_string(i) + ", h" + std::to_string(h) + ", c" + std::to_string(e) + "] = " +
+                                    std::to_string(got) + ", reference " + std::to_string(want);
+          }
+          if (std::isfinite(err)) max_abs = std::max(max_abs, err), d2 += err * err;
+          r2 += want * want;
+          if (!sees && got != 0.0) ++zero_bad;
+        }
+        if (p.args.lse.data) {
+          const double got = fltest::load(DType::f32, p.lsebuf.bytes.data(), (b * Hq + h) * S + i);
+          const double want = r.lse[size_t(h * S + i)];
+          const bool ok = std::isinf(want) ? got == want : std::isfinite(got) && std::fabs(got - want) <= tol.lse * std::max(1.0, std::fabs(want));
+          if (!ok && lse_bad++ == 0) {
+            ADD_FAILURE() << "lse[h" << h << ", i" << i << "] = " << got << ", reference " << want;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0) << "non-finite or over-tolerance outputs; first: " << first << " (max abs err " << max_abs << ")";
+    if (half && r2 > 0) {
+      EXPECT_LT(std::sqrt(d2 / r2), tol.rel) << "relative error ||out - ref|| / ||ref||";
+    }
+    EXPECT_EQ(zero_bad, 0) << "rows with no visible key must be exactly zero";
+    EXPECT_EQ(lse_bad, 0) << "LSE mismatches";
+  }
+  EXPECT_TRUE(p.outbuf.bytes == expect) << "out: bytes outside the output view were written";
+}
+
+// ------------------------------------------------------------------------------------------------ RoPE in float64
+
+// Written from the description of Hugging Face's rope_type "llama3" (_compute_llama3_parameters), independently
+// of the library's rope_inv_freq.
+inline double test_inv_freq(const flashlite::RopeOptions& r, int64_t D, int64_t c) {
+  double inv = 1.0 / std::pow(r.theta, double(2 * c) / double(D));
+  if (!r.llama3) return inv;
+  const double old_ctx = r.llama3_original_max_position;
+  const double low_wavelen = old_ctx / r.llama3_low_freq_factor, high_wavelen = old_ctx / r.llama3_high_freq_factor;
+  const double wavelen = 2 * std::numbers::pi / inv;
+  double scaled = wavelen > low_wavelen ? inv / r.llama3_factor : inv;
+  const double smooth = (old_ctx / wavelen - r.llama3_low_freq_factor) / (r.llama3_high_freq_factor - r.llama3_low_freq_factor);
+  const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+  if (medium) scaled = (1 - smooth) * scaled / r.llama3_factor + smooth * scaled;
+  return scaled;
+}
+
+// x (one head row, float64) rotated for position pos.
+inline std::vector<double> test_rope(const flashlite::RopeOptions& r, std::vector<double> x, int64_t pos) {
+  const int64_t D = int64_t(x.size()), half = D / 2;
+  for (int64_t c = 0; c < half; ++c) {
+    const double ang = double(pos) * test_inv_freq(r, D, c);
+    const int64_t a = r.layout == flashlite::RopeLayout::interleaved ? 2 * c : c;
+    const int64_t b = r.layout == flashlite::RopeLayout::interleaved ? 2 * c + 1 : c + half;
+    const double xa = x[size_t(a)], xb = x[size_t(b)];
+    x[size_t(a)] = xa * std::cos(ang) - xb * std::sin(ang);
+    x[size_t(b)] = xb * std::cos(ang) + xa * std::sin(ang);
+  }
+  return x;
+}
+
+// Tolerance of one stored element against a float64 value: half an ulp of the dtype plus the float32 rotation.
+inline double stored_tol(DType t, double ref) {
+  const double ulp = t == DType::bf16 ? 1.0 / 128 : t == DType::f16 ? 1.0 / 1024 : 1.0 / 8388608;
+  return std::max(std::fabs(ref), 1e-2) * ulp + 2e-6 * std::max(1.0, std::fabs(ref));
+}
+
+}  // namespace kvtest
