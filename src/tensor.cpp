@@ -1,6 +1,6 @@
 #include "flashlite/tensor.h"
 
-#include <sstream>
+#include <string>
 
 #include "common/half.h"
 #include "common/problem.h"
@@ -82,11 +82,11 @@ size_t TensorView::span_bytes() const {
 }
 
 std::string TensorView::shape_string() const {
-  std::ostringstream os;
-  os << '[';
-  for (int i = 0; i < rank; ++i) os << (i ? ", " : "") << shape[i];
-  os << ']';
-  return os.str();
+  // No iostreams: error messages are built inside host processes (Python with torch loaded) where an ostringstream
+  // crashed (seen on the GPU machine); std::to_string needs no locale.
+  std::string s = "[";
+  for (int i = 0; i < rank; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
 }
 
 float load_as_float(const void* base, DType dtype, int64_t index) {
