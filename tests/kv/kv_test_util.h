@@ -318,4 +318,120 @@ inline double stored_tol(DType t, double ref) {
   return std::max(std::fabs(ref), 1e-2) * ulp + 2e-6 * std::max(1.0, std::fabs(ref));
 }
 
+// ------------------------------------------------------------------------------------------------ append cases
+
+struct AppendCase {
+  std::string name;
+  bool paged;
+  DType dtype;
+  int n_new;
+  bool rope;
+  flashlite::RopeLayout layout = flashlite::RopeLayout::half_split;
+  bool llama3 = false;
+  bool q = false;
+  bool in_place = false;
+};
+
+// New K/V/Q of one append ([batch, n, heads, D], random), and the checks after it ran.
+struct AppendFixture {
+  HostCache& cache;
+  AppendCase tc;
+  int64_t hq = 6;
+  Buffer k, v, q, q_out;
+  flashlite::AppendArgs args;
+
+  AppendFixture(HostCache& c, const AppendCase& t) : cache(c), tc(t) {
+    const int64_t B = c.batch, N = t.n_new, H = c.spec.kv_heads, D = c.spec.head_dim;
+    const DType dt = c.spec.dtype;
+    std::mt19937_64 rng(fltest::seed_of(t.name + "new"));
+    std::normal_distribution<float> normal(0.f, 1.f);
+    k = Buffer(dt, B * N * H * D);
+    v = Buffer(dt, B * N * H * D);
+    q = Buffer(dt, B * N * hq * D);
+    for (Buffer* buf : {&k, &v, &q})
+      for (int64_t i = 0; i < buf->numel(); ++i) fltest::store(dt, buf->data(), i, normal(rng));
+    args.cache = c.view;
+    args.k = fltest::view_n(k.data(), dt, {B, N, H, D}, {N * H * D, H * D, D, 1});
+    args.v = fltest::view_n(v.data(), dt, {B, N, H, D}, {N * H * D, H * D, D, 1});
+    args.rope.enabled = t.rope;
+    args.rope.layout = t.layout;
+    args.rope.llama3 = t.llama3;
+    if (t.llama3) args.rope.theta = 500000.0, args.rope.llama3_factor = 32.0;  // Llama 3.2's values
+    if (t.q) {
+      args.q = fltest::view_n(q.data(), dt, {B, N, hq, D}, {N * hq * D, hq * D, D, 1});
+      if (t.in_place) {
+        args.q_out = args.q;
+      } else {
+        q_out = Buffer(dt, B * N * hq * D);
+        q_out.poison();
+        args.q_out = fltest::view_n(q_out.data(), dt, {B, N, hq, D}, {N * hq * D, hq * D, D, 1});
+      }
+    }
+  }
+
+  // After the append: new tokens (rotated) in the last n positions, every other cache byte as before.
+  void check(const std::vector<uint8_t>& k_before, const std::vector<uint8_t>& v_before, const std::vector<uint8_t>& q_before) {
+    const int64_t N = tc.n_new, H = cache.spec.kv_heads, D = cache.spec.head_dim;
+    const DType dt = cache.spec.dtype;
+    const size_t es = fltest::elem_size(dt);
+    std::vector<uint8_t> k_expect = k_before, v_expect = v_before;
+    int64_t bad = 0;
+    std::string first;
+    auto expect_row = [&](const std::vector<double>& want, const uint8_t* got_base, int64_t off, const std::string& what) {
+      for (int64_t c = 0; c < D; ++c) {
+        const double got = fltest::load(dt, got_base, off + c);
+        if (!(std::fabs(got - want[size_t(c)]) <= stored_tol(dt, want[size_t(c)])) && bad++ == 0) {
+          first = what + "[" + std::to_string(c) + "] = " + std::to_string(got) + ", expected " + std::to_string(want[size_t(c)]);
+        }
+      }
+    };
+    for (int64_t b = 0; b < cache.batch; ++b) {
+      for (int64_t t = 0; t < N; ++t) {
+        const int64_t pos = cache.len(b) - N + t;
+        for (int64_t h = 0; h < H; ++h) {
+          std::vector<double> kr(static_cast<size_t>(D)), vr(static_cast<size_t>(D));
+          for (int64_t c = 0; c < D; ++c) {
+            kr[size_t(c)] = fltest::load(dt, k.bytes.data(), ((b * N + t) * H + h) * D + c);
+            vr[size_t(c)] = fltest::load(dt, v.bytes.data(), ((b * N + t) * H + h) * D + c);
+          }
+          if (tc.rope) kr = test_rope(args.rope, kr, pos);
+          const int64_t off = cache.offset(b, pos, h);
+          const std::string where = "b" + std::to_string(b) + " pos " + std::to_string(pos) + " h" + std::to_string(h);
+          expect_row(kr, cache.kbuf.bytes.data(), off, "k " + where);
+          expect_row(vr, cache.vbuf.bytes.data(), off, "v " + where);
+          std::memcpy(k_expect.data() + off * int64_t(es), cache.kbuf.bytes.data() + off * int64_t(es), size_t(D) * es);
+          std::memcpy(v_expect.data() + off * int64_t(es), cache.vbuf.bytes.data() + off * int64_t(es), size_t(D) * es);
+        }
+        if (tc.q) {
+          const uint8_t* qo = tc.in_place ? q.bytes.data() : q_out.bytes.data();
+          for (int64_t h = 0; h < hq; ++h) {
+            std::vector<double> qr(static_cast<size_t>(D));
+            for (int64_t c = 0; c < D; ++c) qr[size_t(c)] = fltest::load(dt, q_before.data(), ((b * N + t) * hq + h) * D + c);
+            expect_row(test_rope(args.rope, qr, pos), qo, ((b * N + t) * hq + h) * D, "q b" + std::to_string(b) + " h" + std::to_string(h));
+          }
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0) << "appended values differ from the float64 RoPE; first: " << first;
+    EXPECT_TRUE(cache.kbuf.bytes == k_expect) << "cache.k bytes outside the new tokens changed";
+    EXPECT_TRUE(cache.vbuf.bytes == v_expect) << "cache.v bytes outside the new tokens changed";
+    if (tc.q && !tc.in_place) {
+      EXPECT_TRUE(q.bytes == q_before) << "q changed (not in place)";
+    }
+  }
+};
+
+inline CacheSpec append_cache(const AppendCase& t) {
+  CacheSpec s;
+  s.paged = t.paged;
+  s.page_size = 16;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.dtype = t.dtype;
+  s.lens = {int32_t(t.n_new), 16 + t.n_new, 31, 200, 4000};  // new tokens start at 0, on a page boundary, inside
+  s.filled.clear();
+  for (int32_t l : s.lens) s.filled.push_back(l - t.n_new);
+  return s;
+}
+
 }  // namespace kvtest

@@ -1,0 +1,299 @@
+// Decode benchmark (GPU machine): flashlite::decode over contiguous and paged bf16 caches, timed with CUDA events,
+// against the device's measured read bandwidth (a large read-only reduction in the same process).
+//
+//   flashlite_decode_bench --out decode_raw.json [--reps 30] [--sweep] [--quick]
+//
+// Protocol: every timed call is preceded by an untimed read of a 512 MB buffer (10x the L2), so K/V come from HBM;
+// median of --reps calls after 3 warm-up calls. Bytes counted: the K and V rows the call must read
+// (sum of lengths x kv_heads x head_dim x 2 bytes x 2). Each case is checked first: sequence 0, kv head 0's GQA group
+// against a float64 computation on the host from the downloaded cache.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flashlite/kv_cache.h"
+
+namespace {
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+// ---------------------------------------------------------------- device helpers
+
+// Read-only reduction: every 16-byte word read once (grid-stride), one value written per block.
+__global__ void read_kernel(const uint4* __restrict__ p, size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(p + i);  // streaming: do not keep in L2
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) sink[blockIdx.x] = acc;  // keeps the loads; practically never written
+}
+
+// Deterministic pseudo-random bf16 in [-2, 2).
+__global__ void fill_kernel(__nv_bfloat16* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed ^ uint32_t(i >> 32) * 40503u;
+    x ^= x >> 15, x *= 2246822519u, x ^= x >> 13;
+    p[i] = __float2bfloat16(float(x & 0xffff) / 16384.f - 2.f);
+  }
+}
+
+struct Flusher {
+  void* buf = nullptr;
+  size_t bytes = size_t(512) << 20;
+  unsigned* sink = nullptr;
+  int sms = 0;
+  Flusher() {
+    ck(cudaMalloc(&buf, bytes), "flush buffer");
+    ck(cudaMemset(buf, 1, bytes), "memset");
+    ck(cudaMalloc(&sink, 1 << 16), "sink");
+    ck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "sms");
+  }
+  void run() { read_kernel<<<sms * 8, 512>>>(static_cast<const uint4*>(buf), bytes / 16, sink); }
+};
+
+// Measured read bandwidth: median of 10 reductions over 4 GiB.
+double measure_read_bw(int sms, unsigned* sink) {
+  const size_t bytes = size_t(4) << 30;
+  void* buf;
+  ck(cudaMalloc(&buf, bytes), "bw buffer");
+  ck(cudaMemset(buf, 3, bytes), "memset");
+  cudaEvent_t a, b;
+  cudaEventCreate(&a), cudaEventCreate(&b);
+  std::vector<float> ms;
+  for (int r = 0; r < 13; ++r) {
+    cudaEventRecord(a);
+    read_kernel<<<sms * 8, 512>>>(static_cast<const uint4*>(buf), bytes / 16, sink);
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float t;
+    cudaEventElapsedTime(&t, a, b);
+    if (r >= 3) ms.push_back(t);
+  }
+  ck(cudaGetLastError(), "read kernel");
+  std::sort(ms.begin(), ms.end());
+  cudaFree(buf);
+  return double(bytes) / (ms[ms.size() / 2] * 1e-3) / 1e12;
+}
+
+// ---------------------------------------------------------------- one decode case
+
+struct Case {
+  int batch, kv_len, page;  // page 0 = contiguous
+  int hq = 32, hkv = 8, d = 128, q_len = 1;
+};
+
+struct Result {
+  double us_median = 0, us_min = 0, us_max = 0;
+  int splits = 0;
+  double rel_err = 0;
+  std::string kernel;
+};
+
+template <class T>
+T* dalloc(size_t n) {
+  T* p;
+  ck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
+  return p;
+}
+
+float bf(const __nv_bfloat16& x) { return __bfloat162float(x); }
+
+Result run_case(const Case& c, Flusher& fl, int reps, int forced_splits, bool check) {
+  using namespace flashlite;
+  const int64_t B = c.batch, L = c.kv_len, H = c.hkv, D = c.d, Hq = c.hq;
+  const bool paged = c.page > 0;
+  const int64_t P = paged ? c.page : L;
+  const int64_t pages_per_seq = (L + P - 1) / P;
+  const int64_t pool = paged ? B * pages_per_seq : B;  // pages (or sequences) in the pool
+  const int64_t slots = paged ? P : L;
+  const size_t kv_elems = size_t(pool * slots * H * D);
+  auto* k = dalloc<__nv_bfloat16>(kv_elems);
+  auto* v = dalloc<__nv_bfloat16>(kv_elems);
+  auto* q = dalloc<__nv_bfloat16>(size_t(B * c.q_len * Hq * D));
+  auto* out = dalloc<__nv_bfloat16>(size_t(B * c.q_len * Hq * D));
+  fill_kernel<<<1024, 256>>>(k, kv_elems, 1);
+  fill_kernel<<<1024, 256>>>(v, kv_elems, 2);
+  fill_kernel<<<64, 256>>>(q, size_t(B * c.q_len * Hq * D), 3);
+
+  // Index: contiguous lengths, or a shuffled page table (pages of a sequence scattered over the pool).
+  std::vector<int32_t> lens(static_cast<size_t>(B), int32_t(L)), indptr{0}, indices, last;
+  if (paged) {
+    std::vector<int32_t> perm(static_cast<size_t>(pool));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+    indices = perm;
+    for (int64_t b = 0; b < B; ++b) {
+      indptr.push_back(int32_t((b + 1) * pages_per_seq));
+      last.push_back(int32_t(L - (pages_per_seq - 1) * P));
+    }
+  }
+  auto up = [](std::vector<int32_t>& h) {
+    int32_t* d = dalloc<int32_t>(h.size());
+    ck(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice), "index H2D");
+    return d;
+  };
+  auto i32 = [](void* p, int64_t n) { return TensorView::contiguous(p, DType::i32, Device::cpu(), {n}); };
+  auto dev = [](TensorView t) {
+    t.device = Device::cuda(0);
+    return t;
+  };
+  DecodeArgs a;
+  a.cache.layout = paged ? KvLayout::paged : KvLayout::contiguous;
+  a.cache.k = TensorView::contiguous(k, DType::bf16, Device::cuda(0), {pool, slots, H, D});
+  a.cache.v = TensorView::contiguous(v, DType::bf16, Device::cuda(0), {pool, slots, H, D});
+  std::vector<int32_t*> dev_idx;
+  if (!paged) {
+    a.cache.host.seq_lens = i32(lens.data(), B);
+    dev_idx.push_back(up(lens));
+    a.cache.device.seq_lens = dev(i32(dev_idx[0], B));
+  } else {
+    a.cache.host.page_indptr = i32(indptr.data(), B + 1);
+    a.cache.host.page_indices = i32(indices.data(), int64_t(indices.size()));
+    a.cache.host.last_page_len = i32(last.data(), B);
+    dev_idx = {up(indptr), up(indices), up(last)};
+    a.cache.device.page_indptr = dev(i32(dev_idx[0], B + 1));
+    a.cache.device.page_indices = dev(i32(dev_idx[1], int64_t(indices.size())));
+    a.cache.device.last_page_len = dev(i32(dev_idx[2], B));
+  }
+  a.q = TensorView::contiguous(q, DType::bf16, Device::cuda(0), {B, c.q_len, Hq, D});
+  a.out = TensorView::contiguous(out, DType::bf16, Device::cuda(0), {B, c.q_len, Hq, D});
+  a.options.causal = true;
+  const DecodePlan plan = plan_decode(a, -1, forced_splits);
+  void* ws = plan.workspace_bytes ? dalloc<char>(plan.workspace_bytes) : nullptr;
+  a.plan = &plan;
+  a.workspace = ws;
+  a.workspace_bytes = plan.workspace_bytes;
+  Result r;
+  r.splits = plan.num_splits;
+  r.kernel = decode_kernel_name(a);
+
+  decode(a);
+  ck(cudaDeviceSynchronize(), "decode");
+  if (check) {  // sequence 0, kv head 0: its group's q heads vs float64 on the host
+    const int64_t G = Hq / H;
+    std::vector<__nv_bfloat16> hq(static_cast<size_t>(G * D)), ho(static_cast<size_t>(G * D)), row(static_cast<size_t>(D));
+    ck(cudaMemcpy(hq.data(), q, size_t(G * D) * 2, cudaMemcpyDeviceToHost), "q");
+    ck(cudaMemcpy(ho.data(), out, size_t(G * D) * 2, cudaMemcpyDeviceToHost), "out");
+    std::vector<double> s(static_cast<size_t>(L)), acc(static_cast<size_t>(G * D), 0.0), mx(static_cast<size_t>(G), -1e300), sum(static_cast<size_t>(G), 0.0);
+    std::vector<std::vector<__nv_bfloat16>> vrows(static_cast<size_t>(L));
+    std::vector<double> sc(static_cast<size_t>(G * L));
+    for (int64_t j = 0; j < L; ++j) {
+      const int64_t page = paged ? indices[size_t(j / P)] : 0, slot = paged ? j % P : j;
+      const size_t off = size_t(((page * slots + slot) * H + 0) * D);
+      ck(cudaMemcpy(row.data(), k + off, size_t(D) * 2, cudaMemcpyDeviceToHost), "k row");
+      vrows[size_t(j)].resize(size_t(D));
+      ck(cudaMemcpy(vrows[size_t(j)].data(), v + off, size_t(D) * 2, cudaMemcpyDeviceToHost), "v row");
+      for (int64_t g = 0; g < G; ++g) {
+        double dot = 0;
+        for (int64_t e = 0; e < D; ++e) dot += double(bf(hq[size_t(g * D + e)])) * bf(row[size_t(e)]);
+        sc[size_t(g * L + j)] = dot / std::sqrt(double(D));
+        mx[size_t(g)] = std::max(mx[size_t(g)], sc[size_t(g * L + j)]);
+      }
+    }
+    double d2 = 0, r2 = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t j = 0; j < L; ++j) {
+        const double w = std::exp(sc[size_t(g * L + j)] - mx[size_t(g)]);
+        sum[size_t(g)] += w;
+        for (int64_t e = 0; e < D; ++e) acc[size_t(g * D + e)] += w * bf(vrows[size_t(j)][size_t(e)]);
+      }
+      for (int64_t e = 0; e < D; ++e) {
+        const double want = acc[size_t(g * D + e)] / sum[size_t(g)], got = bf(ho[size_t(g * D + e)]);
+        d2 += (got - want) * (got - want), r2 += want * want;
+      }
+    }
+    r.rel_err = std::sqrt(d2 / r2);
+  }
+
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0), cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int rep = 0; rep < reps + 3; ++rep) {
+    fl.run();
+    cudaEventRecord(e0);
+    decode(a);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float t;
+    cudaEventElapsedTime(&t, e0, e1);
+    if (rep >= 3) ms.push_back(t);
+  }
+  ck(cudaGetLastError(), "timed decode");
+  std::sort(ms.begin(), ms.end());
+  r.us_median = ms[ms.size() / 2] * 1e3;
+  r.us_min = ms.front() * 1e3;
+  r.us_max = ms.back() * 1e3;
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  for (void* p : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q), static_cast<void*>(out), ws}) cudaFree(p);
+  for (int32_t* p : dev_idx) cudaFree(p);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path = "decode_raw.json";
+  int reps = 30;
+  bool sweep = false, quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--out" && i + 1 < argc) out_path = argv[++i];
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--sweep") sweep = true;
+    else if (a == "--quick") quick = true;
+  }
+  cudaDeviceProp prop;
+  ck(cudaGetDeviceProperties(&prop, 0), "props");
+  Flusher fl;
+  const double bw = measure_read_bw(fl.sms, fl.sink);
+  std::printf("device %s, %d SMs, measured read bandwidth %.3f TB/s\n", prop.name, prop.multiProcessorCount, bw);
+  FILE* f = std::fopen(out_path.c_str(), "w");
+  std::fprintf(f, "{\"device\": \"%s\", \"sms\": %d, \"read_bw_tbps\": %.4f, \"rows\": [\n", prop.name, prop.multiProcessorCount, bw);
+  bool first = true;
+  auto emit = [&](const Case& c, const Result& r, const char* kind) {
+    const double bytes = double(c.batch) * c.kv_len * c.hkv * c.d * 2.0 * 2.0;
+    const double tbps = bytes / (r.us_median * 1e-6) / 1e12;
+    std::printf("%-6s b%-3d kv%-6d %-8s q%d splits %-3d %9.2f us [%8.2f, %8.2f]  %6.3f TB/s  %5.1f%% of read bw  check rel %.1e  %s\n",
+                kind, c.batch, c.kv_len, c.page ? ("paged" + std::to_string(c.page)).c_str() : "contig", c.q_len, r.splits,
+                r.us_median, r.us_min, r.us_max, tbps, 100 * tbps / bw, r.rel_err, r.kernel.c_str());
+    std::fflush(stdout);
+    std::fprintf(f, "%s  {\"kind\": \"%s\", \"batch\": %d, \"kv_len\": %d, \"layout\": \"%s\", \"page_size\": %d, \"q_len\": %d, "
+                    "\"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"dtype\": \"bf16\", \"splits\": %d, "
+                    "\"us_median\": %.3f, \"us_min\": %.3f, \"us_max\": %.3f, \"kv_bytes\": %.0f, \"tbps\": %.4f, "
+                    "\"pct_read_bw\": %.2f, \"check_rel_err\": %.3e, \"kernel\": \"%s\"}",
+                 first ? "" : ",\n", kind, c.batch, c.kv_len, c.page ? "paged" : "contiguous", c.page, c.q_len, c.hq, c.hkv,
+                 c.d, r.splits, r.us_median, r.us_min, r.us_max, bytes, tbps, 100 * tbps / bw, r.rel_err, r.kernel.c_str());
+    first = false;
+  };
+  std::vector<Case> cases;
+  for (int b : {1, 16, 64})
+    for (int L : {1024, 8192, 32768})
+      for (int page : {0, 16}) cases.push_back({b, L, page});
+  for (int page : {64, 256}) cases.push_back({1, 32768, page}), cases.push_back({64, 8192, page});
+  cases.push_back({1, 8192, 0, 32, 8, 128, 4});  // speculative decoding: 4 tokens
+  cases.push_back({1, 8192, 16, 32, 8, 128, 8});
+  if (quick) cases = {{1, 8192, 0}, {1, 32768, 0}, {64, 8192, 0}, {64, 8192, 16}};
+  for (const Case& c : cases) emit(c, run_case(c, fl, reps, 0, c.batch * size_t(c.kv_len) <= (size_t(1) << 20)), "main");
+  if (sweep) {
+    for (Case c : {Case{1, 8192, 0}, Case{1, 32768, 0}, Case{16, 8192, 0}, Case{64, 8192, 0}, Case{1, 8192, 16}})
+      for (int s : {1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128}) emit(c, run_case(c, fl, reps / 2 + 5, s, false), "sweep");
+  }
+  std::fprintf(f, "\n]}\n");
+  std::fclose(f);
+  return 0;
+}

@@ -1,0 +1,463 @@
+// The CUDA KV-cache kernels against float64 (skipped without a GPU): split-KV decode over contiguous and paged
+// caches (random page tables, page sizes 16..256, ragged lengths 1..65536, page boundaries, windows crossing pages,
+// sinks, GQA 1/3/4/8/16, q_len 1..8, forced split counts), the fused append + RoPE, append-then-decode against
+// attention over the concatenation, and a decode step captured once in a CUDA graph and replayed as lengths grow.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "kv_test_util.h"
+
+namespace kvtest {
+namespace {
+
+using flashlite::AppendArgs;
+using flashlite::RopeLayout;
+
+bool has_gpu() {
+  static const bool yes = [] {
+    int n = 0;
+    const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+    cudaGetLastError();
+    return ok;
+  }();
+  return yes;
+}
+#define SKIP_WITHOUT_GPU() \
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device"
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// A device copy of a host buffer (bytes), freed on destruction.
+struct DevBuf {
+  void* p = nullptr;
+  size_t n = 0;
+  DevBuf() = default;
+  explicit DevBuf(const void* host, size_t bytes) : n(bytes) {
+    ck(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc");
+    if (bytes) ck(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), "H2D");
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  ~DevBuf() { cudaFree(p); }
+  void up(const void* host) { ck(cudaMemcpy(p, host, n, cudaMemcpyHostToDevice), "H2D"); }
+  void down(void* host) const { ck(cudaMemcpy(host, p, n, cudaMemcpyDeviceToHost), "D2H"); }
+};
+
+TensorView on_device(TensorView t, void* dev_data) {
+  t.data = dev_data;
+  t.device = Device::cuda(0);
+  return t;
+}
+
+// The cache on the device: K/V bytes, and the index twice (host arrays of the HostCache, device copies).
+struct DeviceCache {
+  HostCache& host;
+  DevBuf k, v, seq_lens, indptr, indices, last;
+  KvCacheView view;
+  explicit DeviceCache(HostCache& c)
+      : host(c),
+        k(c.kbuf.bytes.data(), c.kbuf.bytes.size()),
+        v(c.vbuf.bytes.data(), c.vbuf.bytes.size()),
+        seq_lens(c.seq_lens.data(), c.seq_lens.size() * 4),
+        indptr(c.indptr.data(), c.indptr.size() * 4),
+        indices(c.indices.data(), c.indices.size() * 4),
+        last(c.last.data(), c.last.size() * 4) {
+    view = c.view;
+    view.k = on_device(c.view.k, k.p);
+    view.v = on_device(c.view.v, v.p);
+    if (!c.spec.paged) {
+      view.device.seq_lens = on_device(c.view.host.seq_lens, seq_lens.p);
+    } else {
+      view.device.page_indptr = on_device(c.view.host.page_indptr, indptr.p);
+      view.device.page_indices = on_device(c.view.host.page_indices, indices.p);
+      view.device.last_page_len = on_device(c.view.host.last_page_len, last.p);
+    }
+  }
+  void upload_index() {
+    if (!host.spec.paged) {
+      seq_lens.up(host.seq_lens.data());
+    } else {
+      indptr.up(host.indptr.data()), indices.up(host.indices.data()), last.up(host.last.data());
+    }
+  }
+  void download_kv() {
+    k.down(host.kbuf.data());
+    v.down(host.vbuf.data());
+  }
+};
+
+// Device copies of a decode problem's q / out / lse / sink logits; args re-pointed at them and at the device cache.
+struct DeviceDecode {
+  DecodeProblem& p;
+  DevBuf q, out, lse, sink;
+  DecodeArgs args;
+  DeviceDecode(DecodeProblem& prob, DeviceCache& dc)
+      : p(prob),
+        q(prob.qbuf.bytes.data(), prob.qbuf.bytes.size()),
+        out(prob.outbuf.bytes.data(), prob.outbuf.bytes.size()),
+        lse(prob.lsebuf.bytes.data(), prob.lsebuf.bytes.size()),
+        sink(prob.sinkbuf.bytes.data(), prob.sinkbuf.bytes.size()) {
+    args = prob.args;
+    args.cache = dc.view;
+    args.q = on_device(prob.args.q, q.p);
+    args.out = on_device(prob.args.out, out.p);
+    if (prob.args.lse.data) args.lse = on_device(prob.args.lse, lse.p);
+    if (prob.spec.sink_logits) args.options.sink_logits = on_device(prob.args.options.sink_logits, sink.p);
+    args.backend = Backend::cuda;
+  }
+  void download() {
+    ck(cudaDeviceSynchronize(), "kernel execution");
+    out.down(p.outbuf.data());
+    if (p.args.lse.data) lse.down(p.lsebuf.data());
+  }
+};
+
+// ------------------------------------------------------------------------------------------------ decode grid
+
+struct GpuCase {
+  std::string name;
+  CacheSpec cache;
+  DecodeSpec dec;
+  int splits = 0;  // 0: planned
+};
+
+std::vector<GpuCase> gpu_cases() {
+  std::vector<GpuCase> v;
+  const std::vector<int32_t> ragged = {1, 17, 64, 65, 1000, 4097};
+  const std::vector<std::pair<int, int>> gqa = {{8, 8}, {16, 4}, {32, 4}, {12, 4}};
+  const std::vector<int> q_lens = {1, 2, 5, 8};
+  int n = 0;
+  for (int64_t page : {0, 16, 64, 256})
+    for (DType t : {DType::bf16, DType::f16})
+      for (int64_t d : {64, 128}) {
+        GpuCase c;
+        c.cache.paged = page > 0;
+        c.cache.page_size = page > 0 ? page : 16;
+        c.cache.dtype = t;
+        c.cache.head_dim = d;
+        c.cache.lens = ragged;
+        c.cache.padded = n % 3 == 2;
+        const auto [hq, hkv] = gqa[size_t(n % 4)];
+        c.cache.kv_heads = hkv;
+        c.dec.q_heads = hq;
+        c.dec.q_len = q_lens[size_t((n / 2) % 4)];
+        c.dec.opt.causal = true;
+        c.dec.padded_out = n % 5 == 1;
+        c.name = std::string(page ? "paged" + std::to_string(page) : "contig") + "_" + flashlite::dtype_name(t) + "_d" +
+                 std::to_string(d) + "_hq" + std::to_string(hq) + "_hkv" + std::to_string(hkv) + "_q" +
+                 std::to_string(c.dec.q_len) + (c.cache.padded ? "_padded" : "");
+        v.push_back(c);
+        ++n;
+      }
+  auto masked = [&](std::string name, auto edit) {
+    GpuCase c;
+    c.cache.paged = true;
+    c.cache.page_size = 16;
+    c.cache.kv_heads = 4;
+    c.cache.head_dim = 128;
+    c.cache.dtype = DType::bf16;
+    c.cache.lens = {7, 130, 1000, 3000};
+    c.dec.q_heads = 16;
+    c.dec.q_len = 3;
+    c.dec.opt.causal = true;
+    edit(c);
+    c.name = name;
+    v.push_back(c);
+  };
+  masked("window_crossing_pages", [](GpuCase& c) { c.dec.opt.window_left = 100; });
+  masked("window_sinks", [](GpuCase& c) { c.dec.opt.window_left = 100, c.dec.opt.sink_tokens = 4; });
+  masked("window_sinks_overlap", [](GpuCase& c) { c.dec.opt.window_left = 30, c.dec.opt.sink_tokens = 120; });
+  masked("window_sinks_contig_f16", [](GpuCase& c) {
+    c.cache.paged = false, c.cache.dtype = DType::f16, c.dec.opt.window_left = 500, c.dec.opt.sink_tokens = 70;
+  });
+  masked("sink_logits", [](GpuCase& c) { c.dec.sink_logits = true; });
+  masked("sink_logits_window", [](GpuCase& c) { c.dec.sink_logits = true, c.dec.opt.window_left = 50, c.dec.opt.sink_tokens = 2; });
+  masked("softcap_scale", [](GpuCase& c) { c.dec.opt.softcap = 4.0, c.dec.opt.scale = 0.2; });
+  masked("not_causal_q4", [](GpuCase& c) { c.dec.opt.causal = false, c.dec.q_len = 4; });
+  masked("window_right", [](GpuCase& c) { c.dec.opt.causal = false, c.dec.opt.window_left = 9, c.dec.opt.window_right = 3; });
+  masked("q8_short_rows_masked", [](GpuCase& c) { c.cache.lens = {3, 1, 8, 9}, c.dec.q_len = 8; });
+  masked("q8_short_sink_logits", [](GpuCase& c) { c.cache.lens = {3, 1, 8, 9}, c.dec.q_len = 8, c.dec.sink_logits = true; });
+  masked("group8_q8_64rows", [](GpuCase& c) { c.cache.kv_heads = 2, c.dec.q_len = 8; });
+  masked("group16_q8_two_row_chunks", [](GpuCase& c) { c.cache.kv_heads = 2, c.dec.q_heads = 32, c.dec.q_len = 8; });
+  masked("group16_q5_two_row_chunks", [](GpuCase& c) { c.cache.kv_heads = 1, c.dec.q_heads = 16, c.dec.q_len = 5; });
+  masked("empty_sequences", [](GpuCase& c) { c.cache.lens = {0, 300, 0, 16}; });
+  masked("no_lse", [](GpuCase& c) { c.dec.lse = false; });
+  for (int s : {1, 3, 17, 64, 256}) {
+    masked("splits" + std::to_string(s), [s](GpuCase& c) { c.cache.lens = {5000, 3, 700, 1}, c.dec.opt.causal = false, c.dec.q_len = 1; });
+    v.back().splits = s;
+  }
+  masked("splits40_window_sinks_softcap_sinklogits", [](GpuCase& c) {
+    c.dec.opt.window_left = 333, c.dec.opt.sink_tokens = 5, c.dec.opt.softcap = 10, c.dec.sink_logits = true;
+  });
+  v.back().splits = 40;
+  // Long sequences (Llama-3-8B decode shape): 65536 tokens next to 1.
+  for (int64_t page : {0, 16}) {
+    masked(std::string("long65536_") + (page ? "paged16" : "contig"), [page](GpuCase& c) {
+      c.cache.paged = page > 0, c.cache.kv_heads = 8, c.dec.q_heads = 32, c.dec.q_len = 1;
+      c.cache.lens = {65536, 1, 20000};
+    });
+  }
+  masked("long65536_paged256_q4", [](GpuCase& c) {
+    c.cache.page_size = 256, c.cache.kv_heads = 8, c.dec.q_heads = 32, c.dec.q_len = 4, c.cache.lens = {65536, 33};
+  });
+  return v;
+}
+
+class GpuDecode : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(GpuDecode, MatchesFloat64Reference) {
+  SKIP_WITHOUT_GPU();
+  const GpuCase& tc = GetParam();
+  HostCache cache(tc.cache, fltest::seed_of(tc.name));
+  DecodeProblem p(cache, tc.dec, fltest::seed_of(tc.name + "q"));
+  const std::vector<uint8_t> out_before = p.outbuf.bytes, k_before = cache.kbuf.bytes;
+  DeviceCache dc(cache);
+  DeviceDecode dd(p, dc);
+  flashlite::DecodePlan plan;
+  if (tc.splits > 0) {
+    plan = flashlite::plan_decode(dd.args, -1, tc.splits);
+    dd.args.plan = &plan;
+  }
+  flashlite::decode(dd.args);
+  dd.download();
+  expect_decode_matches(p, out_before);
+  dc.download_kv();
+  EXPECT_TRUE(cache.kbuf.bytes == k_before) << "decode wrote to the cache";
+  std::printf("  kernel: %s\n", flashlite::decode_kernel_name(dd.args).c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Kv, GpuDecode, ::testing::ValuesIn(gpu_cases()), [](const auto& info) { return info.param.name; });
+
+// ------------------------------------------------------------------------------------------------ append
+
+std::vector<AppendCase> gpu_append_cases() {
+  std::vector<AppendCase> v;
+  for (bool paged : {false, true})
+    for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+      const std::string base = std::string(paged ? "paged" : "contig") + "_" + flashlite::dtype_name(t);
+      v.push_back({base + "_plain_n1", paged, t, 1, false});
+      v.push_back({base + "_rope_half_n1_q", paged, t, 1, true, RopeLayout::half_split, false, true});
+      v.push_back({base + "_rope_interleaved_n5_q_inplace", paged, t, 5, true, RopeLayout::interleaved, false, true, true});
+      v.push_back({base + "_rope_llama3_n17_q", paged, t, 17, true, RopeLayout::half_split, true, true});
+    }
+  return v;
+}
+
+class GpuAppend : public ::testing::TestWithParam<AppendCase> {};
+
+TEST_P(GpuAppend, WritesRotatedTokensAndNothingElse) {
+  SKIP_WITHOUT_GPU();
+  const AppendCase& tc = GetParam();
+  HostCache cache(append_cache(tc), fltest::seed_of(tc.name));
+  AppendFixture f(cache, tc);
+  const auto k_before = cache.kbuf.bytes, v_before = cache.vbuf.bytes, q_before = f.q.bytes;
+  DeviceCache dc(cache);
+  DevBuf k(f.k.bytes.data(), f.k.bytes.size()), v(f.v.bytes.data(), f.v.bytes.size());
+  DevBuf q(f.q.bytes.data(), f.q.bytes.size()), qo(f.q_out.bytes.data(), f.q_out.bytes.size());
+  AppendArgs a = f.args;
+  a.cache = dc.view;
+  a.k = on_device(f.args.k, k.p);
+  a.v = on_device(f.args.v, v.p);
+  if (tc.q) {
+    a.q = on_device(f.args.q, q.p);
+    a.q_out = tc.in_place ? a.q : on_device(f.args.q_out, qo.p);
+  }
+  a.backend = Backend::cuda;
+  flashlite::append_kv(a);
+  ck(cudaDeviceSynchronize(), "append");
+  dc.download_kv();
+  if (tc.q) (tc.in_place ? q : qo).down(tc.in_place ? f.q.data() : f.q_out.data());
+  f.check(k_before, v_before, q_before);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kv, GpuAppend, ::testing::ValuesIn(gpu_append_cases()), [](const auto& info) { return info.param.name; });
+
+// Append (RoPE) then decode on the GPU equals the oracle over a cache built on the host from the old tokens and the
+// new ones rotated in float64 (the concatenation), for both layouts.
+TEST(GpuKv, AppendThenDecodeEqualsAttentionOverConcatenation) {
+  SKIP_WITHOUT_GPU();
+  for (bool paged : {false, true}) {
+    SCOPED_TRACE(paged ? "paged" : "contiguous");
+    AppendCase tc{"gpu_concat", paged, DType::bf16, 1, true, RopeLayout::half_split, true, true};
+    CacheSpec cs = append_cache(tc);
+    cs.head_dim = 128;
+    cs.kv_heads = 2;
+    HostCache cache(cs, fltest::seed_of("gpu_concat"));
+    HostCache expected(cs, fltest::seed_of("gpu_concat"));  // same values; gets the new tokens from float64 RoPE
+    AppendFixture f(cache, tc);
+    const int64_t H = cs.kv_heads, D = cs.head_dim;
+    for (int64_t b = 0; b < cache.batch; ++b) {
+      const int64_t pos = cache.len(b) - 1;
+      for (int64_t h = 0; h < H; ++h) {
+        std::vector<double> kr(static_cast<size_t>(D));
+        for (int64_t c = 0; c < D; ++c) kr[size_t(c)] = fltest::load(DType::bf16, f.k.bytes.data(), (b * H + h) * D + c);
+        kr = test_rope(f.args.rope, kr, pos);
+        for (int64_t c = 0; c < D; ++c) {
+          fltest::store(DType::bf16, expected.kbuf.data(), expected.offset(b, pos, h) + c, float(kr[size_t(c)]));
+          fltest::store(DType::bf16, expected.vbuf.data(), expected.offset(b, pos, h) + c,
+                        fltest::load(DType::bf16, f.v.bytes.data(), (b * H + h) * D + c));
+        }
+      }
+    }
+    DeviceCache dc(cache);
+    DevBuf k(f.k.bytes.data(), f.k.bytes.size()), v(f.v.bytes.data(), f.v.bytes.size());
+    AppendArgs a = f.args;
+    a.q = a.q_out = TensorView{};
+    a.cache = dc.view;
+    a.k = on_device(f.args.k, k.p);
+    a.v = on_device(f.args.v, v.p);
+    flashlite::append_kv(a);
+    DecodeSpec ds;
+    ds.q_heads = 8;
+    DecodeProblem p(cache, ds, fltest::seed_of("gpu_concat q"));
+    DecodeProblem pe(expected, ds, fltest::seed_of("gpu_concat q"));  // same q
+    DeviceDecode dd(p, dc);
+    flashlite::decode(dd.args);
+    dd.download();
+    const std::vector<uint8_t> out_before = pe.outbuf.bytes;
+    pe.outbuf.bytes = p.outbuf.bytes;
+    pe.lsebuf.bytes = p.lsebuf.bytes;
+    expect_decode_matches(pe, out_before);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ CUDA graph
+
+// One decode step (append 1 token with RoPE + decode) captured once with a plan for the whole capacity, replayed
+// twice while the lengths grow (host and device index updated between replays, new K/V written into the same
+// device buffers): the kernels read the current lengths, so both steps land and the second decode is exact.
+TEST(GpuKv, DecodeStepCapturedInGraphReplaysAsLengthsGrow) {
+  SKIP_WITHOUT_GPU();
+  for (bool paged : {false, true}) {
+    SCOPED_TRACE(paged ? "paged" : "contiguous");
+    CacheSpec cs;
+    cs.paged = paged;
+    cs.page_size = 16;
+    cs.kv_heads = 8;
+    cs.head_dim = 128;
+    cs.dtype = DType::bf16;
+    cs.lens = {4000, 35, 1027, 18};  // final lengths (after two steps); last pages hold >= 2 tokens
+    cs.max_len = 4096;
+    for (int32_t l : cs.lens) cs.filled.push_back(l - 2);
+    HostCache cache(cs, fltest::seed_of("graph"));
+    // Step 1 state: one token less.
+    if (!paged) {
+      for (auto& l : cache.seq_lens) l -= 1;
+    } else {
+      for (auto& l : cache.last) l -= 1;
+    }
+    DecodeSpec ds;
+    ds.q_heads = 32;
+    DecodeProblem p(cache, ds, fltest::seed_of("graph q"));
+    DeviceCache dc(cache);
+    DeviceDecode dd(p, dc);
+    AppendCase tc{"graph_new", paged, DType::bf16, 1, true, RopeLayout::half_split, true, false};
+    AppendFixture f1(cache, tc);
+    tc.name = "graph_new2";
+    AppendFixture f2(cache, tc);
+    DevBuf k(f1.k.bytes.data(), f1.k.bytes.size()), v(f1.v.bytes.data(), f1.v.bytes.size());
+    AppendArgs a = f1.args;
+    a.cache = dc.view;
+    a.k = on_device(f1.args.k, k.p);
+    a.v = on_device(f1.args.v, v.p);
+    const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, 4096);  // the capacity: valid for every step
+    EXPECT_GT(plan.num_splits, 1);
+    DevBuf ws(nullptr, 0);
+    ck(cudaMalloc(&ws.p, std::max<size_t>(plan.workspace_bytes, 16)), "workspace");
+    dd.args.plan = &plan;
+    dd.args.workspace = ws.p;
+    dd.args.workspace_bytes = plan.workspace_bytes;
+    cudaStream_t stream;
+    ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    a.stream = dd.args.stream = stream;
+    cudaGraph_t graph;
+    ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+    flashlite::append_kv(a);
+    flashlite::decode(dd.args);
+    ck(cudaStreamEndCapture(stream, &graph), "end capture (append + decode must not sync or allocate)");
+    cudaGraphExec_t exec;
+    ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    ck(cudaGraphLaunch(exec, stream), "replay 1");
+    ck(cudaStreamSynchronize(stream), "replay 1");
+    // Step 2: lengths + 1, the second token's K/V in the same buffers.
+    if (!paged) {
+      for (auto& l : cache.seq_lens) l += 1;
+    } else {
+      for (auto& l : cache.last) l += 1;
+    }
+    dc.upload_index();
+    k.up(f2.k.bytes.data());
+    v.up(f2.v.bytes.data());
+    ck(cudaGraphLaunch(exec, stream), "replay 2");
+    ck(cudaStreamSynchronize(stream), "replay 2");
+    dd.download();
+    dc.download_kv();
+    // Both appended tokens are in place (float64 RoPE at their positions) ...
+    int64_t bad = 0;
+    for (int64_t b = 0; b < cache.batch; ++b)
+      for (int step = 0; step < 2; ++step) {
+        const AppendFixture& f = step == 0 ? f1 : f2;
+        const int64_t pos = cache.len(b) - 2 + step;
+        for (int64_t h = 0; h < cs.kv_heads; ++h) {
+          std::vector<double> kr(static_cast<size_t>(cs.head_dim));
+          for (int64_t c = 0; c < cs.head_dim; ++c) kr[size_t(c)] = fltest::load(DType::bf16, f.k.bytes.data(), (b * cs.kv_heads + h) * cs.head_dim + c);
+          kr = test_rope(f.args.rope, kr, pos);
+          for (int64_t c = 0; c < cs.head_dim; ++c) {
+            if (!(std::fabs(cache.k_at(b, pos, h, c) - kr[size_t(c)]) <= stored_tol(DType::bf16, kr[size_t(c)]))) ++bad;
+          }
+        }
+      }
+    EXPECT_EQ(bad, 0) << "appended keys differ from float64 RoPE";
+    // ... and the second decode attends over the grown cache.
+    Buffer poisoned(DType::bf16, p.outbuf.numel());
+    poisoned.poison();
+    expect_decode_matches(p, poisoned.bytes);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ CUDA-only errors
+
+TEST(GpuKv, CudaSpecificErrors) {
+  SKIP_WITHOUT_GPU();
+  CacheSpec cs;
+  cs.lens = {10, 20};
+  cs.dtype = DType::f32;  // no CUDA decode kernel for float32
+  HostCache cache(cs, 5);
+  DecodeProblem p(cache, DecodeSpec{}, 6);
+  DeviceCache dc(cache);
+  DeviceDecode dd(p, dc);
+  try {
+    flashlite::decode(dd.args);
+    ADD_FAILURE() << "float32 decode on CUDA should be rejected";
+  } catch (const flashlite::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("float16 or bfloat16"), std::string::npos) << e.what();
+  }
+  // A missing device index.
+  cs.dtype = DType::bf16;
+  HostCache c2(cs, 7);
+  DecodeProblem p2(c2, DecodeSpec{}, 8);
+  DeviceCache dc2(c2);
+  DeviceDecode dd2(p2, dc2);
+  dd2.args.cache.device.seq_lens = TensorView{};
+  EXPECT_THROW(flashlite::decode(dd2.args), flashlite::Error);
+  // A workspace smaller than the plan's.
+  dd2.args.cache = dc2.view;
+  const flashlite::DecodePlan plan = flashlite::plan_decode(dd2.args, -1, 4);
+  dd2.args.plan = &plan;
+  dd2.args.workspace = dc2.k.p;
+  dd2.args.workspace_bytes = plan.workspace_bytes - 1;
+  try {
+    flashlite::decode(dd2.args);
+    ADD_FAILURE() << "a short workspace should be rejected";
+  } catch (const flashlite::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("workspace_bytes"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kvtest
