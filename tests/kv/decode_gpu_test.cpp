@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "kv_test_util.h"
 
 namespace kvtest {

@@ -47,11 +47,23 @@ std::atomic<int> g_sms[64], g_cc[64];
 
 int instance_index(const DecodeProblem& p) { return (p.cache.dtype == DType::bf16 ? 0 : 2) + (p.cache.head_dim == 64 ? 0 : 1); }
 
+int compute_capability(int dev) {
+  int cc = g_cc[dev & 63].load();
+  if (cc > 0) return cc;
+  int major = 0, minor = 0;
+  FL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  FL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  cc = major * 10 + minor;
+  g_cc[dev & 63].store(cc);
+  return cc;
+}
+
 // Prepares the split kernel on the current device (opt-in shared memory) and returns its resident blocks per SM.
 int prepare_kernel(int dev, const DecodeProblem& p, const DecodeKernels& k) {
   KernelState& st = g_state[dev & 63][instance_index(p)];
   int n = st.blocks_per_sm.load();
   if (n > 0) return n;
+  (void)compute_capability(dev);  // cached now: nothing but launches happen later (e.g. inside a graph capture)
   FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributeMaxDynamicSharedMemorySize, k.split_smem_bytes));
   FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.split, kSplitThreads, k.split_smem_bytes));
   if (n < 1) n = 1;
@@ -65,17 +77,6 @@ int sm_count(int dev) {
   FL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
   g_sms[dev & 63].store(n);
   return n;
-}
-
-int compute_capability(int dev) {
-  int cc = g_cc[dev & 63].load();
-  if (cc > 0) return cc;
-  int major = 0, minor = 0;
-  FL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  FL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  cc = major * 10 + minor;
-  g_cc[dev & 63].store(cc);
-  return cc;
 }
 
 bool use_pdl(int dev) {
