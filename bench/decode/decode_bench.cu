@@ -244,6 +244,43 @@ Result run_case(const Case& c, Flusher& fl, int reps, int forced_splits, bool ch
   return r;
 }
 
+// What the cache saves, attention only: without a cache, the step recomputes attention of the whole prefix
+// (forward causal over L tokens; K/V projections of every layer would come on top). Median of 5.
+double recompute_us(int L, Flusher& fl) {
+  using namespace flashlite;
+  const int64_t Hq = 32, H = 8, D = 128;
+  auto* q = dalloc<__nv_bfloat16>(size_t(L * Hq * D));
+  auto* k = dalloc<__nv_bfloat16>(size_t(L * H * D));
+  auto* v = dalloc<__nv_bfloat16>(size_t(L * H * D));
+  auto* o = dalloc<__nv_bfloat16>(size_t(L * Hq * D));
+  fill_kernel<<<1024, 256>>>(q, size_t(L * Hq * D), 4);
+  fill_kernel<<<1024, 256>>>(k, size_t(L * H * D), 5);
+  fill_kernel<<<1024, 256>>>(v, size_t(L * H * D), 6);
+  ForwardArgs a;
+  a.q = TensorView::contiguous(q, DType::bf16, Device::cuda(0), {1, L, Hq, D});
+  a.k = TensorView::contiguous(k, DType::bf16, Device::cuda(0), {1, L, H, D});
+  a.v = TensorView::contiguous(v, DType::bf16, Device::cuda(0), {1, L, H, D});
+  a.out = TensorView::contiguous(o, DType::bf16, Device::cuda(0), {1, L, Hq, D});
+  a.options.causal = true;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0), cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int r = 0; r < 7; ++r) {
+    fl.run();
+    cudaEventRecord(e0);
+    forward(a);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float t;
+    cudaEventElapsedTime(&t, e0, e1);
+    if (r >= 2) ms.push_back(t);
+  }
+  ck(cudaGetLastError(), "forward");
+  std::sort(ms.begin(), ms.end());
+  for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(o)}) cudaFree(p);
+  return ms[ms.size() / 2] * 1e3;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -289,6 +326,11 @@ int main(int argc, char** argv) {
   cases.push_back({1, 8192, 16, 32, 8, 128, 8});
   if (quick) cases = {{1, 8192, 0}, {1, 32768, 0}, {64, 8192, 0}, {64, 8192, 16}};
   for (const Case& c : cases) emit(c, run_case(c, fl, reps, 0, c.batch * size_t(c.kv_len) <= (size_t(1) << 20)), "main");
+  for (int L : {1024, 8192, 32768}) {
+    const double us = recompute_us(L, fl);
+    std::printf("recompute (causal forward over the prefix, attention only) L %d: %.1f us\n", L, us);
+    std::fprintf(f, ",\n  {\"kind\": \"recompute_attention\", \"batch\": 1, \"kv_len\": %d, \"us_median\": %.3f}", L, us);
+  }
   if (sweep) {
     for (Case c : {Case{1, 8192, 0}, Case{1, 32768, 0}, Case{16, 8192, 0}, Case{64, 8192, 0}, Case{1, 8192, 16}})
       for (int s : {1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128}) emit(c, run_case(c, fl, reps / 2 + 5, s, false), "sweep");
