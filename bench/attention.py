@@ -323,7 +323,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a few shapes only (S 1024 and 4096)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--max-naive-gb", type=float, default=40.0, help="skip naive paths whose S x S buffers exceed this")
+    ap.add_argument("--max-naive-gb", type=float, default=60.0, help="skip naive paths whose S x S buffers exceed this")
     ap.add_argument("--no-flex", action="store_true")
     args = ap.parse_args()
     assert args.reps >= 20, "the protocol takes the median of at least 20 calls"

@@ -90,6 +90,7 @@ step_ctest() {
   # shellcheck disable=SC2086
   (cd "$build" && ctest -j8 --timeout 900 --output-on-failure ${CTEST_ARGS:-} > "$logs/ctest.log" 2>&1)
   local rc=$?
+  grep -q "No tests were found" "$logs/ctest.log" && { echo "ctest found no tests (did the build fail?)"; rc=1; }
   grep -E "tests passed|tests failed|Total Test time" "$logs/ctest.log"
   grep -E "\(Failed\)|\(Timeout\)|\*\*\*Exception" "$logs/ctest.log" | head -20
   return $rc
