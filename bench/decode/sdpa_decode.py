@@ -1,6 +1,7 @@
 """Torch peers for the decode benchmark (GPU machine): SDPA backends with enable_gqa and a naive
 matmul-softmax-matmul, on the shapes of decode_bench.cu (Hq=32, Hkv=8, D=128, bf16, q_len 1), same protocol:
-a 512 MB read between timed calls (K/V from HBM), CUDA events, median of --reps calls after warm-up.
+inputs rotated over copies spanning >= 200 MB (4x the L2), CUDA events per call, median of --reps after warm-up;
+"cold": a 512 MB read before each call (L2 and TLBs cold).
 
     python3 bench/decode/sdpa_decode.py --out sdpa_decode.json [--reps 30]
 """
@@ -12,13 +13,15 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
-def timed(fn, flush, reps):
+def timed(fn, n_inputs, reps, before=None):
+    """fn(i) runs on input copy i; returns (median, min) microseconds over reps calls cycling through the copies."""
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ms = []
     for r in range(reps + 3):
-        flush()
+        if before:
+            before()
         e0.record()
-        fn()
+        fn(r % n_inputs)
         e1.record()
         e1.synchronize()
         if r >= 3:
@@ -45,46 +48,50 @@ def main():
     }
     for b in (1, 16, 64):
         for kv in (1024, 8192, 32768):
-            q = torch.randn(b, hq, 1, d, device=dev, dtype=torch.bfloat16)
-            # The cache as a decoder keeps it: [b, kv, hkv, d], viewed as [b, hkv, kv, d] for SDPA.
-            k = torch.randn(b, kv, hkv, d, device=dev, dtype=torch.bfloat16).transpose(1, 2)
-            v = torch.randn(b, kv, hkv, d, device=dev, dtype=torch.bfloat16).transpose(1, 2)
             kv_bytes = 2 * b * kv * hkv * d * 2
+            copies = max(1, min(64, -(-(200 << 20) // kv_bytes)))
+            qs = [torch.randn(b, hq, 1, d, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+            # The cache as a decoder keeps it: [b, kv, hkv, d], viewed as [b, hkv, kv, d] for SDPA.
+            ks = [torch.randn(b, kv, hkv, d, device=dev, dtype=torch.bfloat16).transpose(1, 2) for _ in range(copies)]
+            vs = [torch.randn(b, kv, hkv, d, device=dev, dtype=torch.bfloat16).transpose(1, 2) for _ in range(copies)]
             ref = None
             for name, be in backends.items():
-                if name == "math" and kv_bytes > (2 << 30):
+                if name == "math" and kv_bytes > (1 << 30):
                     continue
 
-                def run(be=be):
+                def run(i, be=be):
                     with sdpa_kernel(be):
-                        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                        return F.scaled_dot_product_attention(qs[i], ks[i], vs[i], enable_gqa=True)
 
                 try:
-                    o = run()
+                    o = run(0)
                     torch.cuda.synchronize()
                 except Exception as e:  # backend refuses the shape / GQA
                     rows.append({"batch": b, "kv_len": kv, "peer": "sdpa_" + name, "error": str(e).split("\n")[0][:200]})
                     continue
                 if ref is None:
                     ref = o.float()
-                med, mn = timed(run, flush, args.reps)
-                rows.append({"batch": b, "kv_len": kv, "peer": "sdpa_" + name, "us_median": med, "us_min": mn,
-                             "tbps": kv_bytes / (med * 1e-6) / 1e12,
-                             "max_abs_vs_first": float((o.float() - ref).abs().max())})
+                med, mn = timed(run, copies, args.reps)
+                row = {"batch": b, "kv_len": kv, "peer": "sdpa_" + name, "us_median": med, "us_min": mn,
+                       "tbps": kv_bytes / (med * 1e-6) / 1e12, "copies": copies,
+                       "max_abs_vs_first": float((o.float() - ref).abs().max())}
+                if name in ("flash", "cudnn"):
+                    row["us_cold"] = timed(lambda i: run(0), 1, args.reps // 2, before=flush)[0]
+                rows.append(row)
             if kv_bytes <= (2 << 30):  # naive: repeat K/V per q head, matmul, softmax, matmul
-                def naive():
-                    kr = k.repeat_interleave(hq // hkv, dim=1)
-                    vr = v.repeat_interleave(hq // hkv, dim=1)
-                    s = (q @ kr.transpose(-1, -2)).float() * d ** -0.5
-                    return s.softmax(-1).to(q.dtype) @ vr
+                def naive(i):
+                    kr = ks[i].repeat_interleave(hq // hkv, dim=1)
+                    vr = vs[i].repeat_interleave(hq // hkv, dim=1)
+                    s = (qs[i] @ kr.transpose(-1, -2)).float() * d ** -0.5
+                    return s.softmax(-1).to(torch.bfloat16) @ vr
 
-                med, mn = timed(naive, flush, args.reps)
+                med, mn = timed(naive, copies, max(5, args.reps // 3))
                 rows.append({"batch": b, "kv_len": kv, "peer": "naive", "us_median": med, "us_min": mn,
-                             "tbps": kv_bytes / (med * 1e-6) / 1e12})
+                             "tbps": kv_bytes / (med * 1e-6) / 1e12, "copies": copies})
             for r in rows[-6:]:
                 if r.get("batch") == b and r.get("kv_len") == kv:
                     print(r, flush=True)
-            del q, k, v, ref
+            del qs, ks, vs, ref
             torch.cuda.empty_cache()
     json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
               open(args.out, "w"), indent=1)

@@ -5,8 +5,8 @@
 // tokens (row r = (position r / group, head r % group)), so all q heads of a KV head share one pass over its K/V.
 // The keys the rows can see (sink tokens, then the window / causal range: at most two intervals, concatenated into
 // a "virtual" key range) are cut into 64-key tiles, and split s takes an even share of the tiles. Tiles stream
-// through a 3-stage cp.async pipeline of 16-byte copies (row addresses per key: the paged layout costs one page-id
-// load per row); per warp and 16 keys:
+// through a 3-stage cp.async pipeline of 16-byte copies, three tiles in flight while one is waited for (row
+// addresses per key; the paged layout's page ids are loaded one tile ahead); per warp and 16 keys:
 //   S = Q K^T      mma.sync m16n8k16, Q fragments in registers, K by ldmatrix
 //   mask           only on tiles that are not fully visible (shared predicate, common/mask.h)
 //   online softmax in registers, log2 units
@@ -82,21 +82,6 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates
 
-  // Sequence length and the keys to visit.
-  int L, page_base = 0;
-  if (p.paged) {
-    page_base = p.indptr[b];
-    const int pages = p.indptr[b + 1] - page_base;
-    L = pages == 0 ? 0 : (pages - 1) * p.page_size + p.last_page_len[b];
-  } else {
-    L = p.seq_lens[b];
-  }
-  const VirtualKeys vkeys = virtual_keys(p.mask, p.q_len, L);
-  const int total_tiles = (vkeys.n_total + kTileKeys - 1) / kTileKeys;
-  const int per_split = (total_tiles + p.num_splits - 1) / p.num_splits;
-  const int t_begin = split * per_split;
-  const int n_tiles = max(0, min(t_begin + per_split, total_tiles) - t_begin);
-
   // Rows of this block, and the warp grid: wm_count row tiles x wn_count key groups.
   const int r_base = rc * kRowsPerBlock;
   const int r_blk = min(kRowsPerBlock, p.rows - r_base);
@@ -105,44 +90,10 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   const int wm = warp / wn_count, wn = warp % wn_count;
   const int keys_per_warp = kTileKeys / wn_count;
 
-  const T* kg = static_cast<const T*>(p.k);
-  const T* vg = static_cast<const T*>(p.v);
   const uint32_t s_base = smem_u32(smem);
   const uint32_t sQ = s_base + uint32_t((kStages - 1) * Cfg::STAGE_BYTES);
-
-  // One tile (n-th of this split) into its stage: 64 rows of K and V, 16-byte copies; keys past the range are zeros.
-  auto issue = [&](int n) {
-    const uint32_t sK = s_base + uint32_t((n % kStages) * Cfg::STAGE_BYTES);
-    const uint32_t sV = sK + Cfg::TILE_BYTES;
-    const int vk0 = (t_begin + n) * kTileKeys;
-    const int ch = tid % CPR;
-#pragma unroll
-    for (int pass = 0; pass < Cfg::PASSES; ++pass) {
-      const int row = tid / CPR + pass * Cfg::ROWS_PER_PASS;
-      const int vk = vk0 + row;
-      const bool ok = vk < vkeys.n_total;
-      const T* ksrc = kg;
-      const T* vsrc = vg;
-      if (ok) {
-        const int pos = vkeys.pos(vk);
-        int64_t page, slot;
-        if (p.paged) {
-          page = p.indices[page_base + pos / p.page_size];
-          slot = pos % p.page_size;
-        } else {
-          page = b;
-          slot = pos;
-        }
-        ksrc = kg + page * p.k_s0 + slot * p.k_s1 + kvh * p.k_s2 + ch * 8;
-        vsrc = vg + page * p.v_s0 + slot * p.v_s1 + kvh * p.v_s2 + ch * 8;
-      }
-      const uint32_t off = uint32_t((row * LD + ch * 8) * 2);
-      cp_async_16(sK + off, ksrc, ok ? 16 : 0);
-      cp_async_16(sV + off, vsrc, ok ? 16 : 0);
-    }
-  };
-
-  // Q rows (zeros past the block's rows) into the last stage's K tile, as its own commit group.
+  // Q rows (zeros past the block's rows) into the last stage's K tile, as its own commit group; issued before the
+  // length is read so the two memory round trips overlap.
   {
     const T* qg = static_cast<const T*>(p.q);
     const int q_rows = wm_count * 16;
@@ -174,6 +125,70 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
     }
   }
   cp_async_commit();
+
+  // Sequence length and the keys to visit.
+  int L, page_base = 0;
+  if (p.paged) {
+    page_base = p.indptr[b];
+    const int pages = p.indptr[b + 1] - page_base;
+    L = pages == 0 ? 0 : (pages - 1) * p.page_size + p.last_page_len[b];
+  } else {
+    L = p.seq_lens[b];
+  }
+  const VirtualKeys vkeys = virtual_keys(p.mask, p.q_len, L);
+  const int total_tiles = (vkeys.n_total + kTileKeys - 1) / kTileKeys;
+  const int per_split = (total_tiles + p.num_splits - 1) / p.num_splits;
+  const int t_begin = split * per_split;
+  const int n_tiles = max(0, min(t_begin + per_split, total_tiles) - t_begin);
+
+  const T* kg = static_cast<const T*>(p.k);
+  const T* vg = static_cast<const T*>(p.v);
+  // Page ids of this thread's rows, one tile ahead (paged): the dependent page-table load of tile n + 1 is issued
+  // while tile n's copies go out, so it never delays them.
+  int page_next[Cfg::PASSES];
+  const int ch = tid % CPR;
+  auto fetch_pages = [&](int n) {
+    if (!p.paged) return;
+#pragma unroll
+    for (int pass = 0; pass < Cfg::PASSES; ++pass) {
+      const int vk = (t_begin + n) * kTileKeys + tid / CPR + pass * Cfg::ROWS_PER_PASS;
+      page_next[pass] = vk < vkeys.n_total && n < n_tiles ? p.indices[page_base + vkeys.pos(vk) / p.page_size] : 0;
+    }
+  };
+  // One tile (n-th of this split) into its stage: 64 rows of K and V, 16-byte copies; keys past the range are zeros.
+  auto issue = [&](int n) {
+    const uint32_t sK = s_base + uint32_t((n % kStages) * Cfg::STAGE_BYTES);
+    const uint32_t sV = sK + Cfg::TILE_BYTES;
+    const int vk0 = (t_begin + n) * kTileKeys;
+#pragma unroll
+    for (int pass = 0; pass < Cfg::PASSES; ++pass) {
+      const int row = tid / CPR + pass * Cfg::ROWS_PER_PASS;
+      const int vk = vk0 + row;
+      const bool ok = vk < vkeys.n_total;
+      const T* ksrc = kg;
+      const T* vsrc = vg;
+      if (ok) {
+        const int pos = vkeys.pos(vk);
+        int64_t page, slot;
+        if (p.paged) {
+          page = page_next[pass];
+          slot = pos % p.page_size;
+        } else {
+          page = b;
+          slot = pos;
+        }
+        ksrc = kg + page * p.k_s0 + slot * p.k_s1 + kvh * p.k_s2 + ch * 8;
+        vsrc = vg + page * p.v_s0 + slot * p.v_s1 + kvh * p.v_s2 + ch * 8;
+      }
+      const uint32_t off = uint32_t((row * LD + ch * 8) * 2);
+      cp_async_16(sK + off, ksrc, ok ? 16 : 0);
+      cp_async_16(sV + off, vsrc, ok ? 16 : 0);
+    }
+    fetch_pages(n + 1);
+  };
+
+
+  fetch_pages(0);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < n_tiles) issue(s);
@@ -210,10 +225,12 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   const uint32_t v_lane = uint32_t(Cfg::TILE_BYTES + (((lane / 8 % 2) * 8 + lane % 8) * LD + (lane / 16) * 8) * 2);
 
   for (int n = 0; n < n_tiles; ++n) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile n is in shared memory for all; the stage of tile n - 1 is free again
+    // Tile n + 2 goes out before waiting for tile n, so three tiles are in flight during the wait.
+    __syncthreads();  // every warp is done with tile n - 1: its stage is free
     if (n + kStages - 1 < n_tiles) issue(n + kStages - 1);
     cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncthreads();  // tile n is in shared memory for all
 
     const uint32_t stage = s_base + uint32_t((n % kStages) * Cfg::STAGE_BYTES);
     const int vt0 = (t_begin + n) * kTileKeys;
