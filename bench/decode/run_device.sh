@@ -41,7 +41,7 @@ fi
 [ -f "$root/.kvsrc/commit.txt" ] && export FLASHLITE_COMMIT="$(cat "$root/.kvsrc/commit.txt")"
 if has bench; then
   step "decode bench (read bandwidth, main shapes, split sweep)"
-XX
+  "$build/bin/flashlite_decode_bench" --sweep --out "$dest/decode_raw.json" 2>&1 | tee "$logs/bench.log" | grep -v "^sweep"
   grep "^sweep" "$logs/bench.log" | awk '{printf "%s %s %s s%s %s/%s\n", $2, $3, $4, $7, $8, $20}' | paste - - - - - - | head -40
   FLASHLITE_DECODE_PDL=0 "$build/bin/flashlite_decode_bench" --quick --out "$logs/decode_nopdl.json" > "$logs/bench_nopdl.log" 2>&1
   echo "without PDL:"; grep "^main" "$logs/bench_nopdl.log"
