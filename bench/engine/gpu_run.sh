@@ -16,7 +16,10 @@ export FLASHLITE_MODELS="${FLASHLITE_MODELS:-$root/.carry/models}"
 build="${BUILD_DIR:-$root/build-gpu}"
 
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-cmake -S . -B "$build" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHLITE_BUILD_BENCH=OFF > "$OUT/configure.log" 2>&1 ||
+prefixes=""  # GoogleTest, CLI11, PCRE2 unpacked by scripts/make-carry.sh (the GPU machine has no package registry)
+for d in "$root/.carry/deps/usr" "$root/.carry/gtest/usr"; do [ -d "$d" ] && prefixes="${prefixes:+$prefixes;}$d"; done
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHLITE_BUILD_BENCH=OFF \
+  ${prefixes:+"-DCMAKE_PREFIX_PATH=$prefixes"} > "$OUT/configure.log" 2>&1 ||
   { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build "$build" -j16 --target flashlite_cli flashlite_engine_cuda_model_test > "$OUT/build.log" 2>&1 ||
   { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
