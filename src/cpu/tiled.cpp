@@ -31,6 +31,8 @@ namespace {
 
 constexpr int64_t kQueryCols = 64;  // query columns (rows x heads of one group) per task
 constexpr int64_t kKeys = 64;       // keys per K/V tile
+constexpr int64_t kSmallCols = 8;   // tasks with at most this many query columns take the decode path
+constexpr int64_t kSmallKeys = 256; // keys per chunk on the decode path (at most)
 constexpr double kLog2e = 1.4426950408889634;
 constexpr double kLn2 = 0.6931471805599453;
 
@@ -49,7 +51,7 @@ bool cpu_has(const std::string& level) {
   return true;
 }
 
-const TiledKernels& choose_kernels() {
+const TiledKernels& choose_kernels_uncached() {
   if (const char* forced = std::getenv("FLASHLITE_CPU_SIMD"); forced && *forced) {
     const std::string level = forced;
     if (level != "portable" && level != "avx2" && level != "avx512") {
@@ -61,6 +63,13 @@ const TiledKernels& choose_kernels() {
   if (cpu_has("avx512")) return kernels_avx512();
   if (cpu_has("avx2")) return kernels_avx2();
   return kernels_portable();
+}
+
+// Chosen once per process (the environment variable is read once): a decode step calls the backend once per layer,
+// and getenv plus the CPU checks were a visible part of a ~5 us call.
+const TiledKernels& choose_kernels() {
+  static const TiledKernels& chosen = choose_kernels_uncached();
+  return chosen;
 }
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -132,6 +141,34 @@ int visible_ranges(const AttentionProblem& p, const SequenceSlice& s, int64_t i0
     if (win.end > win.begin) out[n++] = {win.begin, win.end};
   }
   return n;
+}
+
+// Output rows and LSE of a task from its accumulators: m (log2 units), l, o (n_real, ldo), column n = r * heads + g.
+void finalise(const AttentionProblem& p, const SequenceSlice& s, const Task& t, const float* m, const float* l,
+              const float* o, int64_t ldo) {
+  const int64_t d = p.head_dim, heads = t.heads, i0 = t.row0;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  // The sink logit joins the denominator only; a row that saw no key gives zeros and LSE -inf (or the sink logit).
+  // m is in log2 units of the scaled score.
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int64_t r = 0; r < t.rows; ++r) {
+    for (int64_t g = 0; g < heads; ++g) {
+      const int64_t n = r * heads + g, h = t.head0 + g, i = s.q_row0 + i0 + r;
+      const double sink = p.sink_logits ? double(p.sink_logits[h]) : -inf;
+      double lse = sink, mul = 0.0;
+      if (m[n] != neg_inf) {
+        const double m_nat = double(m[n]) * kLn2;
+        const double row_max = std::max(m_nat, sink);
+        const double e = std::exp(m_nat - row_max);
+        const double denom = double(l[n]) * e + (sink == -inf ? 0.0 : std::exp(sink - row_max));
+        lse = row_max + std::log(denom);
+        mul = e / denom;
+      }
+      store_row(p.out, p.dtype, s.batch_index * p.out_stride.batch + i * p.out_stride.seq + h * p.out_stride.head, d,
+                o + n * ldo, float(mul));
+      if (p.lse) p.lse[s.batch_index * p.lse_stride_batch + h * p.lse_stride_head + i * p.lse_stride_seq] = float(lse);
+    }
+  }
 }
 
 void run_task(const Plan& plan, const Task& t, Scratch& scratch) {
@@ -218,27 +255,86 @@ void run_task(const Plan& plan, const Task& t, Scratch& scratch) {
     }
   }
 
-  // Finalise: the sink logit joins the denominator only; a row that saw no key gives zeros and LSE -inf (or the sink
-  // logit). m is in log2 units of the scaled score.
-  const double inf = std::numeric_limits<double>::infinity();
+  finalise(p, s, t, m, l, o, dp);
+}
+
+// A decode-shaped task (n_real <= kSmallCols query columns): keys are the vector lanes (SmallArgs), so a q_len 1
+// GQA group of 2 does not pay for 8 or 16 padded query columns, and a chunk of up to kSmallKeys keys costs two kernel
+// calls instead of three per 64 keys.
+void run_task_small(const Plan& plan, const Task& t, Scratch& scratch) {
+  const AttentionProblem& p = plan.p;
+  const TiledKernels& kern = plan.k;
+  const SequenceSlice s = sequence_slice(p, t.seq);
+  const int64_t d = p.head_dim, dp = plan.dp, heads = t.heads, w = kern.width;
+  const int64_t n_real = t.rows * heads;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  // Keys per chunk: the K and V chunks (when converted) stay near 32 KB each.
+  const int64_t chunk = std::min<int64_t>(kSmallKeys, std::max<int64_t>(w, (8192 / dp) / w * w));
+  const bool kv_in_place = plan.v_in_place;  // fp32 with head_dim a multiple of the width: rows readable as dp floats
+
+  float* const base = scratch.get(size_t(n_real * dp * 2 + n_real * chunk + (kv_in_place ? 0 : 2 * chunk * dp) + 2 * n_real));
+  float* const q = base;                // (n_real, dp)   Q rows, sign folded in, zero-padded
+  float* const o = q + n_real * dp;     // (n_real, dp)   unnormalised output accumulator
+  float* const sc = o + n_real * dp;    // (n_real, chunk) scores, then probabilities
+  float* const m = sc + n_real * chunk; // (n_real)        running max, log2 units
+  float* const l = m + n_real;          // (n_real)        running sum
+  float* const kbuf = l + n_real;       // (chunk, dp)     converted K chunk (not fp32, or head_dim % width != 0)
+  float* const vbuf = kbuf + chunk * dp;// (chunk, dp)     converted V chunk
+
   for (int64_t r = 0; r < t.rows; ++r) {
     for (int64_t g = 0; g < heads; ++g) {
-      const int64_t n = r * heads + g, h = t.head0 + g, i = s.q_row0 + i0 + r;
-      const double sink = p.sink_logits ? double(p.sink_logits[h]) : -inf;
-      double lse = sink, mul = 0.0;
-      if (m[n] != neg_inf) {
-        const double m_nat = double(m[n]) * kLn2;
-        const double row_max = std::max(m_nat, sink);
-        const double e = std::exp(m_nat - row_max);
-        const double denom = double(l[n]) * e + (sink == -inf ? 0.0 : std::exp(sink - row_max));
-        lse = row_max + std::log(denom);
-        mul = e / denom;
-      }
-      store_row(p.out, p.dtype, s.batch_index * p.out_stride.batch + i * p.out_stride.seq + h * p.out_stride.head, d,
-                o + n * dp, float(mul));
-      if (p.lse) p.lse[s.batch_index * p.lse_stride_batch + h * p.lse_stride_head + i * p.lse_stride_seq] = float(lse);
+      float* qn = q + (r * heads + g) * dp;
+      load_row(p.q, p.dtype,
+               s.batch_index * p.q_stride.batch + (s.q_row0 + t.row0 + r) * p.q_stride.seq + (t.head0 + g) * p.q_stride.head,
+               d, qn);
+      for (int64_t x = 0; x < d; ++x) qn[x] *= plan.q_sign;
+      std::fill(qn + d, qn + dp, 0.0f);
     }
   }
+  std::fill(m, m + n_real, neg_inf);
+  std::fill(l, l + n_real, 0.0f);
+  std::fill(o, o + n_real * dp, 0.0f);
+
+  const int64_t i0 = t.row0, i1 = t.row0 + t.rows;
+  const int64_t k_base = s.batch_index * p.k_stride.batch + s.k_row0 * p.k_stride.seq + t.kv_head * p.k_stride.head;
+  const int64_t v_base = s.batch_index * p.v_stride.batch + s.k_row0 * p.v_stride.seq + t.kv_head * p.v_stride.head;
+  const size_t elem = p.dtype == DType::f32 ? 4 : 2;
+  KeyRange ranges[2];
+  const int n_ranges = visible_ranges(p, s, i0, i1, ranges);
+  for (int ri = 0; ri < n_ranges; ++ri) {
+    for (int64_t j0 = ranges[ri].begin; j0 < ranges[ri].end; j0 += chunk) {
+      const int64_t j1 = std::min(j0 + chunk, ranges[ri].end), keys = j1 - j0, kp = round_up(keys, w);
+      SmallArgs a{q, dp, nullptr, 0, nullptr, 0, sc, chunk, o, dp, n_real, keys, dp, plan.log2_scale, m, l};
+      if (kv_in_place) {
+        a.k = static_cast<const float*>(p.k) + k_base + j0 * p.k_stride.seq;
+        a.k_row = p.k_stride.seq;
+        a.v = static_cast<const float*>(p.v) + v_base + j0 * p.v_stride.seq;
+        a.v_row = p.v_stride.seq;
+      } else {
+        kern.convert({static_cast<const char*>(p.k) + (k_base + j0 * p.k_stride.seq) * elem, p.dtype, p.k_stride.seq,
+                      kbuf, dp, keys, d, dp});
+        kern.convert({static_cast<const char*>(p.v) + (v_base + j0 * p.v_stride.seq) * elem, p.dtype, p.v_stride.seq,
+                      vbuf, dp, keys, d, dp});
+        a.k = kbuf;
+        a.k_row = dp;
+        a.v = vbuf;
+        a.v_row = dp;
+      }
+      kern.small_scores(a);
+      if (p.softcap > 0) kern.softcap({sc, chunk, n_real, kp, plan.softcap_in, plan.softcap_out});
+      if (!tile_fully_visible(p.mask, i0, i1, j0, j1, s.seq_q, s.seq_k)) {
+        for (int64_t r = 0; r < t.rows; ++r) {
+          for (int64_t c = 0; c < keys; ++c) {
+            if (key_visible(p.mask, i0 + r, j0 + c, s.seq_q, s.seq_k)) continue;
+            for (int64_t g = 0; g < heads; ++g) sc[(r * heads + g) * chunk + c] = neg_inf;
+          }
+        }
+      }
+      for (int64_t n = 0; n < n_real; ++n) std::fill(sc + n * chunk + keys, sc + n * chunk + kp, neg_inf);
+      kern.small_softmax_pv(a);
+    }
+  }
+  finalise(p, s, t, m, l, o, dp);
 }
 
 std::vector<Task> make_tasks(const AttentionProblem& p) {
@@ -264,7 +360,9 @@ std::vector<Task> make_tasks(const AttentionProblem& p) {
   }
   // Longest first, so that under a causal mask the last (heaviest) q tiles start first and the dynamic schedule fills
   // in behind them.
-  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  // (Decode tasks all cost the same: skip the sort and its buffer allocation.)
+  const auto heavier = [](const Task& a, const Task& b) { return a.cost > b.cost; };
+  if (!std::is_sorted(tasks.begin(), tasks.end(), heavier)) std::stable_sort(tasks.begin(), tasks.end(), heavier);
   return tasks;
 }
 
@@ -292,14 +390,27 @@ void run_cpu_tiled(const AttentionProblem& p) {
   double work = 0;  // (row, key, head) triples: below ~1M a parallel region costs more than it saves
   for (const Task& t : tasks) work += t.cost;
   std::atomic<bool> failed{false};
-#pragma omp parallel for schedule(dynamic, 1) if (n_tasks > 1 && work * double(p.head_dim) > 2e5)
-  for (int64_t i = 0; i < n_tasks; ++i) {
-    thread_local Scratch scratch;
+  const auto run_one = [&](int64_t i, Scratch& scratch) {
     try {
-      run_task(plan, tasks[size_t(i)], scratch);
+      const Task& t = tasks[size_t(i)];
+      if (kern.small_scores && t.rows * t.heads <= kSmallCols) {
+        run_task_small(plan, t, scratch);
+      } else {
+        run_task(plan, t, scratch);
+      }
     } catch (...) {
       failed = true;
     }
+  };
+  if (n_tasks > 1 && work * double(p.head_dim) > 2e5) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_tasks; ++i) {
+      thread_local Scratch scratch;
+      run_one(i, scratch);
+    }
+  } else {  // small problems (decode steps) run on the calling thread without entering the OpenMP runtime
+    thread_local Scratch scratch;
+    for (int64_t i = 0; i < n_tasks; ++i) run_one(i, scratch);
   }
   if (failed) throw Error(ErrorKind::runtime, "cpu backend: out of memory for the per-thread tile scratch");
 }

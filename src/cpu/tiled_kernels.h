@@ -62,6 +62,29 @@ struct SoftcapArgs {
   float in_mul, out_mul;
 };
 
+// Decode-shaped tasks (a few query columns: q_len 1..4 times the GQA group): keys, not query columns, are the vector
+// lanes, so nothing is padded to the vector width but the key count of a chunk. Per chunk of `keys` keys:
+//   small_scores:      s[n][c] = q[n] . k[c]  (c < keys; s[n][c] = 0 for c in [keys, round_up(keys, width)))
+//   (the caller softcaps and masks, and sets s[n][c] = -inf for the padding keys)
+//   small_softmax_pv:  the online-softmax step of SoftmaxArgs on row n of s, then o[n] = o[n] * alpha + sum_c p[c] v[c]
+// q, k, v, o rows hold dp floats (a multiple of the width; k/v padding columns zero or the real row continuing).
+struct SmallArgs {
+  const float* q;  // (n, ldq)
+  int64_t ldq;
+  const float* k;  // (keys, k_row)
+  int64_t k_row;
+  const float* v;  // (keys, v_row)
+  int64_t v_row;
+  float* s;  // (n, lds) scores, then probabilities
+  int64_t lds;
+  float* o;  // (n, ldo) unnormalised output
+  int64_t ldo;
+  int64_t n, keys, dp;
+  float log2_scale;
+  float* m;  // (n) running max, log2 units
+  float* l;  // (n) running sum
+};
+
 struct TiledKernels {
   const char* name;
   int width;  // floats per vector: query columns and padded head_dim are multiples of it
@@ -69,6 +92,9 @@ struct TiledKernels {
   void (*convert)(const ConvertArgs&);
   void (*online_softmax)(const SoftmaxArgs&);
   void (*softcap)(const SoftcapArgs&);
+  // Null where the instruction set has no transposing sum (V::hsum_rows): those builds keep the tiled path.
+  void (*small_scores)(const SmallArgs&);
+  void (*small_softmax_pv)(const SmallArgs&);
 };
 
 const TiledKernels& kernels_portable();

@@ -44,6 +44,8 @@ struct Portable {
     return r;
   }
   static float f16_scalar(uint16_t h) { return fp16_to_float(h); }
+  static reg hsum_rows(const reg* a) { return reg{(a[0][0] + a[0][1]) + (a[0][2] + a[0][3]), (a[1][0] + a[1][1]) + (a[1][2] + a[1][3]),
+                                                  (a[2][0] + a[2][1]) + (a[2][2] + a[2][3]), (a[3][0] + a[3][1]) + (a[3][2] + a[3][3])}; }
 };
 
 constexpr TiledKernels kKernels = TiledSimd<Portable>::table("portable");

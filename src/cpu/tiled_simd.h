@@ -3,11 +3,13 @@
 //   V::reg, V::width (floats per register), V::mr x V::nv (GEMM register block: rows x registers of columns),
 //   zero set1 load store add sub mul fma(a,b,c)=a*b+c max min div round(nearest) pow2i(integral n)=2^n,
 //   select_lt(x, t, a, b) = x < t ? a : b,
-//   load_f16 / load_bf16 (width elements), f16_scalar.
+//   load_f16 / load_bf16 (width elements), f16_scalar,
+//   optionally (the decode path) hsum_rows(const reg* a) = [sum of a[0]'s lanes, ..., sum of a[width-1]'s lanes].
 // Instantiate it only with a V declared in an anonymous namespace: everything here is a member of a template on V,
 // so each instruction set's copy has internal linkage and no code compiled for one ISA can be linked into another's
 // caller. (For the same reason: no std:: algorithms here, only builtins.)
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/tiled_kernels.h"
 
@@ -185,8 +187,188 @@ struct TiledSimd {
     }
   }
 
+  // ---- Decode-shaped tasks (SmallArgs): W keys at a time, one accumulator per key over head_dim, then one
+  // transposing sum turns the W accumulators into W scores.
+  // W keys from c0 (count of them real, the rest summing zero accumulators): one transposing sum gives W scores.
+  template <class U, bool kFull>
+  static void scores_block(const float* q, const float* k, int64_t k_row, int64_t dp, float* s, int64_t count) {
+    reg acc[W];
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) acc[i] = V::zero();
+    for (int64_t x = 0; x < dp; x += W) {
+      const reg qv = V::load(q + x);
+#pragma GCC unroll 16
+      for (int i = 0; i < W; ++i) {
+        if (kFull || i < count) acc[i] = V::fma(qv, V::load(k + i * k_row + x), acc[i]);
+      }
+    }
+    V::store(s, U::hsum_rows(acc));
+  }
+
+  template <class U>
+  static void small_scores_impl(const SmallArgs& a) {
+    const float* const k = a.k;
+    const int64_t k_row = a.k_row, dp = a.dp, keys = a.keys;
+    for (int64_t n = 0; n < a.n; ++n) {
+      const float* q = a.q + n * a.ldq;
+      float* s = a.s + n * a.lds;
+      int64_t c0 = 0;
+      for (; c0 + W <= keys; c0 += W) scores_block<U, true>(q, k + c0 * k_row, k_row, dp, s + c0, W);
+      if (c0 < keys) scores_block<U, false>(q, k + c0 * k_row, k_row, dp, s + c0, keys - c0);
+    }
+  }
+
+  static float lane_max(reg x) {
+    float b[W];
+    V::store(b, x);
+    float r = b[0];
+    for (int i = 1; i < W; ++i) r = b[i] > r ? b[i] : r;
+    return r;
+  }
+
+  static float lane_sum(reg x) {
+    float b[W];
+    V::store(b, x);
+    float r = 0.0f;
+    for (int i = 0; i < W; ++i) r += b[i];
+    return r;
+  }
+
+  // out[i] = lane i of p in every lane (through a store and broadcast loads: on AVX2 two lane shuffles per key cost
+  // more, and a measured Zen 1 showed no gain from them).
+  static void broadcast_lanes(reg p, reg* out) {
+    alignas(64) float buf[W];
+    V::store(buf, p);
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) out[i] = V::set1(buf[i]);
+  }
+
+  // p = 2^(s * c2 + neg_m) for W keys from c (lanes beyond `count` are masked scores: p = 0).
+  static reg probs(const float* s, int64_t c, reg c2, reg neg_m, reg& sum) {
+    const reg p = exp2(V::fma(V::load(s + c), c2, neg_m));
+    sum = V::add(sum, p);
+    return p;
+  }
+
+  // head_dim <= 4 W: the output row stays in registers, NB registers x U interleaved partial sums over keys (NB * U = 4
+  // independent FMA chains, enough to cover the FMA latency).
+  template <class U, int NB>
+  static float softmax_pv_regs(const SmallArgs& a, const float* s, float* o, reg c2, reg neg_m, reg alpha) {
+    constexpr int P = 4 / NB;
+    reg acc[P][NB];
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) acc[0][j] = V::mul(V::load(o + j * W), alpha);
+#pragma GCC unroll 4
+    for (int u = 1; u < P; ++u) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[u][j] = V::zero();
+    }
+    reg sum = V::zero();
+    const int64_t keys = a.keys, v_row = a.v_row;
+    for (int64_t c = 0; c < keys; c += W) {
+      reg pb[W];
+      broadcast_lanes(probs(s, c, c2, neg_m, sum), pb);
+      const float* v = a.v + c * v_row;
+      if (c + W <= keys) {
+#pragma GCC unroll 16
+        for (int i = 0; i < W; ++i) {
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) acc[i % P][j] = V::fma(pb[i], V::load(v + i * v_row + j * W), acc[i % P][j]);
+        }
+      } else {
+#pragma GCC unroll 16
+        for (int i = 0; i < W; ++i) {
+          if (c + i >= keys) break;
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) acc[i % P][j] = V::fma(pb[i], V::load(v + i * v_row + j * W), acc[i % P][j]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      reg t = acc[0][j];
+#pragma GCC unroll 4
+      for (int u = 1; u < P; ++u) t = V::add(t, acc[u][j]);
+      V::store(o + j * W, t);
+    }
+    return lane_sum(sum);
+  }
+
+  // Longer head_dim: the output row is scaled in memory, then per W keys every group of 4 registers of it is loaded,
+  // takes W FMAs, and is stored (the groups are independent chains).
+  template <class U>
+  static float softmax_pv_mem(const SmallArgs& a, const float* s, float* o, reg c2, reg neg_m, reg alpha) {
+    const int64_t keys = a.keys, v_row = a.v_row, dp = a.dp;
+    for (int64_t x = 0; x < dp; x += W) V::store(o + x, V::mul(V::load(o + x), alpha));
+    reg sum = V::zero();
+    for (int64_t c = 0; c < keys; c += W) {
+      reg pb[W];
+      broadcast_lanes(probs(s, c, c2, neg_m, sum), pb);
+      const float* v = a.v + c * v_row;
+      const int count = keys - c < W ? int(keys - c) : W;
+      for (int64_t x = 0; x < dp; x += 4 * W) {
+        const int nb = dp - x < 4 * W ? int((dp - x) / W) : 4;
+        reg acc[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) acc[j] = j < nb ? V::load(o + x + j * W) : V::zero();
+        for (int i = 0; i < count; ++i) {
+#pragma GCC unroll 4
+          for (int j = 0; j < 4; ++j) {
+            if (j < nb) acc[j] = V::fma(pb[i], V::load(v + i * v_row + x + j * W), acc[j]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          if (j < nb) V::store(o + x + j * W, acc[j]);
+        }
+      }
+    }
+    return lane_sum(sum);
+  }
+
+  template <class U>
+  static void small_softmax_pv_impl(const SmallArgs& a) {
+    const reg c2 = V::set1(a.log2_scale);
+    const int64_t kp = (a.keys + W - 1) / W * W;
+    for (int64_t n = 0; n < a.n; ++n) {
+      const float* s = a.s + n * a.lds;
+      reg mx = V::set1(-__builtin_inff());
+      for (int64_t c = 0; c < kp; c += W) mx = V::max(mx, V::load(s + c));
+      // Same arithmetic as online_softmax, one column at a time.
+      const reg m_old = V::set1(a.m[n]);
+      const reg m_new = V::max(m_old, V::mul(V::set1(lane_max(mx)), c2));
+      const reg neg_m = V::sub(V::zero(), V::max(m_new, V::set1(-3.402823466e38f)));
+      const reg alpha = exp2(V::add(m_old, neg_m));
+      float* o = a.o + n * a.ldo;
+      float sum;
+      if (a.dp == W) {
+        sum = softmax_pv_regs<U, 1>(a, s, o, c2, neg_m, alpha);
+      } else if (a.dp == 2 * W) {
+        sum = softmax_pv_regs<U, 2>(a, s, o, c2, neg_m, alpha);
+      } else if (a.dp == 4 * W) {
+        sum = softmax_pv_regs<U, 4>(a, s, o, c2, neg_m, alpha);
+      } else {
+        sum = softmax_pv_mem<U>(a, s, o, c2, neg_m, alpha);
+      }
+      float al[W], mn[W];
+      V::store(al, alpha);
+      V::store(mn, m_new);
+      a.l[n] = a.l[n] * al[0] + sum;
+      a.m[n] = mn[0];
+    }
+  }
+
+  template <class U, class = void>
+  struct HasHsumRows : std::false_type {};
+  template <class U>
+  struct HasHsumRows<U, decltype(void(U::hsum_rows(static_cast<const typename U::reg*>(nullptr))))> : std::true_type {};
+
   static constexpr TiledKernels table(const char* name) {
-    return {name, W, &gemm, &convert, &online_softmax, &softcap};
+    if constexpr (HasHsumRows<V>::value) {
+      return {name, W, &gemm, &convert, &online_softmax, &softcap, &small_scores_impl<V>, &small_softmax_pv_impl<V>};
+    } else {
+      return {name, W, &gemm, &convert, &online_softmax, &softcap, nullptr, nullptr};
+    }
   }
 };
 
