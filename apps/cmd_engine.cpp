@@ -167,6 +167,7 @@ struct GenerateSettings {
   int prompt_tokens = 0;  // benchmarks: prompts of exactly this many tokens (BOS + random ids)
   int batch = 0;          // benchmarks: repeat the prompts up to this many sequences
   bool ignore_eos = false;
+  int warmup = 0;         // benchmarks: untimed runs first (CUDA context, cuBLASLt plans, lazy module loading)
 };
 
 void run_generate(const GenerateSettings& g) {
@@ -223,8 +224,13 @@ void run_generate(const GenerateSettings& g) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   };
-  eng::GenerationResult r =
-      eng::generate(model, prompts, gen_params(g.s, g.ignore_eos ? std::vector<int>{} : stop_ids_of(l)), on_token);
+  const eng::GenerationParams params = gen_params(g.s, g.ignore_eos ? std::vector<int>{} : stop_ids_of(l));
+  for (int w = 0; w < g.warmup; ++w) {  // same prompts, a few steps; generate() resets the slots again below
+    eng::GenerationParams wp = params;
+    wp.max_new_tokens = std::min(params.max_new_tokens, 4);
+    eng::generate(model, prompts, wp);
+  }
+  eng::GenerationResult r = eng::generate(model, prompts, params, on_token);
   if (g.m.json_out) {
     json outs = json::array();
     for (size_t b = 0; b < prompts.size(); ++b) {
@@ -406,6 +412,8 @@ void add_engine_commands(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   gen->add_flag("--ignore-eos", g->ignore_eos, "Do not stop at stop tokens (benchmarks, parity runs)");
   gen->add_option("--batch", g->batch, "Benchmarks: repeat the prompts up to this many sequences")->check(CLI::NonNegativeNumber);
+  gen->add_option("--warmup", g->warmup, "Benchmarks: untimed runs (a few tokens each) before the measured one")
+      ->check(CLI::NonNegativeNumber);
   gen->callback([g] { run_generate(*g); });
 
   auto c = std::make_shared<ChatSettings>();

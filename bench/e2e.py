@@ -15,6 +15,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import time
 
 import torch
@@ -30,19 +31,33 @@ LLAMA32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, n
                                 "original_max_position_embeddings": 8192})
 
 
+def default_tokenizer_dir():
+    """The Llama 3 tokenizer: $FLASHLITE_MODELS (the GPU machine's .carry/models), .carry/models, or ../shared/models."""
+    roots = [os.environ.get("FLASHLITE_MODELS"), REPO / ".carry" / "models", REPO.parent / "shared" / "models"]
+    for r in filter(None, roots):
+        if (pathlib.Path(r) / "llama3-tokenizer" / "tokenizer.json").exists():
+            return str(pathlib.Path(r) / "llama3-tokenizer")
+    return str(REPO.parent / "shared" / "models" / "llama3-tokenizer")
+
+
 def make_checkpoint(path, tokenizer_dir):
+    """The random checkpoint (written once) with the tokenizer files beside it: the engine's CLI loads its tokenizer
+    from the model directory, so a checkpoint without tokenizer.json makes `flashlite generate` fail."""
     path = pathlib.Path(path)
-    if (path / "config.json").exists():
-        return path
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA32_1B)).to(torch.bfloat16)
-    model.save_pretrained(path, safe_serialization=True)
+    tok = pathlib.Path(tokenizer_dir)
+    if not (tok / "tokenizer.json").exists():
+        raise SystemExit(f"e2e: no tokenizer.json in --tokenizer-dir '{tok}' (copy ../shared/models/llama3-tokenizer "
+                         "into .carry/models or pass --tokenizer-dir)")
+    if not (path / "config.json").exists():
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA32_1B)).to(torch.bfloat16)
+        model.save_pretrained(path, safe_serialization=True)
+        del model
+        torch.cuda.empty_cache()
     for f in ("tokenizer.json", "tokenizer_config.json"):
-        if (pathlib.Path(tokenizer_dir) / f).exists():
-            shutil.copy(pathlib.Path(tokenizer_dir) / f, path / f)
-    del model
-    torch.cuda.empty_cache()
+        if (tok / f).exists() and not (path / f).exists():
+            shutil.copy(tok / f, path / f)
     return path
 
 
@@ -77,15 +92,21 @@ def weight_bytes(model_dir):
 
 def run_engine(args, model_dir, batch, prompt, new):
     cmd = [args.flashlite, "generate", "--model", str(model_dir), "--device", "cuda", "--prompt-tokens", str(prompt),
-           "--batch", str(batch), "--max-tokens", str(new), "--ignore-eos", "--json"]
+           "--batch", str(batch), "--max-tokens", str(new), "--ignore-eos", "--warmup", "1", "--json"]
     runs = []
     for _ in range(args.repeats):
-        out = json.loads(subprocess.run(cmd, capture_output=True, check=True).stdout)
-        runs.append(out["stats"])
+        proc = subprocess.run(cmd, capture_output=True)
+        if proc.returncode != 0:  # keep going: the row records the CLI's error instead of the numbers
+            err = proc.stderr.decode(errors="replace").strip()
+            print(f"e2e: {' '.join(cmd)} exited {proc.returncode}:\n{err}", file=sys.stderr)
+            return {"error": f"exit {proc.returncode}: {err[-800:]}", "command": " ".join(cmd)}
+        runs.append(json.loads(proc.stdout)["stats"])
     runs.sort(key=lambda s: s["decode_tokens_per_s"])
     s = runs[len(runs) // 2]
-    return {"ttft_ms": s["ttft_ms"], "tbt_ms": s["mean_tbt_ms"], "decode_tok_s": s["decode_tokens_per_s"],
-            "peak_device_bytes": s.get("device_bytes", 0), "attention_kernel": s.get("attention_kernel")}
+    return {"ttft_ms": s["ttft_ms"], "tbt_ms": s["mean_tbt_ms"], "median_tbt_ms": s["median_tbt_ms"],
+            "decode_tok_s": s["decode_tokens_per_s"], "prefill_tok_s": s["prefill_tokens_per_s"],
+            "peak_device_bytes": s.get("device_bytes", 0), "attention_kernel": s.get("attention_kernel"),
+            "device": s.get("device")}
 
 
 def run_transformers(model, batch, prompt, new, repeats):
@@ -100,7 +121,7 @@ def run_transformers(model, batch, prompt, new, repeats):
         torch.cuda.synchronize()
         return time.perf_counter() - t
 
-    timed(2)  # warm-up (static cache allocation)
+    timed(new)  # warm-up at the measured length (static cache allocation, every kernel and shape once)
     torch.cuda.reset_peak_memory_stats()
     ttft = sorted(timed(1) for _ in range(repeats))[repeats // 2]
     total = sorted(timed(new) for _ in range(repeats))[repeats // 2]
@@ -113,11 +134,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--flashlite", default=os.environ.get("FLASHLITE_BIN", str(REPO / "build" / "bin" / "flashlite")))
     ap.add_argument("--checkpoint", default="/tmp/flashlite_llama32_1b_random")
-    ap.add_argument("--tokenizer-dir", default=str(REPO.parent / "shared" / "models" / "llama3-tokenizer"))
+    ap.add_argument("--tokenizer-dir", default=default_tokenizer_dir())
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--prompts", default="512,4096")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--engine-repeats", type=int, default=1)
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -137,9 +159,14 @@ def main():
             if hf is not None:
                 row["transformers"] = run_transformers(hf, b, p, args.new_tokens, args.repeats)
             for k in ("flashlite", "transformers"):
-                if k in row:  # every decode step reads all weights once
+                if k in row and "tbt_ms" in row[k]:  # every decode step reads all weights once
                     row[k]["weight_gb_s"] = wbytes / (row[k]["tbt_ms"] / 1e3) / 1e9
                     row[k]["fraction_of_copy_bw"] = row[k]["weight_gb_s"] * 1e9 / bw
+            # Floor of a decode step: the weights read once at the measured bandwidth (KV cache reads add to it).
+            row["weight_floor_tbt_ms"] = wbytes / bw * 1e3
+            if "transformers" in row and "decode_tok_s" in row["flashlite"]:
+                row["decode_speedup"] = row["flashlite"]["decode_tok_s"] / row["transformers"]["decode_tok_s"]
+                row["ttft_speedup"] = row["transformers"]["ttft_ms"] / row["flashlite"]["ttft_ms"]
             rows.append(row)
             print(json.dumps(row))
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -25,8 +25,11 @@ cmake --build "$build" -j16 --target flashlite_cli flashlite_engine_cuda_model_t
   { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
 
 status=0
+# One random 1B checkpoint for the parity test and the benchmark (same seed and config; written once, ~5 s).
+export FLASHLITE_PARITY_CACHE="${FLASHLITE_PARITY_CACHE:-/tmp/flashlite_parity}"
 "$build/tests/engine/flashlite_engine_cuda_model_test" 2>&1 | tee "$OUT/cuda_model_test.log" || status=1
 FLASHLITE_BIN="$build/bin/flashlite" FLASHLITE_PARITY_OUT="$OUT" \
   python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_engine_gpu_parity.py 2>&1 | tee "$OUT/parity.log" || status=1
-python3 bench/e2e.py --flashlite "$build/bin/flashlite" --out "$OUT/e2e.json" 2>&1 | tee "$OUT/e2e.log" || status=1
+python3 bench/e2e.py --flashlite "$build/bin/flashlite" --checkpoint "$FLASHLITE_PARITY_CACHE/llama32_1b_random" \
+  --tokenizer-dir "$FLASHLITE_MODELS/llama3-tokenizer" --out "$OUT/e2e.json" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.log" || status=1
 exit "$status"
