@@ -8,11 +8,18 @@
 // median of --reps after 3 warm-up calls. A second, "cold" figure precedes every call with an untimed read of a
 // 512 MB buffer (L2 and TLBs cold: what a step costs after other large kernels). Bytes counted: the K and V rows the call must read
 // (sum of lengths x kv_heads x head_dim x 2 bytes x 2). Each case is checked first: sequence 0, kv head 0's GQA group
-// against a float64 computation on the host from the downloaded cache.
+// against the float64 computation on the host from the downloaded cache.
+// Both figures are event-timed eager calls: they include the host time of decode() (validation, planning, the
+// launches) whenever the GPU is idle when the call starts, which it is in the main column; in the cold column the
+// flush kernel is still running while the host prepares the call, so at small sizes "cold" reads faster.
+// Two more figures per case: host_us, the host time of one decode() call (median, no synchronisation), and us_graph,
+// the per-call time of a CUDA graph of N back-to-back decode calls on the rotated inputs (median replay / N): what a
+// step costs inside the engine's captured decode graph, without host time.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -124,6 +131,9 @@ struct Case {
 struct Result {
   double us_median = 0, us_min = 0, us_max = 0;  // rotated inputs
   double us_cold = 0;                            // after an L2 / TLB flush
+  double us_graph = -1;                          // per call, CUDA graph of graph_calls back-to-back calls
+  int graph_calls = 0;
+  double host_us = 0;                            // host time of one decode() call
   int copies = 1;
   int splits = 0;
   double rel_err = 0;
@@ -139,7 +149,7 @@ T* dalloc(size_t n) {
 
 float bf(const __nv_bfloat16& x) { return __bfloat162float(x); }
 
-Result run_case(const Case& c, Flusher& fl, int reps, int forced_splits, bool check) {
+Result run_case(const Case& c, Flusher& fl, int reps, int forced_splits, bool check, bool extras = true) {
   using namespace flashlite;
   const int64_t B = c.batch, L = c.kv_len, H = c.hkv, D = c.d, Hq = c.hq;
   const bool paged = c.page > 0;
@@ -286,6 +296,59 @@ Result run_case(const Case& c, Flusher& fl, int reps, int forced_splits, bool ch
   r.us_max = ms.back() * 1e3;
   r.us_cold = cold[cold.size() / 2] * 1e3;
   r.copies = copies;
+
+  // Host time of decode() (median; the GPU keeps running, the queue stays short).
+  std::vector<double> host;
+  if (!extras) reps = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    decode(rot[size_t(rep % copies)]);
+    const auto t1 = std::chrono::steady_clock::now();
+    host.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    if (rep % 8 == 7) cudaDeviceSynchronize();
+  }
+  ck(cudaDeviceSynchronize(), "host-timed decode");
+  std::sort(host.begin(), host.end());
+  r.host_us = host.empty() ? 0 : host[host.size() / 2];
+
+  // CUDA graph of back-to-back calls on the rotated inputs.
+  {
+    cudaStream_t st;
+    ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+    const int n = std::max(copies, 8);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    bool ok = extras && cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    if (ok) {
+      for (int i = 0; i < n; ++i) {
+        DecodeArgs g = rot[size_t(i % copies)];
+        g.stream = st;
+        decode(g);
+      }
+      ok = cudaStreamEndCapture(st, &graph) == cudaSuccess && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    }
+    if (ok) {
+      std::vector<float> gms;
+      for (int rep = 0; rep < reps / 3 + 3; ++rep) {
+        cudaEventRecord(e0, st);
+        cudaGraphLaunch(exec, st);
+        cudaEventRecord(e1, st);
+        cudaEventSynchronize(e1);
+        float t;
+        cudaEventElapsedTime(&t, e0, e1);
+        if (rep >= 2) gms.push_back(t);
+      }
+      std::sort(gms.begin(), gms.end());
+      r.us_graph = gms[gms.size() / 2] * 1e3 / n;
+      r.graph_calls = n;
+    } else if (extras) {
+      std::fprintf(stderr, "graph capture failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+    }
+    ck(cudaGetLastError(), "graph replay");
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
+  }
   cudaEventDestroy(e0), cudaEventDestroy(e1);
   for (size_t cp = 0; cp < ks.size(); ++cp) cudaFree(ks[cp]), cudaFree(vs[cp]);
   for (void* p : {static_cast<void*>(q), static_cast<void*>(out), ws}) cudaFree(p);
@@ -356,16 +419,21 @@ int main(int argc, char** argv) {
   auto emit = [&](const Case& c, const Result& r, const char* kind) {
     const double bytes = double(c.batch) * c.kv_len * c.hkv * c.d * 2.0 * 2.0;
     const double tbps = bytes / (r.us_median * 1e-6) / 1e12;
-    std::printf("%-6s b%-3d kv%-6d %-8s q%d splits %-3d %9.2f us [%8.2f, %8.2f]  %6.3f TB/s  %5.1f%% of read bw  cold %9.2f us  check rel %.1e\n",
+    const double tbps_g = r.us_graph > 0 ? bytes / (r.us_graph * 1e-6) / 1e12 : 0;
+    std::printf("%-6s b%-3d kv%-6d %-8s q%d splits %-3d %9.2f us [%8.2f, %8.2f]  %6.3f TB/s  %5.1f%% of read bw  cold %9.2f us  "
+                "graph %9.2f us %6.3f TB/s %5.1f%%  host %6.2f us  check rel %.1e\n",
                 kind, c.batch, c.kv_len, c.page ? ("paged" + std::to_string(c.page)).c_str() : "contig", c.q_len, r.splits,
-                r.us_median, r.us_min, r.us_max, tbps, 100 * tbps / bw, r.us_cold, r.rel_err);
+                r.us_median, r.us_min, r.us_max, tbps, 100 * tbps / bw, r.us_cold, r.us_graph, tbps_g, 100 * tbps_g / bw,
+                r.host_us, r.rel_err);
     std::fflush(stdout);
     std::fprintf(f, "%s  {\"kind\": \"%s\", \"batch\": %d, \"kv_len\": %d, \"layout\": \"%s\", \"page_size\": %d, \"q_len\": %d, "
                     "\"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"dtype\": \"bf16\", \"splits\": %d, "
                     "\"us_median\": %.3f, \"us_min\": %.3f, \"us_max\": %.3f, \"kv_bytes\": %.0f, \"tbps\": %.4f, "
-                    "\"pct_read_bw\": %.2f, \"us_cold\": %.3f, \"copies\": %d, \"check_rel_err\": %.3e, \"kernel\": \"%s\"}",
+                    "\"pct_read_bw\": %.2f, \"us_cold\": %.3f, \"us_graph\": %.3f, \"graph_calls\": %d, \"tbps_graph\": %.4f, "
+                    "\"pct_read_bw_graph\": %.2f, \"host_us\": %.3f, \"copies\": %d, \"check_rel_err\": %.3e, \"kernel\": \"%s\"}",
                  first ? "" : ",\n", kind, c.batch, c.kv_len, c.page ? "paged" : "contiguous", c.page, c.q_len, c.hq, c.hkv,
-                 c.d, r.splits, r.us_median, r.us_min, r.us_max, bytes, tbps, 100 * tbps / bw, r.us_cold, r.copies, r.rel_err, r.kernel.c_str());
+                 c.d, r.splits, r.us_median, r.us_min, r.us_max, bytes, tbps, 100 * tbps / bw, r.us_cold, r.us_graph, r.graph_calls,
+                 tbps_g, 100 * tbps_g / bw, r.host_us, r.copies, r.rel_err, r.kernel.c_str());
     first = false;
   };
   std::vector<Case> cases;
@@ -375,7 +443,10 @@ int main(int argc, char** argv) {
   for (int page : {64, 256}) cases.push_back({1, 32768, page}), cases.push_back({64, 8192, page});
   cases.push_back({1, 8192, 0, 32, 8, 128, 4});  // speculative decoding: 4 tokens
   cases.push_back({1, 8192, 16, 32, 8, 128, 8});
-  if (quick) cases = {{1, 8192, 0}, {1, 32768, 0}, {64, 8192, 0}, {64, 8192, 16}};
+  if (quick) {
+    cases = {{1, 1024, 0},   {1, 8192, 0},   {1, 8192, 16},   {1, 32768, 0},  {1, 32768, 16},
+             {16, 8192, 0},  {16, 8192, 16}, {64, 8192, 0},   {64, 8192, 16}, {64, 8192, 256}};
+  }
   for (const Case& c : cases) emit(c, run_case(c, fl, reps, 0, c.batch * size_t(c.kv_len) <= (size_t(1) << 20)), "main");
   for (int L : {1024, 8192, 32768}) {
     const double us = recompute_us(L, fl);
@@ -384,7 +455,7 @@ int main(int argc, char** argv) {
   }
   if (sweep) {
     for (Case c : {Case{1, 8192, 0}, Case{1, 32768, 0}, Case{16, 8192, 0}, Case{64, 8192, 0}, Case{1, 8192, 16}})
-      for (int s : {1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128}) emit(c, run_case(c, fl, reps / 2 + 5, s, false), "sweep");
+      for (int s : {1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128}) emit(c, run_case(c, fl, reps / 2 + 5, s, false, false), "sweep");
   }
   std::fprintf(f, "\n]}\n");
   std::fclose(f);

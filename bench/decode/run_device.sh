@@ -69,10 +69,10 @@ fi
 if has sanitize; then
   step "compute-sanitizer"
   t="$build/tests/kv/flashlite_decode_gpu_test"
-  f='*/window_sinks:*/splits17:*/q8_short_rows_masked:*/group16_q5_two_row_chunks:*/empty_sequences:*/paged16_bf16_d64*:*/contig_f16_d128*:*GpuAppend*/paged_bfloat16*:*GpuAppend*/contig_float16_rope_llama3*:GpuKv.CudaSpecificErrors'
+  f='*/window_sinks:*/splits17:*/q8_short_rows_masked:*/group16_q5_two_row_chunks:*/empty_sequences:*/paged16_bf16_d64*:*/contig_f16_d128*:*GpuAppend*/paged_bfloat16*:*GpuAppend*/contig_float16_rope_llama3*:GpuKv.CudaSpecificErrors:*/paged48_window_sinks:*/paged17_splits17'
   compute-sanitizer --tool memcheck --error-exitcode 3 "$t" --gtest_filter="$f" > "$logs/memcheck.log" 2>&1
   echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$logs/memcheck.log" | tr '\n' ' ')"
-  compute-sanitizer --tool racecheck --error-exitcode 3 "$t" --gtest_filter='*/window_sinks:*/group8_q8_64rows' > "$logs/racecheck.log" 2>&1
+  compute-sanitizer --tool racecheck --error-exitcode 3 "$t" --gtest_filter='*/window_sinks:*/group8_q8_64rows:*/paged17_splits17' > "$logs/racecheck.log" 2>&1
   echo "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED' "$logs/racecheck.log" | tr '\n' ' ')"
 fi
 step "done"

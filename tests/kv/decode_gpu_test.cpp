@@ -201,6 +201,10 @@ std::vector<GpuCase> gpu_cases() {
       c.cache.lens = {65536, 1, 20000};
     });
   }
+  // Page sizes that are not powers of two (divide instead of shift), pages crossed by the window and the sinks.
+  masked("paged48_window_sinks", [](GpuCase& c) { c.cache.page_size = 48, c.dec.opt.window_left = 100, c.dec.opt.sink_tokens = 5; });
+  masked("paged17_splits17", [](GpuCase& c) { c.cache.page_size = 17, c.cache.lens = {5000, 3, 700, 1}, c.dec.q_len = 1; });
+  v.back().splits = 17;
   masked("long65536_paged256_q4", [](GpuCase& c) {
     c.cache.page_size = 256, c.cache.kv_heads = 8, c.dec.q_heads = 32, c.dec.q_len = 4, c.cache.lens = {65536, 33};
   });

@@ -15,6 +15,8 @@ inline constexpr int kCombineThreads = 128;
 template <class T, int D>
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const __grid_constant__ DecodeParams p) {
   constexpr int VEC = D / 32;
+  static_assert(VEC == 2 || VEC == 4, "head_dim 64 or 128");
+  pdl_launch_dependents();  // the next decode's split kernel may start launching; it waits for this grid
   pdl_wait_primary();
   const int lane = int(threadIdx.x) % 32;
   const int64_t item = int64_t(blockIdx.x) * (kCombineThreads / 32) + int(threadIdx.x) / 32;
@@ -39,21 +41,29 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const _
     if (sink != -INFINITY) sum += __expf(sink - m);
     lse = m + __logf(sum);
   }
+  // Accumulate: split s's weight comes from lane s % 32 by a shuffle; the loop is unrolled so that eight splits' rows
+  // are loaded back to back (unconditionally: a split without keys wrote zeros and gets weight 0) instead of one
+  // dependent L2 round trip per split.
   float acc[VEC];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) acc[e] = 0.f;
   if (mx != -INFINITY) {
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float ls = lse_s[s];
-      if (ls == -INFINITY) continue;
-      const float w = __expf(ls - lse);
-      const float* src = o_s + int64_t(s) * D + lane * VEC;
-      if constexpr (VEC == 4) {
-        const float4 x = *reinterpret_cast<const float4*>(src);
-        acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
-      } else {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[e] += w * src[e];
+    for (int s0 = 0; s0 < p.num_splits; s0 += 32) {
+      const int s_lane = s0 + lane;
+      const float ls = s_lane < p.num_splits ? lse_s[s_lane] : -INFINITY;
+      const float w_lane = ls == -INFINITY ? 0.f : __expf(ls - lse);
+      const int count = min(32, p.num_splits - s0);
+      const float* src = o_s + int64_t(s0) * D + lane * VEC;
+#pragma unroll 8
+      for (int j = 0; j < count; ++j) {
+        const float w = __shfl_sync(0xffffffffu, w_lane, j);
+        if constexpr (VEC == 4) {
+          const float4 x = __ldg(reinterpret_cast<const float4*>(src + j * D));
+          acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
+        } else {
+          const float2 x = __ldg(reinterpret_cast<const float2*>(src + j * D));
+          acc[0] += w * x.x, acc[1] += w * x.y;
+        }
       }
     }
   }

@@ -24,6 +24,7 @@ struct DecodeParams {
   int64_t v_s0 = 0, v_s1 = 0, v_s2 = 0;
   bool paged = false;
   int page_size = 0;
+  int page_shift = -1;  // log2(page_size) when a power of two (shift and mask instead of divide), else -1
   const int32_t* seq_lens = nullptr;       // contiguous: (batch), on the device
   const int32_t* indptr = nullptr;         // paged: (batch + 1)
   const int32_t* indices = nullptr;        // paged

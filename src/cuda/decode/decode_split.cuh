@@ -6,7 +6,8 @@
 // The keys the rows can see (sink tokens, then the window / causal range: at most two intervals, concatenated into
 // a "virtual" key range) are cut into 64-key tiles, and split s takes an even share of the tiles. Tiles stream
 // through a 3-stage cp.async pipeline of 16-byte copies, three tiles in flight while one is waited for (row
-// addresses per key; the paged layout's page ids are loaded one tile ahead); per warp and 16 keys:
+// addresses per key; the paged layout's per-row page ids are copied into shared memory three tiles ahead, with the
+// K/V copies); per warp and 16 keys:
 //   S = Q K^T      mma.sync m16n8k16, Q fragments in registers, K by ldmatrix
 //   mask           only on tiles that are not fully visible (shared predicate, common/mask.h)
 //   online softmax in registers, log2 units
@@ -26,6 +27,8 @@ inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kTileKeys = 64;
 inline constexpr int kStages = 3;
 inline constexpr int kRowsPerBlock = 64;
+inline constexpr int kPidRing = 8;   // tiles of page ids in shared memory (written 3 tiles ahead of use: >= 4 needed)
+inline constexpr int kPidAhead = kStages;  // the page ids of tile t travel in tile t - 3's commit group
 
 template <int D>
 struct SplitCfg {
@@ -33,7 +36,11 @@ struct SplitCfg {
   static constexpr int CPR = D / 8;  // 16-byte chunks per row
   static constexpr int TILE_BYTES = kTileKeys * LD * 2;
   static constexpr int STAGE_BYTES = 2 * TILE_BYTES;  // K tile, V tile
-  static constexpr int SMEM_BYTES = kStages * STAGE_BYTES;
+  static constexpr int PIPE_BYTES = kStages * STAGE_BYTES;
+  // Paged: the page id of every key row of a tile, copied (cp.async) three tiles before the tile is issued; a ring of
+  // kPidRing tiles after the pipeline buffers.
+  static constexpr int PID_BYTES = kPidRing * kTileKeys * 4;
+  static constexpr int SMEM_BYTES = PIPE_BYTES + PID_BYTES;
   static constexpr int KD = D / 16;  // k16 steps of Q K^T
   static constexpr int ND = D / 8;   // n8 tiles of O
   static constexpr int ROWS_PER_PASS = kThreads / CPR;
@@ -42,7 +49,8 @@ struct SplitCfg {
   static constexpr int MERGE_FLOATS = ND * 4 * 32 + 32;
   static_assert(kThreads % CPR == 0 && kTileKeys % ROWS_PER_PASS == 0, "whole rows per load pass");
   static_assert(kRowsPerBlock * LD * 2 <= TILE_BYTES, "Q is staged in the last stage's K tile");
-  static_assert(kWarps * MERGE_FLOATS * 4 <= SMEM_BYTES, "the merge area fits in the pipeline buffers");
+  static_assert(kWarps * MERGE_FLOATS * 4 <= PIPE_BYTES, "the merge area fits in the pipeline buffers");
+  static_assert(kPidRing > kPidAhead + 1 && kTileKeys <= kThreads, "page-id ring: one row per copying thread");
 };
 
 // The keys a sequence's rows can see as one virtual range [0, n_total): [0, n1) then [start2, start2 + n2).
@@ -75,6 +83,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   constexpr int LD = Cfg::LD, CPR = Cfg::CPR, KD = Cfg::KD, ND = Cfg::ND;
   extern __shared__ __align__(128) unsigned char smem[];
   pdl_launch_dependents();  // the combine kernel may start launching; it waits for this grid's results
+  pdl_wait_primary();       // launched as a programmatic dependent: q and the cache may be the previous kernel's output
 
   const int split = int(blockIdx.x);
   const int kvh = int(blockIdx.y) % p.kv_heads, rc = int(blockIdx.y) / p.kv_heads;
@@ -124,7 +133,6 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
       }
     }
   }
-  cp_async_commit();
 
   // Sequence length and the keys to visit.
   int L, page_base = 0;
@@ -141,54 +149,74 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   const int t_begin = split * per_split;
   const int n_tiles = max(0, min(t_begin + per_split, total_tiles) - t_begin);
 
-  const T* kg = static_cast<const T*>(p.k);
-  const T* vg = static_cast<const T*>(p.v);
-  // Page ids of this thread's rows, one tile ahead (paged): the dependent page-table load of tile n + 1 is issued
-  // while tile n's copies go out, so it never delays them.
-  int page_next[Cfg::PASSES];
+  // Row addresses: this thread's 16-byte chunk of head kvh; the contiguous layout adds b's stride here once.
   const int ch = tid % CPR;
-  auto fetch_pages = [&](int n) {
-    if (!p.paged) return;
-#pragma unroll
-    for (int pass = 0; pass < Cfg::PASSES; ++pass) {
-      const int vk = (t_begin + n) * kTileKeys + tid / CPR + pass * Cfg::ROWS_PER_PASS;
-      page_next[pass] = vk < vkeys.n_total && n < n_tiles ? p.indices[page_base + vkeys.pos(vk) / p.page_size] : 0;
+  const int64_t seq_k = p.paged ? 0 : int64_t(b) * p.k_s0, seq_v = p.paged ? 0 : int64_t(b) * p.v_s0;
+  const T* kbase = static_cast<const T*>(p.k) + seq_k + int64_t(kvh) * p.k_s2 + ch * 8;
+  const T* vbase = static_cast<const T*>(p.v) + seq_v + int64_t(kvh) * p.v_s2 + ch * 8;
+  const int page_mask = p.page_shift >= 0 ? p.page_size - 1 : 0;
+
+  // Paged: page ids of tile t's 64 rows into the shared ring (threads < 64, one row each), as part of tile
+  // t - kPidAhead's copies: they have landed before tile t is issued, so the copies never wait on a page-table load
+  // (a plain load issued behind a tile's worth of copies returns only after them).
+  int* const pid = reinterpret_cast<int*>(smem + Cfg::PIPE_BYTES);  // (kPidRing, kTileKeys)
+  auto copy_pids = [&](int t) {
+    if (!p.paged || tid >= kTileKeys) return;
+    const int vk = (t_begin + t) * kTileKeys + tid;
+    const uint32_t dst = smem_u32(pid + (t % kPidRing) * kTileKeys + tid);
+    if (t < n_tiles && vk < vkeys.n_total) {
+      const int pos = vkeys.pos(vk);
+      const int page_idx = p.page_shift >= 0 ? pos >> p.page_shift : pos / p.page_size;
+      cp_async_4(dst, p.indices + page_base + page_idx);
+    } else {
+      st_shared_4(dst, 0u);
     }
   };
+#pragma unroll
+  for (int t = 0; t < kPidAhead; ++t) copy_pids(t);
+  cp_async_commit();  // group: Q rows and the first tiles' page ids
+  if (p.paged) {
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+
   // One tile (n-th of this split) into its stage: 64 rows of K and V, 16-byte copies; keys past the range are zeros.
   auto issue = [&](int n) {
     const uint32_t sK = s_base + uint32_t((n % kStages) * Cfg::STAGE_BYTES);
     const uint32_t sV = sK + Cfg::TILE_BYTES;
     const int vk0 = (t_begin + n) * kTileKeys;
+    const int* pid_n = pid + (n % kPidRing) * kTileKeys;
 #pragma unroll
     for (int pass = 0; pass < Cfg::PASSES; ++pass) {
       const int row = tid / CPR + pass * Cfg::ROWS_PER_PASS;
       const int vk = vk0 + row;
       const bool ok = vk < vkeys.n_total;
-      const T* ksrc = kg;
-      const T* vsrc = vg;
+      const T* ksrc = kbase;
+      const T* vsrc = vbase;
       if (ok) {
         const int pos = vkeys.pos(vk);
-        int64_t page, slot;
         if (p.paged) {
-          page = page_next[pass];
-          slot = pos % p.page_size;
+          const int64_t page = pid_n[row];
+          const int slot = p.page_shift >= 0 ? (pos & page_mask) : pos % p.page_size;
+          ksrc += page * p.k_s0 + int64_t(slot) * p.k_s1;
+          vsrc += page * p.v_s0 + int64_t(slot) * p.v_s1;
         } else {
-          page = b;
-          slot = pos;
+          ksrc += int64_t(pos) * p.k_s1;
+          vsrc += int64_t(pos) * p.v_s1;
         }
-        ksrc = kg + page * p.k_s0 + slot * p.k_s1 + kvh * p.k_s2 + ch * 8;
-        vsrc = vg + page * p.v_s0 + slot * p.v_s1 + kvh * p.v_s2 + ch * 8;
       }
       const uint32_t off = uint32_t((row * LD + ch * 8) * 2);
-      cp_async_16(sK + off, ksrc, ok ? 16 : 0);
-      cp_async_16(sV + off, vsrc, ok ? 16 : 0);
+      if constexpr (D == 128) {
+        cp_async_16_l2_256(sK + off, ksrc, ok ? 16 : 0);
+        cp_async_16_l2_256(sV + off, vsrc, ok ? 16 : 0);
+      } else {
+        cp_async_16(sK + off, ksrc, ok ? 16 : 0);
+        cp_async_16(sV + off, vsrc, ok ? 16 : 0);
+      }
     }
-    fetch_pages(n + 1);
+    copy_pids(n + kPidAhead);
   };
 
-
-  fetch_pages(0);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < n_tiles) issue(s);

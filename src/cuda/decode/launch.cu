@@ -65,6 +65,10 @@ int prepare_kernel(int dev, const DecodeProblem& p, const DecodeKernels& k) {
   if (n > 0) return n;
   (void)compute_capability(dev);  // cached now: nothing but launches happen later (e.g. inside a graph capture)
   FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributeMaxDynamicSharedMemorySize, k.split_smem_bytes));
+  // Both kernels ask for the same L1 / shared split, so the SMs need no reconfiguration between them (the combine
+  // kernel's blocks start beside the split kernel's tail as programmatic dependents).
+  FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  FL_CUDA_CHECK(cudaFuncSetAttribute(k.combine, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.split, kSplitThreads, k.split_smem_bytes));
   if (n < 1) n = 1;
   st.blocks_per_sm.store(n);
@@ -141,6 +145,10 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   P.v_s0 = c.vs.s0, P.v_s1 = c.vs.s1, P.v_s2 = c.vs.s2;
   P.paged = c.paged;
   P.page_size = c.paged ? int(c.capacity) : 0;
+  if (c.paged && (P.page_size & (P.page_size - 1)) == 0) {
+    P.page_shift = 0;
+    while ((1 << P.page_shift) < P.page_size) ++P.page_shift;
+  }
   P.seq_lens = c.k_seq_lens;
   P.indptr = c.k_indptr;
   P.indices = c.k_indices;
@@ -174,21 +182,26 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   }
   (void)workspace_bytes;  // checked against the plan by decode()
 
+  // Both kernels are programmatic dependents of what precedes them in the stream (sm_90): the split kernel's blocks
+  // launch while the previous kernel (e.g. the last decode's combine) drains and wait for it in griddepcontrol.wait
+  // before their first read; the combine kernel likewise behind the split kernel.
   void* args[] = {&P};
-  const dim3 grid(unsigned(num_splits), unsigned(c.kv_heads * P.row_chunks), unsigned(c.batch));
-  FL_CUDA_CHECK(cudaLaunchKernel(kern.split, grid, dim3(kSplitThreads), args, size_t(kern.split_smem_bytes), stream));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(num_splits), unsigned(c.kv_heads * P.row_chunks), unsigned(c.batch));
+  cfg.blockDim = dim3(kSplitThreads);
+  cfg.dynamicSmemBytes = size_t(kern.split_smem_bytes);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = use_pdl(dev) ? 1 : 0;
+  FL_CUDA_CHECK(cudaLaunchKernelExC(&cfg, kern.split, args));
   if (num_splits > 1) {
     const int64_t items = c.batch * c.kv_heads * int64_t(P.rows);
-    cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned((items + kCombineThreads / 32 - 1) / (kCombineThreads / 32)));
     cfg.blockDim = dim3(kCombineThreads);
     cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = use_pdl(dev) ? 1 : 0;
     FL_CUDA_CHECK(cudaLaunchKernelExC(&cfg, kern.combine, args));
   }
   if (owned) FL_CUDA_CHECK(cudaFreeAsync(ws, stream));
