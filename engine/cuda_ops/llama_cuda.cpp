@@ -3,12 +3,16 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "engine/cuda_ops/gemm.h"
 #include "engine/cuda_ops/ops.h"
 #include "engine/errors.h"
+#include "flashlite/kv_cache.h"
 
 namespace flashlite::engine {
 
@@ -44,6 +48,12 @@ struct DeviceBuffer {
     cuda_check(cudaMalloc(&ptr, n), std::string("allocation of ") + std::to_string(n) + " bytes for " + what);
     bytes = n;
     allocated() += n;
+    ++generation();
+  }
+  // Bumped by every allocation: a captured CUDA graph holds raw pointers and is stale once this moves.
+  static uint64_t& generation() {
+    static uint64_t g = 0;
+    return g;
   }
   // Bytes held by all DeviceBuffers of the process (reported as the engine's device memory).
   static size_t& allocated() {
@@ -99,9 +109,14 @@ class LlamaCuda final : public LlamaModel {
       v_cache_[l]->reserve(kv_bytes, "the V cache");
     }
     attention_ = choose_attention();
+    decode_ok_ = probe_decode();
+    const char* env = std::getenv("FLASHLITE_ENGINE_GRAPH");
+    graphs_on_ = decode_ok_ && !(env && std::string(env) == "0");
   }
 
   ~LlamaCuda() override {
+    for (auto& [rows, g] : graphs_)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -116,7 +131,11 @@ class LlamaCuda final : public LlamaModel {
     return std::string("cuda:") + std::to_string(opt_.device_index) + " " + prop.name + " (" +
            (elem_ == Elem::bf16 ? "bf16" : "fp32") + ")";
   }
-  std::string attention_kernel() override { return forward_kernel_name(attention_args(0, 0, 0, 1, 1)); }
+  std::string attention_kernel() override {
+    if (!decode_ok_) return forward_kernel_name(attention_args(0, 0, 0, 1, 1));
+    const int32_t one = 1;
+    return decode_kernel_name(decode_args(0, 1, &one, nullptr));
+  }
   size_t device_bytes() const override { return DeviceBuffer::allocated() + (size_t(32) << 20); }  // + GEMM workspace
 
   const std::vector<float>& forward(const std::vector<SequenceInput>& inputs) override;
@@ -181,6 +200,43 @@ class LlamaCuda final : public LlamaModel {
     }
   }
 
+  // Decode steps (one new token per sequence, slots 0..batch-1): flashlite's split-KV decode kernel over the batch in
+  // one launch per layer. Lengths are those after this step's append (host copy for planning, device copy for the kernel).
+  DecodeArgs decode_args(int layer, int batch, const int32_t* host_lens, const DecodePlan* plan) {
+    const int D = c_.head_dim, qkv_w = c_.q_dim() + 2 * c_.kv_dim(), kvd = c_.kv_dim(), qd = c_.q_dim();
+    const Device dev = Device::cuda(opt_.device_index);
+    DecodeArgs a;
+    a.q = TensorView::strided(qkv_.ptr, dtype(), dev, {batch, 1, c_.n_heads, D}, {qkv_w, qkv_w, D, 1});
+    a.out = TensorView::strided(att_.ptr, dtype(), dev, {batch, 1, c_.n_heads, D}, {qd, qd, D, 1});
+    a.cache.layout = KvLayout::contiguous;
+    a.cache.k = TensorView::strided(k_cache_[layer]->ptr, dtype(), dev, {batch, context_, c_.n_kv_heads, D},
+                                    {int64_t(context_) * kvd, kvd, D, 1});
+    a.cache.v = TensorView::strided(v_cache_[layer]->ptr, dtype(), dev, {batch, context_, c_.n_kv_heads, D},
+                                    {int64_t(context_) * kvd, kvd, D, 1});
+    a.cache.host.seq_lens = TensorView::contiguous(const_cast<int32_t*>(host_lens), DType::i32, Device::cpu(), {batch});
+    a.cache.device.seq_lens = TensorView::contiguous(seq_lens_dev_.ptr, DType::i32, dev, {batch});
+    a.options.causal = true;
+    a.backend = Backend::cuda;
+    a.stream = stream_;
+    a.plan = plan;
+    a.workspace = decode_ws_.ptr;
+    a.workspace_bytes = decode_ws_.bytes;
+    return a;
+  }
+
+  // Whether the decode kernel takes this model (head_dim 64/128, bf16/f16; fp32 and tiny heads use the fused forward).
+  bool probe_decode() {
+    if (opt_.attention != Backend::automatic && opt_.attention != Backend::cuda) return false;
+    seq_lens_dev_.reserve(size_t(slots_) * 4, "sequence lengths");
+    const int32_t one = 1;
+    try {
+      decode_kernel_name(decode_args(0, 1, &one, nullptr));
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }
+
   void ensure_scratch(int rows, int logit_rows) {
     const size_t r = size_t(rows), e = esize();
     x_.reserve(r * c_.dim * 4, "activations");
@@ -206,13 +262,43 @@ class LlamaCuda final : public LlamaModel {
   Elem elem_ = Elem::bf16;
   int context_ = 0, slots_ = 1;
   Backend attention_ = Backend::cuda;
+  bool decode_ok_ = false, graphs_on_ = false;
+  // Decode steps replayed from a CUDA graph, one per batch size: captured the second time that size is seen (the
+  // first runs eagerly: lazy module loading and cuBLASLt heuristics stay out of the capture).
+  struct GraphEntry {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t generation = 0;
+    int seen = 0;
+  };
+  std::map<int, GraphEntry> graphs_;
+  bool capture(GraphEntry& g, const std::function<void()>& body) {
+    cudaGraph_t graph = nullptr;
+    cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
+    bool ok = true;
+    try {
+      body();
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    if (ok && e == cudaSuccess) e = cudaGraphInstantiate(&g.exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (!ok || e != cudaSuccess) {  // fall back to eager steps for good
+      cudaGetLastError();
+      g.exec = nullptr;
+      graphs_on_ = false;
+      return false;
+    }
+    g.generation = DeviceBuffer::generation();
+    return true;
+  }
   std::vector<int> lengths_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda_ops::Gemm> gemm_;
   DeviceBuffer embedding_, rms_final_, lm_head_, cos_, sin_;
   std::vector<Layer> layers_;
   std::vector<std::unique_ptr<DeviceBuffer>> k_cache_, v_cache_;  // per layer (slots * context, kv_heads, head_dim)
-  DeviceBuffer x_, xb_, qkv_, att_, h13_, hb_, xo_, tokens_, pos_, cache_row_, logit_index_, logits_dev_;
+  DeviceBuffer x_, xb_, qkv_, att_, h13_, hb_, xo_, tokens_, pos_, cache_row_, logit_index_, logits_dev_, seq_lens_dev_, decode_ws_;
   std::vector<float> logits_;
 };
 
@@ -245,47 +331,78 @@ const std::vector<float>& LlamaCuda::forward(const std::vector<SequenceInput>& i
   }
   const int rows = int(tokens.size()), lrows = int(logit_index.size());
   ensure_scratch(rows, lrows);
+  // A decode step over slots 0..rows-1, one token each: one batched decode launch per layer.
+  bool batched_decode = decode_ok_ && rows == int(inputs.size());
+  for (size_t q = 0; batched_decode && q < inputs.size(); ++q) batched_decode = inputs[q].slot == int(q);
+  std::vector<int32_t> lens_after;
+  DecodePlan plan;
+  if (batched_decode) {
+    for (const SequenceInput& in : inputs) lens_after.push_back(int32_t(lengths_[in.slot] + 1));
+    cuda_check(cudaMemcpyAsync(seq_lens_dev_.ptr, lens_after.data(), rows * 4, cudaMemcpyHostToDevice, stream_), "upload");
+    plan = plan_decode(decode_args(0, rows, lens_after.data(), nullptr), context_);  // graph-stable: any length
+    if (plan.workspace_bytes > decode_ws_.bytes) {
+      cuda_check(cudaStreamSynchronize(stream_), "decode workspace");
+      decode_ws_.reserve(plan.workspace_bytes, "the decode workspace");
+    }
+  }
   cuda_check(cudaMemcpyAsync(tokens_.ptr, tokens.data(), rows * 4, cudaMemcpyHostToDevice, stream_), "token upload");
   cuda_check(cudaMemcpyAsync(pos_.ptr, pos.data(), rows * 4, cudaMemcpyHostToDevice, stream_), "position upload");
   cuda_check(cudaMemcpyAsync(cache_row_.ptr, cache_row.data(), rows * 8, cudaMemcpyHostToDevice, stream_), "upload");
   cuda_check(cudaMemcpyAsync(logit_index_.ptr, logit_index.data(), lrows * 4, cudaMemcpyHostToDevice, stream_), "upload");
 
   void* s = stream_;
-  cuda_ops::embed(x_.as<float>(), embedding_.ptr, tokens_.as<int32_t>(), rows, dim, elem_, s);
-  for (int l = 0; l < c_.n_layers; ++l) {
-    const Layer& L = layers_[l];
-    cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_att.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);
-    gemm_->run(qkv_.ptr, xb_.ptr, L.wqkv.ptr, rows, dim, qkv_w, elem_, false, s);
-    cuda_ops::RopeAppendParams rp;
-    rp.qkv = qkv_.ptr;
-    rp.cos = cos_.as<float>();
-    rp.sin = sin_.as<float>();
-    rp.pos = pos_.as<int32_t>();
-    rp.cache_row = cache_row_.as<int64_t>();
-    rp.k_cache = k_cache_[l]->ptr;
-    rp.v_cache = v_cache_[l]->ptr;
-    rp.rows = rows;
-    rp.heads = c_.n_heads;
-    rp.kv_heads = c_.n_kv_heads;
-    rp.head_dim = c_.head_dim;
-    rp.interleaved = c_.rope_style == RopeStyle::interleaved;
-    rp.elem = elem_;
-    cuda_ops::rope_append(rp, s);
-    for (size_t q = 0; q < inputs.size(); ++q) {
-      const int n = int(inputs[q].tokens.size());
-      flashlite::forward(attention_args(l, inputs[q].slot, row0[q], n, lengths_[inputs[q].slot] + n));
+  auto compute = [&] {
+    cuda_ops::embed(x_.as<float>(), embedding_.ptr, tokens_.as<int32_t>(), rows, dim, elem_, s);
+    for (int l = 0; l < c_.n_layers; ++l) {
+      const Layer& L = layers_[l];
+      cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_att.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);
+      gemm_->run(qkv_.ptr, xb_.ptr, L.wqkv.ptr, rows, dim, qkv_w, elem_, false, s);
+      cuda_ops::RopeAppendParams rp;
+      rp.qkv = qkv_.ptr;
+      rp.cos = cos_.as<float>();
+      rp.sin = sin_.as<float>();
+      rp.pos = pos_.as<int32_t>();
+      rp.cache_row = cache_row_.as<int64_t>();
+      rp.k_cache = k_cache_[l]->ptr;
+      rp.v_cache = v_cache_[l]->ptr;
+      rp.rows = rows;
+      rp.heads = c_.n_heads;
+      rp.kv_heads = c_.n_kv_heads;
+      rp.head_dim = c_.head_dim;
+      rp.interleaved = c_.rope_style == RopeStyle::interleaved;
+      rp.elem = elem_;
+      cuda_ops::rope_append(rp, s);
+      if (batched_decode) {
+        flashlite::decode(decode_args(l, rows, lens_after.data(), &plan));
+      } else {
+        for (size_t q = 0; q < inputs.size(); ++q) {
+          const int n = int(inputs[q].tokens.size());
+          flashlite::forward(attention_args(l, inputs[q].slot, row0[q], n, lengths_[inputs[q].slot] + n));
+        }
+      }
+      gemm_->run(xo_.ptr, att_.ptr, L.wo.ptr, rows, qd, dim, elem_, false, s);
+      cuda_ops::residual_add(x_.as<float>(), xo_.ptr, size_t(rows) * dim, elem_, s);
+      cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_ffn.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);
+      gemm_->run(h13_.ptr, xb_.ptr, L.w13.ptr, rows, dim, 2 * hid, elem_, false, s);
+      cuda_ops::swiglu(hb_.ptr, h13_.ptr, rows, hid, elem_, s);
+      gemm_->run(xo_.ptr, hb_.ptr, L.w2.ptr, rows, hid, dim, elem_, false, s);
+      cuda_ops::residual_add(x_.as<float>(), xo_.ptr, size_t(rows) * dim, elem_, s);
     }
-    gemm_->run(xo_.ptr, att_.ptr, L.wo.ptr, rows, qd, dim, elem_, false, s);
-    cuda_ops::residual_add(x_.as<float>(), xo_.ptr, size_t(rows) * dim, elem_, s);
-    cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_ffn.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);
-    gemm_->run(h13_.ptr, xb_.ptr, L.w13.ptr, rows, dim, 2 * hid, elem_, false, s);
-    cuda_ops::swiglu(hb_.ptr, h13_.ptr, rows, hid, elem_, s);
-    gemm_->run(xo_.ptr, hb_.ptr, L.w2.ptr, rows, hid, dim, elem_, false, s);
-    cuda_ops::residual_add(x_.as<float>(), xo_.ptr, size_t(rows) * dim, elem_, s);
+    cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), rms_final_.ptr, logit_index_.as<int32_t>(), lrows, dim, c_.rms_eps, elem_, s);
+    const void* head = c_.tie_embeddings ? embedding_.ptr : lm_head_.ptr;
+    gemm_->run(logits_dev_.ptr, xb_.ptr, head, lrows, dim, c_.vocab_size, elem_, true, s);
+  };
+  GraphEntry* g = nullptr;
+  if (batched_decode && graphs_on_) {
+    g = &graphs_[rows];
+    if (g->exec && g->generation != DeviceBuffer::generation()) {  // a buffer moved since the capture
+      cudaGraphExecDestroy(g->exec);
+      g->exec = nullptr;
+    }
+    if (!g->exec && ++g->seen >= 2 && !capture(*g, compute)) g = nullptr;
   }
-  cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), rms_final_.ptr, logit_index_.as<int32_t>(), lrows, dim, c_.rms_eps, elem_, s);
-  const void* head = c_.tie_embeddings ? embedding_.ptr : lm_head_.ptr;
-  gemm_->run(logits_dev_.ptr, xb_.ptr, head, lrows, dim, c_.vocab_size, elem_, true, s);
+  if (g && g->exec) cuda_check(cudaGraphLaunch(g->exec, stream_), "decode graph launch");
+  else compute();
   logits_.resize(size_t(lrows) * c_.vocab_size);
   cuda_check(cudaMemcpyAsync(logits_.data(), logits_dev_.ptr, logits_.size() * 4, cudaMemcpyDeviceToHost, stream_), "logits download");
   cuda_check(cudaStreamSynchronize(stream_), "forward");
