@@ -26,10 +26,20 @@ def _dl(t):
     return _dlpack.to_dlpack(t.detach())
 
 
+def _current_stream(device):
+    """The raw cudaStream_t of torch's current stream on `device` (the private call costs ~1 us, the public
+    torch.cuda.current_stream(device).cuda_stream ~5 us: it matters at one call per layer and token)."""
+    try:
+        return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else
+                                                  torch.cuda.current_device())
+    except AttributeError:  # a torch without the private binding
+        return torch.cuda.current_stream(device).cuda_stream
+
+
 def _run(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left, window_right,
          sink_tokens, softcap, backend):
     if q.is_cuda:
-        stream = torch.cuda.current_stream(q.device).cuda_stream
+        stream = _current_stream(q.device)
         device = q.device
 
         def allocate(nbytes):  # the naive backend's S x S workspace, from torch's caching allocator
@@ -91,7 +101,9 @@ def _as_tensor(x, name):
 def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens=0, sink_logits=None, softcap=0.0,
               cu_seqlens_q=None, cu_seqlens_k=None, return_lse=False, backend="auto", out=None):
     """flashlite.attention for torch tensors, written so torch.compile traces it whole (fullgraph=True): it only
-    checks argument types and calls the custom ops torch.ops.flashlite.attention / attention_out."""
+    checks argument types and calls the custom ops torch.ops.flashlite.attention / attention_out -- or, in eager
+    mode with nothing for autograd to record, the same kernel call directly (the op's dispatch costs more host time
+    than the kernel at decode sizes)."""
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} is a {type(t).__name__}; expected a torch.Tensor (pass tensors of one library)")
@@ -104,8 +116,23 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
     args = (_as_tensor(sink_logits, "sink_logits"), _as_tensor(cu_seqlens_q, "cu_seqlens_q"),
             _as_tensor(cu_seqlens_k, "cu_seqlens_k"), bool(causal), None if scale is None else float(scale),
             int(window[0]), int(window[1]), int(sink_tokens), float(softcap), backend)
-    if out is None:
+    if _eager_ok(q, k, v, args[0]):  # the same kernel call without the custom-op dispatch (~60 us of host time)
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
+        _run(q, k, v, out, lse, *args)
+    elif out is None:
         out, lse = attention_op(q, k, v, *args)
     else:
         lse = attention_out_op(q, k, v, out, *args)
     return (out, lse) if return_lse else out
+
+
+def _eager_ok(q, k, v, sink_logits):
+    """Whether calling the kernel directly is exactly what the custom op would do: not while torch.compile traces
+    (it must see the op), and not when autograd would have to record it (the op then raises its own error)."""
+    if torch.compiler.is_compiling():
+        return False
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sink_logits)):
+        return False
+    return all(type(t) is torch.Tensor for t in (q, k, v))  # subclasses (fake, functional) go through the op

@@ -15,64 +15,17 @@
 #include "flashlite/errors.h"
 #include "flashlite/tensor.h"
 #include "flashlite/version.h"
+#include "views.h"
 
 namespace nb = nanobind;
 using namespace flashlite;
 
 namespace {
 
-using InArray = nb::ndarray<nb::ro>;  // read-only views are fine for inputs
-using OutArray = nb::ndarray<>;
-
-DType to_dtype(nb::dlpack::dtype dt, const char* name) {
-  using Code = nb::dlpack::dtype_code;
-  if (dt.lanes == 1) {
-    if (dt.code == uint8_t(Code::Float) && dt.bits == 32) return DType::f32;
-    if (dt.code == uint8_t(Code::Float) && dt.bits == 16) return DType::f16;
-    if (dt.code == uint8_t(Code::Bfloat) && dt.bits == 16) return DType::bf16;
-    if (dt.code == uint8_t(Code::Int) && dt.bits == 32) return DType::i32;
-  }
-  const char* kind = dt.code == uint8_t(Code::Int)      ? "int"
-                     : dt.code == uint8_t(Code::UInt)   ? "uint"
-                     : dt.code == uint8_t(Code::Float)  ? "float"
-                     : dt.code == uint8_t(Code::Bfloat) ? "bfloat"
-                     : dt.code == uint8_t(Code::Bool)   ? "bool"
-                                                        : "complex";
-  throw Error(ErrorKind::invalid_type, std::string(name) + " has dtype " + kind + std::to_string(dt.bits) +
-                                           (dt.lanes != 1 ? "x" + std::to_string(dt.lanes) : std::string()) +
-                                           "; expected float32, float16 or bfloat16 (int32 for cu_seqlens)");
-}
-
-template <class... Ts>
-TensorView to_view(const nb::ndarray<Ts...>& a, const char* name) {
-  TensorView t;
-  t.data = const_cast<void*>(static_cast<const void*>(a.data()));
-  t.dtype = to_dtype(a.dtype(), name);
-  const int dev = a.device_type();
-  if (dev == nb::device::cpu::value) {
-    t.device = Device::cpu();
-  } else if (dev == nb::device::cuda::value) {
-    t.device = Device::cuda(a.device_id());
-  } else {
-    throw Error(ErrorKind::invalid_value, std::string(name) + " is on DLPack device type " + std::to_string(dev) +
-                                              "; expected CPU or CUDA memory");
-  }
-  if (a.ndim() > size_t(kMaxRank)) {
-    throw Error(ErrorKind::invalid_value, std::string(name) + " has rank " + std::to_string(a.ndim()) +
-                                              "; expected at most " + std::to_string(kMaxRank));
-  }
-  t.rank = int(a.ndim());
-  for (int i = 0; i < t.rank; ++i) {
-    t.shape[size_t(i)] = int64_t(a.shape(size_t(i)));
-    t.strides[size_t(i)] = int64_t(a.stride(size_t(i)));
-  }
-  return t;
-}
-
-template <class A>
-TensorView opt_view(const std::optional<A>& a, const char* name) {
-  return a ? to_view(*a, name) : TensorView{};
-}
+using py::InArray;
+using py::OutArray;
+using py::opt_view;
+using py::to_view;
 
 // The arguments of one call, as Python passes them (keyword names match flashlite.attention's).
 ForwardArgs make_args(const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
@@ -157,6 +110,10 @@ void translate(const std::exception_ptr& p, void*) {
 
 }  // namespace
 
+namespace flashlite::py {
+void bind_kv(nb::module_& m);  // kv.cpp
+}
+
 NB_MODULE(_C, m) {
   m.doc() = "flashlite native module (see the flashlite package)";
   nb::register_exception_translator(translate);
@@ -199,4 +156,5 @@ NB_MODULE(_C, m) {
       },
       FL_PY_ARG_NAMES, nb::arg("out64"), nb::arg("lse64").none(),
       "The float64 oracle on CPU arrays: writes contiguous out64 shaped like q and lse64 [batch, q_heads, seq_q].");
+  py::bind_kv(m);
 }

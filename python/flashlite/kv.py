@@ -1,0 +1,224 @@
+"""KV cache for generation: a cache view (contiguous or paged), append with rotary embedding, and decode.
+
+    cache = flashlite.KVCache(k_cache, v_cache, seq_lens=[0, 0])          # [batch, max_len, kv_heads, D]
+    cache.update(seq_lens=[5, 3])                                          # lengths AFTER this step's append
+    q = flashlite.append_kv(cache, k_new, v_new, q=q_new, rope=flashlite.Rope(theta=500000.0))
+    out = flashlite.decode(q, cache)                                       # q [batch, q_len <= 8, heads, D]
+
+Paged: KVCache(k_pages, v_pages, page_indptr=..., page_indices=..., last_page_len=...) with pages
+[num_pages, page_size, kv_heads, D] and a CSR page table per sequence (FlashInfer's convention). Lengths always
+describe the cache after the step's append (grow them first, then append_kv writes the last n tokens of each
+sequence). Arrays are torch tensors (CPU or CUDA) or numpy arrays (CPU), used in place. For a CUDA cache the index
+arrays live twice: on the host (validation and planning read them before anything launches) and on the device (the
+kernels read them, so a captured CUDA graph sees the lengths of every replay); update() keeps both and writes the
+device copies in place. Errors (overflow past max_len or past the pages given, bad page ids, shapes) raise
+ValueError / TypeError and write nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from . import _C
+
+_INDEX_NAMES = ("seq_lens", "page_indptr", "page_indices", "last_page_len")
+
+
+def _lib(x, name):
+    root = type(x).__module__.split(".")[0]
+    if root in ("torch", "numpy"):
+        return root
+    raise TypeError(f"{name} is a {type(x).__module__}.{type(x).__name__}; the KV cache functions take torch tensors "
+                    "or numpy arrays")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rope:
+    """Rotary embedding applied by append_kv: pair c of the token at position p turns by p * theta^(-2c/D).
+    layout: "half_split" (pairs (c, c + D/2), Hugging Face Llama) or "interleaved" (pairs (2c, 2c+1), Meta's
+    original). llama3=True rescales the frequencies by Llama-3's rule with the four parameters below."""
+    theta: float = 10000.0
+    layout: str = "half_split"
+    llama3: bool = False
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: float = 8192.0
+
+    @classmethod
+    def from_hf_config(cls, config) -> "Rope":
+        """From a transformers config (rope_theta, rope_scaling / rope_parameters with rope_type 'llama3')."""
+        scaling = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}
+        theta = getattr(config, "rope_theta", None) or scaling.get("rope_theta", 10000.0)
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind not in ("default", "llama3"):
+            raise ValueError(f"rope_type {kind!r} is not supported (default or llama3)")
+        if kind == "default":
+            return cls(theta=float(theta))
+        return cls(theta=float(theta), llama3=True, factor=float(scaling["factor"]),
+                   low_freq_factor=float(scaling["low_freq_factor"]),
+                   high_freq_factor=float(scaling["high_freq_factor"]),
+                   original_max_position=float(scaling["original_max_position_embeddings"]))
+
+    def inv_freq(self, head_dim: int):
+        """The float64 inverse frequencies (list of head_dim / 2) this rule gives."""
+        return [_C.rope_inv_freq(self.theta, self.llama3, self.factor, self.low_freq_factor, self.high_freq_factor,
+                                 self.original_max_position, head_dim, c) for c in range(head_dim // 2)]
+
+
+class KVCache:
+    """A view of one layer's KV cache (the arrays are the caller's; nothing is copied but the index arrays)."""
+
+    def __init__(self, k, v, *, seq_lens=None, page_indptr=None, page_indices=None, last_page_len=None):
+        self.lib = _lib(k, "k")
+        if _lib(v, "v") != self.lib:
+            raise TypeError("k and v must come from the same library")
+        paged = [x is not None for x in (page_indptr, page_indices, last_page_len)]
+        if any(paged) and not all(paged):
+            raise ValueError("a paged cache needs page_indptr, page_indices and last_page_len together")
+        if all(paged) and seq_lens is not None:
+            raise ValueError("give seq_lens (contiguous cache) or the page table (paged cache), not both")
+        if not any(paged) and seq_lens is None:
+            raise ValueError("give seq_lens (contiguous cache) or page_indptr/page_indices/last_page_len (paged)")
+        self.layout = "paged" if all(paged) else "contiguous"
+        self.k, self.v = k, v
+        self.host = dict.fromkeys(_INDEX_NAMES)
+        self.device = dict.fromkeys(_INDEX_NAMES)
+        self.update(seq_lens=seq_lens, page_indptr=page_indptr, page_indices=page_indices,
+                    last_page_len=last_page_len)
+
+    @property
+    def is_cuda(self):
+        return self.lib == "torch" and self.k.is_cuda
+
+    def _host_int32(self, x, name):
+        if self.lib == "torch":
+            import torch
+            if isinstance(x, torch.Tensor):
+                if x.dtype != torch.int32:
+                    raise TypeError(f"{name} has dtype {x.dtype}; expected torch.int32")
+                return x.detach().cpu().contiguous()
+            return torch.tensor(list(x), dtype=torch.int32)
+        import numpy as np
+        a = np.asarray(x)
+        if a.dtype != np.int32 and not isinstance(x, (list, tuple)):
+            raise TypeError(f"{name} has dtype {a.dtype}; expected int32")
+        return np.ascontiguousarray(a, dtype=np.int32)
+
+    def update(self, **index):
+        """Replaces index arrays (seq_lens, or page_indptr / page_indices / last_page_len): lists or int32 arrays.
+        The host copies are taken as given; for a CUDA cache the device copies are written in place when their size
+        is unchanged (a captured graph keeps reading them), else reallocated."""
+        for name, x in index.items():
+            if name not in _INDEX_NAMES:
+                raise TypeError(f"update() got {name!r}; expected one of {', '.join(_INDEX_NAMES)}")
+            if x is None:
+                continue
+            if (self.layout == "paged") != (name != "seq_lens"):
+                raise ValueError(f"{name} does not describe a {self.layout} cache")
+            h = self._host_int32(x, name)
+            self.host[name] = h
+            if self.is_cuda:
+                d = self.device[name]
+                if d is not None and d.shape == h.shape:
+                    d.copy_(h, non_blocking=False)
+                else:
+                    self.device[name] = h.to(self.k.device)
+        return self
+
+    def lengths(self):
+        """Tokens held by each sequence (from the host index)."""
+        if self.layout == "contiguous":
+            return [int(n) for n in self.host["seq_lens"].tolist()]
+        indptr, last = self.host["page_indptr"].tolist(), self.host["last_page_len"].tolist()
+        page = int(self.k.shape[1])
+        return [0 if indptr[b + 1] == indptr[b] else (indptr[b + 1] - indptr[b] - 1) * page + int(last[b])
+                for b in range(len(last))]
+
+    def _parts(self):
+        conv = _dl if self.lib == "torch" else (lambda a: a)
+        return ((self.layout, conv(self.k), conv(self.v))
+                + tuple(conv(self.host[n]) for n in _INDEX_NAMES)
+                + tuple(conv(self.device[n]) if self.is_cuda else None for n in _INDEX_NAMES))
+
+
+def _dl(t):
+    if t is None:
+        return None
+    from torch.utils import dlpack
+    return dlpack.to_dlpack(t.detach())
+
+
+def _stream(cache):
+    if cache.is_cuda:
+        from ._torch_ops import _current_stream
+        return _current_stream(cache.k.device)
+    return 0
+
+
+def append_kv(cache: KVCache, k, v, *, q=None, q_out=None, rope: Rope | None = None, backend="auto"):
+    """Writes k, v [batch, n, kv_heads, D] as the last n tokens of each sequence (one launch on CUDA), rotating k
+    (and q [batch, n, heads, D], when given) by `rope` on the way. Returns the rotated q (into q_out when given; pass
+    q_out=q to rotate in place), else None."""
+    if q is not None and rope is None:
+        raise ValueError("q is given without rope: there is nothing to apply to it")
+    conv = _dl if cache.lib == "torch" else (lambda a: a)
+    if q is not None and q_out is None:
+        if cache.lib == "torch":
+            import torch
+            q_out = torch.empty_like(q)
+        else:
+            import numpy as np
+            q_out = np.empty_like(q)
+    r = rope or Rope()
+    _C.append_kv(cache._parts(), conv(k), conv(v), conv(q), conv(q_out), rope is not None, float(r.theta), r.layout,
+                 bool(r.llama3), float(r.factor), float(r.low_freq_factor), float(r.high_freq_factor),
+                 float(r.original_max_position), backend, _stream(cache))
+    return q_out
+
+
+def _decode_call(q, cache, out, lse, causal, scale, window, sink_tokens, sink_logits, softcap, backend):
+    from ._api import _window
+    left, right = _window(window)
+    conv = _dl if cache.lib == "torch" else (lambda a: a)
+    return ((conv(q), cache._parts(), conv(out), conv(lse), conv(sink_logits), bool(causal),
+             None if scale is None else float(scale), left, right, int(sink_tokens), float(softcap), backend,
+             _stream(cache)))
+
+
+def decode(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink_tokens=0, sink_logits=None,
+           softcap=0.0, return_lse=False, backend="auto", out=None, max_kv_len=-1, num_splits=0):
+    """Attention of the last q_len tokens of each sequence (q [batch, q_len, heads, D], q_len 1..8 on CUDA) over
+    the whole cache. Masks as flashlite.attention (causal is bottom-right: query i sits at position length - q_len
+    + i). On CUDA: one split-KV kernel (flash-decoding, GQA heads packed) plus a combine; the split workspace comes
+    from torch's allocator. max_kv_len: the length bound the split plan serves (-1: the longest sequence now; give
+    the capacity when the call is captured in a CUDA graph that is replayed as sequences grow). Returns out [and the
+    fp32 LSE, shape [batch, heads, q_len]]."""
+    if _lib(q, "q") != cache.lib:
+        raise TypeError("q and the cache must come from the same library")
+    if cache.lib == "torch":
+        import torch
+        out = torch.empty_like(q) if out is None else out
+        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device) \
+            if return_lse else None
+        allocate = (lambda n: _dl(torch.empty(n, dtype=torch.uint8, device=q.device))) if q.is_cuda else None
+    else:
+        import numpy as np
+        out = np.empty_like(q) if out is None else out
+        lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float32) if return_lse else None
+        allocate = None
+    _C.decode(*_decode_call(q, cache, out, lse, causal, scale, window, sink_tokens, sink_logits, softcap, backend),
+              max_kv_len=int(max_kv_len), num_splits=int(num_splits), allocate=allocate)
+    return (out, lse) if return_lse else out
+
+
+def decode_kernel_name(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink_tokens=0,
+                       sink_logits=None, softcap=0.0, backend="auto"):
+    """Which kernel decode() would run, e.g. "cuda_decode_split_bf16_d128 (splits 32)". Validates the arguments."""
+    if cache.lib == "torch":
+        import torch
+        out = torch.empty_like(q)
+    else:
+        import numpy as np
+        out = np.empty_like(q)
+    return _C.decode_kernel_name(*_decode_call(q, cache, out, None, causal, scale, window, sink_tokens, sink_logits,
+                                               softcap, backend))
