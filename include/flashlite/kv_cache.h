@@ -1,6 +1,7 @@
 #pragma once
-// The KV cache API: cache views (contiguous or paged), append of new K/V with rotary embedding, and decode
-// (attention of a few new query tokens over the whole cache) with a plan/run split.
+// The KV cache API: cache views (contiguous or paged), append of new K/V with rotary embedding, decode
+// (attention of a few new query tokens over the whole cache) with a plan/run split, and prefill (a chunk of any
+// length per sequence over the whole cache, through the fused forward kernel).
 //
 // Layouts (element views, any strides for the first three dimensions, head_dim contiguous):
 //   contiguous  k, v [batch, max_len, kv_heads, head_dim]; sequence b holds host.seq_lens[b] tokens at rows 0...
@@ -126,5 +127,35 @@ void decode(const DecodeArgs& args);
 
 // Which kernel decode() runs, e.g. "cuda_decode_split_bf16_d128 (splits 32)". Validates args.
 std::string decode_kernel_name(const DecodeArgs& args);
+
+// ------------------------------------------------------------------------------------------------ prefill
+
+// Prefill / chunked prefill from the cache: a chunk of new queries per sequence attends over the whole cached
+// sequence, after append_kv() has written the chunk's K/V. Query i of a chunk of n tokens of sequence b sits at
+// position length(b) - n + i (bottom-right causal, as decode). Any chunk length (decode() serves q_len <= 8 faster).
+struct PrefillArgs {
+  // [batch, q_len, q_heads, head_dim]: the last q_len tokens of every sequence (q_len <= every length); or ragged
+  // [1, total_q, q_heads, head_dim] with options.cu_seqlens_q: sequence b's chunk is rows cu[b] .. cu[b+1] - 1
+  // (0 ..= length(b) rows; the realistic chunked-prefill batch mixes long chunks and single decode tokens).
+  TensorView q;
+  KvCacheView cache;
+  TensorView out;  // like q
+  TensorView lse;  // optional fp32 [batch, q_heads, q_len]; ragged: [1, q_heads, total_q]
+  // scale, causal, window, sink tokens, sink logits and softcap exactly as forward(); cu_seqlens_q optional (int32
+  // [batch + 1], CPU memory), cu_seqlens_k must be empty (the cache gives the key lengths).
+  AttentionOptions options;
+  Backend backend = Backend::automatic;  // automatic, cpu or cuda
+  void* stream = nullptr;
+};
+
+// Validates everything as decode() does (throws Error, writes nothing), then runs: on CUDA the fused tensor-core
+// forward kernel with its K/V tile loader reading the cache (through the page table when paged; a tile may span
+// pages), one launch (float16 / bfloat16, head_dim 64 or 128); on the CPU the tiled forward kernel per sequence
+// (a paged sequence is gathered into a scratch buffer first). Ragged batches of more than 128 sequences copy their
+// offsets to the device per call (cudaMallocAsync on the stream); otherwise no allocation and no host sync.
+void prefill(const PrefillArgs& args);
+
+// Which kernel prefill() runs, e.g. "cuda_prefill_paged_bf16_d128_br128_bc64_w4_s2_f3". Validates args.
+std::string prefill_kernel_name(const PrefillArgs& args);
 
 }  // namespace flashlite

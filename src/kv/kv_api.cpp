@@ -1,13 +1,16 @@
-// The public KV-cache entry points (include/flashlite/kv_cache.h): validate once (kv_validate.cpp), pick the backend
-// (pick_backend, the one place that decides), plan, run.
+// The public KV-cache entry points (include/flashlite/kv_cache.h): validate once (kv_validate.cpp,
+// kv_prefill_validate.cpp), pick the backend (pick_backend, the one place that decides), plan, run.
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <string>
+#include <utility>
 
+#include "backends.h"
 #include "flashlite/errors.h"
 #include "flashlite/kv_cache.h"
 #include "kv/kv_backends.h"
+#include "kv/kv_prefill.h"
 
 namespace flashlite {
 namespace {
@@ -151,6 +154,37 @@ void decode(const DecodeArgs& args) {
   if (!r.cuda) return cpu_decode(r.p);
 #if FLASHLITE_WITH_CUDA
   run_cuda_decode(r.p, r.splits, args.stream, args.workspace, args.workspace_bytes);
+#endif
+}
+
+// Validated prefill problem and its backend (true: CUDA); unsupported CUDA cases fail here, before anything runs.
+static std::pair<PrefillProblem, bool> prepare_prefill(const PrefillArgs& args) {
+  PrefillProblem p = validate_prefill(args);
+  const bool cuda = pick_backend(args.backend, p.cache.device, "prefill");
+#if FLASHLITE_WITH_CUDA
+  if (cuda) {
+    if (std::string why = cuda_prefill_unsupported_reason(p); !why.empty()) fail("prefill: " + why);
+  }
+#endif
+  return {p, cuda};
+}
+
+void prefill(const PrefillArgs& args) {
+  const auto [p, cuda] = prepare_prefill(args);
+  if (p.cache.batch == 0 || p.attn.seq_q == 0) return;
+  if (!cuda) return cpu_prefill(p);
+#if FLASHLITE_WITH_CUDA
+  run_cuda_prefill(p, args.stream);
+#endif
+}
+
+std::string prefill_kernel_name(const PrefillArgs& args) {
+  const auto [p, cuda] = prepare_prefill(args);
+  if (!cuda) return std::string("cpu_prefill (") + cpu_tiled_variant() + ")";
+#if FLASHLITE_WITH_CUDA
+  return cuda_prefill_kernel_name(p);
+#else
+  return "unknown";
 #endif
 }
 

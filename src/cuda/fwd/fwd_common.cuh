@@ -27,10 +27,20 @@ struct BlockWork {
   int64_t tb;       // tensor batch index: seq when padded, 0 when varlen
 };
 
+// Length of sequence b in a KV cache, from the cache's device index (prefill, CACHE kernels).
+__device__ __forceinline__ int cache_length(const FwdParams& p, int b) {
+  if (!p.kv_paged) return p.kv_seq_lens[b];
+  const int pages = p.kv_page_indptr[b + 1] - p.kv_page_indptr[b];
+  return pages == 0 ? 0 : (pages - 1) * p.page_size + p.kv_last_page_len[b];
+}
+
 // 1-D grid over (sequence, head) pairs and tile ranks. Pair-major (default): a pair's tiles run side by side and share
 // its K/V in L2 (neighbouring heads share a GQA group's K/V too). Rank-major (causal): rank 0 of every pair first;
 // with reverse_tiles a sequence's heaviest query tile (its last) has rank 0, so the longest blocks start first
 // (longest-job-first balancing across the SMs). Returns false when the rank lies past the sequence's tiles.
+// CACHE (prefill): q rows as usual (padded or ragged), keys from the cache: sk = the sequence's cache length and
+// k_row0 = 0 (the kernel addresses K/V through the sequence index, contiguous or paged).
+template <bool CACHE = false>
 __device__ __forceinline__ bool decode_block(const FwdParams& p, int block_rows, BlockWork& w) {
   int pair, rank;
   if (!p.rank_major) {
@@ -43,7 +53,20 @@ __device__ __forceinline__ bool decode_block(const FwdParams& p, int block_rows,
   }
   w.head = pair % p.q_heads;
   w.seq = pair / p.q_heads;
-  if (p.varlen == VarlenMode::padded) {
+  if constexpr (CACHE) {
+    w.sk = cache_length(p, w.seq);
+    w.k_row0 = 0;
+    if (p.varlen == VarlenMode::padded) {
+      w.sq = p.seq_q;
+      w.q_row0 = 0;
+      w.tb = w.seq;
+    } else {
+      const int* cq = p.varlen == VarlenMode::inline_table ? p.cu_inline[0] : p.cu_dev;
+      w.q_row0 = cq[w.seq];
+      w.sq = cq[w.seq + 1] - cq[w.seq];
+      w.tb = 0;
+    }
+  } else if (p.varlen == VarlenMode::padded) {
     w.sq = p.seq_q;
     w.sk = p.seq_k;
     w.q_row0 = w.k_row0 = 0;

@@ -27,6 +27,14 @@ namespace flashlite::cuda_fwd {
   X(d256_br128_bc64_w8_s2, 256, 128, 64, 8, 2, false, 7)          \
   X(d256_br32_bc32_w2_s2, 256, 32, 32, 2, 2, false, 7)
 
+// The configurations that also get a KV-cache variant (prefill: K/V read from a contiguous or paged cache,
+// fwd_mma_kernel<..., CACHE = true>): the ones choose_prefill_kernel (launch.cu) may pick, nothing else, so the
+// build stays small. X(name) with a name of FL_FWD_MMA_CONFIGS.
+#define FL_FWD_CACHE_CONFIGS(X)  \
+  X(d64_br128_bc64_w4_s2_qreg)   \
+  X(d128_br128_bc64_w4_s2_f3)    \
+  X(d128_br64_bc64_w4_s2_qreg)
+
 enum class MmaConfig : int {
 #define FL_FWD_ENUM(name, d, br, bc, w, s, q, f) name,
   FL_FWD_MMA_CONFIGS(FL_FWD_ENUM)
@@ -38,12 +46,13 @@ struct MmaConfigInfo {
   int head_dim, block_rows, block_keys, warps, stages;
   bool q_in_registers;
   int smem_bytes;
+  int feat;
 };
 
 constexpr MmaConfigInfo mma_config_info(MmaConfig c) {
   constexpr MmaConfigInfo table[] = {
 #define FL_FWD_INFO(name, d, br, bc, w, s, q, f) \
-  {#name, d, br, bc, w, s, q, ((s) * 2 * (bc) + ((q) && (br) <= 2 * (bc) ? 0 : (br))) * ((d) + 8) * 2},
+  {#name, d, br, bc, w, s, q, ((s) * 2 * (bc) + ((q) && (br) <= 2 * (bc) ? 0 : (br))) * ((d) + 8) * 2, f},
       FL_FWD_MMA_CONFIGS(FL_FWD_INFO)
 #undef FL_FWD_INFO
   };
@@ -57,6 +66,9 @@ FwdParams make_fwd_params(const AttentionProblem& p, int block_rows, bool tensor
 void launch_fwd_mma_f16(MmaConfig c, const FwdParams& p, cudaStream_t stream);
 void launch_fwd_mma_bf16(MmaConfig c, const FwdParams& p, cudaStream_t stream);
 void launch_fwd_simt_f32(int head_dim, const FwdParams& p, cudaStream_t stream);
+// KV-cache (prefill) launchers (cache_f16.cu, cache_bf16.cu): c must be one of FL_FWD_CACHE_CONFIGS.
+void launch_fwd_mma_cache_f16(MmaConfig c, const FwdParams& p, cudaStream_t stream);
+void launch_fwd_mma_cache_bf16(MmaConfig c, const FwdParams& p, cudaStream_t stream);
 int simt_f32_block_rows();
 
 // Raises a kernel's dynamic shared-memory limit once per device (bit per device in `done`).

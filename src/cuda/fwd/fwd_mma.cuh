@@ -11,6 +11,8 @@
 //   O += P V        P re-packed from the S accumulators as the A operand, V by ldmatrix.trans
 // At the end the sink logit joins the denominator, O is normalised, staged through shared memory and written
 // once with 16-byte stores, and the LSE is written once.
+// The CACHE variant (prefill) is the same kernel with K/V tiles read from a KV cache, through the page table when
+// paged (load_kv_paged): a compile-time flag, so the forward() instantiations are unchanged.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -52,6 +54,12 @@ struct MmaTile {
   static_assert(STAGES >= 2, "at least double buffering");
   static_assert(Q_ELEMS <= SMEM_ELEMS, "the output tile is staged in shared memory");
 };
+
+// The tile type of a configuration of FL_FWD_MMA_CONFIGS (the same type mma_f16.cu / mma_bf16.cu instantiate).
+template <MmaConfig C>
+using MmaTileOf = MmaTile<mma_config_info(C).head_dim, mma_config_info(C).block_rows, mma_config_info(C).block_keys,
+                          mma_config_info(C).warps, mma_config_info(C).stages, mma_config_info(C).q_in_registers,
+                          mma_config_info(C).feat>;
 
 // One 16-byte chunk global -> shared; zeros when !ok.
 template <class T>
@@ -105,7 +113,59 @@ __device__ __forceinline__ void load_tile(uint32_t s_dst, const T* g, int64_t ro
   }
 }
 
-template <class T, class Cfg>
+// The K and V tiles of keys [row0, row0 + ROWS) of one sequence of a paged cache: key j lives in page
+// pages[j / page_size] at slot j % page_size (kg / vg point at the head's first element of page 0; page_stride =
+// k_sb / v_sb). A tile may span pages. Each thread first resolves its rows' pages (independent loads, one latency
+// per tile), then issues the copies; K and V share the lookups. Keys at or past `valid` are zero-filled.
+template <class Cfg, int ROWS, class T>
+__device__ __forceinline__ void load_kv_paged(uint32_t s_k, uint32_t s_v, const T* kg, const T* vg, const FwdParams& p,
+                                              const int* pages, int row0, int valid) {
+  constexpr int CPR = Cfg::CPR, LD = Cfg::LD;
+  const int ps = p.page_size;
+  const auto offsets = [&](int j, int64_t& ko, int64_t& vo) {
+    const int pg = j / ps;
+    const int64_t page = __ldg(pages + pg), slot = j - pg * ps;
+    ko = page * p.k_sb + slot * p.k_ss;
+    vo = page * p.v_sb + slot * p.v_ss;
+  };
+  if constexpr (Cfg::THREADS % CPR == 0 && ROWS % (Cfg::THREADS / CPR) == 0) {
+    constexpr int RSTEP = Cfg::THREADS / CPR, N = ROWS / RSTEP;
+    const int r = int(threadIdx.x) / CPR, ch = int(threadIdx.x) % CPR;
+    int64_t ko[N], vo[N];
+#pragma unroll
+    for (int it = 0; it < N; ++it) {
+      const int j = row0 + r + it * RSTEP;
+      ko[it] = vo[it] = 0;
+      if (j < valid) offsets(j, ko[it], vo[it]);
+    }
+    const uint32_t dst = uint32_t((r * LD + ch * 8) * 2);
+#pragma unroll
+    for (int it = 0; it < N; ++it) {
+      const bool ok = row0 + r + it * RSTEP < valid;
+      const uint32_t d = dst + uint32_t(it * RSTEP * LD * 2);
+      load_chunk(s_k + d, kg + ko[it] + ch * 8, kg, ok, p.vec_in);
+      load_chunk(s_v + d, vg + vo[it] + ch * 8, vg, ok, p.vec_in);
+    }
+  } else {
+    constexpr int CHUNKS = ROWS * CPR;
+#pragma unroll
+    for (int it = 0; it < (CHUNKS + Cfg::THREADS - 1) / Cfg::THREADS; ++it) {
+      const int c = int(threadIdx.x) + it * Cfg::THREADS;
+      if (CHUNKS % Cfg::THREADS != 0 && c >= CHUNKS) break;
+      const int r = c / CPR, ch = c % CPR;
+      const bool ok = row0 + r < valid;
+      int64_t ko = 0, vo = 0;
+      if (ok) offsets(row0 + r, ko, vo);
+      const uint32_t d = uint32_t((r * LD + ch * 8) * 2);
+      load_chunk(s_k + d, kg + ko + ch * 8, kg, ok, p.vec_in);
+      load_chunk(s_v + d, vg + vo + ch * 8, vg, ok, p.vec_in);
+    }
+  }
+}
+
+// CACHE = false: attention over k / v tensors (forward()). CACHE = true: prefill, K/V read from a KV cache
+// (contiguous or paged, FwdParams::kv_paged), lengths from the cache's device index; otherwise the same kernel.
+template <class T, class Cfg, bool CACHE = false>
 __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_constant__ FwdParams p) {
   constexpr int BR = Cfg::BR, BC = Cfg::BC, MT = Cfg::MT, NT = Cfg::NT, KD = Cfg::KD, ND = Cfg::ND,
                 KB = Cfg::KB, LD = Cfg::LD, STAGES = Cfg::STAGES;
@@ -113,7 +173,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
   T* smem = reinterpret_cast<T*>(smem_raw);
 
   BlockWork w;
-  if (!decode_block(p, BR, w)) return;
+  if (!decode_block<CACHE>(p, BR, w)) return;
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates: row group, thread in group
   const int sq = w.sq, sk = w.sk;
@@ -123,8 +183,11 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
 
   const int kvh = w.head / p.group;
   const T* qg = static_cast<const T*>(p.q) + w.tb * p.q_sb + w.q_row0 * p.q_ss + w.head * p.q_sh;
-  const T* kg = static_cast<const T*>(p.k) + w.tb * p.k_sb + w.k_row0 * p.k_ss + kvh * p.k_sh;
-  const T* vg = static_cast<const T*>(p.v) + w.tb * p.v_sb + w.k_row0 * p.v_ss + kvh * p.v_sh;
+  // K/V: tensors at (tb, k_row0); a contiguous cache at its sequence; a paged cache at page 0 (pages added per row).
+  const int64_t kb = CACHE ? (p.kv_paged ? 0 : w.seq) : w.tb;
+  const T* kg = static_cast<const T*>(p.k) + kb * p.k_sb + w.k_row0 * p.k_ss + kvh * p.k_sh;
+  const T* vg = static_cast<const T*>(p.v) + kb * p.v_sb + w.k_row0 * p.v_ss + kvh * p.v_sh;
+  const int* pages = CACHE && p.kv_paged ? p.kv_page_indices + p.kv_page_indptr[w.seq] : nullptr;
 
   // Shared memory as 32-bit addresses (bytes): [stage][K tile | V tile], then Q unless it aliases the last stage.
   constexpr uint32_t STAGE_BYTES = Cfg::STAGE_ELEMS * 2, TILE_BYTES = Cfg::TILE_ELEMS * 2;
@@ -133,6 +196,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
   auto issue_kv = [&](int n) {
     const uint32_t st = s_base + uint32_t(n % STAGES) * STAGE_BYTES;
     const int j0 = kt.tile(n) * BC;
+    if constexpr (CACHE) {
+      if (p.kv_paged) {
+        load_kv_paged<Cfg, BC>(st, st + TILE_BYTES, kg, vg, p, pages, j0, sk);
+        return;
+      }
+    }
     load_tile<Cfg, BC>(st, kg, p.k_ss, j0, sk, p.vec_in);
     load_tile<Cfg, BC>(st + TILE_BYTES, vg, p.v_ss, j0, sk, p.vec_in);
   };
@@ -383,12 +452,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
 }
 
 // Launches one instantiation. grid: one block per (query tile, sequence, head).
-template <class T, class Cfg>
+template <class T, class Cfg, bool CACHE = false>
 void launch_fwd_mma(const FwdParams& p, cudaStream_t stream) {
   static std::atomic<uint64_t> configured{0};
-  if constexpr (Cfg::SMEM_BYTES > 48 * 1024) ensure_smem_optin(fwd_mma_kernel<T, Cfg>, Cfg::SMEM_BYTES, configured);
+  if constexpr (Cfg::SMEM_BYTES > 48 * 1024) {
+    ensure_smem_optin(fwd_mma_kernel<T, Cfg, CACHE>, Cfg::SMEM_BYTES, configured);
+  }
   const int64_t blocks = int64_t(p.q_tiles) * p.q_heads * p.batch;
-  fwd_mma_kernel<T, Cfg><<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(p);
+  fwd_mma_kernel<T, Cfg, CACHE><<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(p);
 }
 
 }  // namespace flashlite::cuda_fwd

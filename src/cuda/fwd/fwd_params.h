@@ -48,6 +48,17 @@ struct FwdParams {
   VarlenMode varlen = VarlenMode::padded;
   const int* cu_dev = nullptr;         // device_table: (2, batch + 1): cu_seqlens_q then cu_seqlens_k
   int cu_inline[2][kInlineSeqs + 1]{};  // inline_table: cu_seqlens_q, cu_seqlens_k
+
+  // Prefill from a KV cache (read only by the kernels instantiated with CACHE = true). q / out / lse are padded or
+  // ragged (varlen tables: only cu_seqlens_q is used); K/V of sequence b come from the cache, its length from the
+  // cache's device index. Contiguous: key j at k + b * k_sb + j * k_ss. Paged: at k + page * k_sb + (j % page_size)
+  // * k_ss with page = page_indices[page_indptr[b] + j / page_size] (k_sb is then the page stride).
+  bool kv_paged = false;
+  int page_size = 0;
+  const int* kv_seq_lens = nullptr;      // contiguous: (batch)
+  const int* kv_page_indptr = nullptr;   // paged: (batch + 1)
+  const int* kv_page_indices = nullptr;  // paged
+  const int* kv_last_page_len = nullptr;  // paged: (batch)
 };
 
 }  // namespace flashlite::cuda_fwd

@@ -1,5 +1,6 @@
 // Entry points of the fused CUDA forward backend (src/backends.h): what it supports, which kernel runs (decided in
-// exactly one function, choose_fwd_kernel below) and the launch.
+// exactly one function, choose_fwd_kernel below) and the launch. Also prefill from a KV cache (src/kv/kv_prefill.h):
+// the same kernel with its KV-cache loader (choose_prefill_kernel), launched by run_cuda_prefill.
 //
 // Host/device traffic per call: none for padded batches (parameters by value: graph-capturable, no allocation,
 // no host sync). Varlen offsets of up to kInlineSeqs sequences ride inside the kernel parameters too; longer
@@ -15,6 +16,7 @@
 #include "backends.h"
 #include "cuda/fwd/fwd_launch.h"
 #include "flashlite/errors.h"
+#include "kv/kv_prefill.h"
 
 namespace flashlite {
 namespace cuda_fwd {
@@ -118,6 +120,20 @@ bool rows_aligned16(const void* base, const BSHStrides& s, int64_t batch, int64_
 }
 
 std::string dtype_tag(DType t) { return t == DType::f16 ? "f16" : t == DType::bf16 ? "bf16" : "f32"; }
+
+// THE kernel choice of prefill from a KV cache: the forward's causal tile per head_dim, among FL_FWD_CACHE_CONFIGS
+// (the only configurations with a cache variant). False for a head_dim without one.
+bool choose_prefill_kernel(int64_t head_dim, const DeviceProps& dev, MmaConfig& c) {
+  switch (head_dim) {
+    case 64: c = MmaConfig::d64_br128_bc64_w4_s2_qreg; return true;
+    case 128:  // 104 KB: A100/H100 class; 99 KB parts (sm_86/89) take the register-Q tile
+      c = mma_config_info(MmaConfig::d128_br128_bc64_w4_s2_f3).smem_bytes <= dev.smem_optin
+              ? MmaConfig::d128_br128_bc64_w4_s2_f3
+              : MmaConfig::d128_br64_bc64_w4_s2_qreg;
+      return true;
+    default: return false;
+  }
+}
 
 }  // namespace
 
@@ -249,6 +265,70 @@ void run_cuda_fused(const AttentionProblem& p, void* stream_handle) {
   const cudaError_t launched = cudaGetLastError();
   if (table) check(cudaFreeAsync(table, stream), "cudaFreeAsync (varlen offsets)");
   check(launched, "launching the fused attention kernel");
+}
+
+std::string cuda_prefill_unsupported_reason(const PrefillProblem& p) {
+  using namespace cuda_fwd;
+  if (p.cache.dtype == DType::f32) {
+    return "float32 caches are not supported by the fused CUDA kernel; expected float16 or bfloat16 (or a CPU cache)";
+  }
+  MmaConfig c{};
+  if (!choose_prefill_kernel(p.cache.head_dim, DeviceProps{}, c)) {
+    return "head_dim " + std::to_string(p.cache.head_dim) +
+           " has no KV-cache variant of the fused CUDA kernel; expected 64 or 128";
+  }
+  // Device, compute capability, shared memory, lengths and grid as forward() checks them.
+  return cuda_fused_unsupported_reason(p.attn);
+}
+
+std::string cuda_prefill_kernel_name(const PrefillProblem& p) {
+  using namespace cuda_fwd;
+  MmaConfig c{};
+  choose_prefill_kernel(p.cache.head_dim, device_props(p.cache.device.index), c);
+  return std::string("cuda_prefill_") + (p.cache.paged ? "paged_" : "contiguous_") + dtype_tag(p.cache.dtype) + "_" +
+         mma_config_info(c).name;
+}
+
+void run_cuda_prefill(const PrefillProblem& p, void* stream_handle) {
+  using namespace cuda_fwd;
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  const KvCacheDesc& c = p.cache;
+  const AttentionProblem& a = p.attn;
+  DeviceGuard guard(c.device.index);
+  MmaConfig cfg{};
+  choose_prefill_kernel(c.head_dim, device_props(c.device.index), cfg);
+  FwdParams f = make_fwd_params(a, mma_config_info(cfg).block_rows, true);
+  const int64_t kv_rows = c.paged ? c.num_pages : c.batch;  // what the K/V batch stride steps over
+  f.vec_in = rows_aligned16(a.q, a.q_stride, p.ragged() ? 1 : a.batch, a.q_heads) &&
+             rows_aligned16(a.k, a.k_stride, kv_rows, c.kv_heads) && rows_aligned16(a.v, a.v_stride, kv_rows, c.kv_heads);
+  f.kv_paged = c.paged;
+  f.page_size = c.paged ? int(c.capacity) : 0;
+  f.kv_seq_lens = c.k_seq_lens;
+  f.kv_page_indptr = c.k_indptr;
+  f.kv_page_indices = c.k_indices;
+  f.kv_last_page_len = c.k_last_page_len;
+
+  void* table = nullptr;  // ragged offsets past kInlineSeqs
+  if (p.ragged()) {
+    if (a.batch <= kInlineSeqs) {
+      f.varlen = VarlenMode::inline_table;
+      for (int64_t b = 0; b <= a.batch; ++b) f.cu_inline[0][b] = a.cu_seqlens_q[b];
+    } else {
+      f.varlen = VarlenMode::device_table;
+      const size_t bytes = size_t(a.batch + 1) * sizeof(int);
+      check(cudaMallocAsync(&table, bytes, stream), "cudaMallocAsync (prefill offsets)");
+      check(cudaMemcpyAsync(table, a.cu_seqlens_q, bytes, cudaMemcpyHostToDevice, stream), "copying prefill offsets");
+      f.cu_dev = static_cast<const int*>(table);
+    }
+  }
+  if (c.dtype == DType::f16) {
+    launch_fwd_mma_cache_f16(cfg, f, stream);
+  } else {
+    launch_fwd_mma_cache_bf16(cfg, f, stream);
+  }
+  const cudaError_t launched = cudaGetLastError();
+  if (table) check(cudaFreeAsync(table, stream), "cudaFreeAsync (prefill offsets)");
+  check(launched, "launching the fused attention kernel (prefill)");
 }
 
 }  // namespace flashlite

@@ -1,0 +1,2 @@
+// prefill() on CUDA against float64 (skipped without a GPU). (being written)
+#include <gtest/gtest.h>
