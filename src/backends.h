@@ -15,6 +15,7 @@ void reference_compute(const AttentionProblem& p, double* out64, double* lse64);
 void run_cpu_naive(const AttentionProblem& p);
 void run_cpu_tiled(const AttentionProblem& p);
 const char* cpu_tiled_variant();  // "avx512" / "avx2" / "portable": the code path run_cpu_tiled takes here
+const char* cpu_tiled_variant(const AttentionProblem& p);  // the same for this problem (decode shapes may differ)
 
 // Largest head_dim per backend family.
 inline constexpr int64_t kMaxCpuHeadDim = 512;

@@ -319,7 +319,7 @@ std::string forward_kernel_name(const ForwardArgs& args) {
   switch (r.kernel) {
     case KernelChoice::reference: return "reference_f64";
     case KernelChoice::cpu_naive: return "cpu_naive_three_step";
-    case KernelChoice::cpu_tiled: return std::string("cpu_tiled_") + cpu_tiled_variant();
+    case KernelChoice::cpu_tiled: return std::string("cpu_tiled_") + cpu_tiled_variant(r.problem);
     case KernelChoice::cuda_naive: return "cuda_naive_split";
     case KernelChoice::cuda_fused:
 #if FLASHLITE_WITH_CUDA
