@@ -129,101 +129,13 @@ TEST(PrefillCpu, AppendThenPrefillEqualsAttentionOverConcatenation) {
   }
 }
 
-// The page table of the first `lens[b]` tokens of each sequence of a (paged) HostCache: its first pages, in order.
-struct Prefix {
-  std::vector<int32_t> seq_lens, indptr, indices, last;
-  KvCacheView view;
-  Prefix(HostCache& c, const std::vector<int32_t>& lens) {
-    view = c.view;
-    if (!c.spec.paged) {
-      seq_lens = lens;
-      view.host.seq_lens = i32_view(seq_lens);
-      return;
-    }
-    indptr = {0};
-    for (size_t b = 0; b < lens.size(); ++b) {
-      const int64_t pages = (lens[b] + c.cap - 1) / c.cap;
-      for (int64_t pg = 0; pg < pages; ++pg) indices.push_back(c.indices[size_t(c.indptr[b] + pg)]);
-      indptr.push_back(int32_t(indices.size()));
-      last.push_back(pages == 0 ? 0 : int32_t(lens[b] - (pages - 1) * c.cap));
-    }
-    indices.push_back(0);  // never empty
-    view.host.page_indptr = i32_view(indptr);
-    view.host.page_indices = i32_view(indices);
-    view.host.last_page_len = i32_view(last);
-  }
-};
-
-// Chunked prefill: the sequences grow by chunks of `step` tokens (a prefix page table per step, ragged q = the new
-// rows), and the rows written chunk by chunk equal one prefill of every row over the whole cache.
+// Chunked prefill (chunks of 30 tokens) equals one-shot prefill (prefill_test_util.h).
 TEST(PrefillCpu, ChunkedEqualsOneShot) {
   for (bool paged : {true, false}) {
-    SCOPED_TRACE(paged ? "paged" : "contiguous");
-    PrefillCase t;
-    t.name = "chunked";
-    t.paged = paged;
-    t.page_size = 16;
-    t.lens = {100, 37, 64};
-    t.chunks = t.lens;
-    t.opt = window_opt(40, 4);
-    HostCache cache(cache_of(t), 21);
-    PrefillProblem whole(cache, spec_of(t), 22);
-    PrefillProblem chunked(cache, spec_of(t), 22);  // same seed: the same q
-    ASSERT_TRUE(whole.qbuf.bytes == chunked.qbuf.bytes);
-    const auto out_before = whole.outbuf.bytes, lse_before = whole.lsebuf.bytes;
-    whole.args.backend = Backend::cpu;
-    flashlite::prefill(whole.args);
-    expect_prefill_matches(whole, out_before, lse_before);
-
-    const int32_t step = 30;
-    const int64_t Hq = t.q_heads, D = t.head_dim;
-    std::vector<int32_t> done(cache.spec.lens.size(), 0);
-    for (int s = 0;; ++s) {
-      std::vector<int32_t> lens, cu = {0};
-      bool any = false;
-      for (size_t b = 0; b < done.size(); ++b) {
-        lens.push_back(std::min<int32_t>(cache.spec.lens[b], done[b] + step));
-        cu.push_back(cu.back() + lens[b] - done[b]);
-        any |= lens[b] > done[b];
-      }
-      if (!any) break;
-      Prefix prefix(cache, lens);
-      // q / out / lse rows of this step: views into the whole problem's buffers, rows of each chunk gathered.
-      const int64_t rows = cu.back();
-      Buffer q(t.dtype, rows * Hq * D), out(t.dtype, rows * Hq * D), lse(DType::f32, Hq * rows);
-      out.poison();
-      const size_t es = fltest::elem_size(t.dtype);
-      for (size_t b = 0; b < done.size(); ++b)
-        for (int32_t i = done[b]; i < lens[b]; ++i)
-          std::memcpy(q.at((cu[b] + i - done[b]) * Hq * D), chunked.qbuf.bytes.data() + (chunked.cu[b] + i) * Hq * D * int64_t(es),
-                      size_t(Hq * D) * es);
-      PrefillArgs a;
-      a.cache = prefix.view;
-      a.q = fltest::view_n(q.data(), t.dtype, {1, rows, Hq, D}, {rows * Hq * D, Hq * D, D, 1});
-      a.out = fltest::view_n(out.data(), t.dtype, {1, rows, Hq, D}, {rows * Hq * D, Hq * D, D, 1});
-      a.lse = fltest::view_n(lse.data(), DType::f32, {1, Hq, rows}, {Hq * rows, rows, 1});
-      a.options = t.opt;
-      a.options.cu_seqlens_q = i32_view(cu);
+    check_chunked_equals_oneshot(paged, DType::bf16, 64, {100, 37, 64}, 30, [](HostCache&, PrefillArgs a) {
       a.backend = Backend::cpu;
       flashlite::prefill(a);
-      for (size_t b = 0; b < done.size(); ++b)
-        for (int32_t i = done[b]; i < lens[b]; ++i) {
-          const int64_t r = cu[b] + i - done[b], whole_row = chunked.cu[b] + i;
-          std::memcpy(chunked.outbuf.at(whole_row * Hq * D), out.at(r * Hq * D), size_t(Hq * D) * es);
-          for (int64_t h = 0; h < Hq; ++h)
-            fltest::store(DType::f32, chunked.lsebuf.data(), h * chunked.rows + whole_row, fltest::load(DType::f32, lse.data(), h * rows + r));
-        }
-      done = lens;
-    }
-    double d2 = 0, r2 = 0;
-    const int64_t total = chunked.cu.back() * Hq * D;
-    for (int64_t i = 0; i < total; ++i) {
-      const double a = fltest::load(t.dtype, chunked.outbuf.bytes.data(), i), b = fltest::load(t.dtype, whole.outbuf.bytes.data(), i);
-      ASSERT_TRUE(std::isfinite(a)) << "chunked output " << i << " unwritten";
-      d2 += (a - b) * (a - b), r2 += b * b;
-    }
-    EXPECT_LT(std::sqrt(d2 / r2), 2e-3) << "chunked vs one-shot";
-    expect_prefill_matches(chunked, out_before, lse_before);
+    });
   }
 }
 
