@@ -4,6 +4,7 @@
     cache.update(seq_lens=[5, 3])                                          # lengths AFTER this step's append
     q = flashlite.append_kv(cache, k_new, v_new, q=q_new, rope=flashlite.Rope(theta=500000.0))
     out = flashlite.decode(q, cache)                                       # q [batch, q_len <= 8, heads, D]
+    out = flashlite.prefill(q, cache)                                      # any chunk length (fused kernel)
 
 Paged: KVCache(k_pages, v_pages, page_indptr=..., page_indices=..., last_page_len=...) with pages
 [num_pages, page_size, kv_heads, D] and a CSR page table per sequence (FlashInfer's convention). Lengths always
@@ -208,6 +209,34 @@ def decode(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink_
         allocate = None
     _C.decode(*_decode_call(q, cache, out, lse, causal, scale, window, sink_tokens, sink_logits, softcap, backend),
               max_kv_len=int(max_kv_len), num_splits=int(num_splits), allocate=allocate)
+    return (out, lse) if return_lse else out
+
+
+def prefill(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink_tokens=0, sink_logits=None,
+            softcap=0.0, cu_seqlens_q=None, return_lse=False, backend="auto", out=None):
+    """Prefill / chunked prefill from the cache: a chunk of new queries per sequence (after append_kv wrote its K/V)
+    attends over the whole cached sequence; query i of a chunk of n tokens sits at position length - n + i. q is
+    [batch, q_len, heads, D], or ragged [1, total_q, heads, D] with cu_seqlens_q (int32 [batch + 1] on the CPU: the
+    chunk of sequence b is rows cu[b] .. cu[b+1] - 1). Any chunk length; on CUDA the fused tensor-core kernel reads
+    K/V from the cache (through the page table when paged). Returns out [and the fp32 LSE]."""
+    if _lib(q, "q") != cache.lib:
+        raise TypeError("q and the cache must come from the same library")
+    if cache.lib == "torch":
+        import torch
+        out = torch.empty_like(q) if out is None else out
+        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device) \
+            if return_lse else None
+        if isinstance(cu_seqlens_q, (list, tuple)):
+            cu_seqlens_q = torch.tensor(cu_seqlens_q, dtype=torch.int32)
+    else:
+        import numpy as np
+        out = np.empty_like(q) if out is None else out
+        lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float32) if return_lse else None
+        if isinstance(cu_seqlens_q, (list, tuple)):
+            cu_seqlens_q = np.asarray(cu_seqlens_q, dtype=np.int32)
+    conv = _dl if cache.lib == "torch" else (lambda a: a)
+    _C.prefill(*_decode_call(q, cache, out, lse, causal, scale, window, sink_tokens, sink_logits, softcap, backend),
+               cu_seqlens_q=conv(cu_seqlens_q))
     return (out, lse) if return_lse else out
 
 

@@ -1,4 +1,4 @@
-// flashlite._C's KV-cache functions: append_kv, decode, decode_kernel_name (include/flashlite/kv_cache.h). The cache
+// flashlite._C's KV-cache functions: append_kv, decode, prefill, decode_kernel_name (include/flashlite/kv_cache.h). The cache
 // arrives as one tuple (layout, k, v, then the host and the device index arrays, each None or an array), built by
 // flashlite/kv.py from a KVCache; the other arguments mirror the C++ structs field by field.
 #include <nanobind/nanobind.h>
@@ -126,6 +126,21 @@ void py_decode(FL_KV_DECODE_PARAMS, int64_t max_kv_len, int num_splits, nb::obje
   decode(a);
 }
 
+void py_prefill(FL_KV_DECODE_PARAMS, const std::optional<InArray>& cu_seqlens_q) {
+  const DecodeArgs d = make_decode(FL_KV_DECODE_ARGS);
+  PrefillArgs a;
+  a.q = d.q;
+  a.cache = d.cache;
+  a.out = d.out;
+  a.lse = d.lse;
+  a.options = d.options;
+  a.options.cu_seqlens_q = opt_any(cu_seqlens_q, "cu_seqlens_q");
+  a.backend = d.backend;
+  a.stream = d.stream;
+  nb::gil_scoped_release release;
+  prefill(a);
+}
+
 }  // namespace
 
 void bind_kv(nb::module_& m) {
@@ -136,6 +151,8 @@ void bind_kv(nb::module_& m) {
         "Validates and runs flashlite::append_kv (writes the cache in place; nothing on error).");
   m.def("decode", &py_decode, FL_KV_DECODE_NAMES, nb::arg("max_kv_len") = -1, nb::arg("num_splits") = 0,
         nb::arg("allocate").none() = nb::none(), "Validates, plans and runs flashlite::decode in place.");
+  m.def("prefill", &py_prefill, FL_KV_DECODE_NAMES, nb::arg("cu_seqlens_q").none() = nb::none(),
+        "Validates and runs flashlite::prefill in place (a chunk of queries per sequence over the cache).");
   m.def(
       "decode_kernel_name",
       [](FL_KV_DECODE_PARAMS) { return decode_kernel_name(make_decode(FL_KV_DECODE_ARGS)); }, FL_KV_DECODE_NAMES,

@@ -166,6 +166,10 @@ def run_generation(lib, layout, page, rope, causal, window, sinks, seed):
             flashlite.decode(q_rot, cache, causal=causal, window=window, sink_tokens=sinks, out=out)
             ref = attention_ref(q_ref, ks[b], vs[b], causal, window, sinks)
             assert_close(lib.host(out)[0], ref, lib.dtype, what=f"decode (seq {b}, length {lens[b]})")
+            if supports_prefill(lib, q_rot, cache):
+                out = lib.poisoned((1, n, hq, d))
+                flashlite.prefill(q_rot, cache, causal=causal, window=window, sink_tokens=sinks, out=out)
+                assert_close(lib.host(out)[0], ref, lib.dtype, what=f"prefill (seq {b}, length {lens[b]})")
         # the whole batch at once when every sequence took one token this step
         if all(n == 1 for n in step):
             q_all = np.stack([lib.host(lib.arr(rng.standard_normal((1, hq, d)))) for _ in range(batch)])
@@ -174,6 +178,58 @@ def run_generation(lib, layout, page, rope, causal, window, sinks, seed):
             for b in range(batch):
                 ref = attention_ref(q_all[b], ks[b], vs[b], causal, window, sinks)
                 assert_close(lib.host(out)[b], ref, lib.dtype, what=f"batched decode (seq {b})")
+
+
+def supports_prefill(lib, q, cache):
+    """prefill() on CUDA takes fp16/bf16 at head_dim 64/128; the CPU takes everything."""
+    return lib.name != "torch-cuda" or q.shape[-1] in (64, 128)
+
+
+@pytest.mark.parametrize("libname", LIBS)
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_prefill_ragged_chunks_match_float64(libname, layout):
+    """Chunks longer than decode's 8 (and single tokens) in one ragged prefill call over caches that already hold
+    earlier tokens, crossing 16-token pages."""
+    rng = np.random.default_rng(11)
+    for dtype in dtypes_for(libname):
+        lib = Lib(libname, dtype)
+        hq, hkv, d, page = 4, 2, 64, 16
+        before, chunk = [0, 21, 5], [37, 1, 12]  # cached tokens, new tokens per sequence
+        lens = [a + c for a, c in zip(before, chunk)]
+        ks = [rng.standard_normal((n, hkv, d)) for n in lens]
+        vs = [rng.standard_normal((n, hkv, d)) for n in lens]
+        if layout == "contiguous":
+            kc, vc = np.zeros((3, 64, hkv, d)), np.zeros((3, 64, hkv, d))
+            for b, n in enumerate(lens):
+                kc[b, :n], vc[b, :n] = ks[b], vs[b]
+            cache = flashlite.KVCache(lib.arr(kc), lib.arr(vc), seq_lens=lens)
+        else:
+            need = [(n + page - 1) // page for n in lens]
+            perm = [int(x) for x in rng.permutation(sum(need) + 2)]
+            kc = rng.standard_normal((len(perm), page, hkv, d))
+            vc = rng.standard_normal((len(perm), page, hkv, d))
+            indptr, indices = [0], []
+            for b, n in enumerate(lens):
+                mine = perm[indptr[-1]:indptr[-1] + need[b]]
+                for t in range(n):
+                    kc[mine[t // page], t % page], vc[mine[t // page], t % page] = ks[b][t], vs[b][t]
+                indices += mine
+                indptr.append(len(indices))
+            last = [n - (m - 1) * page for n, m in zip(lens, need)]
+            cache = flashlite.KVCache(lib.arr(kc), lib.arr(vc), page_indptr=indptr, page_indices=indices,
+                                      last_page_len=last)
+        q = rng.standard_normal((1, sum(chunk), hq, d))
+        cu = np.concatenate([[0], np.cumsum(chunk)]).astype(np.int32)
+        for causal, window, sinks in ((True, (-1, -1), 0), (True, (6, -1), 3)):
+            out = lib.poisoned(q.shape)
+            flashlite.prefill(lib.arr(q), cache, causal=causal, window=window, sink_tokens=sinks,
+                              cu_seqlens_q=[int(x) for x in cu], out=out)
+            got = lib.host(out)[0]
+            q_in = lib.host(lib.arr(q))[0]
+            for b in range(3):
+                k_in, v_in = lib.host(lib.arr(ks[b])), lib.host(lib.arr(vs[b]))
+                ref = attention_ref(q_in[cu[b]:cu[b + 1]], k_in, v_in, causal, window, sinks)
+                assert_close(got[cu[b]:cu[b + 1]], ref, lib.dtype, what=f"{layout} prefill seq {b} {window} {sinks}")
 
 
 @pytest.mark.parametrize("libname", LIBS)
