@@ -1,7 +1,10 @@
 // Decode benchmark (GPU machine): flashlite::decode over contiguous and paged bf16 caches, timed with CUDA events,
 // against the device's measured read bandwidth (a large read-only reduction in the same process).
 //
-//   flashlite_decode_bench --out decode_raw.json [--reps 30] [--sweep] [--quick]
+//   flashlite_decode_bench --out decode_raw.json [--reps 30] [--sweep] [--quick] [--only B:L:PAGE[:Q],...] [--no-bw]
+//
+// --only runs just those cases (page 0 = contiguous; no recompute rows), e.g. under ncu; --no-bw skips the bandwidth
+// measurement (its percentages are then of 3.0 TB/s).
 //
 // Protocol (DESIGN.md): inputs rotated so the L2 does not hold them: the case's cache is allocated in enough copies
 // to span >= 200 MB (4x the L2) and consecutive timed calls cycle through them; each call timed with CUDA events,
@@ -398,18 +401,33 @@ double recompute_us(int L, Flusher& fl) {
 int main(int argc, char** argv) {
   std::string out_path = "decode_raw.json";
   int reps = 30;
-  bool sweep = false, quick = false;
+  bool sweep = false, quick = false, bw_on = true;
+  std::vector<Case> only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--sweep") sweep = true;
     else if (a == "--quick") quick = true;
+    else if (a == "--no-bw") bw_on = false;
+    else if (a == "--only" && i + 1 < argc) {
+      const std::string list = argv[++i];
+      for (size_t pos = 0; pos < list.size();) {
+        size_t end = list.find(',', pos);
+        if (end == std::string::npos) end = list.size();
+        Case c{1, 1024, 0};
+        int q = 1;
+        std::sscanf(list.substr(pos, end - pos).c_str(), "%d:%d:%d:%d", &c.batch, &c.kv_len, &c.page, &q);
+        c.q_len = q;
+        only.push_back(c);
+        pos = end + 1;
+      }
+    }
   }
   cudaDeviceProp prop;
   ck(cudaGetDeviceProperties(&prop, 0), "props");
   Flusher fl;
-  const double bw = measure_read_bw(fl.sms, fl.sink);
+  const double bw = bw_on ? measure_read_bw(fl.sms, fl.sink) : 3.0;
   const char* commit = std::getenv("FLASHLITE_COMMIT");
   std::printf("device %s, %d SMs, measured read bandwidth %.3f TB/s\n", prop.name, prop.multiProcessorCount, bw);
   FILE* f = std::fopen(out_path.c_str(), "w");
@@ -447,15 +465,17 @@ int main(int argc, char** argv) {
     cases = {{1, 1024, 0},   {1, 8192, 0},   {1, 8192, 16},   {1, 32768, 0},  {1, 32768, 16},
              {16, 8192, 0},  {16, 8192, 16}, {64, 8192, 0},   {64, 8192, 16}, {64, 8192, 256}};
   }
+  if (!only.empty()) cases = only;
   for (const Case& c : cases) emit(c, run_case(c, fl, reps, 0, c.batch * size_t(c.kv_len) <= (size_t(1) << 20)), "main");
   for (int L : {1024, 8192, 32768}) {
+    if (!only.empty()) break;
     const double us = recompute_us(L, fl);
     std::printf("recompute (causal forward over the prefix, attention only) L %d: %.1f us\n", L, us);
     std::fprintf(f, ",\n  {\"kind\": \"recompute_attention\", \"batch\": 1, \"kv_len\": %d, \"us_median\": %.3f}", L, us);
   }
   if (sweep) {
-    for (Case c : {Case{1, 8192, 0}, Case{1, 32768, 0}, Case{16, 8192, 0}, Case{64, 8192, 0}, Case{1, 8192, 16}})
-      for (int s : {1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128}) emit(c, run_case(c, fl, reps / 2 + 5, s, false, false), "sweep");
+    for (Case c : {Case{1, 8192, 0}, Case{1, 32768, 0}, Case{1, 32768, 16}, Case{16, 8192, 0}, Case{1, 8192, 16}})
+      for (int s : {2, 4, 8, 12, 16, 20, 24, 28, 32, 40, 64}) emit(c, run_case(c, fl, reps / 2 + 5, s, false, false), "sweep");
   }
   std::fprintf(f, "\n]}\n");
   std::fclose(f);

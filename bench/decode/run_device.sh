@@ -2,7 +2,8 @@
 # One call on the GPU machine for the decode path: build (sm_90a) the KV tests and the decode bench, run the kv test
 # suite (ctest -L kv), the benchmark (with the split sweep), the torch peers, compute-sanitizer (memcheck on small
 # cases, racecheck on one). Logs go to a tarball in $OUT, JSON next to it. Phases (comma list, default all):
-#   build,test,bench,sdpa,sanitize
+#   build,test,bench,sdpa,sanitize   and, not in the default: quick (main shapes only), ncu (Nsight Compute on a few
+#   shapes, NCU_RUNS="B:L:PAGE ...")
 #
 #   bash bench/decode/run_device.sh [phases] [source tarball]
 #
@@ -47,6 +48,29 @@ if has bench; then
   echo "without PDL:"; grep "^main" "$logs/bench_nopdl.log"
 fi
 
+if has quick; then
+  step "decode bench, main shapes"
+  "$build/bin/flashlite_decode_bench" --quick --out "$dest/decode_quick.json" 2>&1 | tee "$logs/quick.log" | grep -E "^main|bandwidth"
+fi
+
+if has ncu; then
+  step "ncu"
+  ncu_bin="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+  for c in ${NCU_RUNS:-1:8192:0 1:32768:0 64:8192:0}; do
+    {
+      timeout 120 "$ncu_bin" --clock-control none -k regex:decode_ --launch-skip 4 --launch-count 2 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats \
+        --metrics dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct \
+        "$build/bin/flashlite_decode_bench" --only "$c" --no-bw --reps 4 > "$logs/ncu_${c//:/_}.txt" 2>&1
+      echo "ncu $c rc=$?"
+      grep -E "decode_(split|combine)_kernel|^    Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|dram__throughput|dram__bytes_read|Warp Cycles Per Issued|No Eligible" \
+        "$logs/ncu_${c//:/_}.txt" | head -24
+      cp "$logs/ncu_${c//:/_}.txt" "$dest/" 2>/dev/null
+    }
+  done
+fi
+
 if has sdpa; then
   step "torch peers"
   python3 "$src/bench/decode/sdpa_decode.py" --out "$dest/sdpa_decode.json" > "$logs/sdpa.log" 2>&1
@@ -69,10 +93,10 @@ fi
 if has sanitize; then
   step "compute-sanitizer"
   t="$build/tests/kv/flashlite_decode_gpu_test"
-  f='*/window_sinks:*/splits17:*/q8_short_rows_masked:*/group16_q5_two_row_chunks:*/empty_sequences:*/paged16_bf16_d64*:*/contig_f16_d128*:*GpuAppend*/paged_bfloat16*:*GpuAppend*/contig_float16_rope_llama3*:GpuKv.CudaSpecificErrors:*/paged48_window_sinks:*/paged17_splits17'
+  f='GpuKv.SplitMerge*:*/window_sinks:*/splits17:*/q8_short_rows_masked:*/group16_q5_two_row_chunks:*/empty_sequences:*/paged16_bf16_d64*:*/contig_f16_d128*:*GpuAppend*/paged_bfloat16*:*GpuAppend*/contig_float16_rope_llama3*:GpuKv.CudaSpecificErrors:*/paged48_window_sinks:*/paged17_splits17'
   compute-sanitizer --tool memcheck --error-exitcode 3 "$t" --gtest_filter="$f" > "$logs/memcheck.log" 2>&1
   echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$logs/memcheck.log" | tr '\n' ' ')"
-  compute-sanitizer --tool racecheck --error-exitcode 3 "$t" --gtest_filter='*/window_sinks:*/group8_q8_64rows:*/paged17_splits17' > "$logs/racecheck.log" 2>&1
+  compute-sanitizer --tool racecheck --error-exitcode 3 "$t" --gtest_filter='GpuKv.SplitMerge*:*/window_sinks:*/group8_q8_64rows:*/paged17_splits17' > "$logs/racecheck.log" 2>&1
   echo "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED' "$logs/racecheck.log" | tr '\n' ' ')"
 fi
 step "done"

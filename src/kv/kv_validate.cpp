@@ -1,6 +1,7 @@
 // Validation of the KV-cache API (append_kv, decode, plan_decode): every argument is checked on the host before
 // anything is launched or written; messages name the argument, the value and what was expected (flashlite::Error).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -79,11 +80,14 @@ ByteRange byte_range(const TensorView& t) {
 }
 
 // a is written while b is read (or written): their address ranges must not meet.
-void check_no_overlap(const TensorView& a, const std::string& a_name, const TensorView& b, const std::string& b_name) {
+// (Names are C strings: this runs a dozen times per call, and a message is only built on failure.)
+void check_no_overlap(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
   if (a.data == nullptr || b.data == nullptr || !(a.device == b.device)) return;
   const ByteRange ra = byte_range(a), rb = byte_range(b);
   if (ra.lo == ra.hi || rb.lo == rb.hi) return;
-  if (ra.lo < rb.hi && rb.lo < ra.hi) fail(a_name + " overlaps " + b_name + " in memory; expected separate buffers");
+  if (ra.lo < rb.hi && rb.lo < ra.hi) {
+    fail(std::string(a_name) + " overlaps " + b_name + " in memory; expected separate buffers");
+  }
 }
 
 // An int32 index array of exactly (or, with at_least, at least) n entries, contiguous, on `dev`.
@@ -175,10 +179,20 @@ KvCacheDesc validate_cache(const KvCacheView& c) {
       fail("cache.host.page_indptr[" + to_string(d.batch) + "] = " + to_string(d.indptr[d.batch]) +
            " points past cache.host.page_indices (" + to_string(n_idx) + " entries)");
     }
+    // Every page id in range: a branch-free min / max pass (vectorised; this walk is the host cost of a paged call
+    // that grows with the cache), and only when it fails the search for the first bad entry, for the message.
+    int32_t lo = 0, hi = 0;
+    if (d.indptr[d.batch] > d.indptr[0]) lo = hi = d.indices[d.indptr[0]];
     for (int64_t i = d.indptr[0]; i < d.indptr[d.batch]; ++i) {
-      if (d.indices[i] < 0 || d.indices[i] >= d.num_pages) {
-        fail("cache.host.page_indices[" + to_string(i) + "] = " + to_string(d.indices[i]) + " is a bad page id; expected 0.." +
-             to_string(d.num_pages - 1) + " (cache.k has " + to_string(d.num_pages) + " pages)");
+      lo = std::min(lo, d.indices[i]);
+      hi = std::max(hi, d.indices[i]);
+    }
+    if (lo < 0 || hi >= d.num_pages) {
+      for (int64_t i = d.indptr[0]; i < d.indptr[d.batch]; ++i) {
+        if (d.indices[i] < 0 || d.indices[i] >= d.num_pages) {
+          fail("cache.host.page_indices[" + to_string(i) + "] = " + to_string(d.indices[i]) + " is a bad page id; expected 0.." +
+               to_string(d.num_pages - 1) + " (cache.k has " + to_string(d.num_pages) + " pages)");
+        }
       }
     }
     for (int64_t b = 0; b < d.batch; ++b) {
@@ -206,11 +220,11 @@ KvCacheDesc validate_cache(const KvCacheView& c) {
 }
 
 // The index arrays of a cache (the kernels read them while writing the cache / outputs).
-std::vector<std::pair<const TensorView*, std::string>> index_views(const KvCacheView& c) {
-  return {{&c.host.seq_lens, "cache.host.seq_lens"},     {&c.host.page_indptr, "cache.host.page_indptr"},
+std::array<std::pair<const TensorView*, const char*>, 8> index_views(const KvCacheView& c) {
+  return {{{&c.host.seq_lens, "cache.host.seq_lens"},     {&c.host.page_indptr, "cache.host.page_indptr"},
           {&c.host.page_indices, "cache.host.page_indices"}, {&c.host.last_page_len, "cache.host.last_page_len"},
           {&c.device.seq_lens, "cache.device.seq_lens"}, {&c.device.page_indptr, "cache.device.page_indptr"},
-          {&c.device.page_indices, "cache.device.page_indices"}, {&c.device.last_page_len, "cache.device.last_page_len"}};
+          {&c.device.page_indices, "cache.device.page_indices"}, {&c.device.last_page_len, "cache.device.last_page_len"}}};
 }
 
 void check_rope(const RopeOptions& r, int64_t head_dim) {

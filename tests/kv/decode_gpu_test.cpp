@@ -1,7 +1,8 @@
 // The CUDA KV-cache kernels against float64 (skipped without a GPU): split-KV decode over contiguous and paged
 // caches (random page tables, page sizes 16..256, ragged lengths 1..65536, page boundaries, windows crossing pages,
 // sinks, GQA 1/3/4/8/16, q_len 1..8, forced split counts), the fused append + RoPE, append-then-decode against
-// attention over the concatenation, and a decode step captured once in a CUDA graph and replayed as lengths grow.
+// attention over the concatenation, a decode step captured once in a CUDA graph and replayed as lengths grow, and split
+// decodes repeated across calls and graph replays on one workspace.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -423,6 +424,90 @@ TEST(GpuKv, DecodeStepCapturedInGraphReplaysAsLengthsGrow) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
+  }
+}
+
+// Split decodes and their merge, called again and again on one workspace: many splits (256: more blocks than one
+// wave; 64 with q_len 5 and a window over pages; 3-4 long splits), repeated eager calls on one workspace filled with
+// garbage first (every partial is written before it is read), a workspace decode allocates itself, and a graph of two
+// calls replayed three times. The output is poisoned before every call, so a merge that did not run leaves NaN and
+// one that read stale partials gives a wrong answer.
+TEST(GpuKv, SplitMergeRepeatsAcrossCallsAndGraphReplays) {
+  SKIP_WITHOUT_GPU();
+  struct Cfg {
+    const char* name;
+    bool paged;
+    int64_t q_len;
+    int splits;
+    bool window;
+  };
+  for (const Cfg& cfg : {Cfg{"contig_splits256", false, 1, 256, false}, Cfg{"paged16_q5_splits64_window", true, 5, 64, true},
+                         Cfg{"contig_q2_splits3", false, 2, 3, false}, Cfg{"planned", false, 1, 0, false},
+                         Cfg{"contig_splits4", false, 1, 4, false}, Cfg{"paged16_q3_splits3_window", true, 3, 3, true}}) {
+    SCOPED_TRACE(cfg.name);
+    CacheSpec cs;
+    cs.paged = cfg.paged;
+    cs.page_size = 16;
+    cs.kv_heads = 8;
+    cs.head_dim = 128;
+    cs.dtype = DType::bf16;
+    cs.lens = {5000, 3, 700, 1};
+    HostCache cache(cs, fltest::seed_of(cfg.name));
+    DecodeSpec ds;
+    ds.q_heads = 32;
+    ds.q_len = cfg.q_len;
+    ds.opt.causal = true;
+    if (cfg.window) ds.opt.window_left = cfg.splits == 3 ? 2000 : 300, ds.opt.sink_tokens = 3, ds.sink_logits = true;
+    DecodeProblem p(cache, ds, fltest::seed_of(std::string(cfg.name) + "q"));
+    const std::vector<uint8_t> poisoned_out = p.outbuf.bytes, poisoned_lse = p.lsebuf.bytes;
+    DeviceCache dc(cache);
+    DeviceDecode dd(p, dc);
+    const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, -1, cfg.splits);
+    EXPECT_GT(plan.num_splits, 1);
+    DevBuf ws(nullptr, 0);
+    ck(cudaMalloc(&ws.p, std::max<size_t>(plan.workspace_bytes, 16)), "workspace");
+    ck(cudaMemset(ws.p, 0xff, std::max<size_t>(plan.workspace_bytes, 16)), "workspace garbage");
+    dd.args.plan = &plan;
+    auto poison = [&] {
+      dd.out.up(poisoned_out.data());
+      dd.lse.up(poisoned_lse.data());
+    };
+    auto check = [&](const char* what) {
+      SCOPED_TRACE(what);
+      dd.download();
+      expect_decode_matches(p, poisoned_out);
+      p.outbuf.bytes = poisoned_out;
+      p.lsebuf.bytes = poisoned_lse;
+    };
+    for (int call = 0; call < 3; ++call) {  // eager
+      dd.args.workspace = call == 1 ? nullptr : ws.p;  // call 1: decode allocates its workspace
+      dd.args.workspace_bytes = call == 1 ? 0 : plan.workspace_bytes;
+      poison();
+      flashlite::decode(dd.args);
+      check(call == 0 ? "eager call 0" : call == 1 ? "eager call 1 (own workspace)" : "eager call 2");
+    }
+    dd.args.workspace = ws.p;
+    dd.args.workspace_bytes = plan.workspace_bytes;
+    cudaStream_t stream;
+    ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    dd.args.stream = stream;
+    cudaGraph_t graph;
+    ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+    flashlite::decode(dd.args);
+    flashlite::decode(dd.args);
+    ck(cudaStreamEndCapture(stream, &graph), "end capture");
+    cudaGraphExec_t exec;
+    ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    for (int replay = 0; replay < 3; ++replay) {
+      poison();
+      ck(cudaGraphLaunch(exec, stream), "replay");
+      ck(cudaStreamSynchronize(stream), "replay");
+      check(("graph replay " + std::to_string(replay)).c_str());
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    dd.args.stream = nullptr;
   }
 }
 
