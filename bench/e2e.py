@@ -90,12 +90,19 @@ def weight_bytes(model_dir):
     return total
 
 
-def run_engine(args, model_dir, batch, prompt, new):
+# Engine switches measured against the default at batch 1 / prompt 512 with --ablations (environment of the CLI).
+ABLATIONS = {"fused GEMVs off (FLASHLITE_ENGINE_GEMV=0: cuBLASLt + separate norm/SwiGLU/residual kernels)":
+             {"FLASHLITE_ENGINE_GEMV": "0"},
+             "programmatic dependent launch off (FLASHLITE_ENGINE_PDL=0)": {"FLASHLITE_ENGINE_PDL": "0"},
+             "CUDA graph off (FLASHLITE_ENGINE_GRAPH=0)": {"FLASHLITE_ENGINE_GRAPH": "0"}}
+
+
+def run_engine(args, model_dir, batch, prompt, new, env=None):
     cmd = [args.flashlite, "generate", "--model", str(model_dir), "--device", "cuda", "--prompt-tokens", str(prompt),
            "--batch", str(batch), "--max-tokens", str(new), "--ignore-eos", "--warmup", "1", "--json"]
     runs = []
     for _ in range(args.repeats):
-        proc = subprocess.run(cmd, capture_output=True)
+        proc = subprocess.run(cmd, capture_output=True, env={**os.environ, **(env or {})})
         if proc.returncode != 0:  # keep going: the row records the CLI's error instead of the numbers
             err = proc.stderr.decode(errors="replace").strip()
             print(f"e2e: {' '.join(cmd)} exited {proc.returncode}:\n{err}", file=sys.stderr)
@@ -141,6 +148,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--engine-repeats", type=int, default=1)
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--ablations", action="store_true", help="also batch 1 / prompt 512 with each engine switch off")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -169,10 +177,17 @@ def main():
                 row["ttft_speedup"] = row["transformers"]["ttft_ms"] / row["flashlite"]["ttft_ms"]
             rows.append(row)
             print(json.dumps(row))
+    ablations = {}
+    if args.ablations:
+        for name, env in ABLATIONS.items():
+            ablations[name] = run_engine(args, model_dir, 1, 512, args.new_tokens, env)
+            print(name, json.dumps(ablations[name]))
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {"benchmark": "e2e", "device": torch.cuda.get_device_name(), "commit": commit,
               "torch": torch.__version__, "transformers": transformers.__version__,
               "copy_bandwidth_gb_s": bw / 1e9, "weight_bytes": wbytes, "rows": rows}
+    if ablations:
+        result["ablations"] = ablations
     out = args.out or str(REPO / "bench" / "results" / torch.cuda.get_device_name().replace(" ", "_") / "e2e.json")
     pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(out).write_text(json.dumps(result, indent=2) + "\n")

@@ -48,10 +48,15 @@ GenerationResult run(LlamaModel& model, const std::vector<SlotInput>& inputs, co
   if (params.max_new_tokens == 0) return res;
 
   std::vector<bool> live(B, true);
-  auto emit = [&](const std::vector<float>& logits, const std::vector<int>& who) {
+  // Only what the sampler needs comes back from the model: ids when greedy, the top k when top-k sampling.
+  const LogitsRequest request = logits_request_for(params.sampling, vocab);
+  auto emit = [&](const LogitsOutput& out, const std::vector<int>& who) {
     for (size_t r = 0; r < who.size(); ++r) {
       const int b = who[r];
-      const int tok = samplers[b].sample(logits.data() + r * size_t(vocab), vocab);
+      int tok;
+      if (out.kind == LogitsRequest::Kind::argmax) tok = out.ids[r];
+      else if (out.kind == LogitsRequest::Kind::top_k) tok = samplers[b].sample_top_k(out.values + r * out.k, out.ids + r * out.k, out.k);
+      else tok = samplers[b].sample(out.logits + r * size_t(vocab), vocab);
       if (last_tokens) (*last_tokens)[b] = tok;
       if (std::find(params.stop_ids.begin(), params.stop_ids.end(), tok) != params.stop_ids.end()) {
         live[b] = false;
@@ -71,7 +76,7 @@ GenerationResult run(LlamaModel& model, const std::vector<SlotInput>& inputs, co
   };
   std::vector<int> who(B);
   for (int b = 0; b < B; ++b) who[b] = b;
-  emit(model.forward(step), who);
+  emit(model.forward_select(step, request), who);
   res.stats.ttft_ms = ms_since(t0);
 
   while (true) {
@@ -85,7 +90,7 @@ GenerationResult run(LlamaModel& model, const std::vector<SlotInput>& inputs, co
     if (step.empty()) break;
     const auto ts = Clock::now();
     const int before = res.stats.generated_tokens;
-    emit(model.forward(step), who);
+    emit(model.forward_select(step, request), who);
     res.stats.step_ms.push_back(ms_since(ts));
     res.stats.decode_tokens += res.stats.generated_tokens - before;
   }

@@ -1,12 +1,62 @@
 #include "engine/model.h"
 
+#include <algorithm>
+
 #include "engine/errors.h"
 #include "engine/llama_cpu.h"
+#include "engine/sampler.h"
 #if FLASHLITE_ENGINE_CUDA
 #include "engine/llama_cuda.h"
 #endif
 
 namespace flashlite::engine {
+
+LogitsRequest logits_request_for(const SamplingParams& params, int vocab) {
+  LogitsRequest r;
+  if (params.temperature == 0.0f) r.kind = LogitsRequest::Kind::argmax;
+  else if (params.top_k > 0 && params.top_k < vocab) r = {LogitsRequest::Kind::top_k, params.top_k};
+  return r;
+}
+
+LogitsOutput LlamaModel::forward_select(const std::vector<SequenceInput>& inputs, const LogitsRequest& request) {
+  const std::vector<float>& logits = forward(inputs);
+  const int vocab = config().vocab_size;
+  return select_on_host(logits.data(), int(logits.size() / size_t(vocab)), request);
+}
+
+LogitsOutput LlamaModel::select_on_host(const float* logits, int rows, const LogitsRequest& request) {
+  const int vocab = config().vocab_size;
+  LogitsOutput out;
+  out.kind = request.kind;
+  out.rows = rows;
+  out.vocab = vocab;
+  if (request.kind == LogitsRequest::Kind::logits) {
+    out.logits = logits;
+  } else if (request.kind == LogitsRequest::Kind::argmax) {
+    select_ids_.resize(rows);
+    for (int r = 0; r < rows; ++r) select_ids_[r] = argmax(logits + size_t(r) * vocab, vocab);
+    out.ids = select_ids_.data();
+  } else {
+    const int k = request.k;
+    if (k <= 0 || k >= vocab) fail("top-k request for " + std::to_string(k) + " candidates; expected 0 < k < " + std::to_string(vocab));
+    select_ids_.resize(size_t(rows) * k);
+    select_values_.resize(size_t(rows) * k);
+    std::vector<std::pair<float, int>> cand(vocab);
+    for (int r = 0; r < rows; ++r) {
+      const float* row = logits + size_t(r) * vocab;
+      for (int i = 0; i < vocab; ++i) cand[i] = {row[i], i};
+      std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), Sampler::before);
+      for (int i = 0; i < k; ++i) {
+        select_values_[size_t(r) * k + i] = cand[i].first;
+        select_ids_[size_t(r) * k + i] = cand[i].second;
+      }
+    }
+    out.k = k;
+    out.ids = select_ids_.data();
+    out.values = select_values_.data();
+  }
+  return out;
+}
 
 std::unique_ptr<LlamaModel> create_model(const ModelWeights& weights, const RuntimeOptions& options,
                                          const std::string& device) {

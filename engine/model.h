@@ -1,6 +1,7 @@
 #pragma once
 // What the generation loop needs from a model, whatever runs it (CPU: LlamaCpu; CUDA: LlamaCuda).
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,25 @@ struct SequenceInput {
   int slot = 0;
   std::vector<int> tokens;
   bool all_logits = false;  // logits for every new position (teacher forcing); else only the last
+};
+
+// How much of each logits row a forward call hands back: the sampler needs all of it only for plain temperature or
+// top-p sampling. A model may compute the reduction where the logits live (the GPU) so that only ids come back.
+struct LogitsRequest {
+  enum class Kind { logits, argmax, top_k };
+  Kind kind = Kind::logits;
+  int k = 0;  // top_k: candidates per row, 0 < k < vocab
+};
+
+// The result of forward_select, valid until the next call: per logits row (input order) either the full fp32 row,
+// the greedy token (first index of the maximum, as engine::argmax), or the k largest logits with their ids (as a set,
+// in no particular order; ties at the k-th value keep the lowest ids, as Sampler's partial sort does).
+struct LogitsOutput {
+  LogitsRequest::Kind kind = LogitsRequest::Kind::logits;
+  int rows = 0, k = 0, vocab = 0;
+  const float* logits = nullptr;   // logits: (rows, vocab)
+  const int32_t* ids = nullptr;    // argmax: (rows); top_k: (rows, k)
+  const float* values = nullptr;   // top_k: (rows, k), the logits of `ids`
 };
 
 struct RuntimeOptions {
@@ -32,6 +52,9 @@ class LlamaModel {
   // Runs every sequence's new tokens in one pass and appends them to the KV cache. Returns fp32 logits on the host,
   // (sum over inputs of n or 1, vocab), in input order. Throws Error on a bad token or a context overflow.
   virtual const std::vector<float>& forward(const std::vector<SequenceInput>& inputs) = 0;
+  // forward(), reduced as `request` asks. The default reduces the host logits; the CUDA model reduces on the device
+  // and copies back only the ids (and top-k values) into pinned memory.
+  virtual LogitsOutput forward_select(const std::vector<SequenceInput>& inputs, const LogitsRequest& request);
   virtual const ModelConfig& config() const = 0;
   virtual int slots() const = 0;
   virtual int context() const = 0;     // KV positions per sequence
@@ -41,7 +64,18 @@ class LlamaModel {
   virtual std::string device() const = 0;
   virtual size_t device_bytes() const { return 0; }  // accelerator memory held (weights, KV cache, scratch)
   virtual std::string attention_kernel() = 0;  // flashlite's kernel name for a decode step
+
+ protected:
+  // Host reduction of `logits` (rows, vocab) into select_ids_ / select_values_ (the default forward_select).
+  LogitsOutput select_on_host(const float* logits, int rows, const LogitsRequest& request);
+  std::vector<int32_t> select_ids_;
+  std::vector<float> select_values_;
 };
+
+// Candidates per row that the host sampler needs for `params` (argmax when greedy, the top k when 0 < top_k < vocab,
+// else every logit). Declared here so the model and the generation loop agree.
+struct SamplingParams;
+LogitsRequest logits_request_for(const SamplingParams& params, int vocab);
 
 struct ModelWeights;
 // A model on `device` ("cpu" or "cuda"); throws Error when the device is unavailable in this build or machine.

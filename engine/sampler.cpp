@@ -55,14 +55,13 @@ int Sampler::sample(const float* logits, int vocab) {
     return argmax(logits, vocab);
   }
   // Descending logits (ties: lower id first) so top-k and top-p cut a prefix.
-  auto by_logit = [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; };
   int n = 0;
   double norm = 0;  // the softmax denominator top-p is measured against (all tokens, or the top k)
   cand_.clear();
   if (p_.top_k > 0 && p_.top_k < vocab) {
     cand_.resize(vocab);
     for (int i = 0; i < vocab; ++i) cand_[i] = {logits[i], i};
-    std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
+    std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), before);
     n = p_.top_k;
   } else {
     // Top-p only: a token with probability below (1 - top_p) / vocab can never be in the nucleus (all of them together
@@ -75,10 +74,24 @@ int Sampler::sample(const float* logits, int vocab) {
     const double floor_w = p_.top_p < 1.0f ? (1.0 - p_.top_p) / vocab * z : 0.0;
     for (int i = 0; i < vocab; ++i)
       if (weights_[i] >= floor_w) cand_.push_back({logits[i], i});
-    std::sort(cand_.begin(), cand_.end(), by_logit);
+    std::sort(cand_.begin(), cand_.end(), before);
     n = int(cand_.size());
     norm = z;
   }
+  return pick(n, norm);
+}
+
+int Sampler::sample_top_k(const float* values, const int32_t* ids, int k) {
+  if (k <= 0) fail("sample_top_k got " + std::to_string(k) + " candidates; expected at least one");
+  cand_.resize(k);
+  for (int i = 0; i < k; ++i) cand_[i] = {values[i], ids[i]};
+  // The full sort of the k-set gives the partial sort's prefix exactly: `before` is a total order (ids are distinct).
+  std::sort(cand_.begin(), cand_.end(), before);
+  if (p_.temperature == 0.0f) return cand_[0].second;
+  return pick(k, 0);
+}
+
+int Sampler::pick(int n, double norm) {
   // Softmax at the temperature over the kept prefix (float64 sums for stability).
   const double mx = cand_[0].first;
   std::vector<double> prob(n);

@@ -2,6 +2,7 @@
 // Next-token choice from one row of logits: greedy (temperature 0), or temperature + top-k + top-p (nucleus)
 // sampling with a seeded, platform-independent RNG (xorshift64*), one stream per sequence.
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace flashlite::engine {
@@ -18,10 +19,18 @@ class Sampler {
  public:
   Sampler(const SamplingParams& params, uint64_t stream);  // stream: sequence index, so each sequence differs
   int sample(const float* logits, int vocab);
+  // The same choice as sample() on the full row when 0 < top_k < vocab (or temperature is 0), from the row's top_k
+  // largest logits and their ids in any order (LlamaModel::forward_select with a top-k request).
+  int sample_top_k(const float* values, const int32_t* ids, int k);
+  // Candidate order: larger logit first, lower id first among equals.
+  static bool before(const std::pair<float, int>& a, const std::pair<float, int>& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  }
   // Uniform in [0, 1) with 24 random bits.
   float uniform();
 
  private:
+  int pick(int n, double norm);  // samples from the sorted prefix cand_[0, n); norm: top-p's denominator (0 = the prefix)
   SamplingParams p_;
   uint64_t state_;
   std::vector<std::pair<float, int>> cand_;  // scratch

@@ -2,15 +2,19 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "engine/cuda_ops/gemm.h"
+#include "engine/cuda_ops/gemv.h"
 #include "engine/cuda_ops/ops.h"
+#include "engine/cuda_ops/select.h"
 #include "engine/errors.h"
 #include "flashlite/kv_cache.h"
 
@@ -65,6 +69,28 @@ struct DeviceBuffer {
   char* bytes_ptr() const { return static_cast<char*>(ptr); }
 };
 
+// Page-locked host memory for what comes back each step (ids, top-k candidates): no staging copy, no pageable fault.
+struct PinnedBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() {
+    if (ptr) cudaFreeHost(ptr);
+  }
+  void reserve(size_t n) {
+    if (n <= bytes) return;
+    if (ptr) cudaFreeHost(ptr);
+    ptr = nullptr;
+    bytes = 0;
+    cuda_check(cudaMallocHost(&ptr, n), "pinned allocation of " + std::to_string(n) + " bytes");
+    bytes = n;
+  }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr); }
+};
+
 class LlamaCuda final : public LlamaModel {
  public:
   LlamaCuda(const ModelWeights& w, const RuntimeOptions& o) : c_(w.config), opt_(o) {
@@ -112,6 +138,11 @@ class LlamaCuda final : public LlamaModel {
     decode_ok_ = probe_decode();
     const char* env = std::getenv("FLASHLITE_ENGINE_GRAPH");
     graphs_on_ = decode_ok_ && !(env && std::string(env) == "0");
+    // Few-row steps through the fused GEMVs (bf16 only; FLASHLITE_ENGINE_GEMV=0 keeps cuBLASLt + separate kernels).
+    const char* gv = std::getenv("FLASHLITE_ENGINE_GEMV");
+    gemv_on_ = elem_ == Elem::bf16 && !(gv && std::string(gv) == "0");
+    const char* pf = std::getenv("FLASHLITE_ENGINE_PREFETCH");  // lines per weight row prefetched before the wait
+    prefetch_lines_ = pf ? std::atoi(pf) : 4;
   }
 
   ~LlamaCuda() override {
@@ -138,7 +169,13 @@ class LlamaCuda final : public LlamaModel {
   }
   size_t device_bytes() const override { return DeviceBuffer::allocated() + (size_t(32) << 20); }  // + GEMM workspace
 
-  const std::vector<float>& forward(const std::vector<SequenceInput>& inputs) override;
+  const std::vector<float>& forward(const std::vector<SequenceInput>& inputs) override {
+    run(inputs, LogitsRequest{});
+    return logits_;
+  }
+  LogitsOutput forward_select(const std::vector<SequenceInput>& inputs, const LogitsRequest& request) override {
+    return run(inputs, request);
+  }
 
  private:
   size_t esize() const { return cuda_ops::elem_size(elem_); }
@@ -214,7 +251,7 @@ class LlamaCuda final : public LlamaModel {
     a.cache.v = TensorView::strided(v_cache_[layer]->ptr, dtype(), dev, {batch, context_, c_.n_kv_heads, D},
                                     {int64_t(context_) * kvd, kvd, D, 1});
     a.cache.host.seq_lens = TensorView::contiguous(const_cast<int32_t*>(host_lens), DType::i32, Device::cpu(), {batch});
-    a.cache.device.seq_lens = TensorView::contiguous(seq_lens_dev_.ptr, DType::i32, dev, {batch});
+    a.cache.device.seq_lens = TensorView::contiguous(step_in(3), DType::i32, dev, {batch});
     a.options.causal = true;
     a.backend = Backend::cuda;
     a.stream = stream_;
@@ -227,7 +264,7 @@ class LlamaCuda final : public LlamaModel {
   // Whether the decode kernel takes this model (head_dim 64/128, bf16/f16; fp32 and tiny heads use the fused forward).
   bool probe_decode() {
     if (opt_.attention != Backend::automatic && opt_.attention != Backend::cuda) return false;
-    seq_lens_dev_.reserve(size_t(slots_) * 4, "sequence lengths");
+    ensure_step_inputs(slots_);
     const int32_t one = 1;
     try {
       decode_kernel_name(decode_args(0, 1, &one, nullptr));
@@ -235,6 +272,47 @@ class LlamaCuda final : public LlamaModel {
     } catch (const Error&) {
       return false;
     }
+  }
+
+  LogitsOutput run(const std::vector<SequenceInput>& inputs, const LogitsRequest& request);
+
+  // y = rmsnorm(x[row_index]) W^T with the given epilogue (W: (out, dim), swiglu: (2 out, dim)).
+  cuda_ops::GemvParams normed_gemv(const void* w, int out, const void* norm_w, const int32_t* row_index, int rows,
+                                   cuda_ops::GemvOut epi, void* y) {
+    cuda_ops::GemvParams p;
+    p.w = w;
+    p.out = out;
+    p.k = c_.dim;
+    p.rows = rows;
+    p.in = cuda_ops::GemvIn::rmsnorm;
+    p.xf = x_.as<float>();
+    p.norm_w = norm_w;
+    p.row_index = row_index;
+    p.eps = c_.rms_eps;
+    p.epi = epi;
+    p.y = y;
+    p.prefetch_lines = prefetch_lines_;
+    return p;
+  }
+  // x += in W^T (the residual stream; W: (dim, k), in: (rows, k) bf16).
+  cuda_ops::GemvParams added_gemv(const void* w, int out, int k, const void* in, int rows) {
+    cuda_ops::GemvParams p;
+    p.w = w;
+    p.out = out;
+    p.k = k;
+    p.rows = rows;
+    p.in = cuda_ops::GemvIn::bf16;
+    p.x = in;
+    p.epi = cuda_ops::GemvOut::add_f32;
+    p.y = x_.as<float>();
+    p.prefetch_lines = prefetch_lines_;
+    return p;
+  }
+
+  // Whether a forward over `rows` rows takes the fused GEMVs (every reduction length they see fits).
+  bool use_gemv(int rows) const {
+    return gemv_on_ && cuda_ops::gemv_supported(rows, c_.dim) && cuda_ops::gemv_supported(rows, c_.q_dim()) &&
+           cuda_ops::gemv_supported(rows, c_.hidden_dim);
   }
 
   void ensure_scratch(int rows, int logit_rows) {
@@ -246,12 +324,23 @@ class LlamaCuda final : public LlamaModel {
     h13_.reserve(r * 2 * c_.hidden_dim * e, "activations");
     hb_.reserve(r * c_.hidden_dim * e, "activations");
     xo_.reserve(r * c_.dim * e, "activations");
-    tokens_.reserve(r * 4, "token ids");
-    pos_.reserve(r * 4, "positions");
-    cache_row_.reserve(r * 8, "cache rows");
-    logit_index_.reserve(size_t(logit_rows) * 4, "row index");
+    ensure_step_inputs(std::max({rows, logit_rows, slots_}));
     logits_dev_.reserve(size_t(logit_rows) * c_.vocab_size * 4, "logits");
+    keys_dev_.reserve(size_t(logit_rows) * 8, "argmax keys");
+    keys_host_.reserve(size_t(logit_rows) * 8);
   }
+
+  // A step's small inputs go up in one copy from pinned memory, laid out for `cap` rows: [0] token ids, [1] positions,
+  // [2] logit row index, [3] sequence lengths after the step (int32, cap each), then the cache rows (int64, cap).
+  void ensure_step_inputs(int cap) {
+    if (cap <= step_cap_) return;
+    step_in_dev_.reserve(size_t(cap) * 24, "step inputs");
+    step_in_host_.reserve(size_t(cap) * 24);
+    step_cap_ = cap;
+  }
+  int32_t* step_in(int i) const { return step_in_dev_.as<int32_t>() + size_t(i) * step_cap_; }
+  int32_t* step_in_host(int i) const { return step_in_host_.as<int32_t>() + size_t(i) * step_cap_; }
+  int64_t* cache_rows_dev() const { return reinterpret_cast<int64_t*>(step_in(4)); }
 
   struct Layer {
     DeviceBuffer rms_att, wqkv, wo, rms_ffn, w13, w2;
@@ -262,7 +351,8 @@ class LlamaCuda final : public LlamaModel {
   Elem elem_ = Elem::bf16;
   int context_ = 0, slots_ = 1;
   Backend attention_ = Backend::cuda;
-  bool decode_ok_ = false, graphs_on_ = false;
+  bool decode_ok_ = false, graphs_on_ = false, gemv_on_ = false;
+  int prefetch_lines_ = 0;
   // Decode steps replayed from a CUDA graph, one per batch size: captured the second time that size is seen (the
   // first runs eagerly: lazy module loading and cuBLASLt heuristics stay out of the capture).
   struct GraphEntry {
@@ -270,7 +360,7 @@ class LlamaCuda final : public LlamaModel {
     uint64_t generation = 0;
     int seen = 0;
   };
-  std::map<int, GraphEntry> graphs_;
+  std::map<std::tuple<int, int, int>, GraphEntry> graphs_;  // (rows, selection kind, k)
   bool capture(GraphEntry& g, const std::function<void()>& body) {
     cudaGraph_t graph = nullptr;
     cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
@@ -298,11 +388,16 @@ class LlamaCuda final : public LlamaModel {
   DeviceBuffer embedding_, rms_final_, lm_head_, cos_, sin_;
   std::vector<Layer> layers_;
   std::vector<std::unique_ptr<DeviceBuffer>> k_cache_, v_cache_;  // per layer (slots * context, kv_heads, head_dim)
-  DeviceBuffer x_, xb_, qkv_, att_, h13_, hb_, xo_, tokens_, pos_, cache_row_, logit_index_, logits_dev_, seq_lens_dev_, decode_ws_;
+  DeviceBuffer x_, xb_, qkv_, att_, h13_, hb_, xo_, logits_dev_, decode_ws_;
+  DeviceBuffer step_in_dev_;  // see ensure_step_inputs
+  PinnedBuffer step_in_host_;
+  int step_cap_ = 0;
+  DeviceBuffer keys_dev_, topk_values_dev_, topk_ids_dev_;  // (logit rows) argmax keys; (logit rows, k) candidates
+  PinnedBuffer keys_host_, topk_values_host_, topk_ids_host_;
   std::vector<float> logits_;
 };
 
-const std::vector<float>& LlamaCuda::forward(const std::vector<SequenceInput>& inputs) {
+LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const LogitsRequest& request) {
   const int dim = c_.dim, qd = c_.q_dim(), kvd = c_.kv_dim(), hid = c_.hidden_dim, qkv_w = qd + 2 * kvd;
   std::vector<int32_t> tokens, pos, logit_index;
   std::vector<int64_t> cache_row;
@@ -329,8 +424,19 @@ const std::vector<float>& LlamaCuda::forward(const std::vector<SequenceInput>& i
       cache_row.push_back(int64_t(in.slot) * context_ + len + i);
     }
   }
-  const int rows = int(tokens.size()), lrows = int(logit_index.size());
+  const int rows = int(tokens.size()), lrows = int(logit_index.size()), vocab = c_.vocab_size;
+  if (request.kind == LogitsRequest::Kind::top_k && (request.k <= 0 || request.k >= vocab)) {
+    fail("top-k request for " + std::to_string(request.k) + " candidates; expected 0 < k < " + std::to_string(vocab));
+  }
   ensure_scratch(rows, lrows);
+  if (request.kind == LogitsRequest::Kind::top_k) {
+    const size_t n = size_t(lrows) * request.k;
+    topk_values_dev_.reserve(n * 4, "top-k values");
+    topk_ids_dev_.reserve(n * 4, "top-k ids");
+    topk_values_host_.reserve(n * 4);
+    topk_ids_host_.reserve(n * 4);
+  }
+  const bool gemv = use_gemv(rows);
   // A decode step over slots 0..rows-1, one token each: one batched decode launch per layer.
   bool batched_decode = decode_ok_ && rows == int(inputs.size());
   for (size_t q = 0; batched_decode && q < inputs.size(); ++q) batched_decode = inputs[q].slot == int(q);
@@ -338,31 +444,37 @@ const std::vector<float>& LlamaCuda::forward(const std::vector<SequenceInput>& i
   DecodePlan plan;
   if (batched_decode) {
     for (const SequenceInput& in : inputs) lens_after.push_back(int32_t(lengths_[in.slot] + 1));
-    cuda_check(cudaMemcpyAsync(seq_lens_dev_.ptr, lens_after.data(), rows * 4, cudaMemcpyHostToDevice, stream_), "upload");
+    std::copy(lens_after.begin(), lens_after.end(), step_in_host(3));
     plan = plan_decode(decode_args(0, rows, lens_after.data(), nullptr), context_);  // graph-stable: any length
     if (plan.workspace_bytes > decode_ws_.bytes) {
       cuda_check(cudaStreamSynchronize(stream_), "decode workspace");
       decode_ws_.reserve(plan.workspace_bytes, "the decode workspace");
     }
   }
-  cuda_check(cudaMemcpyAsync(tokens_.ptr, tokens.data(), rows * 4, cudaMemcpyHostToDevice, stream_), "token upload");
-  cuda_check(cudaMemcpyAsync(pos_.ptr, pos.data(), rows * 4, cudaMemcpyHostToDevice, stream_), "position upload");
-  cuda_check(cudaMemcpyAsync(cache_row_.ptr, cache_row.data(), rows * 8, cudaMemcpyHostToDevice, stream_), "upload");
-  cuda_check(cudaMemcpyAsync(logit_index_.ptr, logit_index.data(), lrows * 4, cudaMemcpyHostToDevice, stream_), "upload");
+  std::copy(tokens.begin(), tokens.end(), step_in_host(0));
+  std::copy(pos.begin(), pos.end(), step_in_host(1));
+  std::copy(logit_index.begin(), logit_index.end(), step_in_host(2));
+  std::copy(cache_row.begin(), cache_row.end(), reinterpret_cast<int64_t*>(step_in_host(4)));
+  cuda_check(cudaMemcpyAsync(step_in_dev_.ptr, step_in_host_.ptr, size_t(step_cap_) * 16 + size_t(rows) * 8,
+                             cudaMemcpyHostToDevice, stream_), "step input upload");
 
   void* s = stream_;
   auto compute = [&] {
-    cuda_ops::embed(x_.as<float>(), embedding_.ptr, tokens_.as<int32_t>(), rows, dim, elem_, s);
+    cuda_ops::embed(x_.as<float>(), embedding_.ptr, step_in(0), rows, dim, elem_, s);
     for (int l = 0; l < c_.n_layers; ++l) {
       const Layer& L = layers_[l];
-      cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_att.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);
-      gemm_->run(qkv_.ptr, xb_.ptr, L.wqkv.ptr, rows, dim, qkv_w, elem_, false, s);
+      if (gemv) {  // qkv = rmsnorm(x) Wqkv^T
+        cuda_ops::gemv(normed_gemv(L.wqkv.ptr, qkv_w, L.rms_att.ptr, nullptr, rows, cuda_ops::GemvOut::bf16, qkv_.ptr), s);
+      } else {
+        cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_att.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);
+        gemm_->run(qkv_.ptr, xb_.ptr, L.wqkv.ptr, rows, dim, qkv_w, elem_, false, s);
+      }
       cuda_ops::RopeAppendParams rp;
       rp.qkv = qkv_.ptr;
       rp.cos = cos_.as<float>();
       rp.sin = sin_.as<float>();
-      rp.pos = pos_.as<int32_t>();
-      rp.cache_row = cache_row_.as<int64_t>();
+      rp.pos = step_in(1);
+      rp.cache_row = cache_rows_dev();
       rp.k_cache = k_cache_[l]->ptr;
       rp.v_cache = v_cache_[l]->ptr;
       rp.rows = rows;
@@ -380,6 +492,12 @@ const std::vector<float>& LlamaCuda::forward(const std::vector<SequenceInput>& i
           flashlite::forward(attention_args(l, inputs[q].slot, row0[q], n, lengths_[inputs[q].slot] + n));
         }
       }
+      if (gemv) {  // x += att Wo^T; h = swiglu(rmsnorm(x) W13^T); x += h W2^T
+        cuda_ops::gemv(added_gemv(L.wo.ptr, dim, qd, att_.ptr, rows), s);
+        cuda_ops::gemv(normed_gemv(L.w13.ptr, hid, L.rms_ffn.ptr, nullptr, rows, cuda_ops::GemvOut::swiglu_bf16, hb_.ptr), s);
+        cuda_ops::gemv(added_gemv(L.w2.ptr, dim, hid, hb_.ptr, rows), s);
+        continue;
+      }
       gemm_->run(xo_.ptr, att_.ptr, L.wo.ptr, rows, qd, dim, elem_, false, s);
       cuda_ops::residual_add(x_.as<float>(), xo_.ptr, size_t(rows) * dim, elem_, s);
       cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_ffn.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);
@@ -388,13 +506,24 @@ const std::vector<float>& LlamaCuda::forward(const std::vector<SequenceInput>& i
       gemm_->run(xo_.ptr, hb_.ptr, L.w2.ptr, rows, hid, dim, elem_, false, s);
       cuda_ops::residual_add(x_.as<float>(), xo_.ptr, size_t(rows) * dim, elem_, s);
     }
-    cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), rms_final_.ptr, logit_index_.as<int32_t>(), lrows, dim, c_.rms_eps, elem_, s);
     const void* head = c_.tie_embeddings ? embedding_.ptr : lm_head_.ptr;
-    gemm_->run(logits_dev_.ptr, xb_.ptr, head, lrows, dim, c_.vocab_size, elem_, true, s);
+    if (gemv) {
+      cuda_ops::gemv(normed_gemv(head, vocab, rms_final_.ptr, step_in(2), lrows, cuda_ops::GemvOut::f32,
+                                 logits_dev_.ptr), s);
+    } else {
+      cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), rms_final_.ptr, step_in(2), lrows, dim, c_.rms_eps, elem_, s);
+      gemm_->run(logits_dev_.ptr, xb_.ptr, head, lrows, dim, vocab, elem_, true, s);
+    }
+    if (request.kind == LogitsRequest::Kind::argmax) {
+      cuda_ops::argmax_rows(keys_dev_.as<uint64_t>(), logits_dev_.as<float>(), lrows, vocab, s);
+    } else if (request.kind == LogitsRequest::Kind::top_k) {
+      cuda_ops::top_k_rows(topk_values_dev_.as<float>(), topk_ids_dev_.as<int32_t>(), logits_dev_.as<float>(), lrows,
+                           vocab, request.k, s);
+    }
   };
   GraphEntry* g = nullptr;
   if (batched_decode && graphs_on_) {
-    g = &graphs_[rows];
+    g = &graphs_[{rows, int(request.kind), request.k}];
     if (g->exec && g->generation != DeviceBuffer::generation()) {  // a buffer moved since the capture
       cudaGraphExecDestroy(g->exec);
       g->exec = nullptr;
@@ -403,11 +532,35 @@ const std::vector<float>& LlamaCuda::forward(const std::vector<SequenceInput>& i
   }
   if (g && g->exec) cuda_check(cudaGraphLaunch(g->exec, stream_), "decode graph launch");
   else compute();
-  logits_.resize(size_t(lrows) * c_.vocab_size);
-  cuda_check(cudaMemcpyAsync(logits_.data(), logits_dev_.ptr, logits_.size() * 4, cudaMemcpyDeviceToHost, stream_), "logits download");
+  // Only what the sampler needs comes back: 8 bytes per row for argmax, k pairs for top-k, else the full rows.
+  LogitsOutput out;
+  out.kind = request.kind;
+  out.rows = lrows;
+  out.vocab = vocab;
+  if (request.kind == LogitsRequest::Kind::argmax) {
+    cuda_check(cudaMemcpyAsync(keys_host_.ptr, keys_dev_.ptr, size_t(lrows) * 8, cudaMemcpyDeviceToHost, stream_), "ids download");
+  } else if (request.kind == LogitsRequest::Kind::top_k) {
+    const size_t n = size_t(lrows) * request.k * 4;
+    cuda_check(cudaMemcpyAsync(topk_values_host_.ptr, topk_values_dev_.ptr, n, cudaMemcpyDeviceToHost, stream_), "top-k download");
+    cuda_check(cudaMemcpyAsync(topk_ids_host_.ptr, topk_ids_dev_.ptr, n, cudaMemcpyDeviceToHost, stream_), "top-k download");
+  } else {
+    logits_.resize(size_t(lrows) * vocab);
+    cuda_check(cudaMemcpyAsync(logits_.data(), logits_dev_.ptr, logits_.size() * 4, cudaMemcpyDeviceToHost, stream_), "logits download");
+  }
   cuda_check(cudaStreamSynchronize(stream_), "forward");
   for (const SequenceInput& in : inputs) lengths_[in.slot] += int(in.tokens.size());
-  return logits_;
+  if (request.kind == LogitsRequest::Kind::argmax) {
+    select_ids_.resize(lrows);
+    for (int r = 0; r < lrows; ++r) select_ids_[r] = cuda_ops::argmax_key_index(keys_host_.as<uint64_t>()[r]);
+    out.ids = select_ids_.data();
+  } else if (request.kind == LogitsRequest::Kind::top_k) {
+    out.k = request.k;
+    out.values = topk_values_host_.as<float>();
+    out.ids = topk_ids_host_.as<int32_t>();
+  } else {
+    out.logits = logits_.data();
+  }
+  return out;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/cuda_ops/ops.h"
+#include "engine/cuda_ops/pdl.cuh"
 #include "engine/errors.h"
 
 namespace flashlite::engine::cuda_ops {
@@ -60,8 +61,11 @@ __global__ void rmsnorm_kernel(T* out, const float* x, const T* w, const int32_t
 }
 
 // Work items per row: (heads + kv_heads) * D/2 rotations, then kv_heads * D copies of v.
+// Launched as a programmatic dependent of the QKV projection (pdl.cuh): waits for it before touching qkv.
 template <typename T>
 __global__ void rope_append_kernel(RopeAppendParams p) {
+  pdl_launch_dependents();
+  pdl_wait();
   T* qkv = static_cast<T*>(p.qkv);
   T* kc = static_cast<T*>(p.k_cache);
   T* vc = static_cast<T*>(p.v_cache);
@@ -135,9 +139,10 @@ void rmsnorm(void* out, const float* x, const void* w, const int32_t* row_index,
 void rope_append(const RopeAppendParams& p, void* stream) {
   const size_t n = size_t(p.rows) * ((p.heads + p.kv_heads) * (p.head_dim / 2) + p.kv_heads * p.head_dim);
   if (n == 0) return;
-  if (p.elem == Elem::f32) rope_append_kernel<float><<<blocks_for(n, 256), 256, 0, st(stream)>>>(p);
-  else rope_append_kernel<__nv_bfloat16><<<blocks_for(n, 256), 256, 0, st(stream)>>>(p);
-  check_launch("rope_append");
+  const cudaError_t e = p.elem == Elem::f32
+      ? launch_pdl(rope_append_kernel<float>, dim3(blocks_for(n, 256)), dim3(256), 0, st(stream), p)
+      : launch_pdl(rope_append_kernel<__nv_bfloat16>, dim3(blocks_for(n, 256)), dim3(256), 0, st(stream), p);
+  if (e != cudaSuccess) fail_runtime(std::string("CUDA launch of rope_append failed: ") + cudaGetErrorString(e));
 }
 
 void swiglu(void* h, const void* h13, int rows, int hidden, Elem e, void* stream) {

@@ -125,4 +125,32 @@ TEST(Sampler, TopPMatchesBruteForceNucleus) {
   }
 }
 
+// The top-k path from candidates (what a model that selects on its device hands back, in any order) draws exactly
+// what the full-row sampler draws with the same seed; ties at the k-th value keep the lowest ids.
+TEST(Sampler, TopKFromCandidatesEqualsFullRow) {
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int> level(-30, 30);
+  const int vocab = 700;
+  for (const auto& sp : {eng::SamplingParams{0.7f, 10, 1.f, 4}, eng::SamplingParams{1.5f, 100, 0.8f, 5},
+                         eng::SamplingParams{0.f, 3, 1.f, 6}}) {
+    std::vector<float> logits(vocab);
+    for (float& x : logits) x = level(rng) * 0.25f;  // many ties
+    std::vector<std::pair<float, int>> cand(vocab);
+    for (int i = 0; i < vocab; ++i) cand[i] = {logits[i], i};
+    std::partial_sort(cand.begin(), cand.begin() + sp.top_k, cand.end(), eng::Sampler::before);
+    cand.resize(sp.top_k);
+    std::shuffle(cand.begin(), cand.end(), rng);
+    std::vector<float> values;
+    std::vector<int32_t> ids;
+    for (const auto& [v, i] : cand) {
+      values.push_back(v);
+      ids.push_back(i);
+    }
+    eng::Sampler full(sp, 2), from(sp, 2);
+    for (int draw = 0; draw < 300; ++draw) {
+      ASSERT_EQ(from.sample_top_k(values.data(), ids.data(), sp.top_k), full.sample(logits.data(), vocab)) << draw;
+    }
+  }
+}
+
 }  // namespace

@@ -1,0 +1,54 @@
+#pragma once
+// Programmatic dependent launch for the engine's decode-step kernels (sm_90; no-ops before): a kernel launched as a
+// programmatic dependent starts while its predecessor drains, does what needs none of the predecessor's output (lets
+// its own dependent launch, prefetches weights into L2), then waits in griddepcontrol.wait for the predecessor's
+// completion and memory. Every kernel launched this way waits before it reads anything an earlier kernel wrote.
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace flashlite::engine::cuda_ops {
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Whether to launch as programmatic dependents: compute capability >= 9 and FLASHLITE_ENGINE_PDL is not "0".
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("FLASHLITE_ENGINE_PDL");
+    if (e && std::strcmp(e, "0") == 0) return false;
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    return major >= 9;
+  }();
+  return on;
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent when pdl_enabled().
+template <typename... Params, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace flashlite::engine::cuda_ops

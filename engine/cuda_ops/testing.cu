@@ -1,0 +1,154 @@
+#include "engine/cuda_ops/testing.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+
+#include "engine/cuda_ops/select.h"
+#include "engine/errors.h"
+
+namespace flashlite::engine::cuda_ops::testing {
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail_runtime(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+void require_device() {
+  if (!device_available()) fail("no CUDA device is available");
+}
+
+// Device copy of host data, freed on scope exit.
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t bytes) { check(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "malloc"); }
+  Dev(const void* host, size_t bytes) : Dev(bytes) {
+    if (bytes) check(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), "upload");
+  }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+};
+
+std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& v) {
+  std::vector<__nv_bfloat16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
+  return out;
+}
+
+bool bf16_output(GemvOut e) { return e == GemvOut::bf16 || e == GemvOut::swiglu_bf16; }
+
+}  // namespace
+
+bool device_available() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+void gemv(const GemvParams& shape, const std::vector<float>& w, const std::vector<float>& x, const std::vector<float>& xf,
+          const std::vector<float>& norm_w, const std::vector<int32_t>& row_index, std::vector<float>& y) {
+  require_device();
+  const auto wb = to_bf16(w), xb = to_bf16(x), gb = to_bf16(norm_w);
+  Dev dw(wb.data(), wb.size() * 2), dx(xb.data(), xb.size() * 2), dxf(xf.data(), xf.size() * 4),
+      dg(gb.data(), gb.size() * 2), dri(row_index.data(), row_index.size() * 4);
+  const size_t ny = size_t(shape.rows) * shape.out;
+  y.resize(ny);
+  const bool b16 = bf16_output(shape.epi);
+  Dev dy(ny * (b16 ? 2 : 4));
+  if (b16) {
+    check(cudaMemset(dy.p, 0xff, ny * 2), "poison");  // NaN where nothing is written
+  } else {
+    check(cudaMemcpy(dy.p, y.data(), ny * 4, cudaMemcpyHostToDevice), "upload");
+  }
+  GemvParams p = shape;
+  p.w = dw.p;
+  p.x = dx.p;
+  p.xf = static_cast<const float*>(dxf.p);
+  p.norm_w = dg.p;
+  p.row_index = row_index.empty() ? nullptr : static_cast<const int32_t*>(dri.p);
+  p.y = dy.p;
+  cuda_ops::gemv(p, nullptr);
+  check(cudaDeviceSynchronize(), "gemv");
+  if (b16) {
+    std::vector<__nv_bfloat16> out(ny);
+    check(cudaMemcpy(out.data(), dy.p, ny * 2, cudaMemcpyDeviceToHost), "download");
+    for (size_t i = 0; i < ny; ++i) y[i] = __bfloat162float(out[i]);
+  } else {
+    check(cudaMemcpy(y.data(), dy.p, ny * 4, cudaMemcpyDeviceToHost), "download");
+  }
+}
+
+double gemv_time_us(const GemvParams& shape, int iters) {
+  require_device();
+  const int wrows = shape.epi == GemvOut::swiglu_bf16 ? 2 * shape.out : shape.out;
+  const size_t nw = size_t(wrows) * shape.k, nx = size_t(shape.rows) * shape.k;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> host(std::max(nx, size_t(shape.k)));
+  for (float& v : host) v = u(rng);
+  const auto hb = to_bf16(host);
+  Dev dw(nw * 2), dx(hb.data(), nx * 2), dxf(host.data(), nx * 4), dg(hb.data(), size_t(shape.k) * 2),
+      dy(size_t(shape.rows) * shape.out * 4);
+  check(cudaMemset(dw.p, 0x3c, nw * 2), "fill");  // bf16 0x3c3c ~ 0.0115
+  check(cudaMemset(dy.p, 0, size_t(shape.rows) * shape.out * 4), "fill");
+  GemvParams p = shape;
+  p.w = dw.p;
+  p.x = dx.p;
+  p.xf = static_cast<const float*>(dxf.p);
+  p.norm_w = dg.p;
+  p.row_index = nullptr;
+  p.y = dy.p;
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> ms;
+  for (int i = 0; i < iters + 3; ++i) {
+    cudaEventRecord(a);
+    cuda_ops::gemv(p, nullptr);
+    cudaEventRecord(b);
+    check(cudaEventSynchronize(b), "timing");
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    if (i >= 3) ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2] * 1e3;
+}
+
+std::vector<int32_t> argmax_rows(const std::vector<float>& logits, int rows, int vocab) {
+  require_device();
+  Dev dl(logits.data(), logits.size() * 4), dk(size_t(rows) * 8);
+  check(cudaMemset(dk.p, 0xff, size_t(rows) * 8), "poison");
+  cuda_ops::argmax_rows(static_cast<uint64_t*>(dk.p), static_cast<const float*>(dl.p), rows, vocab, nullptr);
+  std::vector<uint64_t> keys(rows);
+  check(cudaMemcpy(keys.data(), dk.p, size_t(rows) * 8, cudaMemcpyDeviceToHost), "download");
+  std::vector<int32_t> ids(rows);
+  for (int r = 0; r < rows; ++r) ids[r] = argmax_key_index(keys[r]);
+  return ids;
+}
+
+void top_k_rows(const std::vector<float>& logits, int rows, int vocab, int k, std::vector<float>& values,
+                std::vector<int32_t>& ids) {
+  require_device();
+  Dev dl(logits.data(), logits.size() * 4), dv(size_t(rows) * k * 4), di(size_t(rows) * k * 4);
+  check(cudaMemset(dv.p, 0xff, size_t(rows) * k * 4), "poison");
+  check(cudaMemset(di.p, 0xff, size_t(rows) * k * 4), "poison");
+  cuda_ops::top_k_rows(static_cast<float*>(dv.p), static_cast<int32_t*>(di.p), static_cast<const float*>(dl.p), rows,
+                       vocab, k, nullptr);
+  values.resize(size_t(rows) * k);
+  ids.resize(size_t(rows) * k);
+  check(cudaMemcpy(values.data(), dv.p, values.size() * 4, cudaMemcpyDeviceToHost), "download");
+  check(cudaMemcpy(ids.data(), di.p, ids.size() * 4, cudaMemcpyDeviceToHost), "download");
+}
+
+}  // namespace flashlite::engine::cuda_ops::testing
