@@ -102,7 +102,7 @@ def run_engine(args, model_dir, batch, prompt, new, env=None):
            "--batch", str(batch), "--max-tokens", str(new), "--ignore-eos", "--warmup", "1", "--json"]
     runs = []
     for _ in range(args.repeats):
-        proc = subprocess.run(cmd, capture_output=True, env={**os.environ, **(env or {})})
+        proc = subprocess.run(cmd, capture_output=True, env={**os.environ, **args.engine_env, **(env or {})})
         if proc.returncode != 0:  # keep going: the row records the CLI's error instead of the numbers
             err = proc.stderr.decode(errors="replace").strip()
             print(f"e2e: {' '.join(cmd)} exited {proc.returncode}:\n{err}", file=sys.stderr)
@@ -149,8 +149,11 @@ def main():
     ap.add_argument("--engine-repeats", type=int, default=1)
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--ablations", action="store_true", help="also batch 1 / prompt 512 with each engine switch off")
+    ap.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="environment variable for every engine run (repeatable), e.g. FLASHLITE_ENGINE_PDL=0")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    args.engine_env = dict(kv.split("=", 1) for kv in args.engine_env)
 
     model_dir = make_checkpoint(args.checkpoint, args.tokenizer_dir)
     bw = copy_bandwidth()
@@ -185,7 +188,7 @@ def main():
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {"benchmark": "e2e", "device": torch.cuda.get_device_name(), "commit": commit,
               "torch": torch.__version__, "transformers": transformers.__version__,
-              "copy_bandwidth_gb_s": bw / 1e9, "weight_bytes": wbytes, "rows": rows}
+              "copy_bandwidth_gb_s": bw / 1e9, "weight_bytes": wbytes, "engine_env": args.engine_env, "rows": rows}
     if ablations:
         result["ablations"] = ablations
     out = args.out or str(REPO / "bench" / "results" / torch.cuda.get_device_name().replace(" ", "_") / "e2e.json")

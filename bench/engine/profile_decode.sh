@@ -7,7 +7,7 @@ bin="$1"; ckpt="$2"; OUT="${OUT:-/tmp/flashlite_engine_gpu}"
 mkdir -p "$OUT"
 [ -f "$ckpt/config.json" ] || python3 "$(dirname "$0")/../e2e.py" --flashlite "$bin" --checkpoint "$ckpt" \
   --tokenizer-dir "$3" --batches 1 --prompts 16 --new-tokens 2 --skip-transformers --out /tmp/e2e_warm.json > /dev/null
-FLASHLITE_ENGINE_GRAPH=0 timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+FLASHLITE_ENGINE_GRAPH=0 timeout 100 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
   "$bin" generate --model "$ckpt" --device cuda --prompt-tokens 512 --batch 1 --max-tokens 3 --ignore-eos --json \
   > "$OUT/ncu_decode.csv" 2> "$OUT/ncu_decode.err" || { tail -20 "$OUT/ncu_decode.err"; exit 1; }
 python3 - "$OUT/ncu_decode.csv" <<'PY' | tee "$OUT/ncu_decode.txt"
