@@ -3,7 +3,8 @@
 // ragged chunks incl. 1 and empty, long sequences, windows crossing pages, sinks, softcap, sink logits, GQA / MQA,
 // bf16 / fp16, head_dim 64 / 128; ragged batches past the inline offset table; prefill equal to forward() over the
 // same K/V as plain tensors; chunked equal to one-shot; unsupported cases rejected before any launch. Set
-// FLASHLITE_PREFILL_BENCH=1 to also time paged vs contiguous prefill vs forward() (PrefillGpuBench; prints JSON).
+// FLASHLITE_PREFILL_BENCH=1 (or =file.json) to also time paged vs contiguous prefill vs forward() (PrefillGpuBench;
+// prints JSON, FLASHLITE_COMMIT names the commit in it).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -52,36 +53,15 @@ class GpuRunner {
   explicit GpuRunner(HostCache& c) : k_(c.kbuf.bytes.data(), c.kbuf.bytes.size()), v_(c.vbuf.bytes.data(), c.vbuf.bytes.size()) {}
 
   void operator()(PrefillArgs a) {
-    bufs_.clear();
-    a.cache.k.data = k_.p, a.cache.k.device = Device::cuda(0);
-    a.cache.v.data = v_.p, a.cache.v.device = Device::cuda(0);
-    a.cache.device.seq_lens = up(a.cache.host.seq_lens);
-    a.cache.device.page_indptr = up(a.cache.host.page_indptr);
-    a.cache.device.page_indices = up(a.cache.host.page_indices);
-    a.cache.device.last_page_len = up(a.cache.host.last_page_len);
     const TensorView out_host = a.out, lse_host = a.lse;
-    a.q = up(a.q);
-    a.out = up(a.out);
-    a.lse = up(a.lse);
-    a.options.sink_logits = up(a.options.sink_logits);
-    a.backend = Backend::cuda;
+    to_device(a);
     flashlite::prefill(a);
     ck(cudaDeviceSynchronize(), "prefill kernel");
     down(out_host, a.out);
     down(lse_host, a.lse);
   }
   std::string kernel_name(PrefillArgs a) {
-    bufs_.clear();
-    a.cache.k.data = k_.p, a.cache.k.device = Device::cuda(0);
-    a.cache.v.data = v_.p, a.cache.v.device = Device::cuda(0);
-    a.cache.device.seq_lens = up(a.cache.host.seq_lens);
-    a.cache.device.page_indptr = up(a.cache.host.page_indptr);
-    a.cache.device.page_indices = up(a.cache.host.page_indices);
-    a.cache.device.last_page_len = up(a.cache.host.last_page_len);
-    a.q = up(a.q);
-    a.out = up(a.out);
-    a.lse = up(a.lse);
-    a.backend = Backend::cuda;
+    to_device(a);
     return flashlite::prefill_kernel_name(a);
   }
 
@@ -91,6 +71,20 @@ class GpuRunner {
     int64_t hi = 0;
     for (int i = 0; i < t.rank; ++i) hi += (t.shape[i] - 1) * t.strides[i];
     return size_t(hi + 1) * flashlite::dtype_size(t.dtype);
+  }
+  void to_device(PrefillArgs& a) {
+    bufs_.clear();
+    a.cache.k.data = k_.p, a.cache.k.device = Device::cuda(0);
+    a.cache.v.data = v_.p, a.cache.v.device = Device::cuda(0);
+    a.cache.device.seq_lens = up(a.cache.host.seq_lens);
+    a.cache.device.page_indptr = up(a.cache.host.page_indptr);
+    a.cache.device.page_indices = up(a.cache.host.page_indices);
+    a.cache.device.last_page_len = up(a.cache.host.last_page_len);
+    a.q = up(a.q);
+    a.out = up(a.out);
+    a.lse = up(a.lse);
+    a.options.sink_logits = up(a.options.sink_logits);
+    a.backend = Backend::cuda;
   }
   TensorView up(TensorView t) {
     if (t.data == nullptr) return t;
@@ -298,7 +292,10 @@ TEST(PrefillGpuBench, PagedVsContiguousVsForward) {
   const DType t = DType::bf16;
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("{\"device\": \"%s\", \"rows\": [\n", prop.name);
+  std::string json = std::string("{\"device\": \"") + prop.name + "\", \"commit\": \"" +
+                     (std::getenv("FLASHLITE_COMMIT") ? std::getenv("FLASHLITE_COMMIT") : "unknown") +
+                     "\", \"flops\": \"4 * D * Hq * visible query-key pairs\", \"timing\": \"CUDA events, median of 20 after 3 warm-ups\", \"rows\": [\n";
+  char buf[512];
   bool first = true;
   for (auto [B, L, n] : {std::tuple<int64_t, int64_t, int64_t>{4, 4096, 4096}, {1, 16384, 16384}, {4, 8192, 1024}, {16, 2048, 512}}) {
     const double pairs = double(B) * (double(n) * double(L - n) + double(n) * double(n + 1) / 2);
@@ -373,13 +370,21 @@ TEST(PrefillGpuBench, PagedVsContiguousVsForward) {
       cols.push_back({"prefill_paged" + std::to_string(ps), time_ms([&] { flashlite::prefill(pp); })});
     }
     ck(cudaGetLastError(), "bench");
-    std::printf("%s  {\"batch\": %lld, \"kv_len\": %lld, \"chunk\": %lld, \"hq\": %lld, \"hkv\": %lld, \"d\": %lld, \"causal\": true",
-                first ? "" : ",\n", (long long)B, (long long)L, (long long)n, (long long)Hq, (long long)H, (long long)D);
-    for (auto& [name, ms] : cols) std::printf(", \"%s_us\": %.1f, \"%s_tflops\": %.1f", name.c_str(), ms * 1e3, name.c_str(), flops / (ms * 1e-3) / 1e12);
-    std::printf("}");
+    std::snprintf(buf, sizeof buf, "%s  {\"batch\": %lld, \"kv_len\": %lld, \"chunk\": %lld, \"hq\": %lld, \"hkv\": %lld, \"d\": %lld, \"causal\": true",
+                  first ? "" : ",\n", (long long)B, (long long)L, (long long)n, (long long)Hq, (long long)H, (long long)D);
+    json += buf;
+    for (auto& [name, ms] : cols) {
+      std::snprintf(buf, sizeof buf, ", \"%s_us\": %.1f, \"%s_tflops\": %.1f", name.c_str(), ms * 1e3, name.c_str(), flops / (ms * 1e-3) / 1e12);
+      json += buf;
+    }
+    json += "}";
     first = false;
   }
-  std::printf("\n]}\n");
+  json += "\n]}\n";
+  std::fputs(json.c_str(), stdout);
+  if (const char* path = std::getenv("FLASHLITE_PREFILL_BENCH"); std::string(path) != "1") {  // a file to write
+    if (FILE* f = std::fopen(path, "w")) std::fputs(json.c_str(), f), std::fclose(f);
+  }
 }
 
 }  // namespace

@@ -114,52 +114,43 @@ __device__ __forceinline__ void load_tile(uint32_t s_dst, const T* g, int64_t ro
 }
 
 // The K and V tiles of keys [row0, row0 + ROWS) of one sequence of a paged cache: key j lives in page
-// pages[j / page_size] at slot j % page_size (kg / vg point at the head's first element of page 0; page_stride =
-// k_sb / v_sb). A tile may span pages. Each thread first resolves its rows' pages (independent loads, one latency
-// per tile), then issues the copies; K and V share the lookups. Keys at or past `valid` are zero-filled.
+// pages[j / page_size] at slot j % page_size; kg / vg point at the head's first element of page 0, k_sb / v_sb are the
+// page strides. A tile may span pages. A thread owns one 16-byte column chunk of every RSTEP-th row; RSTEP <= 16 <=
+// page_size, so its next row is RSTEP slots on with at most one page step (one division per tile, not per row). The
+// page ids are read first (independent loads, one latency per tile), then the copies are issued; K and V share them.
+// Keys at or past `valid` are zero-filled.
 template <class Cfg, int ROWS, class T>
 __device__ __forceinline__ void load_kv_paged(uint32_t s_k, uint32_t s_v, const T* kg, const T* vg, const FwdParams& p,
                                               const int* pages, int row0, int valid) {
-  constexpr int CPR = Cfg::CPR, LD = Cfg::LD;
-  const int ps = p.page_size;
-  const auto offsets = [&](int j, int64_t& ko, int64_t& vo) {
-    const int pg = j / ps;
-    const int64_t page = __ldg(pages + pg), slot = j - pg * ps;
-    ko = page * p.k_sb + slot * p.k_ss;
-    vo = page * p.v_sb + slot * p.v_ss;
-  };
-  if constexpr (Cfg::THREADS % CPR == 0 && ROWS % (Cfg::THREADS / CPR) == 0) {
-    constexpr int RSTEP = Cfg::THREADS / CPR, N = ROWS / RSTEP;
-    const int r = int(threadIdx.x) / CPR, ch = int(threadIdx.x) % CPR;
-    int64_t ko[N], vo[N];
+  constexpr int CPR = Cfg::CPR, LD = Cfg::LD, RSTEP = Cfg::THREADS / CPR, N = ROWS / RSTEP;
+  static_assert(Cfg::THREADS % CPR == 0 && ROWS % RSTEP == 0 && RSTEP <= 16, "a KV-cache tile: whole rows per pass");
+  const int r = int(threadIdx.x) / CPR, ch = int(threadIdx.x) % CPR, ps = p.page_size;
+  const int j = row0 + r;
+  const int e0 = j / ps, s0 = j - e0 * ps;
+  int page[N];
+  {
+    int e = e0, s = s0;
 #pragma unroll
     for (int it = 0; it < N; ++it) {
-      const int j = row0 + r + it * RSTEP;
-      ko[it] = vo[it] = 0;
-      if (j < valid) offsets(j, ko[it], vo[it]);
+      page[it] = j + it * RSTEP < valid ? __ldg(pages + e) : 0;
+      s += RSTEP;
+      if (s >= ps) s -= ps, ++e;
     }
-    const uint32_t dst = uint32_t((r * LD + ch * 8) * 2);
+  }
+  // Strides fit in 32 bits (checked on the host): one wide multiply-add per offset.
+  const int ksb = int(p.k_sb), kss = int(p.k_ss), vsb = int(p.v_sb), vss = int(p.v_ss);
+  const T* kc = kg + ch * 8;
+  const T* vc = vg + ch * 8;
+  const uint32_t dst = uint32_t((r * LD + ch * 8) * 2);
+  int s = s0;
 #pragma unroll
-    for (int it = 0; it < N; ++it) {
-      const bool ok = row0 + r + it * RSTEP < valid;
-      const uint32_t d = dst + uint32_t(it * RSTEP * LD * 2);
-      load_chunk(s_k + d, kg + ko[it] + ch * 8, kg, ok, p.vec_in);
-      load_chunk(s_v + d, vg + vo[it] + ch * 8, vg, ok, p.vec_in);
-    }
-  } else {
-    constexpr int CHUNKS = ROWS * CPR;
-#pragma unroll
-    for (int it = 0; it < (CHUNKS + Cfg::THREADS - 1) / Cfg::THREADS; ++it) {
-      const int c = int(threadIdx.x) + it * Cfg::THREADS;
-      if (CHUNKS % Cfg::THREADS != 0 && c >= CHUNKS) break;
-      const int r = c / CPR, ch = c % CPR;
-      const bool ok = row0 + r < valid;
-      int64_t ko = 0, vo = 0;
-      if (ok) offsets(row0 + r, ko, vo);
-      const uint32_t d = uint32_t((r * LD + ch * 8) * 2);
-      load_chunk(s_k + d, kg + ko + ch * 8, kg, ok, p.vec_in);
-      load_chunk(s_v + d, vg + vo + ch * 8, vg, ok, p.vec_in);
-    }
+  for (int it = 0; it < N; ++it) {
+    const bool ok = j + it * RSTEP < valid;
+    const uint32_t d = dst + uint32_t(it * RSTEP * LD * 2);
+    load_chunk(s_k + d, kc + (int64_t(page[it]) * ksb + int64_t(s) * kss), kg, ok, p.vec_in);
+    load_chunk(s_v + d, vc + (int64_t(page[it]) * vsb + int64_t(s) * vss), vg, ok, p.vec_in);
+    s += RSTEP;
+    if (s >= ps) s -= ps;
   }
 }
 

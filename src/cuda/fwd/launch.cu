@@ -277,6 +277,14 @@ std::string cuda_prefill_unsupported_reason(const PrefillProblem& p) {
     return "head_dim " + std::to_string(p.cache.head_dim) +
            " has no KV-cache variant of the fused CUDA kernel; expected 64 or 128";
   }
+  if (p.cache.paged) {  // the paged loader multiplies page ids and slots by 32-bit strides
+    for (int64_t st : {p.cache.ks.s0, p.cache.ks.s1, p.cache.vs.s0, p.cache.vs.s1}) {
+      if (st < INT_MIN || st > INT_MAX) {
+        return "a paged cache stride of " + std::to_string(st) + " elements is too large for the fused CUDA kernel; "
+               "expected page and token strides within 32 bits";
+      }
+    }
+  }
   // Device, compute capability, shared memory, lengths and grid as forward() checks them.
   return cuda_fused_unsupported_reason(p.attn);
 }
