@@ -45,11 +45,6 @@ KvCacheView make_cache(const nb::tuple& c) {
   return v;
 }
 
-template <class A>
-TensorView opt_any(const std::optional<A>& a, const char* name) {
-  return a ? to_view(*a, name) : TensorView{};
-}
-
 void py_append_kv(const nb::tuple& cache, const InArray& k, const InArray& v, const std::optional<InArray>& q,
                   const std::optional<OutArray>& q_out, bool rope, double theta, const std::string& rope_layout,
                   bool llama3, double factor, double low_freq_factor, double high_freq_factor,
@@ -58,8 +53,8 @@ void py_append_kv(const nb::tuple& cache, const InArray& k, const InArray& v, co
   a.cache = make_cache(cache);
   a.k = to_view(k, "k");
   a.v = to_view(v, "v");
-  a.q = opt_any(q, "q");
-  a.q_out = opt_any(q_out, "q_out");
+  a.q = opt_view(q, "q");
+  a.q_out = opt_view(q_out, "q_out");
   a.rope.enabled = rope;
   a.rope.theta = theta;
   if (rope_layout == "half_split") a.rope.layout = RopeLayout::half_split;
@@ -84,14 +79,9 @@ DecodeArgs make_decode(const InArray& q, const nb::tuple& cache, const OutArray&
   a.q = to_view(q, "q");
   a.cache = make_cache(cache);
   a.out = to_view(out, "out");
-  a.lse = opt_any(lse, "lse");
-  a.options.sink_logits = opt_any(sink_logits, "sink_logits");
-  a.options.causal = causal;
-  a.options.scale = scale;
-  a.options.window_left = window_left;
-  a.options.window_right = window_right;
-  a.options.sink_tokens = sink_tokens;
-  a.options.softcap = softcap;
+  a.lse = opt_view(lse, "lse");
+  a.options = mask_options(causal, scale, window_left, window_right, sink_tokens, softcap);
+  a.options.sink_logits = opt_view(sink_logits, "sink_logits");
   a.backend = parse_backend(backend);
   a.stream = reinterpret_cast<void*>(stream);
   return a;
@@ -134,7 +124,7 @@ void py_prefill(FL_KV_DECODE_PARAMS, const std::optional<InArray>& cu_seqlens_q)
   a.out = d.out;
   a.lse = d.lse;
   a.options = d.options;
-  a.options.cu_seqlens_q = opt_any(cu_seqlens_q, "cu_seqlens_q");
+  a.options.cu_seqlens_q = opt_view(cu_seqlens_q, "cu_seqlens_q");
   a.backend = d.backend;
   a.stream = d.stream;
   nb::gil_scoped_release release;

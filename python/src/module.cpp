@@ -39,15 +39,10 @@ ForwardArgs make_args(const InArray& q, const InArray& k, const InArray& v, cons
   a.v = to_view(v, "v");
   a.out = to_view(out, "out");
   a.lse = opt_view(lse, "lse");
+  a.options = py::mask_options(causal, scale, window_left, window_right, sink_tokens, softcap);
   a.options.sink_logits = opt_view(sink_logits, "sink_logits");
   a.options.cu_seqlens_q = opt_view(cu_seqlens_q, "cu_seqlens_q");
   a.options.cu_seqlens_k = opt_view(cu_seqlens_k, "cu_seqlens_k");
-  a.options.causal = causal;
-  a.options.scale = scale;
-  a.options.window_left = window_left;
-  a.options.window_right = window_right;
-  a.options.sink_tokens = sink_tokens;
-  a.options.softcap = softcap;
   a.backend = parse_backend(backend);
   a.stream = reinterpret_cast<void*>(stream);
   return a;

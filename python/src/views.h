@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "flashlite/attention.h"
 #include "flashlite/errors.h"
 #include "flashlite/tensor.h"
 
@@ -65,6 +66,19 @@ inline TensorView to_view(const nb::ndarray<Ts...>& a, const char* name) {
 template <class A>
 inline TensorView opt_view(const std::optional<A>& a, const char* name) {
   return a ? to_view(*a, name) : TensorView{};
+}
+
+// The scale and mask arguments every attention entry point takes from Python (tensor options are set by the caller).
+inline AttentionOptions mask_options(bool causal, std::optional<double> scale, int window_left, int window_right,
+                                     int sink_tokens, double softcap) {
+  AttentionOptions o;
+  o.causal = causal;
+  o.scale = scale;
+  o.window_left = window_left;
+  o.window_right = window_right;
+  o.sink_tokens = sink_tokens;
+  o.softcap = softcap;
+  return o;
 }
 
 }  // namespace flashlite::py
