@@ -15,6 +15,7 @@
 
 #include "backends.h"
 #include "cuda/fwd/fwd_launch.h"
+#include "cuda/fwd_hopper/hopper_fwd.h"
 #include "flashlite/errors.h"
 #include "kv/kv_prefill.h"
 
@@ -135,6 +136,13 @@ bool choose_prefill_kernel(int64_t head_dim, const DeviceProps& dev, MmaConfig& 
   }
 }
 
+// Opt-in Hopper kernel (src/cuda/fwd_hopper/): only with FLASHLITE_FWD_HOPPER=1, on sm_90, in a build with the 90a
+// target, for a problem it accepts; everything else takes choose_fwd_kernel's kernel.
+bool use_hopper(const AttentionProblem& p, const DeviceProps& dev) {
+  namespace h = cuda_fwd_hopper;
+  return h::hopper_fwd_built() && h::hopper_fwd_enabled() && dev.cc == 90 && h::hopper_fwd_reject_reason(p, dev.cc).empty();
+}
+
 }  // namespace
 
 FwdParams make_fwd_params(const AttentionProblem& p, int block_rows, bool tensor_cores) {
@@ -220,7 +228,9 @@ std::string cuda_fused_unsupported_reason(const AttentionProblem& p) {
 
 std::string cuda_fused_kernel_name(const AttentionProblem& p) {
   using namespace cuda_fwd;
-  const FwdChoice k = choose_fwd_kernel(p, device_props(p.device.index));
+  const DeviceProps dev = device_props(p.device.index);
+  if (use_hopper(p, dev)) return cuda_fwd_hopper::hopper_fwd_kernel_name(p);
+  const FwdChoice k = choose_fwd_kernel(p, dev);
   if (k.simt) return "cuda_fused_simt_f32_d" + std::to_string(p.head_dim);
   return "cuda_fused_mma_" + dtype_tag(p.dtype) + "_" + mma_config_info(k.mma).name;
 }
@@ -229,8 +239,10 @@ void run_cuda_fused(const AttentionProblem& p, void* stream_handle) {
   using namespace cuda_fwd;
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   DeviceGuard guard(p.device.index);
-  const FwdChoice k = choose_fwd_kernel(p, device_props(p.device.index));
-  FwdParams f = make_fwd_params(p, k.block_rows, !k.simt);
+  const DeviceProps dev = device_props(p.device.index);
+  const bool hopper = use_hopper(p, dev);
+  const FwdChoice k = choose_fwd_kernel(p, dev);
+  FwdParams f = make_fwd_params(p, hopper ? cuda_fwd_hopper::kBlockRows : k.block_rows, !k.simt);
 
   void* table = nullptr;  // varlen offsets past kInlineSeqs
   if (p.varlen()) {
@@ -255,7 +267,16 @@ void run_cuda_fused(const AttentionProblem& p, void* stream_handle) {
     }
   }
 
-  if (k.simt) {
+  if (hopper) {
+#if defined(FLASHLITE_FWD_HOPPER_BUILT) && FLASHLITE_FWD_HOPPER_BUILT
+    try {
+      cuda_fwd_hopper::launch_fwd_hopper(p, f, stream);
+    } catch (...) {
+      if (table) cudaFreeAsync(table, stream);
+      throw;
+    }
+#endif
+  } else if (k.simt) {
     launch_fwd_simt_f32(int(p.head_dim), f, stream);
   } else if (p.dtype == DType::f16) {
     launch_fwd_mma_f16(k.mma, f, stream);

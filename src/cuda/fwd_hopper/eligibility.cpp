@@ -1,0 +1,71 @@
+// Host side of the Hopper forward kernel that every CUDA build compiles (whether or not the 90a objects exist):
+// the opt-in switch and the eligibility check.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cuda/fwd_hopper/hopper_fwd.h"
+
+namespace flashlite::cuda_fwd_hopper {
+
+bool hopper_fwd_built() {
+#if defined(FLASHLITE_FWD_HOPPER_BUILT) && FLASHLITE_FWD_HOPPER_BUILT
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool hopper_fwd_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLASHLITE_FWD_HOPPER");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
+namespace {
+
+// TMA addresses rows through a tensor map: 16-byte aligned base, every stride of a dimension longer than one a
+// multiple of 16 bytes (2-byte elements).
+bool tma_ok(const void* base, const BSHStrides& s, int64_t batch, int64_t heads) {
+  const auto ok = [](int64_t stride) { return stride > 0 && (stride * 2) % 16 == 0 && stride * 2 < (int64_t(1) << 40); };
+  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && ok(s.seq) && (batch <= 1 || ok(s.batch)) &&
+         (heads <= 1 || ok(s.head));
+}
+
+}  // namespace
+
+std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc) {
+  if (cc != 90) return "the Hopper kernel needs compute capability 9.0 (sm_90a code)";
+  if (p.dtype != DType::bf16 && p.dtype != DType::f16) return "the Hopper kernel takes float16 or bfloat16 only";
+  if (p.head_dim != 64 && p.head_dim != 128) return "the Hopper kernel takes head_dim 64 or 128 only";
+  const int64_t tb = p.varlen() ? 1 : p.batch;
+  // Rows the tensor maps cover: padded seq_q / seq_k per sequence, varlen up to the last sequence's end.
+  const int64_t rows_q = p.varlen() ? p.cu_seqlens_q[p.batch] : p.seq_q;
+  const int64_t rows_k = p.varlen() ? p.cu_seqlens_k[p.batch] : p.seq_k;
+  if (rows_q <= 0 || rows_k <= 0) return "the Hopper kernel needs at least one query and one key row";
+  if (rows_q > INT32_MAX || rows_k > INT32_MAX) return "the Hopper kernel addresses rows with 32-bit coordinates";
+  if (p.q_heads * p.batch * ((p.seq_q + kBlockRows - 1) / kBlockRows) > INT32_MAX) {
+    return "the Hopper kernel's grid would exceed 2^31 - 1 blocks";
+  }
+  if (!tma_ok(p.q, p.q_stride, tb, p.q_heads) || !tma_ok(p.k, p.k_stride, tb, p.kv_heads) ||
+      !tma_ok(p.v, p.v_stride, tb, p.kv_heads)) {
+    return "the Hopper kernel loads q, k, v with TMA: 16-byte aligned base and strides needed";
+  }
+  // The epilogue stores pairs of elements (4 bytes) straight from the accumulators.
+  const auto al4 = [](int64_t stride) { return (stride * 2) % 4 == 0; };
+  if (reinterpret_cast<uintptr_t>(p.out) % 4 != 0 || !al4(p.out_stride.seq) || !al4(p.out_stride.head) ||
+      !al4(p.out_stride.batch)) {
+    return "the Hopper kernel stores out in 4-byte pairs: 4-byte aligned base and strides needed";
+  }
+  return {};
+}
+
+std::string hopper_fwd_kernel_name(const AttentionProblem& p) {
+  return std::string("cuda_hopper_wgmma_") + (p.dtype == DType::f16 ? "f16" : "bf16") + "_d" +
+         std::to_string(p.head_dim);
+}
+
+}  // namespace flashlite::cuda_fwd_hopper

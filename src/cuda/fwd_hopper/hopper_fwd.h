@@ -1,0 +1,30 @@
+#pragma once
+// The Hopper forward kernel (wgmma + TMA, warp-specialised; src/cuda/fwd_hopper/) as seen from the fused backend's
+// launcher (src/cuda/fwd/launch.cu). Opt-in: used only when FLASHLITE_FWD_HOPPER=1 is set, the device is sm_90, the
+// library was built with the 90a target, and hopper_fwd_reject_reason() accepts the problem; otherwise the
+// mma.sync kernel runs exactly as before.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "common/problem.h"
+#include "cuda/fwd/fwd_params.h"
+
+namespace flashlite::cuda_fwd_hopper {
+
+inline constexpr int kBlockRows = 128;  // query rows per CTA (two consumer warpgroups of 64 rows)
+inline constexpr int kBlockKeys = 128;  // keys per K/V tile
+
+// True when the 90a objects are part of this build (CMAKE_CUDA_ARCHITECTURES lists 90a).
+bool hopper_fwd_built();
+// FLASHLITE_FWD_HOPPER=1 in the environment, read once per process (the first call).
+bool hopper_fwd_enabled();
+// Why the Hopper kernel cannot run p on a device of compute capability cc (major * 10 + minor); empty when it can.
+// Pure host logic on the problem's shapes, dtypes, pointers and strides (unit-tested in tests/gpu/hopper_fwd_test.cpp).
+std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc);
+// "cuda_hopper_wgmma_bf16_d128" and the like.
+std::string hopper_fwd_kernel_name(const AttentionProblem& p);
+// Launches the kernel. f: the fused kernel's parameters made for kBlockRows-row tiles, varlen tables filled.
+void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, cudaStream_t stream);
+
+}  // namespace flashlite::cuda_fwd_hopper

@@ -1,0 +1,300 @@
+#pragma once
+// The Hopper forward kernel (sm_90a): FlashAttention-3-style warp specialisation with wgmma and TMA.
+//
+// One CTA of 384 threads per (query tile of 128 rows, head, sequence); the grid order, the key tiles a tile visits
+// (sink tiles, then the window / causal range) and the mask are those of the mma.sync kernel (fwd_common.cuh,
+// row_mask.h), so both kernels skip and mask the same tiles.
+//   warpgroup 0, producer: gives registers away (setmaxnreg 24); one thread loads Q once and then, per key tile, the
+//     K and V tiles with TMA (cp.async.bulk.tensor, 128-byte swizzle, out-of-bounds rows zero-filled) into a
+//     2-stage ring; each load completes a transaction count on the stage's "full" mbarrier, and a stage is reused
+//     only after all 8 consumer warps arrived on its "empty" mbarrier.
+//   warpgroups 1 and 2, consumers (setmaxnreg 240): 64 query rows each. Per key tile:
+//     S = Q K^T     wgmma m64n128k16, Q and K from shared memory through descriptors, fp32 accumulators
+//     mask         boundary tiles only, the per-row key intervals of row_mask.h
+//     softmax      online, in registers, log2 units (scale * log2 e folded into one FFMA per score), exp2
+//     O += P V     wgmma m64nDk16, P from registers (re-packed S accumulators), V from shared memory (N-major)
+//   At the end the sink logit joins the denominator and O and the LSE are written straight from registers.
+// Not yet overlapped (the first version, built to be checked): the softmax of a warpgroup waits for its own S,
+// and P V for the softmax; the two consumer warpgroups overlap each other only through the warp schedulers.
+// Next steps (docs/perf-notes.md, "Hopper kernel"): issue S(n + 1) before the softmax of n, ping-pong the two
+// warpgroups with named barriers, separate K and V empty barriers, an smem-staged TMA store of O.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "cuda/fwd/fwd_common.cuh"
+#include "cuda/fwd/row_mask.h"
+#include "cuda/fwd_hopper/hopper_ptx.cuh"
+#include "cuda/fwd_hopper/hopper_wgmma.cuh"
+
+namespace flashlite::cuda_fwd_hopper {
+
+using cuda_fwd::FwdParams;
+
+// Kernel argument: the three tensor maps (64-byte aligned, read by TMA from the parameter space) and the fused
+// kernel's parameters (strides, lengths, mask, varlen tables, scale, softcap, sinks, LSE).
+struct HopperParams {
+  CUtensorMap tq, tk, tv;
+  FwdParams f;
+};
+
+template <int D_>
+struct HopperTile {
+  static constexpr int D = D_, BR = 128, BC = 128, STAGES = 2, THREADS = 384;
+  static constexpr int DB = D / 64;                         // 64-column blocks: one 128-byte swizzle row each
+  static constexpr uint32_t Q_BLOCK = BR * 128;              // bytes of one 64-column block of the Q tile
+  static constexpr uint32_t KV_BLOCK = BC * 128;             // ... of a K or V tile
+  static constexpr uint32_t Q_BYTES = DB * Q_BLOCK;
+  static constexpr uint32_t KV_BYTES = DB * KV_BLOCK;
+  static constexpr uint32_t OFF_K = Q_BYTES;                 // [stage] K tiles
+  static constexpr uint32_t OFF_V = OFF_K + STAGES * KV_BYTES;  // [stage] V tiles
+  static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_BYTES;
+  static constexpr uint32_t SMEM_BYTES = OFF_BAR + 64 + 1024;  // barriers, and slack to align the base to 1024
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(BR == 2 * 64, "two consumer warpgroups of 64 rows");
+};
+
+template <class T, int D>
+__global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constant__ HopperParams hp) {
+  using Cfg = HopperTile<D>;
+  constexpr int BR = Cfg::BR, BC = Cfg::BC, DB = Cfg::DB, STAGES = Cfg::STAGES;
+  const FwdParams& p = hp.f;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+
+  cuda_fwd::BlockWork w;
+  if (!cuda_fwd::decode_block(p, BR, w)) return;  // uniform over the CTA
+  const int sq = w.sq, sk = w.sk;
+  const int i0 = w.tile * BR;
+  const cuda_fwd::KeyTiles kt = cuda_fwd::key_tiles(p.mask, i0, min(i0 + BR, sq), sq, sk, BC);
+
+  // Shared memory (32-bit addresses, base aligned to 1024 for the swizzle): Q | K[2] | V[2] | barriers.
+  const uint32_t base = (cuda_fwd::smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base;
+  const uint32_t bar = base + Cfg::OFF_BAR;
+  const auto sK = [&](int st) { return base + Cfg::OFF_K + uint32_t(st) * Cfg::KV_BYTES; };
+  const auto sV = [&](int st) { return base + Cfg::OFF_V + uint32_t(st) * Cfg::KV_BYTES; };
+  const uint32_t q_full = bar;
+  const auto k_full = [&](int st) { return bar + 8u + 8u * uint32_t(st); };
+  const auto v_full = [&](int st) { return bar + 24u + 8u * uint32_t(st); };
+  const auto kv_empty = [&](int st) { return bar + 40u + 8u * uint32_t(st); };
+
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) {
+      mbar_init(k_full(st), 1);
+      mbar_init(v_full(st), 1);
+      mbar_init(kv_empty(st), 8);  // one arrival per consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    // ---------------------------------------------------------------- producer warpgroup
+    regs_dealloc<24>();
+    if (warp == 0 && lane == 0) {
+      tma_prefetch_map(&hp.tq);
+      tma_prefetch_map(&hp.tk);
+      tma_prefetch_map(&hp.tv);
+      const int head = w.head, kvh = w.head / p.group, tb = int(w.tb);
+      const int qrow = int(w.q_row0) + i0, krow0 = int(w.k_row0);
+      mbar_arrive_expect_tx(q_full, Cfg::Q_BYTES);
+#pragma unroll
+      for (int c = 0; c < DB; ++c) tma_load_4d(sQ + uint32_t(c) * Cfg::Q_BLOCK, &hp.tq, q_full, c * 64, qrow, head, tb);
+      for (int n = 0; n < kt.count; ++n) {
+        const int st = n % STAGES;
+        mbar_wait(kv_empty(st), uint32_t((n / STAGES) & 1) ^ 1u);
+        const int krow = krow0 + kt.tile(n) * BC;
+        mbar_arrive_expect_tx(k_full(st), Cfg::KV_BYTES);
+#pragma unroll
+        for (int c = 0; c < DB; ++c) {
+          tma_load_4d(sK(st) + uint32_t(c) * Cfg::KV_BLOCK, &hp.tk, k_full(st), c * 64, krow, kvh, tb);
+        }
+        mbar_arrive_expect_tx(v_full(st), Cfg::KV_BYTES);
+#pragma unroll
+        for (int c = 0; c < DB; ++c) {
+          tma_load_4d(sV(st) + uint32_t(c) * Cfg::KV_BLOCK, &hp.tv, v_full(st), c * 64, krow, kvh, tb);
+        }
+      }
+    }
+  } else {
+    // ---------------------------------------------------------------- consumer warpgroups
+    regs_alloc<240>();
+    const int cw = warp / 4 - 1;              // consumer warpgroup: rows [64 cw, 64 cw + 64) of the tile
+    const int g = lane / 4, t = lane % 4;     // accumulator fragment: row group, thread in group
+    const int row_w = cw * 64 + (warp % 4) * 16;  // this warp's first row within the tile
+    const int wr0 = i0 + row_w, wr1 = min(wr0 + 16, sq);
+
+    float o[D / 2];  // O: n8 block i / 4 of the warp's 16 rows x D
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+    // Scale folded into the exponent unless a softcap (or a non-positive scale) transforms the scores first.
+    const bool transform = p.softcap || !(p.scale_log2 > 0.f);
+    const float mult = transform ? 1.f : p.scale_log2;
+
+    // Descriptors: Q rows of this warpgroup (K-major), K (K-major), V (N-major); k-steps add constant offsets.
+    const uint32_t q_wg = sQ + uint32_t(cw) * 64u * 128u;
+    mbar_wait(q_full, 0);
+
+    for (int n = 0; n < kt.count; ++n) {
+      const int st = n % STAGES;
+      const uint32_t ph = uint32_t((n / STAGES) & 1);
+      const int j0 = kt.tile(n) * BC;
+
+      // S = Q K^T.
+      float s[BC / 2];
+      mbar_wait(k_full(st), ph);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t off = uint32_t(kk / 4) * Cfg::Q_BLOCK + uint32_t(kk % 4) * 32u;
+        const uint32_t koff = uint32_t(kk / 4) * Cfg::KV_BLOCK + uint32_t(kk % 4) * 32u;
+        wgmma_ss_n128(s, smem_desc(q_wg + off, 16, 1024), smem_desc(sK(st) + koff, 16, 1024), kk > 0 ? 1 : 0, T{});
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin_regs(s);
+
+      if (transform) {
+#pragma unroll
+        for (int i = 0; i < BC / 2; ++i) {
+          const float x = s[i];
+          s[i] = p.softcap ? p.softcap_post * cuda_fwd::accurate_tanh(x * p.softcap_pre) : x * p.scale_log2;
+        }
+      }
+      // The mask, on boundary tiles only (a warp wholly past the sequence end computes on zeros, writes nothing).
+      const bool full = wr0 >= sq || (j0 + BC <= sk && tile_fully_visible(p.mask, wr0, wr1, j0, j0 + BC, sq, sk));
+      if (!full) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const cuda_fwd::RowKeys rk = cuda_fwd::row_keys(p.mask, wr0 + g + r * 8, sq, sk);
+          const int lo = cuda_fwd::clamp_to(rk.lo - j0, -1, BC), hi = cuda_fwd::clamp_to(rk.hi - j0, -1, BC);
+          const int se = cuda_fwd::clamp_to(rk.sink_end - j0, 0, BC);
+#pragma unroll
+          for (int nj = 0; nj < BC / 8; ++nj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = nj * 8 + 2 * t + e;
+              if (!((j >= lo && j <= hi) || j < se)) s[nj * 4 + 2 * r + e] = -INFINITY;
+            }
+        }
+      }
+
+      // Online softmax: a quad of lanes shares a row; m_run is in score units (log2 units times 1 / mult).
+      uint32_t pk[BC / 8][2];  // P as 16-bit pairs: [n8 block][row half]
+      bool raised = false;
+      float alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nj = 0; nj < BC / 8; ++nj) mx = fmaxf(mx, fmaxf(s[nj * 4 + 2 * r], s[nj * 4 + 2 * r + 1]));
+        mx = cuda_fwd::quad_max(mx);
+        const float m_old = m_run[r];
+        const float m_new = fmaxf(m_old, mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        alpha[r] = cuda_fwd::fast_exp2((m_old - m_use) * mult);
+        raised |= m_new > m_old && m_old > -INFINITY;
+        m_run[r] = m_new;
+        const float neg = -m_use * mult;
+        float sum = 0.f;
+#pragma unroll
+        for (int nj = 0; nj < BC / 8; ++nj) {
+          const float p0 = cuda_fwd::fast_exp2(fmaf(s[nj * 4 + 2 * r], mult, neg));
+          const float p1 = cuda_fwd::fast_exp2(fmaf(s[nj * 4 + 2 * r + 1], mult, neg));
+          sum += p0 + p1;
+          pk[nj][r] = cuda_fwd::pack2<T>(p0, p1);
+        }
+        l_run[r] = l_run[r] * alpha[r] + sum;
+      }
+      if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+        for (int dn = 0; dn < D / 8; ++dn) {
+          o[dn * 4 + 0] *= alpha[0];
+          o[dn * 4 + 1] *= alpha[0];
+          o[dn * 4 + 2] *= alpha[1];
+          o[dn * 4 + 3] *= alpha[1];
+        }
+      }
+
+      // O += P V: two n8 blocks of S form one k16 A fragment (the mma.sync A layout, per warp of the group).
+      mbar_wait(v_full(st), ph);
+      pin_regs(o);
+      wgmma_fence();
+#pragma unroll
+      for (int kb = 0; kb < BC / 16; ++kb) {
+        const uint32_t a[4] = {pk[2 * kb][0], pk[2 * kb][1], pk[2 * kb + 1][0], pk[2 * kb + 1][1]};
+        const uint64_t vd = smem_desc(sV(st) + uint32_t(kb) * 16u * 128u, Cfg::KV_BLOCK, 1024);
+        if constexpr (D == 128) {
+          wgmma_rs_n128(o, a, vd, 1, T{});
+        } else {
+          wgmma_rs_n64(o, a, vd, 1, T{});
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin_regs(o);
+      if (lane == 0) mbar_arrive(kv_empty(st));  // this warp no longer reads the stage
+    }
+
+    // Epilogue: normalise (the sink logit joins the denominator), store O pairs and the LSE.
+    const float sink2 = p.sink_logits ? p.sink_logits[w.head] * cuda_fwd::kLog2e : -INFINITY;
+    T* og = static_cast<T*>(p.out) + w.tb * p.o_sb + w.q_row0 * p.o_ss + w.head * p.o_sh;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float lse;
+      const float f = cuda_fwd::finish_row(m_run[r] * mult, cuda_fwd::quad_sum(l_run[r]), sink2, lse);
+      const int row = wr0 + g + r * 8;  // within the sequence
+      if (row < sq) {
+        T* dst = og + int64_t(row) * p.o_ss + 2 * t;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; ++dn) {
+          *reinterpret_cast<uint32_t*>(dst + dn * 8) = cuda_fwd::pack2<T>(o[dn * 4 + 2 * r] * f, o[dn * 4 + 2 * r + 1] * f);
+        }
+        if (p.lse && t == 0) p.lse[w.tb * p.lse_sb + w.head * p.lse_sh + (w.q_row0 + row) * p.lse_ss] = lse;
+      }
+    }
+  }
+}
+
+// Raises the kernel's dynamic shared-memory limit once per device (bit per device in `done`); false on failure.
+template <class Kernel>
+bool hopper_smem_optin(Kernel* kernel, int bytes, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (done.load(std::memory_order_relaxed) & bit) return true;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return false;
+  done.fetch_or(bit, std::memory_order_relaxed);
+  return true;
+}
+
+// Launches one instantiation: one CTA per (query tile, sequence, head). Instantiated once per variant file
+// (wgmma_<dtype>_d<D>.cu); launch_hopper.cu only refers to them. Returns the launch error, if any.
+template <class T, int D>
+cudaError_t launch_hopper_variant(const HopperParams& hp, cudaStream_t stream) {
+  static std::atomic<uint64_t> configured{0};
+  constexpr int smem = int(HopperTile<D>::SMEM_BYTES);
+  if (!hopper_smem_optin(fwd_hopper_kernel<T, D>, smem, configured)) return cudaGetLastError();
+  const int64_t blocks = int64_t(hp.f.q_tiles) * hp.f.q_heads * hp.f.batch;
+  fwd_hopper_kernel<T, D><<<unsigned(blocks), HopperTile<D>::THREADS, smem, stream>>>(hp);
+  return cudaGetLastError();
+}
+
+#define FL_HOPPER_VARIANTS(X) \
+  X(__nv_bfloat16, 64)        \
+  X(__nv_bfloat16, 128)       \
+  X(__half, 64)               \
+  X(__half, 128)
+
+#define FL_HOPPER_EXTERN(T, D) extern template cudaError_t launch_hopper_variant<T, D>(const HopperParams&, cudaStream_t);
+FL_HOPPER_VARIANTS(FL_HOPPER_EXTERN)
+#undef FL_HOPPER_EXTERN
+
+}  // namespace flashlite::cuda_fwd_hopper

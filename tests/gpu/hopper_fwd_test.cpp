@@ -1,0 +1,301 @@
+// The opt-in Hopper forward kernel (src/cuda/fwd_hopper/: wgmma + TMA, warp-specialised) against the float64
+// reference. FLASHLITE_FWD_HOPPER=1 is set before main (the library reads it once), so on an sm_90 device every
+// eligible call of this executable takes the Hopper kernel: each case first checks forward_kernel_name, then the
+// numbers (NaN-poisoned outputs, LSE, untouched bytes; tests/cpu/test_util.h). Cases the kernel rejects must fall
+// back to the mma.sync / fp32 kernels and still be right. The eligibility logic is unit-tested without a device.
+// Without a GPU, or on a GPU other than sm_90, or in a build without the 90a target, the device tests skip.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/problem.h"
+#include "cuda/fwd_hopper/hopper_fwd.h"
+#include "gpu_util.h"
+
+namespace fltest {
+namespace {
+
+const bool kHopperEnv = [] {
+  setenv("FLASHLITE_FWD_HOPPER", "1", 1);
+  return true;
+}();
+
+namespace h = flashlite::cuda_fwd_hopper;
+
+bool is_sm90() {
+  if (!has_gpu()) return false;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0;
+}
+
+#define FL_SKIP_UNLESS_HOPPER()                                                                   \
+  if (!::fltest::has_gpu()) GTEST_SKIP() << "no CUDA device";                                     \
+  if (!is_sm90()) GTEST_SKIP() << "the Hopper kernel runs on sm_90 only";                         \
+  if (!h::hopper_fwd_built()) GTEST_SKIP() << "this build has no 90a target (CMAKE_CUDA_ARCHITECTURES)"
+
+const char* dt_name(DType t) { return t == DType::f32 ? "f32" : t == DType::f16 ? "f16" : "bf16"; }
+
+// Runs one problem on the GPU after checking which kernel forward() picks (prefix of forward_kernel_name).
+void check_case(const Spec& spec, const std::string& name, const std::string& want_prefix) {
+  Problem p(spec, seed_of(name));
+  const Result64 ref = reference64(p);
+  const Snapshot before = snapshot(p);
+  DeviceMirror m(p);
+  const std::string kernel = flashlite::forward_kernel_name(m.args);
+  ASSERT_EQ(kernel.rfind(want_prefix, 0), 0u) << "picked " << kernel << ", expected " << want_prefix << "...";
+  flashlite::forward(m.args);
+  m.copy_back();
+  expect_matches(p, ref, before, gpu_tolerance(spec.dtype));
+}
+
+Spec base(DType t, int64_t d, int64_t sq, int64_t sk, int64_t hq, int64_t hkv) {
+  Spec s;
+  s.dtype = t;
+  s.d = d;
+  s.batch = 2;
+  s.seq_q = sq;
+  s.seq_k = sk;
+  s.hq = hq;
+  s.hkv = hkv;
+  return s;
+}
+
+struct Case {
+  std::string name;
+  Spec spec;
+};
+
+std::vector<Case> hopper_cases() {
+  std::vector<Case> out;
+  auto add = [&](std::string name, const Spec& s) { out.push_back({std::move(name), s}); };
+  // Shapes: odd lengths around the 128-row / 128-key tiles, q_len != k_len both ways; GQA 4 (8 q heads, 2 kv heads).
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1},     {17, 17},  {127, 127}, {129, 129},
+                                                {1000, 1000}, {17, 1000}, {1000, 17}, {129, 300}};
+  for (DType t : {DType::bf16, DType::f16})
+    for (int64_t d : {64, 128})
+      for (auto [sq, sk] : shapes)
+        for (bool causal : {false, true}) {
+          Spec s = base(t, d, sq, sk, 8, 2);
+          s.mask.causal = causal;
+          if (sq >= 1000 || sk >= 1000) s.batch = 1;
+          add(std::string(dt_name(t)) + "_d" + std::to_string(d) + "_q" + std::to_string(sq) + "_k" +
+                  std::to_string(sk) + (causal ? "_causal" : "_full"),
+              s);
+        }
+  // MQA and no grouping.
+  for (auto [hq, hkv] : std::vector<std::pair<int64_t, int64_t>>{{4, 1}, {3, 3}}) {
+    Spec s = base(DType::bf16, 128, 150, 220, hq, hkv);
+    s.mask.causal = true;
+    add("bf16_d128_gqa" + std::to_string(hq) + "x" + std::to_string(hkv), s);
+  }
+  // Masks beyond causal: windows, sink tokens, learned sink logits, softcap (fully masked rows when q_len > k_len).
+  struct M {
+    const char* name;
+    MaskSpec mask;
+    bool sink_logits;
+    double softcap;
+  };
+  const M masks[] = {{"winleft50", {false, 50, -1, 0}, false, 0},
+                     {"win50x30", {false, 50, 30, 0}, false, 0},
+                     {"causal_win64", {true, 64, -1, 0}, false, 0},
+                     {"causal_win100_sinks3", {true, 100, -1, 3}, false, 0},
+                     {"win8x8_sinks2000", {false, 8, 8, 2000}, false, 0},
+                     {"causal_sinklogits", {true}, true, 0},
+                     {"softcap", {}, false, 5.0},
+                     {"causal_win70_sinks2_softcap", {true, 70, -1, 2}, true, 20.0}};
+  for (auto [t, d] : std::vector<std::pair<DType, int64_t>>{{DType::bf16, 128}, {DType::f16, 64}})
+    for (const M& m : masks)
+      for (auto [sq, sk] : std::vector<std::pair<int64_t, int64_t>>{{257, 391}, {391, 257}}) {
+        Spec s = base(t, d, sq, sk, 4, 1);
+        s.mask = m.mask;
+        s.sink_logits = m.sink_logits;
+        s.softcap = m.softcap;
+        add(std::string(dt_name(t)) + "_d" + std::to_string(d) + "_" + m.name + "_q" + std::to_string(sq) + "_k" +
+                std::to_string(sk),
+            s);
+      }
+  // A long causal window with sinks (many skipped tiles, sink tile first).
+  {
+    Spec s = base(DType::bf16, 128, 4097, 4097, 2, 1);
+    s.batch = 1;
+    s.mask = {true, 1000, -1, 4};
+    add("bf16_d128_q4097_causal_win1000_sinks4", s);
+  }
+  // Varlen: empty and length-1 sequences, q_len != k_len per sequence, NaN rows past the last sequence; inline
+  // offsets and the device table (> 128 sequences).
+  for (DType t : {DType::bf16, DType::f16})
+    for (int64_t d : {64, 128})
+      for (bool causal : {false, true}) {
+        Spec s = base(t, d, 0, 0, 4, 2);
+        s.varlen_q = {0, 1, 17, 128, 300, 5, 129};
+        s.varlen_k = {3, 1, 40, 128, 200, 0, 129};
+        s.extra_rows = 5;
+        s.mask.causal = causal;
+        add(std::string(dt_name(t)) + "_d" + std::to_string(d) + "_varlen" + (causal ? "_causal" : "_full"), s);
+      }
+  {
+    Spec s = base(DType::bf16, 128, 0, 0, 2, 1);
+    for (int i = 0; i < 150; ++i) {
+      s.varlen_q.push_back((i * 37) % 141);
+      s.varlen_k.push_back((i * 53) % 147 + 1);
+    }
+    s.mask.causal = true;
+    add("bf16_d128_varlen150_causal", s);
+  }
+  // Layouts TMA accepts (aligned strides): heads-major, seq-first, packed qkv; LSE transposed or absent.
+  for (Layout l : {Layout::heads_major, Layout::seq_first, Layout::packed_qkv}) {
+    Spec s = base(DType::bf16, 128, 140, 140, 4, 2);
+    s.mask.causal = true;
+    s.in_layout = l;
+    s.out_layout = l == Layout::packed_qkv ? Layout::contiguous : l;
+    s.lse = l == Layout::seq_first ? LseMode::none : LseMode::transposed;
+    add(std::string("bf16_d128_layout_") + layout_name(l), s);
+  }
+  // Large logits (running max), a negative scale, softcap with a custom scale.
+  for (DType t : {DType::bf16, DType::f16}) {
+    Spec s = base(t, 128, 300, 300, 2, 1);
+    s.input_std = 4.0;
+    add(std::string(dt_name(t)) + "_d128_large_logits", s);
+    Spec n = base(t, 64, 200, 200, 2, 1);
+    n.scale = -0.3;
+    n.mask.causal = true;
+    add(std::string(dt_name(t)) + "_d64_negative_scale", n);
+    Spec c = base(t, 64, 200, 200, 2, 1);
+    c.scale = 0.5;
+    c.softcap = 2.0;
+    c.input_std = 2.0;
+    add(std::string(dt_name(t)) + "_d64_softcap_scale", c);
+  }
+  return out;
+}
+
+class HopperGrid : public ::testing::TestWithParam<Case> {};
+
+TEST_P(HopperGrid, MatchesFloat64Reference) {
+  FL_SKIP_UNLESS_HOPPER();
+  const Spec& s = GetParam().spec;
+  check_case(s, GetParam().name, std::string("cuda_hopper_wgmma_") + dt_name(s.dtype) + "_d" + std::to_string(s.d));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, HopperGrid, ::testing::ValuesIn(hopper_cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Problems the Hopper kernel rejects run on the kernels they ran on before, with the same results.
+TEST(HopperFallback, RejectedProblemsTakeTheOtherKernels) {
+  FL_SKIP_UNLESS_HOPPER();
+  {
+    Spec s = base(DType::f32, 64, 100, 100, 2, 1);
+    s.mask.causal = true;
+    check_case(s, "fallback_f32", "cuda_fused_simt_f32_");
+  }
+  for (int64_t d : {32, 96, 256}) {
+    Spec s = base(DType::bf16, d, 130, 200, 2, 1);
+    check_case(s, "fallback_d" + std::to_string(d), "cuda_fused_mma_bf16_");
+  }
+  {
+    Spec s = base(DType::f16, 128, 140, 140, 4, 2);  // unaligned base and strides: no TMA
+    s.in_layout = Layout::padded;
+    check_case(s, "fallback_padded_in", "cuda_fused_mma_f16_");
+  }
+  {
+    Spec s = base(DType::bf16, 64, 5, 0, 4, 2);  // no keys at all
+    check_case(s, "fallback_empty_keys", "cuda_fused_mma_bf16_");
+  }
+}
+
+// Twice in a row on the same buffers (poisoned in between): the per-device attribute setup and the tensor maps
+// hold no state that a second call could trip on.
+TEST(HopperFeatures, RepeatedCallsAgree) {
+  FL_SKIP_UNLESS_HOPPER();
+  Spec s = base(DType::bf16, 128, 700, 900, 8, 2);
+  s.mask.causal = true;
+  Problem p(s, seed_of("repeat"));
+  const Result64 ref = reference64(p);
+  const Snapshot before = snapshot(p);
+  DeviceMirror m(p);
+  for (int run = 0; run < 2; ++run) {
+    m.poison_outputs(p);
+    flashlite::forward(m.args);
+    m.copy_back();
+    expect_matches(p, ref, before, gpu_tolerance(s.dtype));
+  }
+}
+
+// ---------------------------------------------------------------- eligibility logic (no device needed)
+
+flashlite::AttentionProblem aligned_problem(DType t, int64_t d) {
+  flashlite::AttentionProblem p;
+  p.dtype = t;
+  p.batch = 2;
+  p.seq_q = p.seq_k = p.q_tensor_rows = 300;
+  p.q_heads = 8;
+  p.kv_heads = 2;
+  p.head_dim = d;
+  alignas(16) static unsigned char buf[64];
+  p.q = p.k = p.v = buf;
+  p.out = buf;
+  p.q_stride = p.out_stride = {300 * 8 * d, 8 * d, d};
+  p.k_stride = p.v_stride = {300 * 2 * d, 2 * d, d};
+  return p;
+}
+
+TEST(HopperEligibility, AcceptsAlignedHalfPrecisionD64AndD128OnSm90) {
+  for (DType t : {DType::bf16, DType::f16})
+    for (int64_t d : {64, 128}) EXPECT_EQ(h::hopper_fwd_reject_reason(aligned_problem(t, d), 90), "");
+}
+
+TEST(HopperEligibility, RejectsOtherDevicesDtypesAndHeadDims) {
+  EXPECT_NE(h::hopper_fwd_reject_reason(aligned_problem(DType::bf16, 128), 80), "");
+  EXPECT_NE(h::hopper_fwd_reject_reason(aligned_problem(DType::bf16, 128), 100), "");
+  EXPECT_NE(h::hopper_fwd_reject_reason(aligned_problem(DType::f32, 128), 90), "");
+  for (int64_t d : {32, 96, 256}) EXPECT_NE(h::hopper_fwd_reject_reason(aligned_problem(DType::bf16, d), 90), "");
+}
+
+TEST(HopperEligibility, RejectsWhatTmaCannotAddress) {
+  auto p = aligned_problem(DType::bf16, 128);
+  p.k_stride.seq += 1;  // a row stride that is not a 16-byte multiple
+  EXPECT_NE(h::hopper_fwd_reject_reason(p, 90), "");
+  p = aligned_problem(DType::bf16, 128);
+  p.q = static_cast<const unsigned char*>(p.q) + 2;  // base off 16-byte alignment
+  EXPECT_NE(h::hopper_fwd_reject_reason(p, 90), "");
+  p = aligned_problem(DType::bf16, 128);
+  p.out = static_cast<unsigned char*>(p.out) + 2;  // 2-byte aligned output: no paired stores
+  EXPECT_NE(h::hopper_fwd_reject_reason(p, 90), "");
+  p = aligned_problem(DType::bf16, 128);
+  p.seq_k = 0;  // no keys: the tensor map would be empty
+  EXPECT_NE(h::hopper_fwd_reject_reason(p, 90), "");
+  p = aligned_problem(DType::bf16, 128);
+  p.batch = 1;
+  p.v_stride.batch = 3;  // a batch stride that never steps does not matter
+  EXPECT_EQ(h::hopper_fwd_reject_reason(p, 90), "");
+}
+
+TEST(HopperEligibility, VarlenUsesTheLastSequenceEnd) {
+  auto p = aligned_problem(DType::f16, 64);
+  static const int32_t cu_q[] = {0, 10, 10, 300}, cu_k[] = {0, 0, 5, 9};
+  p.batch = 3;
+  p.cu_seqlens_q = cu_q;
+  p.cu_seqlens_k = cu_k;
+  EXPECT_EQ(h::hopper_fwd_reject_reason(p, 90), "");
+  static const int32_t cu_k0[] = {0, 0, 0, 0};
+  p.cu_seqlens_k = cu_k0;  // no key anywhere
+  EXPECT_NE(h::hopper_fwd_reject_reason(p, 90), "");
+}
+
+TEST(HopperEligibility, NameAndSwitch) {
+  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::bf16, 128)), "cuda_hopper_wgmma_bf16_d128");
+  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::f16, 64)), "cuda_hopper_wgmma_f16_d64");
+  EXPECT_TRUE(kHopperEnv);
+  EXPECT_TRUE(h::hopper_fwd_enabled());  // set before main, read once
+}
+
+}  // namespace
+}  // namespace fltest
