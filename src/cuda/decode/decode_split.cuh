@@ -77,18 +77,83 @@ __device__ __forceinline__ VirtualKeys virtual_keys(const MaskParams& m, int q_l
   return v;
 }
 
+// Variant FLASHLITE_DECODE_PREFETCH (p.prefetch_tiles > 0; decode_variant.h), sm_90: before griddepcontrol.wait,
+// ask L2 for the K/V rows of the first prefetch_tiles tiles of this block's split, so that their DRAM round trip
+// overlaps the previous grid's tail (in a replayed decode step: the previous kernel's drain, which leaves most SMs
+// and the DRAM idle) instead of starting after it. The length and the page ids are read speculatively - the previous
+// grid may still be writing them - so they only choose which lines to prefetch: every address is clamped into the
+// cache (a prefetch changes no data), they are read through L2 only (.cg: no stale L1 line for the real reads) and
+// read again after the wait. The per-row page-id loads are all issued before the first prefetch (one round trip).
+template <class T, int D>
+__device__ __forceinline__ void prefetch_first_tiles(const DecodeParams& p, int split, int kvh, int b, int tid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kMaxTiles = 8;
+  constexpr int kIter = kMaxTiles * kTileKeys / kThreads;
+  int L;
+  int64_t page_base = 0;
+  if (p.paged) {
+    const int64_t lo = min(max(int64_t(__ldcg(p.indptr + b)), int64_t(0)), p.index_len);
+    const int64_t hi = min(max(int64_t(__ldcg(p.indptr + b + 1)), lo), p.index_len);
+    const int last = min(max(__ldcg(p.last_page_len + b), 1), p.page_size);
+    page_base = lo;
+    L = int(min((hi == lo ? 0 : (hi - lo - 1) * p.page_size + last), int64_t(1) << 30));
+  } else {
+    L = int(min(max(int64_t(__ldcg(p.seq_lens + b)), int64_t(0)), p.kv_capacity));
+  }
+  const VirtualKeys vkeys = virtual_keys(p.mask, p.q_len, L);
+  const int total_tiles = (vkeys.n_total + kTileKeys - 1) / kTileKeys;
+  const int per_split = (total_tiles + p.num_splits - 1) / p.num_splits;
+  const int t_begin = split * per_split;
+  const int n = min(min(p.prefetch_tiles, kMaxTiles), max(0, min(t_begin + per_split, total_tiles) - t_begin));
+  const int rows = n * kTileKeys;
+  const int vk0 = t_begin * kTileKeys;
+  int64_t page[kIter], slot[kIter];
+  bool ok[kIter];
+#pragma unroll
+  for (int it = 0; it < kIter; ++it) {
+    const int r = tid + it * kThreads;
+    ok[it] = r < rows && vk0 + r < vkeys.n_total;
+    page[it] = b, slot[it] = 0;
+    if (ok[it]) {
+      const int pos = vkeys.pos(vk0 + r);
+      if (p.paged) {
+        const int64_t entry = page_base + pos / p.page_size;
+        ok[it] = entry < p.index_len;
+        page[it] = ok[it] ? __ldcg(p.indices + entry) : 0;
+        slot[it] = pos % p.page_size;
+      } else {
+        slot[it] = pos;
+      }
+    }
+  }
+  const T* k = static_cast<const T*>(p.k) + int64_t(kvh) * p.k_s2;
+  const T* v = static_cast<const T*>(p.v) + int64_t(kvh) * p.v_s2;
+#pragma unroll
+  for (int it = 0; it < kIter; ++it) {
+    if (!ok[it]) continue;
+    const int64_t pg = min(max(page[it], int64_t(0)), p.kv_capacity - 1);  // contiguous: the sequence (b < batch)
+    const int64_t sl = p.paged ? slot[it] : min(slot[it], p.kv_capacity - 1);
+    prefetch_l2_bulk(k + (p.paged ? pg : int64_t(b)) * p.k_s0 + sl * p.k_s1, uint32_t(D * sizeof(T)));
+    prefetch_l2_bulk(v + (p.paged ? pg : int64_t(b)) * p.v_s0 + sl * p.v_s1, uint32_t(D * sizeof(T)));
+  }
+#else
+  (void)p, (void)split, (void)kvh, (void)b, (void)tid;
+#endif
+}
+
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_constant__ DecodeParams p) {
   using Cfg = SplitCfg<D>;
   constexpr int LD = Cfg::LD, CPR = Cfg::CPR, KD = Cfg::KD, ND = Cfg::ND;
   extern __shared__ __align__(128) unsigned char smem[];
-  pdl_launch_dependents();  // the combine kernel may start launching; it waits for this grid's results
-  pdl_wait_primary();       // launched as a programmatic dependent: q and the cache may be the previous kernel's output
-
   const int split = int(blockIdx.x);
   const int kvh = int(blockIdx.y) % p.kv_heads, rc = int(blockIdx.y) / p.kv_heads;
   const int b = int(blockIdx.z);
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+
+  pdl_launch_dependents();  // the combine kernel may start launching; it waits for this grid's results
+  if (p.prefetch_tiles > 0 && rc == 0) prefetch_first_tiles<T, D>(p, split, kvh, b, tid);  // variant, off by default
+  pdl_wait_primary();       // launched as a programmatic dependent: q and the cache may be the previous kernel's output
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates
 
   // Rows of this block, and the warp grid: wm_count row tiles x wn_count key groups.
