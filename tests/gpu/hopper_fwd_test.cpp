@@ -1,5 +1,6 @@
 // The opt-in Hopper forward kernel (src/cuda/fwd_hopper/: wgmma + TMA, warp-specialised) against the float64
-// reference. FLASHLITE_FWD_HOPPER=1 is set before main (the library reads it once), so on an sm_90 device every
+// reference. FLASHLITE_FWD_HOPPER=1 is set before main unless already set (the library reads it once; =2 selects the
+// pipelined schedule), so on an sm_90 device every
 // eligible call of this executable takes the Hopper kernel: each case first checks forward_kernel_name, then the
 // numbers (NaN-poisoned outputs, LSE, untouched bytes; tests/cpu/test_util.h). Cases the kernel rejects must fall
 // back to the mma.sync / fp32 kernels and still be right. The eligibility logic is unit-tested without a device.
@@ -18,8 +19,9 @@
 namespace fltest {
 namespace {
 
+// The plain schedule unless the caller chose one (FLASHLITE_FWD_HOPPER=2 runs the same grid on the pipelined one).
 const bool kHopperEnv = [] {
-  setenv("FLASHLITE_FWD_HOPPER", "1", 1);
+  setenv("FLASHLITE_FWD_HOPPER", "1", 0);
   return true;
 }();
 
@@ -291,10 +293,12 @@ TEST(HopperEligibility, VarlenUsesTheLastSequenceEnd) {
 }
 
 TEST(HopperEligibility, NameAndSwitch) {
-  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::bf16, 128)), "cuda_hopper_wgmma_bf16_d128");
-  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::f16, 64)), "cuda_hopper_wgmma_f16_d64");
+  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::bf16, 128), 1), "cuda_hopper_wgmma_bf16_d128");
+  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::f16, 64), 1), "cuda_hopper_wgmma_f16_d64");
+  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::f16, 64), 2), "cuda_hopper_wgmma_f16_d64_pipe");
   EXPECT_TRUE(kHopperEnv);
   EXPECT_TRUE(h::hopper_fwd_enabled());  // set before main, read once
+  EXPECT_TRUE(h::hopper_fwd_mode() == 1 || h::hopper_fwd_mode() == 2);
 }
 
 }  // namespace

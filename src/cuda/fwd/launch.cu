@@ -136,11 +136,12 @@ bool choose_prefill_kernel(int64_t head_dim, const DeviceProps& dev, MmaConfig& 
   }
 }
 
-// Opt-in Hopper kernel (src/cuda/fwd_hopper/): only with FLASHLITE_FWD_HOPPER=1, on sm_90, in a build with the 90a
-// target, for a problem it accepts; everything else takes choose_fwd_kernel's kernel.
+// Opt-in Hopper kernel (src/cuda/fwd_hopper/): only with FLASHLITE_FWD_HOPPER=1 or 2, on sm_90, in a build with
+// the 90a target, for a problem it accepts; everything else takes choose_fwd_kernel's kernel.
 bool use_hopper(const AttentionProblem& p, const DeviceProps& dev) {
   namespace h = cuda_fwd_hopper;
-  return h::hopper_fwd_built() && h::hopper_fwd_enabled() && dev.cc == 90 && h::hopper_fwd_reject_reason(p, dev.cc).empty();
+  return h::hopper_fwd_built() && h::hopper_fwd_enabled() && dev.cc == 90 &&
+         h::hopper_fwd_reject_reason(p, dev.cc).empty();
 }
 
 }  // namespace
@@ -229,7 +230,7 @@ std::string cuda_fused_unsupported_reason(const AttentionProblem& p) {
 std::string cuda_fused_kernel_name(const AttentionProblem& p) {
   using namespace cuda_fwd;
   const DeviceProps dev = device_props(p.device.index);
-  if (use_hopper(p, dev)) return cuda_fwd_hopper::hopper_fwd_kernel_name(p);
+  if (use_hopper(p, dev)) return cuda_fwd_hopper::hopper_fwd_kernel_name(p, cuda_fwd_hopper::hopper_fwd_mode());
   const FwdChoice k = choose_fwd_kernel(p, dev);
   if (k.simt) return "cuda_fused_simt_f32_d" + std::to_string(p.head_dim);
   return "cuda_fused_mma_" + dtype_tag(p.dtype) + "_" + mma_config_info(k.mma).name;
@@ -270,7 +271,7 @@ void run_cuda_fused(const AttentionProblem& p, void* stream_handle) {
   if (hopper) {
 #if defined(FLASHLITE_FWD_HOPPER_BUILT) && FLASHLITE_FWD_HOPPER_BUILT
     try {
-      cuda_fwd_hopper::launch_fwd_hopper(p, f, stream);
+      cuda_fwd_hopper::launch_fwd_hopper(p, f, cuda_fwd_hopper::hopper_fwd_mode(), stream);
     } catch (...) {
       if (table) cudaFreeAsync(table, stream);
       throw;

@@ -17,12 +17,15 @@ bool hopper_fwd_built() {
 #endif
 }
 
-bool hopper_fwd_enabled() {
-  static const bool on = [] {
+int hopper_fwd_mode() {
+  static const int mode = [] {
     const char* v = std::getenv("FLASHLITE_FWD_HOPPER");
-    return v != nullptr && std::strcmp(v, "1") == 0;
+    if (v == nullptr) return 0;
+    if (std::strcmp(v, "1") == 0) return 1;
+    if (std::strcmp(v, "2") == 0) return 2;
+    return 0;
   }();
-  return on;
+  return mode;
 }
 
 namespace {
@@ -63,9 +66,9 @@ std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc) {
   return {};
 }
 
-std::string hopper_fwd_kernel_name(const AttentionProblem& p) {
+std::string hopper_fwd_kernel_name(const AttentionProblem& p, int mode) {
   return std::string("cuda_hopper_wgmma_") + (p.dtype == DType::f16 ? "f16" : "bf16") + "_d" +
-         std::to_string(p.head_dim);
+         std::to_string(p.head_dim) + (mode == 2 ? "_pipe" : "");
 }
 
 }  // namespace flashlite::cuda_fwd_hopper

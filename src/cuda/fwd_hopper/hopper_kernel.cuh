@@ -6,18 +6,21 @@
 // row_mask.h), so both kernels skip and mask the same tiles.
 //   warpgroup 0, producer: gives registers away (setmaxnreg 24); one thread loads Q once and then, per key tile, the
 //     K and V tiles with TMA (cp.async.bulk.tensor, 128-byte swizzle, out-of-bounds rows zero-filled) into a
-//     2-stage ring; each load completes a transaction count on the stage's "full" mbarrier, and a stage is reused
-//     only after all 8 consumer warps arrived on its "empty" mbarrier.
+//     2-stage ring; each load completes a transaction count on its "full" mbarrier, and a K (V) buffer is reused
+//     only after all 8 consumer warps arrived on its "empty" mbarrier, once their S (P V) wgmma has completed.
 //   warpgroups 1 and 2, consumers (setmaxnreg 240): 64 query rows each. Per key tile:
 //     S = Q K^T     wgmma m64n128k16, Q and K from shared memory through descriptors, fp32 accumulators
 //     mask         boundary tiles only, the per-row key intervals of row_mask.h
 //     softmax      online, in registers, log2 units (scale * log2 e folded into one FFMA per score), exp2
 //     O += P V     wgmma m64nDk16, P from registers (re-packed S accumulators), V from shared memory (N-major)
 //   At the end the sink logit joins the denominator and O and the LSE are written straight from registers.
-// Not yet overlapped (the first version, built to be checked): the softmax of a warpgroup waits for its own S,
-// and P V for the softmax; the two consumer warpgroups overlap each other only through the warp schedulers.
-// Next steps (docs/perf-notes.md, "Hopper kernel"): issue S(n + 1) before the softmax of n, ping-pong the two
-// warpgroups with named barriers, separate K and V empty barriers, an smem-staged TMA store of O.
+// Two schedules of the consumer loop (template PIPE; FLASHLITE_FWD_HOPPER=1 picks the first, =2 the second):
+//   plain      one tile at a time: S, wait, softmax, P V, wait (the two consumer warpgroups overlap each other
+//              only through the warp schedulers). The reference version, built to be checked first.
+//   pipelined  FlashAttention-3's intra-warpgroup overlap: S(n) and P(n-1) V(n-1) are in flight together and the
+//              softmax of S(n) runs while P V is still on the tensor cores.
+// Next steps (docs/perf-notes.md, "Hopper kernel"): ping-pong the two warpgroups with named barriers, a third
+// stage (D64), an smem-staged TMA store of O, a persistent grid.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -51,12 +54,12 @@ struct HopperTile {
   static constexpr uint32_t OFF_K = Q_BYTES;                 // [stage] K tiles
   static constexpr uint32_t OFF_V = OFF_K + STAGES * KV_BYTES;  // [stage] V tiles
   static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_BYTES;
-  static constexpr uint32_t SMEM_BYTES = OFF_BAR + 64 + 1024;  // barriers, and slack to align the base to 1024
+  static constexpr uint32_t SMEM_BYTES = OFF_BAR + 128 + 1024;  // barriers, and slack to align the base to 1024
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(BR == 2 * 64, "two consumer warpgroups of 64 rows");
 };
 
-template <class T, int D>
+template <class T, int D, bool PIPE>
 __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constant__ HopperParams hp) {
   using Cfg = HopperTile<D>;
   constexpr int BR = Cfg::BR, BC = Cfg::BC, DB = Cfg::DB, STAGES = Cfg::STAGES;
@@ -78,7 +81,8 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
   const uint32_t q_full = bar;
   const auto k_full = [&](int st) { return bar + 8u + 8u * uint32_t(st); };
   const auto v_full = [&](int st) { return bar + 24u + 8u * uint32_t(st); };
-  const auto kv_empty = [&](int st) { return bar + 40u + 8u * uint32_t(st); };
+  const auto k_empty = [&](int st) { return bar + 40u + 8u * uint32_t(st); };
+  const auto v_empty = [&](int st) { return bar + 56u + 8u * uint32_t(st); };
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
@@ -87,7 +91,8 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
     for (int st = 0; st < STAGES; ++st) {
       mbar_init(k_full(st), 1);
       mbar_init(v_full(st), 1);
-      mbar_init(kv_empty(st), 8);  // one arrival per consumer warp
+      mbar_init(k_empty(st), 8);  // one arrival per consumer warp
+      mbar_init(v_empty(st), 8);
     }
     mbar_init_fence();
   }
@@ -107,13 +112,15 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       for (int c = 0; c < DB; ++c) tma_load_4d(sQ + uint32_t(c) * Cfg::Q_BLOCK, &hp.tq, q_full, c * 64, qrow, head, tb);
       for (int n = 0; n < kt.count; ++n) {
         const int st = n % STAGES;
-        mbar_wait(kv_empty(st), uint32_t((n / STAGES) & 1) ^ 1u);
+        const uint32_t free_parity = uint32_t((n / STAGES) & 1) ^ 1u;  // a fresh barrier passes parity 1
         const int krow = krow0 + kt.tile(n) * BC;
+        mbar_wait(k_empty(st), free_parity);
         mbar_arrive_expect_tx(k_full(st), Cfg::KV_BYTES);
 #pragma unroll
         for (int c = 0; c < DB; ++c) {
           tma_load_4d(sK(st) + uint32_t(c) * Cfg::KV_BLOCK, &hp.tk, k_full(st), c * 64, krow, kvh, tb);
         }
+        mbar_wait(v_empty(st), free_parity);
         mbar_arrive_expect_tx(v_full(st), Cfg::KV_BYTES);
 #pragma unroll
         for (int c = 0; c < DB; ++c) {
@@ -137,30 +144,38 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
     // Scale folded into the exponent unless a softcap (or a non-positive scale) transforms the scores first.
     const bool transform = p.softcap || !(p.scale_log2 > 0.f);
     const float mult = transform ? 1.f : p.scale_log2;
+    const uint32_t q_wg = sQ + uint32_t(cw) * 64u * 128u;  // this warpgroup's Q rows
 
-    // Descriptors: Q rows of this warpgroup (K-major), K (K-major), V (N-major); k-steps add constant offsets.
-    const uint32_t q_wg = sQ + uint32_t(cw) * 64u * 128u;
-    mbar_wait(q_full, 0);
-
-    for (int n = 0; n < kt.count; ++n) {
-      const int st = n % STAGES;
-      const uint32_t ph = uint32_t((n / STAGES) & 1);
-      const int j0 = kt.tile(n) * BC;
-
-      // S = Q K^T.
-      float s[BC / 2];
-      mbar_wait(k_full(st), ph);
+    // S = Q K^T of the tile in stage st, issued and committed (not waited for). Q and K are K-major.
+    const auto issue_s = [&](float (&s)[BC / 2], int st) {
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t off = uint32_t(kk / 4) * Cfg::Q_BLOCK + uint32_t(kk % 4) * 32u;
+        const uint32_t qoff = uint32_t(kk / 4) * Cfg::Q_BLOCK + uint32_t(kk % 4) * 32u;
         const uint32_t koff = uint32_t(kk / 4) * Cfg::KV_BLOCK + uint32_t(kk % 4) * 32u;
-        wgmma_ss_n128(s, smem_desc(q_wg + off, 16, 1024), smem_desc(sK(st) + koff, 16, 1024), kk > 0 ? 1 : 0, T{});
+        wgmma_ss_n128(s, smem_desc(q_wg + qoff, 16, 1024), smem_desc(sK(st) + koff, 16, 1024), kk > 0 ? 1 : 0, T{});
       }
       wgmma_commit();
-      wgmma_wait<0>();
-      pin_regs(s);
-
+    };
+    // O += P V of the tile in stage st (V N-major), issued and committed: two n8 blocks of S form one k16 A
+    // fragment (the mma.sync A layout, per warp of the group).
+    const auto issue_pv = [&](const uint32_t (&pk)[BC / 8][2], int st) {
+      wgmma_fence();
+#pragma unroll
+      for (int kb = 0; kb < BC / 16; ++kb) {
+        const uint32_t a[4] = {pk[2 * kb][0], pk[2 * kb][1], pk[2 * kb + 1][0], pk[2 * kb + 1][1]};
+        const uint64_t vd = smem_desc(sV(st) + uint32_t(kb) * 16u * 128u, Cfg::KV_BLOCK, 1024);
+        if constexpr (D == 128) {
+          wgmma_rs_n128(o, a, vd, 1, T{});
+        } else {
+          wgmma_rs_n64(o, a, vd, 1, T{});
+        }
+      }
+      wgmma_commit();
+    };
+    // Softmax of one score tile (keys j0 ...): transform, mask, running max and sum; P packed to 16-bit pairs
+    // (pk[n8 block][row half]); alpha = the factor O must be rescaled by, raised = some row of the warp needs it.
+    const auto softmax = [&](float (&s)[BC / 2], int j0, uint32_t (&pk)[BC / 8][2], float (&alpha)[2]) {
       if (transform) {
 #pragma unroll
         for (int i = 0; i < BC / 2; ++i) {
@@ -185,11 +200,8 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
             }
         }
       }
-
-      // Online softmax: a quad of lanes shares a row; m_run is in score units (log2 units times 1 / mult).
-      uint32_t pk[BC / 8][2];  // P as 16-bit pairs: [n8 block][row half]
+      // A quad of lanes shares a row; m_run is in score units (log2 units times 1 / mult).
       bool raised = false;
-      float alpha[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float mx = -INFINITY;
@@ -198,9 +210,9 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
         mx = cuda_fwd::quad_max(mx);
         const float m_old = m_run[r];
         const float m_new = fmaxf(m_old, mx);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: avoid -inf - -inf
         alpha[r] = cuda_fwd::fast_exp2((m_old - m_use) * mult);
-        raised |= m_new > m_old && m_old > -INFINITY;
+        raised |= m_new > m_old && m_old > -INFINITY;  // else O is still zero or unchanged
         m_run[r] = m_new;
         const float neg = -m_use * mult;
         float sum = 0.f;
@@ -213,34 +225,97 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
         }
         l_run[r] = l_run[r] * alpha[r] + sum;
       }
-      if (__any_sync(0xffffffffu, raised)) {
+      return __any_sync(0xffffffffu, raised);
+    };
+    const auto rescale = [&](const float (&alpha)[2]) {
 #pragma unroll
-        for (int dn = 0; dn < D / 8; ++dn) {
-          o[dn * 4 + 0] *= alpha[0];
-          o[dn * 4 + 1] *= alpha[0];
-          o[dn * 4 + 2] *= alpha[1];
-          o[dn * 4 + 3] *= alpha[1];
-        }
+      for (int dn = 0; dn < D / 8; ++dn) {
+        o[dn * 4 + 0] *= alpha[0];
+        o[dn * 4 + 1] *= alpha[0];
+        o[dn * 4 + 2] *= alpha[1];
+        o[dn * 4 + 3] *= alpha[1];
       }
+    };
 
-      // O += P V: two n8 blocks of S form one k16 A fragment (the mma.sync A layout, per warp of the group).
-      mbar_wait(v_full(st), ph);
-      pin_regs(o);
-      wgmma_fence();
-#pragma unroll
-      for (int kb = 0; kb < BC / 16; ++kb) {
-        const uint32_t a[4] = {pk[2 * kb][0], pk[2 * kb][1], pk[2 * kb + 1][0], pk[2 * kb + 1][1]};
-        const uint64_t vd = smem_desc(sV(st) + uint32_t(kb) * 16u * 128u, Cfg::KV_BLOCK, 1024);
-        if constexpr (D == 128) {
-          wgmma_rs_n128(o, a, vd, 1, T{});
+    mbar_wait(q_full, 0);
+    if constexpr (!PIPE) {
+      // One tile at a time: S, softmax, rescale, P V, each waiting for the previous step.
+      for (int n = 0; n < kt.count; ++n) {
+        const int st = n % STAGES;
+        const uint32_t ph = uint32_t((n / STAGES) & 1);
+        float s[BC / 2];
+        uint32_t pk[BC / 8][2];
+        float alpha[2];
+        mbar_wait(k_full(st), ph);
+        issue_s(s, st);
+        wgmma_wait<0>();
+        pin_regs(s);
+        if (lane == 0) mbar_arrive(k_empty(st));  // this warp no longer reads the K tile
+        if (softmax(s, kt.tile(n) * BC, pk, alpha)) rescale(alpha);
+        mbar_wait(v_full(st), ph);
+        pin_regs(o);
+        issue_pv(pk, st);
+        wgmma_wait<0>();
+        pin_regs(o);
+        pin_regs(pk);
+        if (lane == 0) mbar_arrive(v_empty(st));  // ... nor the V tile
+      }
+    } else {
+      // Overlapped within the warpgroup (FlashAttention-3's intra-warpgroup pipelining): S(n) is issued, then
+      // P(n-1) V(n-1); the softmax of S(n) runs while P V is still on the tensor cores, and O is rescaled by
+      // tile n's factor only after P(n-1) V(n-1) has landed. P alternates between two register buffers (no copy
+      // between them), and the buffer an in-flight wgmma reads is pinned until after its wait, so the compiler
+      // cannot hand its registers to the next P.
+      uint32_t pa[BC / 8][2], pb[BC / 8][2];
+      // Tile n: P(n-1) in p_prev (read by the wgmma), P(n) into p_next.
+      const auto step = [&](int n, uint32_t (&p_prev)[BC / 8][2], uint32_t (&p_next)[BC / 8][2]) {
+        const int st = n % STAGES, prev = (n - 1) % STAGES;
+        float s[BC / 2];
+        float alpha[2];
+        mbar_wait(k_full(st), uint32_t((n / STAGES) & 1));
+        issue_s(s, st);
+        mbar_wait(v_full(prev), uint32_t(((n - 1) / STAGES) & 1));
+        issue_pv(p_prev, prev);
+        wgmma_wait<1>();  // S(n) has landed; P(n-1) V(n-1) may still run
+        pin_regs(s);
+        if (lane == 0) mbar_arrive(k_empty(st));
+        const bool raised = softmax(s, kt.tile(n) * BC, p_next, alpha);
+        wgmma_wait<0>();
+        pin_regs(o);
+        pin_regs(p_prev);
+        if (lane == 0) mbar_arrive(v_empty(prev));
+        if (raised) rescale(alpha);
+      };
+      const auto last_pv = [&](uint32_t (&p_last)[BC / 8][2]) {
+        const int last = kt.count - 1, st = last % STAGES;
+        mbar_wait(v_full(st), uint32_t((last / STAGES) & 1));
+        issue_pv(p_last, st);
+        wgmma_wait<0>();
+        pin_regs(o);
+        pin_regs(p_last);
+        if (lane == 0) mbar_arrive(v_empty(st));
+      };
+      if (kt.count > 0) {
+        float s[BC / 2];
+        float alpha[2];
+        mbar_wait(k_full(0), 0);
+        issue_s(s, 0);
+        wgmma_wait<0>();
+        pin_regs(s);
+        if (lane == 0) mbar_arrive(k_empty(0));
+        softmax(s, kt.tile(0) * BC, pa, alpha);  // O is still zero: no rescale
+        int n = 1;
+        for (; n + 1 < kt.count; n += 2) {
+          step(n, pa, pb);
+          step(n + 1, pb, pa);
+        }
+        if (n < kt.count) {  // one tile left: P(n-1) is in pa
+          step(n, pa, pb);
+          last_pv(pb);
         } else {
-          wgmma_rs_n64(o, a, vd, 1, T{});
+          last_pv(pa);
         }
       }
-      wgmma_commit();
-      wgmma_wait<0>();
-      pin_regs(o);
-      if (lane == 0) mbar_arrive(kv_empty(st));  // this warp no longer reads the stage
     }
 
     // Epilogue: normalise (the sink logit joins the denominator), store O pairs and the LSE.
@@ -277,13 +352,13 @@ bool hopper_smem_optin(Kernel* kernel, int bytes, std::atomic<uint64_t>& done) {
 
 // Launches one instantiation: one CTA per (query tile, sequence, head). Instantiated once per variant file
 // (wgmma_<dtype>_d<D>.cu); launch_hopper.cu only refers to them. Returns the launch error, if any.
-template <class T, int D>
+template <class T, int D, bool PIPE>
 cudaError_t launch_hopper_variant(const HopperParams& hp, cudaStream_t stream) {
   static std::atomic<uint64_t> configured{0};
   constexpr int smem = int(HopperTile<D>::SMEM_BYTES);
-  if (!hopper_smem_optin(fwd_hopper_kernel<T, D>, smem, configured)) return cudaGetLastError();
+  if (!hopper_smem_optin(fwd_hopper_kernel<T, D, PIPE>, smem, configured)) return cudaGetLastError();
   const int64_t blocks = int64_t(hp.f.q_tiles) * hp.f.q_heads * hp.f.batch;
-  fwd_hopper_kernel<T, D><<<unsigned(blocks), HopperTile<D>::THREADS, smem, stream>>>(hp);
+  fwd_hopper_kernel<T, D, PIPE><<<unsigned(blocks), HopperTile<D>::THREADS, smem, stream>>>(hp);
   return cudaGetLastError();
 }
 
@@ -293,7 +368,9 @@ cudaError_t launch_hopper_variant(const HopperParams& hp, cudaStream_t stream) {
   X(__half, 64)               \
   X(__half, 128)
 
-#define FL_HOPPER_EXTERN(T, D) extern template cudaError_t launch_hopper_variant<T, D>(const HopperParams&, cudaStream_t);
+#define FL_HOPPER_EXTERN(T, D)                                                                    \
+  extern template cudaError_t launch_hopper_variant<T, D, false>(const HopperParams&, cudaStream_t); \
+  extern template cudaError_t launch_hopper_variant<T, D, true>(const HopperParams&, cudaStream_t);
 FL_HOPPER_VARIANTS(FL_HOPPER_EXTERN)
 #undef FL_HOPPER_EXTERN
 

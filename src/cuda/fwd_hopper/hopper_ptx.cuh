@@ -68,6 +68,12 @@ __device__ __forceinline__ void pin_regs(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
+// The same for 16-bit pairs that an in-flight wgmma reads as its A operand (kept live until after the wait).
+template <int N>
+__device__ __forceinline__ void pin_regs(uint32_t (&r)[N][2]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i][0]), "+r"(r[i][1])::"memory");
+}
 
 // Shared-memory matrix descriptor, 128-byte swizzle (the layout TMA's CU_TENSOR_MAP_SWIZZLE_128B writes): start
 // address, leading and stride byte offsets in 16-byte units, layout type 1 (128B) in bits 62-63. Tiles start on

@@ -7,6 +7,7 @@
 #include <cudaTypedefs.h>
 
 #include <string>
+#include <type_traits>
 
 #include "cuda/fwd_hopper/hopper_fwd.h"
 #include "cuda/fwd_hopper/hopper_kernel.cuh"
@@ -36,13 +37,13 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 
 // A 4-D map (head_dim, rows, heads, batch) of a [batch, seq, heads, head_dim] view; boxes of 64 columns x box_rows
 // rows of one head of one batch entry, 128-byte swizzle (the wgmma descriptors' layout), rows past `rows` read as
-// zeros. Strides of dimensions of extent 1 never step: any 16-byte multiple will do.
+// zeros. Strides of dimensions of extent 1 never step: they get the row stride (a valid 16-byte multiple).
 CUtensorMap make_map(const void* base, DType dtype, int64_t head_dim, int64_t rows, int64_t heads, int64_t batch,
                      const BSHStrides& s, int box_rows, const char* name) {
   CUtensorMap map{};
   const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
-  const auto stride = [](int64_t elems, int64_t extent) { return cuuint64_t(extent <= 1 ? 16 : elems * 2); };
-  const cuuint64_t strides[3] = {stride(s.seq, rows), stride(s.head, heads), stride(s.batch, batch)};
+  const auto stride = [&](int64_t elems, int64_t extent) { return cuuint64_t((extent <= 1 ? s.seq : elems) * 2); };
+  const cuuint64_t strides[3] = {cuuint64_t(s.seq * 2), stride(s.head, heads), stride(s.batch, batch)};
   const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = encoder()(&map, dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
@@ -55,7 +56,7 @@ CUtensorMap make_map(const void* base, DType dtype, int64_t head_dim, int64_t ro
 
 }  // namespace
 
-void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, cudaStream_t stream) {
+void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, int mode, cudaStream_t stream) {
   HopperParams hp;
   hp.f = f;
   const int64_t tb = p.varlen() ? 1 : p.batch;
@@ -65,13 +66,15 @@ void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, 
   hp.tq = make_map(p.q, p.dtype, p.head_dim, rows_q, p.q_heads, tb, p.q_stride, kBlockRows, "q");
   hp.tk = make_map(p.k, p.dtype, p.head_dim, rows_k, p.kv_heads, tb, p.k_stride, kBlockKeys, "k");
   hp.tv = make_map(p.v, p.dtype, p.head_dim, rows_k, p.kv_heads, tb, p.v_stride, kBlockKeys, "v");
-  cudaError_t e = cudaSuccess;
-  const bool f16 = p.dtype == DType::f16;
-  if (p.head_dim == 64) {
-    e = f16 ? launch_hopper_variant<__half, 64>(hp, stream) : launch_hopper_variant<__nv_bfloat16, 64>(hp, stream);
-  } else {
-    e = f16 ? launch_hopper_variant<__half, 128>(hp, stream) : launch_hopper_variant<__nv_bfloat16, 128>(hp, stream);
-  }
+  const bool f16 = p.dtype == DType::f16, pipe = mode == 2;
+  const auto pick = [&](auto pipe_tag) {
+    constexpr bool P = decltype(pipe_tag)::value;
+    if (p.head_dim == 64) {
+      return f16 ? launch_hopper_variant<__half, 64, P>(hp, stream) : launch_hopper_variant<__nv_bfloat16, 64, P>(hp, stream);
+    }
+    return f16 ? launch_hopper_variant<__half, 128, P>(hp, stream) : launch_hopper_variant<__nv_bfloat16, 128, P>(hp, stream);
+  };
+  const cudaError_t e = pipe ? pick(std::true_type{}) : pick(std::false_type{});
   if (e != cudaSuccess) fail(std::string("launch failed: ") + cudaGetErrorString(e));
 }
 
