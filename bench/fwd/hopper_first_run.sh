@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# First device run of the Hopper forward kernel (src/cuda/fwd_hopper/, prepared without a GPU): ONE call on an
+# H100/H200 that builds (sm_90a only), proves both schedules right before anything times them, and times them
+# against torch SDPA (flash, cuDNN) in one process, and on the sliding-window masks against FlexAttention. The
+# mma.sync kernel's own numbers are in bench/results/h100/fwd_side_by_side.json (phase "mma" re-times it here).
+#
+#   bash bench/fwd/hopper_first_run.sh [phases]
+#     phases: comma list of build,smoke,test,bench,window,sanitize,mma
+#     (default: build,smoke,test,bench,window,sanitize: correctness before timing, the sanitizers last)
+#
+# Run-tool call: carry [".carry/deps"] (the GoogleTest prefix, git-ignored), timeout_s 600. Everything lands in $OUT:
+# logs packed in $OUT/hopper_run.tgz after every phase, JSON copied beside it. The whole run keeps inside BUDGET_S
+# seconds (default 570): each phase gets at most what is left, and a phase that cannot start in time is skipped
+# and says so; on a warm machine a second call with e.g. "build,sanitize,mma" rebuilds incrementally
+# (build-hopper/ is git-ignored and stays on the machine between calls).
+#
+# FLASHLITE_FWD_HOPPER=1 is the plain schedule, =2 the pipelined one (src/cuda/fwd_hopper/hopper_kernel.cuh). The
+# timed phases are skipped when the smoke test fails or hangs (a deadlocked mbarrier would hang them too).
+set -uo pipefail
+t0=$(date +%s)
+phases="${1:-build,smoke,test,bench,window,sanitize}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+dest="${OUT:-$root/out}"
+out=/tmp/hopper_run
+build="${BUILD_DIR:-$root/build-hopper}"
+prefix="$root/.carry/deps/usr"
+budget="${BUDGET_S:-570}"
+mkdir -p "$out" "$dest"
+export PYTHONUNBUFFERED=1
+export PATH="$PATH:/usr/local/cuda/bin"
+has() { [[ ",$phases," == *",$1,"* ]]; }
+pack() { tar czf "$dest/hopper_run.tgz" -C "$out" . 2>/dev/null; }
+log() { pack; echo "== $(date +%T) (+$(( $(date +%s) - t0 )) s) $*"; }
+trap pack EXIT
+# Seconds for a step: its own limit, or what is left of the budget (minus a margin), whichever is less.
+limit() { local left=$(( t0 + budget - $(date +%s) - 5 )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
+# Runs a command under `limit`; a step with under 15 s left is skipped (rc 124 reported).
+run() {
+  local lim; lim=$(limit "$1"); shift
+  if [ "$lim" -lt 15 ]; then echo "skipped (budget): $*" | cut -c1-160; return 124; fi
+  timeout -s KILL "$lim" "$@"
+}
+test_bin="$build/tests/gpu/flashlite_gpu_hopper_fwd_test"
+capi="$build/lib/libflashlite_fwd_capi.so"
+
+# Issue 4's window target (phases window and mma): S = 8192, D = 128, causal window 1024, with and without 4 sink
+# tokens, vs FlexAttention (useful TFLOP/s: visible pairs only). One process per backend (the switch is read once).
+cat > "$out/window_bench.py" <<'EOF'
+import json, os, statistics, sys
+import torch
+sys.path.insert(0, os.path.join(sys.argv[1], "bench", "fwd"))
+from side_by_side import load
+
+lib = load(sys.argv[2])
+which = sys.argv[3]  # a label for flashlite (FLASHLITE_FWD_HOPPER set by the caller), or "flex"
+b, h, s, d = 2, 16, 8192, 128
+torch.manual_seed(0)
+sets = [[torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)] for _ in range(2)]
+out = torch.empty(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+stream = torch.cuda.current_stream().cuda_stream
+rows = []
+if which == "flex":
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    flex = torch.compile(flex_attention)
+
+
+def median_us(fn, reps=30):
+    for i in range(3):
+        fn(i % 2)
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for i, (e0, e1) in enumerate(ev):
+        e0.record(); fn(i % 2); e1.record()
+    torch.cuda.synchronize()
+    return statistics.median(e0.elapsed_time(e1) * 1e3 for e0, e1 in ev)
+
+
+for sinks in (0, 4):
+    vis = sum(min(i, 1024) + 1 + max(0, min(sinks, i - 1024)) for i in range(s))
+    if which == "flex":
+        def mask_mod(bi, hi, qi, ki, sinks=sinks):
+            return (ki <= qi) & ((qi - ki <= 1024) | (ki < sinks))
+        bm = create_block_mask(mask_mod, None, None, s, s)
+        fn = lambda i: flex(*(x.transpose(1, 2) for x in sets[i]), block_mask=bm)
+    else:
+        def fn(i):
+            q, k, v = sets[i]
+            if lib.fl_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), None, 2, b, s, s, h, h, d, 1,
+                              1024, sinks, stream) != 0:
+                raise RuntimeError(lib.fl_last_error().decode())
+    us = median_us(fn)
+    rows.append({"backend": which, "seq": s, "batch": b, "heads": h, "head_dim": d, "window_left": 1024,
+                 "sink_tokens": sinks, "us": round(us, 2), "useful_tflops": round(4 * b * h * vis * d / (us * 1e-6) / 1e12, 1)})
+    print(rows[-1], flush=True)
+json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, open(sys.argv[4], "w"), indent=1)
+EOF
+
+if has build; then
+  log "build (CMAKE_CUDA_ARCHITECTURES=90a)"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/device.txt"
+  extra=()
+  [ -d "$prefix" ] && extra+=("-DCMAKE_PREFIX_PATH=$prefix" "-DGTest_DIR=$prefix/lib/x86_64-linux-gnu/cmake/GTest")
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DFLASHLITE_BUILD_APPS=OFF -DFLASHLITE_BUILD_ENGINE=OFF -DFLASHLITE_FWD_SWEEP=ON "${extra[@]}" > "$out/cmake.log" 2>&1 \
+    || { tail -30 "$out/cmake.log"; exit 1; }
+  start=$(date +%s)
+  run 300 cmake --build "$build" -j"$(nproc)" --target flashlite_gpu_hopper_fwd_test flashlite_fwd_capi > "$out/build.log" 2>&1 \
+    || { grep -E "error|FAILED" -A3 "$out/build.log" | head -60; exit 1; }
+  log "built in $(( $(date +%s) - start )) s"
+  # Static evidence again, from the objects of this build: registers, stack, shared memory, HGMMA per object.
+  for o in "$build"/src/CMakeFiles/flashlite_fwd_hopper.dir/cuda/fwd_hopper/wgmma_*.cu.o; do
+    echo "$(basename "$o"): $(cuobjdump -res-usage "$o" 2>/dev/null | grep -oE 'REG:[0-9]+|STACK:[0-9]+|SHARED:[0-9]+|LOCAL:[0-9]+' | tr '\n' ' ')" \
+         "HGMMA=$(cuobjdump -sass "$o" 2>/dev/null | grep -c HGMMA)"
+  done | tee "$out/static.txt"
+fi
+
+smoke_ok=1
+if has smoke; then
+  # One small case per variant and schedule; 45 s each: a hang means a barrier bug.
+  f='HopperEligibility.*:*bf16_d128_q129_k129_full:*bf16_d64_q129_k129_causal:*f16_d128_q17_k17_causal:*f16_d64_q1000_k17_full:*bf16_d128_q1000_k1000_causal'
+  for mode in 1 2; do
+    log "smoke, FLASHLITE_FWD_HOPPER=$mode"
+    FLASHLITE_FWD_HOPPER=$mode run 45 "$test_bin" --gtest_filter="$f" > "$out/smoke$mode.log" 2>&1
+    rc=$?
+    echo "smoke mode $mode rc=$rc"; grep -E "OK \]|FAILED|Failure|Expected|picked|relative error|skipped" "$out/smoke$mode.log" | head -20
+    [ $rc -ne 0 ] && smoke_ok=0
+  done
+fi
+
+if has test; then
+  for mode in 1 2; do
+    log "hopper_fwd_test, full grid + fallbacks, FLASHLITE_FWD_HOPPER=$mode"
+    FLASHLITE_FWD_HOPPER=$mode run 150 "$test_bin" --gtest_output="json:$out/hopper_test_mode$mode.json" > "$out/test$mode.log" 2>&1
+    echo "test mode $mode rc=$?"; grep -E "PASSED|FAILED|tests ran" "$out/test$mode.log" | head -30
+    grep -E "Failure|relative error|LSE mismatches|were written|non-finite|picked" "$out/test$mode.log" | head -20
+    cp "$out/hopper_test_mode$mode.json" "$dest/" 2>/dev/null
+  done
+fi
+
+if has bench && [ $smoke_ok -eq 1 ]; then
+  # bench/fwd/side_by_side.py: flashlite and SDPA flash / cuDNN in one process on the same tensors, interleaved
+  # rounds, outputs compared with flash first (rel_diff_vs_flash). The switch is read once per process: one process
+  # per schedule, each with its own peers.
+  for mode in 1 2; do
+    log "side by side, FLASHLITE_FWD_HOPPER=$mode"
+    FLASHLITE_FWD_HOPPER=$mode run 75 python3 "$root/bench/fwd/side_by_side.py" --lib "$capi" --rounds 3 \
+      --seqs 1024,4096,16384 --out "$out/sbs_hopper_mode$mode.json" > "$out/sbs_mode$mode.log" 2>&1
+    echo "sbs mode $mode rc=$?"; cat "$out/sbs_mode$mode.log"; cp "$out/sbs_hopper_mode$mode.json" "$dest/" 2>/dev/null
+  done
+fi
+
+if has window && [ $smoke_ok -eq 1 ]; then
+  log "window 1024 +- 4 sinks: Hopper (both schedules), FlexAttention"
+  for mode in 1 2; do
+    FLASHLITE_FWD_HOPPER=$mode run 45 python3 "$out/window_bench.py" "$root" "$capi" "hopper_mode$mode" "$out/window_hopper_mode$mode.json" 2>&1 | tail -3
+  done
+  run 120 python3 "$out/window_bench.py" "$root" "$capi" flex "$out/window_flex.json" 2>&1 | tail -3
+  cp "$out"/window_*.json "$dest/" 2>/dev/null
+fi
+
+if has sanitize; then
+  log "compute-sanitizer memcheck (both schedules), racecheck, synccheck on small cases"
+  f='*bf16_d128_q129_k300_causal:*f16_d64_q17_k17_full:*bf16_d64_varlen_causal:*bf16_d128_causal_win100_sinks3_q257_k391'
+  for mode in 1 2; do
+    FLASHLITE_FWD_HOPPER=$mode run 90 compute-sanitizer --tool memcheck --error-exitcode 3 "$test_bin" --gtest_filter="$f" \
+      > "$out/memcheck$mode.log" 2>&1
+    echo "memcheck mode $mode rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out/memcheck$mode.log" | tr '\n' ' ')"
+  done
+  run 90 compute-sanitizer --tool racecheck --error-exitcode 3 "$test_bin" --gtest_filter='*bf16_d128_q129_k129_causal' \
+    > "$out/racecheck.log" 2>&1
+  echo "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED' "$out/racecheck.log" | tr '\n' ' ')"
+  run 60 compute-sanitizer --tool synccheck --error-exitcode 3 "$test_bin" --gtest_filter='*f16_d64_q129_k129_full' \
+    > "$out/synccheck.log" 2>&1
+  echo "synccheck rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out/synccheck.log" | tr '\n' ' ')"
+fi
+
+if has mma; then
+  log "side by side, mma.sync kernel (switch off)"
+  run 75 python3 "$root/bench/fwd/side_by_side.py" --lib "$capi" --rounds 3 --seqs 1024,4096,16384 \
+    --out "$out/sbs_mma.json" > "$out/sbs_mma.log" 2>&1
+  echo "sbs mma rc=$?"; cat "$out/sbs_mma.log"; cp "$out/sbs_mma.json" "$dest/" 2>/dev/null
+  run 45 python3 "$out/window_bench.py" "$root" "$capi" mma "$out/window_mma.json" 2>&1 | tail -3
+  cp "$out/window_mma.json" "$dest/" 2>/dev/null
+fi
+log "done"
