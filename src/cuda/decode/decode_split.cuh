@@ -77,18 +77,20 @@ __device__ __forceinline__ VirtualKeys virtual_keys(const MaskParams& m, int q_l
   return v;
 }
 
-// Variant FLASHLITE_DECODE_PREFETCH (p.prefetch_tiles > 0; decode_variant.h), sm_90: before griddepcontrol.wait,
-// ask L2 for the K/V rows of the first prefetch_tiles tiles of this block's split, so that their DRAM round trip
-// overlaps the previous grid's tail (in a replayed decode step: the previous kernel's drain, which leaves most SMs
-// and the DRAM idle) instead of starting after it. The length and the page ids are read speculatively - the previous
-// grid may still be writing them - so they only choose which lines to prefetch: every address is clamped into the
-// cache (a prefetch changes no data), they are read through L2 only (.cg: no stale L1 line for the real reads) and
-// read again after the wait. The per-row page-id loads are all issued before the first prefetch (one round trip).
+// Variant FLASHLITE_DECODE_PREFETCH (p.prefetch_tiles > 0; decode_variant.h), sm_90, dense rows only (launch.cu:
+// the kv heads of a token side by side, so a run of tokens is one contiguous range of K and one of V): before
+// griddepcontrol.wait, ask L2 for the first prefetch_tiles tiles of this block's split, so that their DRAM round trip
+// overlaps the previous grid's tail (in a replayed decode step: the previous kernel's drain, which leaves most SMs and
+// the DRAM idle) instead of starting after it. The keys go in chunks of 8 whole token rows (all heads; 16 KB of K and
+// of V at 8 heads x 128), one bulk prefetch each, and the kv-head blocks of a split share them (chunk c is taken by
+// head c % kv_heads): a handful of prefetch instructions per block. The length and the page ids are read
+// speculatively - the previous grid may still be writing them - so they only choose what to prefetch: every address
+// is clamped into the cache (a prefetch changes no data), they are read through L2 only (.cg: no stale L1 line for
+// the real reads) and read again after the wait.
 template <class T, int D>
 __device__ __forceinline__ void prefetch_first_tiles(const DecodeParams& p, int split, int kvh, int b, int tid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kMaxTiles = 8;
-  constexpr int kIter = kMaxTiles * kTileKeys / kThreads;
+  constexpr int kChunk = 8;
   int L;
   int64_t page_base = 0;
   if (p.paged) {
@@ -104,37 +106,43 @@ __device__ __forceinline__ void prefetch_first_tiles(const DecodeParams& p, int 
   const int total_tiles = (vkeys.n_total + kTileKeys - 1) / kTileKeys;
   const int per_split = (total_tiles + p.num_splits - 1) / p.num_splits;
   const int t_begin = split * per_split;
-  const int n = min(min(p.prefetch_tiles, kMaxTiles), max(0, min(t_begin + per_split, total_tiles) - t_begin));
-  const int rows = n * kTileKeys;
-  const int vk0 = t_begin * kTileKeys;
-  int64_t page[kIter], slot[kIter];
-  bool ok[kIter];
-#pragma unroll
-  for (int it = 0; it < kIter; ++it) {
-    const int r = tid + it * kThreads;
-    ok[it] = r < rows && vk0 + r < vkeys.n_total;
-    page[it] = b, slot[it] = 0;
-    if (ok[it]) {
-      const int pos = vkeys.pos(vk0 + r);
-      if (p.paged) {
+  const int n = min(p.prefetch_tiles, max(0, min(t_begin + per_split, total_tiles) - t_begin));
+  const int vk0 = t_begin * kTileKeys, vk_end = min(vk0 + n * kTileKeys, vkeys.n_total);
+  const int chunks = n > 0 ? (vk_end - vk0 + kChunk - 1) / kChunk : 0;
+  const uint32_t row_bytes = uint32_t(p.kv_heads) * uint32_t(D * sizeof(T));
+  const T* kb = static_cast<const T*>(p.k);
+  const T* vb = static_cast<const T*>(p.v);
+  // Rows [slot, slot + count) of page `page` (contiguous: of sequence b); page clamped into the pool, rows into it.
+  auto rows = [&](int64_t page, int64_t slot, int count) {
+    const int64_t cap = p.paged ? p.page_size : p.kv_capacity;
+    page = p.paged ? min(max(page, int64_t(0)), p.kv_capacity - 1) : int64_t(b);
+    slot = min(max(slot, int64_t(0)), cap - 1);
+    count = int(min(int64_t(count), cap - slot));
+    prefetch_l2_bulk(kb + page * p.k_s0 + slot * p.k_s1, uint32_t(count) * row_bytes);
+    prefetch_l2_bulk(vb + page * p.v_s0 + slot * p.v_s1, uint32_t(count) * row_bytes);
+  };
+#pragma unroll 1
+  for (int c = kvh + p.kv_heads * tid; c < chunks; c += p.kv_heads * kThreads) {
+    const int a = vk0 + c * kChunk, e = min(a + kChunk, vk_end);  // virtual keys [a, e)
+    const int pa = vkeys.pos(a), pz = vkeys.pos(e - 1);
+    if (!p.paged) {
+      if (pz - pa == e - 1 - a) {
+        rows(0, pa, e - a);
+      } else {  // the chunk spans the gap between the sinks and the window
+#pragma unroll 1
+        for (int k = a; k < e; ++k) rows(0, vkeys.pos(k), 1);
+      }
+    } else if (pz - pa == e - 1 - a && pa / p.page_size == pz / p.page_size) {
+      const int64_t entry = page_base + pa / p.page_size;
+      if (entry < p.index_len) rows(__ldcg(p.indices + entry), pa % p.page_size, e - a);
+    } else {  // the chunk crosses a page boundary or the sink / window gap
+#pragma unroll 1
+      for (int k = a; k < e; ++k) {
+        const int pos = vkeys.pos(k);
         const int64_t entry = page_base + pos / p.page_size;
-        ok[it] = entry < p.index_len;
-        page[it] = ok[it] ? __ldcg(p.indices + entry) : 0;
-        slot[it] = pos % p.page_size;
-      } else {
-        slot[it] = pos;
+        if (entry < p.index_len) rows(__ldcg(p.indices + entry), pos % p.page_size, 1);
       }
     }
-  }
-  const T* k = static_cast<const T*>(p.k) + int64_t(kvh) * p.k_s2;
-  const T* v = static_cast<const T*>(p.v) + int64_t(kvh) * p.v_s2;
-#pragma unroll
-  for (int it = 0; it < kIter; ++it) {
-    if (!ok[it]) continue;
-    const int64_t pg = min(max(page[it], int64_t(0)), p.kv_capacity - 1);  // contiguous: the sequence (b < batch)
-    const int64_t sl = p.paged ? slot[it] : min(slot[it], p.kv_capacity - 1);
-    prefetch_l2_bulk(k + (p.paged ? pg : int64_t(b)) * p.k_s0 + sl * p.k_s1, uint32_t(D * sizeof(T)));
-    prefetch_l2_bulk(v + (p.paged ? pg : int64_t(b)) * p.v_s0 + sl * p.v_s1, uint32_t(D * sizeof(T)));
   }
 #else
   (void)p, (void)split, (void)kvh, (void)b, (void)tid;

@@ -3,7 +3,8 @@
 // once per process from the environment, host-only header (no CUDA types):
 //   FLASHLITE_DECODE_PREFETCH=N  (0..8, default 0) the split kernel L2-prefetches the first N key tiles of its split
 //                                before it waits for the previous grid (griddepcontrol.wait, sm_90): the first DRAM
-//                                round trip overlaps the previous kernel's tail instead of following it.
+//                                round trip overlaps the previous kernel's tail instead of following it. Caches with
+//                                dense token rows only (kv heads side by side); others run the default path.
 //   FLASHLITE_DECODE_WAVES=W     (1..8, default 1) the split plan fills W waves of resident blocks instead of one
 //                                (more, shorter splits; the block scheduler hands the next split to whichever SM is
 //                                free first). Planning only: the kernels are the same.

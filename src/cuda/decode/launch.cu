@@ -202,7 +202,11 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   P.mask = p.mask;
   P.q_vec = aligned16(p.q, p.q_st);
   // FLASHLITE_DECODE_PREFETCH (variant, default 0) and the bounds its speculative addresses are clamped to.
-  P.prefetch_tiles = cuda_decode::decode_variant().prefetch_tiles;
+  // Only for dense rows (the kv heads of a token side by side: K and V row strides = kv_heads x head_dim), where a run
+  // of tokens is one contiguous range; other layouts run the default path.
+  const int64_t row = c.kv_heads * c.head_dim;
+  const bool dense_rows = c.ks.s2 == c.head_dim && c.vs.s2 == c.head_dim && c.ks.s1 == row && c.vs.s1 == row;
+  P.prefetch_tiles = dense_rows ? cuda_decode::decode_variant().prefetch_tiles : 0;
   P.kv_capacity = c.paged ? c.num_pages : c.capacity;
   P.index_len = c.paged ? int64_t(c.indptr[c.batch]) : 0;
 
