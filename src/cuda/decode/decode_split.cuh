@@ -123,25 +123,22 @@ __device__ __forceinline__ void prefetch_first_tiles(const DecodeParams& p, int 
   };
 #pragma unroll 1
   for (int c = kvh + p.kv_heads * tid; c < chunks; c += p.kv_heads * kThreads) {
-    const int a = vk0 + c * kChunk, e = min(a + kChunk, vk_end);  // virtual keys [a, e)
-    const int pa = vkeys.pos(a), pz = vkeys.pos(e - 1);
-    if (!p.paged) {
-      if (pz - pa == e - 1 - a) {
-        rows(0, pa, e - a);
-      } else {  // the chunk spans the gap between the sinks and the window
+    const int end = min(vk0 + (c + 1) * kChunk, vk_end);
+    // Virtual keys [k, end) in runs of consecutive positions on one page (a chunk crosses at most a page boundary or
+    // the sink / window gap, at 8 keys per chunk and pages of >= 8 tokens: one or two runs).
 #pragma unroll 1
-        for (int k = a; k < e; ++k) rows(0, vkeys.pos(k), 1);
-      }
-    } else if (pz - pa == e - 1 - a && pa / p.page_size == pz / p.page_size) {
-      const int64_t entry = page_base + pa / p.page_size;
-      if (entry < p.index_len) rows(__ldcg(p.indices + entry), pa % p.page_size, e - a);
-    } else {  // the chunk crosses a page boundary or the sink / window gap
-#pragma unroll 1
-      for (int k = a; k < e; ++k) {
-        const int pos = vkeys.pos(k);
+    for (int k = vk0 + c * kChunk; k < end;) {
+      const int pos = vkeys.pos(k);
+      int run = end - k;
+      if (k < vkeys.n1) run = min(run, vkeys.n1 - k);
+      if (p.paged) {
+        run = min(run, p.page_size - pos % p.page_size);
         const int64_t entry = page_base + pos / p.page_size;
-        if (entry < p.index_len) rows(__ldcg(p.indices + entry), pos % p.page_size, 1);
+        if (entry < p.index_len) rows(__ldcg(p.indices + entry), pos % p.page_size, run);
+      } else {
+        rows(0, pos, run);
       }
+      k += run;
     }
   }
 #else
