@@ -405,9 +405,10 @@ TEST(GpuKv, AppendThenDecodeEqualsAttentionOverConcatenation) {
 // ------------------------------------------------------------------------------------------------ CUDA graph
 
 // One decode step (append 1 token with RoPE + decode) captured once with a plan for the whole capacity, replayed
-// twice while the lengths grow (default and each variant: the prefetch variant reads the lengths before the append
-// has finished) (host and device index updated between replays, new K/V written into the same
-// device buffers): the kernels read the current lengths, so both steps land and the second decode is exact.
+// twice while the lengths grow (host and device index updated between replays, new K/V written into the same
+// device buffers): the kernels read the current lengths, so both steps land and the second decode is exact. Default
+// and each variant (the prefetch variant reads the lengths and page ids once speculatively, before it waits for the
+// append, and again after).
 TEST(GpuKv, DecodeStepCapturedInGraphReplaysAsLengthsGrow) {
   SKIP_WITHOUT_GPU();
   for (const NamedVariant& nv : all_variants()) {
