@@ -96,6 +96,24 @@ ABLATIONS = {"fused GEMVs off (FLASHLITE_ENGINE_GEMV=0: cuBLASLt + separate norm
              "programmatic dependent launch off (FLASHLITE_ENGINE_PDL=0)": {"FLASHLITE_ENGINE_PDL": "0"},
              "CUDA graph off (FLASHLITE_ENGINE_GRAPH=0)": {"FLASHLITE_ENGINE_GRAPH": "0"}}
 
+# Opt-in engine variants (docs/perf-notes.md, Engine (CUDA), Round 3) measured with --variants at every batch and
+# prompt of the run, engine only; the JSON gets a "variants" object {name: {"env": ..., "rows": [...]}} beside "rows".
+COMBO = {"FLASHLITE_ENGINE_SPLITK": "1", "FLASHLITE_ENGINE_FUSE_ROPE": "1", "FLASHLITE_ENGINE_FUSE_ARGMAX": "1",
+         "FLASHLITE_ENGINE_PRELOAD": "1", "FLASHLITE_ENGINE_PREFETCH": "0"}
+VARIANTS = {
+    "pdl_off": {"FLASHLITE_ENGINE_PDL": "0"},
+    "splitk_auto": {"FLASHLITE_ENGINE_SPLITK": "1"},
+    "fuse_rope": {"FLASHLITE_ENGINE_FUSE_ROPE": "1"},
+    "fuse_argmax": {"FLASHLITE_ENGINE_FUSE_ARGMAX": "1"},
+    "preload": {"FLASHLITE_ENGINE_PRELOAD": "1", "FLASHLITE_ENGINE_PREFETCH": "0"},
+    "preload_late_trigger": {"FLASHLITE_ENGINE_PRELOAD": "1", "FLASHLITE_ENGINE_PREFETCH": "0",
+                             "FLASHLITE_ENGINE_PDL_TRIGGER": "late"},
+    "decode_splits_1": {"FLASHLITE_ENGINE_DECODE_SPLITS": "1"},
+    "combo": COMBO,
+    "combo_pdl_off": {**COMBO, "FLASHLITE_ENGINE_PDL": "0"},
+    "combo_decode_splits_1": {**COMBO, "FLASHLITE_ENGINE_DECODE_SPLITS": "1"},
+}
+
 
 def run_engine(args, model_dir, batch, prompt, new, env=None):
     cmd = [args.flashlite, "generate", "--model", str(model_dir), "--device", "cuda", "--prompt-tokens", str(prompt),
@@ -149,12 +167,20 @@ def main():
     ap.add_argument("--engine-repeats", type=int, default=1)
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--ablations", action="store_true", help="also batch 1 / prompt 512 with each engine switch off")
+    ap.add_argument("--variants", default=None, metavar="NAME,NAME|all",
+                    help="also every batch and prompt with these opt-in engine variants (VARIANTS; engine only)")
     ap.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
                     help="environment variable for every engine run (repeatable), e.g. FLASHLITE_ENGINE_PDL=0")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.engine_env = dict(kv.split("=", 1) for kv in args.engine_env)
 
+    variant_names = []
+    if args.variants:
+        variant_names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
+        unknown = [v for v in variant_names if v not in VARIANTS]
+        if unknown:
+            raise SystemExit(f"e2e: unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     model_dir = make_checkpoint(args.checkpoint, args.tokenizer_dir)
     bw = copy_bandwidth()
     wbytes = weight_bytes(model_dir)
@@ -162,7 +188,21 @@ def main():
     if not args.skip_transformers:
         hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16,
                                                            attn_implementation="sdpa").cuda().eval()
-    rows = []
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = args.out or str(REPO / "bench" / "results" / torch.cuda.get_device_name().replace(" ", "_") / "e2e.json")
+    pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
+    rows, ablations, variants = [], {}, {}
+
+    def write():  # after every measurement, so a run cut short keeps what it measured
+        result = {"benchmark": "e2e", "device": torch.cuda.get_device_name(), "commit": commit,
+                  "torch": torch.__version__, "transformers": transformers.__version__,
+                  "copy_bandwidth_gb_s": bw / 1e9, "weight_bytes": wbytes, "engine_env": args.engine_env, "rows": rows}
+        if ablations:
+            result["ablations"] = ablations
+        if variants:
+            result["variants"] = variants
+        pathlib.Path(out).write_text(json.dumps(result, indent=2) + "\n")
+
     for b in map(int, args.batches.split(",")):
         for p in map(int, args.prompts.split(",")):
             row = {"batch": b, "prompt": p, "new_tokens": args.new_tokens,
@@ -180,20 +220,25 @@ def main():
                 row["ttft_speedup"] = row["transformers"]["ttft_ms"] / row["flashlite"]["ttft_ms"]
             rows.append(row)
             print(json.dumps(row))
-    ablations = {}
+            write()
     if args.ablations:
         for name, env in ABLATIONS.items():
             ablations[name] = run_engine(args, model_dir, 1, 512, args.new_tokens, env)
             print(name, json.dumps(ablations[name]))
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result = {"benchmark": "e2e", "device": torch.cuda.get_device_name(), "commit": commit,
-              "torch": torch.__version__, "transformers": transformers.__version__,
-              "copy_bandwidth_gb_s": bw / 1e9, "weight_bytes": wbytes, "engine_env": args.engine_env, "rows": rows}
-    if ablations:
-        result["ablations"] = ablations
-    out = args.out or str(REPO / "bench" / "results" / torch.cuda.get_device_name().replace(" ", "_") / "e2e.json")
-    pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(out).write_text(json.dumps(result, indent=2) + "\n")
+            write()
+    for name in variant_names:
+        env = VARIANTS[name]
+        variants[name] = {"env": env, "rows": []}
+        for b in map(int, args.batches.split(",")):
+            for p in map(int, args.prompts.split(",")):
+                r = run_engine(args, model_dir, b, p, args.new_tokens, env)
+                if "tbt_ms" in r:
+                    r["weight_gb_s"] = wbytes / (r["tbt_ms"] / 1e3) / 1e9
+                    r["fraction_of_copy_bw"] = r["weight_gb_s"] * 1e9 / bw
+                variants[name]["rows"].append({"batch": b, "prompt": p, "new_tokens": args.new_tokens, "flashlite": r})
+                print(f"variant {name} batch {b} prompt {p}", json.dumps(r))
+                write()
+    write()
     print(f"wrote {out}")
 
 

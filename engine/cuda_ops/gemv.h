@@ -8,6 +8,19 @@
 // A warp owns one weight row (SwiGLU: a gate row and its up row) over the whole reduction, 4 KB of loads in flight;
 // blocks loop over row groups (grid sized to the machine). Launched as programmatic dependents (pdl.cuh).
 // cuBLASLt keeps prefill (many rows) and the fp32 path.
+//
+// Opt-in variants (engine switches, off by default; docs/perf-notes.md "Round 3"):
+//   split > 1        split-K inside a block: `split` warps share an output row, each reducing a contiguous slice of k;
+//                    their partial sums meet in shared memory and are added in a fixed order (deterministic, no
+//                    atomics, no second pass), so short-and-wide matrices (down: 2048 x 8192) get split x the warps;
+//   rope_bf16        the QKV epilogue rotates q and k (RoPE) and appends k and v to the KV cache, the separate
+//                    rope_append launch gone: a block owns 8 rows of one head that form 4 rotation pairs; the values are
+//                    rounded to bf16 before the rotation exactly as the unfused path stores and reloads them;
+//   f32_argmax       the LM-head epilogue also folds each row's argmax key (select.h's) into argmax_keys with one
+//                    64-bit atomicMax per block and row (order-independent: deterministic); keys zeroed beforehand;
+//   preload          each warp loads its first batch of weights into registers before griddepcontrol.wait (weights
+//                    are never written by a predecessor), instead of or besides the L2 prefetch;
+//   late_trigger     griddepcontrol.launch_dependents after the main loop instead of first thing.
 #include <cstddef>
 #include <cstdint>
 
@@ -16,7 +29,21 @@ namespace flashlite::engine::cuda_ops {
 constexpr int kGemvMaxRows = 8;
 
 enum class GemvIn { bf16, rmsnorm };
-enum class GemvOut { bf16, f32, add_f32, swiglu_bf16 };
+enum class GemvOut { bf16, f32, add_f32, swiglu_bf16, rope_bf16, f32_argmax };
+
+// rope_bf16: where the QKV row's parts go. y receives the rotated q heads only (the k and v columns of y are not
+// written); k (rotated) and v go to row cache_row[r] of the caches. Requires head_dim % 8 == 0 and
+// out == (heads + 2 kv_heads) * head_dim.
+struct GemvRope {
+  const float* cos = nullptr;          // (positions, head_dim / 2)
+  const float* sin = nullptr;
+  const int32_t* pos = nullptr;        // (rows) position of each activation row
+  const int64_t* cache_row = nullptr;  // (rows) KV-cache row receiving this row's k and v
+  void* k_cache = nullptr;             // (cache rows, kv_heads, head_dim) bf16
+  void* v_cache = nullptr;
+  int heads = 0, kv_heads = 0, head_dim = 0;
+  bool interleaved = false;            // llama2.c pairs (2i, 2i + 1); else (i, i + head_dim / 2)
+};
 
 struct GemvParams {
   const void* w = nullptr;  // (out, k) bf16 row-major; swiglu: (2 out, k), the gate rows then the up rows
@@ -32,7 +59,17 @@ struct GemvParams {
   GemvOut epi = GemvOut::bf16;
   void* y = nullptr;  // (rows, out): bf16 | fp32 | fp32 added to | bf16
   int prefetch_lines = 0;  // 128-byte lines of each of its first rows a warp prefetches to L2 before griddepcontrol.wait
+  int split = 1;           // warps per output row (1, 2, 4, 8; bf16 / f32 / add_f32 / f32_argmax epilogues only)
+  bool preload = false;    // first batch of weights into registers before griddepcontrol.wait
+  bool late_trigger = false;
+  GemvRope rope;                      // rope_bf16
+  uint64_t* argmax_keys = nullptr;    // f32_argmax: (rows), zeroed before the launch
 };
+
+// The split the engine's FLASHLITE_ENGINE_SPLITK=1 picks: the largest power of two <= 8 that keeps every warp at
+// two or more batches of loads (k / 8 / split >= 512 chunks) and the warps within one resident wave (4 blocks of 8
+// warps per SM); 1 for the O and QKV shapes of Llama-3.2-1B, 2 for down.
+int gemv_auto_split(int out, int k);
 
 // Whether gemv takes these sizes (k a multiple of 8, rows in range, the staged rows fit in shared memory).
 bool gemv_supported(int rows, int k);

@@ -1,9 +1,11 @@
 #include "engine/llama_cuda.h"
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -143,11 +145,13 @@ class LlamaCuda final : public LlamaModel {
     gemv_on_ = elem_ == Elem::bf16 && !(gv && std::string(gv) == "0");
     const char* pf = std::getenv("FLASHLITE_ENGINE_PREFETCH");  // lines per weight row prefetched before the wait
     prefetch_lines_ = pf ? std::atoi(pf) : 4;
+    read_variant_switches();
   }
 
   ~LlamaCuda() override {
     for (auto& [rows, g] : graphs_)
       if (g.exec) cudaGraphExecDestroy(g.exec);
+    for (cudaEvent_t e : prof_events_) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -276,6 +280,88 @@ class LlamaCuda final : public LlamaModel {
 
   LogitsOutput run(const std::vector<SequenceInput>& inputs, const LogitsRequest& request);
 
+  // Opt-in variants of the decode step (docs/perf-notes.md, Engine (CUDA), Round 3), read once; all off by default:
+  //   FLASHLITE_ENGINE_SPLITK=1        split-K for the residual-adding GEMVs (O, down) with gemv_auto_split's choice;
+  //                          =2|4|8    that many warps per output row for both;
+  //   FLASHLITE_ENGINE_FUSE_ROPE=1     RoPE + KV-cache append in the QKV GEMV's epilogue (no rope_append launch);
+  //   FLASHLITE_ENGINE_FUSE_ARGMAX=1   greedy argmax in the LM-head GEMV's epilogue, the keys zeroed by the embedding
+  //                                    kernel (no memset and argmax launches);
+  //   FLASHLITE_ENGINE_PRELOAD=1       each GEMV warp loads its first batch of weights before griddepcontrol.wait;
+  //   FLASHLITE_ENGINE_PDL_TRIGGER=late  GEMVs let their dependents launch after their main loop, not at their start;
+  //   FLASHLITE_ENGINE_DECODE_SPLITS=N the decode plan's KV splits forced to N (0: flashlite's choice);
+  //   FLASHLITE_ENGINE_PROFILE=1       decode steps run eagerly, queued behind a flag, with an event after each
+  //                                    kernel group: per-kernel times on stderr every 16 steps per batch size;
+  //                          =range    the 8th decode step runs eagerly between cudaProfilerStart/Stop (for
+  //                                    `ncu --profile-from-start off`).
+  void read_variant_switches() {
+    auto env = [](const char* name) -> std::string {
+      const char* v = std::getenv(name);
+      return v ? v : "";
+    };
+    const std::string sk = env("FLASHLITE_ENGINE_SPLITK");
+    splitk_ = sk.empty() ? 0 : std::atoi(sk.c_str());
+    if (splitk_ != 0 && splitk_ != 1 && splitk_ != 2 && splitk_ != 4 && splitk_ != 8)
+      fail("FLASHLITE_ENGINE_SPLITK=" + sk + "; expected 0, 1 (automatic), 2, 4 or 8");
+    fuse_rope_ = env("FLASHLITE_ENGINE_FUSE_ROPE") == "1" && c_.head_dim % 8 == 0;
+    fuse_argmax_ = env("FLASHLITE_ENGINE_FUSE_ARGMAX") == "1";
+    preload_ = env("FLASHLITE_ENGINE_PRELOAD") == "1";
+    late_trigger_ = env("FLASHLITE_ENGINE_PDL_TRIGGER") == "late";
+    const std::string ds = env("FLASHLITE_ENGINE_DECODE_SPLITS");
+    decode_splits_ = ds.empty() ? 0 : std::max(0, std::atoi(ds.c_str()));
+    const std::string pr = env("FLASHLITE_ENGINE_PROFILE");
+    profile_ = pr == "1" ? Profile::events : pr == "range" ? Profile::range : Profile::off;
+    if (splitk_ || fuse_rope_ || fuse_argmax_ || preload_ || late_trigger_ || decode_splits_ || profile_ != Profile::off) {
+      std::fprintf(stderr,
+                   "flashlite engine variants: splitk %d, fuse_rope %d, fuse_argmax %d, preload %d, pdl_trigger %s, "
+                   "decode_splits %d, profile %s, gemv %d, pdl env %s, prefetch %d\n",
+                   splitk_, int(fuse_rope_), int(fuse_argmax_), int(preload_), late_trigger_ ? "late" : "early",
+                   decode_splits_, pr.empty() ? "off" : pr.c_str(), int(gemv_on_),
+                   env("FLASHLITE_ENGINE_PDL").empty() ? "default" : env("FLASHLITE_ENGINE_PDL").c_str(), prefetch_lines_);
+    }
+  }
+
+  // Profile mode (events): one event after each kernel group of an eagerly run step; names[i] ends at event i + 1.
+  struct StepProfile {
+    int steps = 0;
+    std::map<std::string, std::pair<double, int>> by_name;  // us summed over steps, launches (groups) over steps
+    std::vector<std::string> order;
+    double total_us = 0;
+  };
+  void profile_mark(const char* name) {
+    if (!prof_active_) return;
+    if (prof_used_ >= prof_events_.size()) {
+      cudaEvent_t e;
+      cuda_check(cudaEventCreate(&e), "profile event");
+      prof_events_.push_back(e);
+    }
+    cuda_check(cudaEventRecord(prof_events_[prof_used_++], stream_), "profile event");
+    prof_names_.emplace_back(name);
+  }
+  void profile_collect(int rows) {
+    StepProfile& sp = prof_steps_[rows];
+    for (size_t i = 1; i < prof_used_; ++i) {
+      float ms = 0;
+      cuda_check(cudaEventElapsedTime(&ms, prof_events_[i - 1], prof_events_[i]), "profile timing");
+      const std::string& n = prof_names_[i];
+      auto [it, fresh] = sp.by_name.try_emplace(n, 0.0, 0);
+      if (fresh) sp.order.push_back(n);
+      it->second.first += ms * 1e3;
+      it->second.second += 1;
+      sp.total_us += ms * 1e3;
+    }
+    if (++sp.steps < 16) return;
+    std::fprintf(stderr, "flashlite engine profile: rows %d, %d eager decode steps queued behind a flag, %.1f us per step "
+                         "(events between kernel groups; PDL overlap and graph replay absent)\n", rows, sp.steps,
+                 sp.total_us / sp.steps);
+    for (const std::string& n : sp.order) {
+      const auto& [us, count] = sp.by_name[n];
+      std::fprintf(stderr, "  %-12s %9.1f us/step %5.1f launches/step %8.2f us each\n", n.c_str(), us / sp.steps,
+                   double(count) / sp.steps, us / count);
+    }
+    std::fflush(stderr);
+    sp = StepProfile{};
+  }
+
   // y = rmsnorm(x[row_index]) W^T with the given epilogue (W: (out, dim), swiglu: (2 out, dim)).
   cuda_ops::GemvParams normed_gemv(const void* w, int out, const void* norm_w, const int32_t* row_index, int rows,
                                    cuda_ops::GemvOut epi, void* y) {
@@ -292,6 +378,8 @@ class LlamaCuda final : public LlamaModel {
     p.epi = epi;
     p.y = y;
     p.prefetch_lines = prefetch_lines_;
+    p.preload = preload_;
+    p.late_trigger = late_trigger_;
     return p;
   }
   // x += in W^T (the residual stream; W: (dim, k), in: (rows, k) bf16).
@@ -306,6 +394,9 @@ class LlamaCuda final : public LlamaModel {
     p.epi = cuda_ops::GemvOut::add_f32;
     p.y = x_.as<float>();
     p.prefetch_lines = prefetch_lines_;
+    p.preload = preload_;
+    p.late_trigger = late_trigger_;
+    p.split = splitk_ == 1 ? cuda_ops::gemv_auto_split(out, k) : std::max(1, splitk_);
     return p;
   }
 
@@ -353,6 +444,17 @@ class LlamaCuda final : public LlamaModel {
   Backend attention_ = Backend::cuda;
   bool decode_ok_ = false, graphs_on_ = false, gemv_on_ = false;
   int prefetch_lines_ = 0;
+  // Round-3 variants (read_variant_switches).
+  int splitk_ = 0, decode_splits_ = 0;
+  bool fuse_rope_ = false, fuse_argmax_ = false, preload_ = false, late_trigger_ = false;
+  enum class Profile { off, events, range } profile_ = Profile::off;
+  bool prof_active_ = false;
+  int decode_steps_seen_ = 0;
+  std::vector<cudaEvent_t> prof_events_;
+  size_t prof_used_ = 0;
+  std::vector<std::string> prof_names_;
+  std::map<int, StepProfile> prof_steps_;
+  PinnedBuffer prof_flag_;
   // Decode steps replayed from a CUDA graph, one per batch size: captured the second time that size is seen (the
   // first runs eagerly: lazy module loading and cuBLASLt heuristics stay out of the capture).
   struct GraphEntry {
@@ -445,7 +547,7 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
   if (batched_decode) {
     for (const SequenceInput& in : inputs) lens_after.push_back(int32_t(lengths_[in.slot] + 1));
     std::copy(lens_after.begin(), lens_after.end(), step_in_host(3));
-    plan = plan_decode(decode_args(0, rows, lens_after.data(), nullptr), context_);  // graph-stable: any length
+    plan = plan_decode(decode_args(0, rows, lens_after.data(), nullptr), context_, decode_splits_);  // graph-stable
     if (plan.workspace_bytes > decode_ws_.bytes) {
       cuda_check(cudaStreamSynchronize(stream_), "decode workspace");
       decode_ws_.reserve(plan.workspace_bytes, "the decode workspace");
@@ -459,31 +561,58 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
                              cudaMemcpyHostToDevice, stream_), "step input upload");
 
   void* s = stream_;
+  // Variants that change the step's kernels (read_variant_switches): RoPE + append in the QKV GEMV, argmax in the LM head.
+  const bool fused_rope = gemv && fuse_rope_;
+  const bool fused_argmax = gemv && fuse_argmax_ && request.kind == LogitsRequest::Kind::argmax && lrows <= 256;
+  auto mark = [&](const char* name) { profile_mark(name); };
   auto compute = [&] {
-    cuda_ops::embed(x_.as<float>(), embedding_.ptr, step_in(0), rows, dim, elem_, s);
+    mark("start");
+    cuda_ops::embed(x_.as<float>(), embedding_.ptr, step_in(0), rows, dim, elem_, s,
+                    fused_argmax ? keys_dev_.as<uint64_t>() : nullptr, fused_argmax ? lrows : 0);
+    mark("embed");
     for (int l = 0; l < c_.n_layers; ++l) {
       const Layer& L = layers_[l];
-      if (gemv) {  // qkv = rmsnorm(x) Wqkv^T
+      if (fused_rope) {  // qkv = rmsnorm(x) Wqkv^T; q, k rotated; k, v appended to the cache
+        cuda_ops::GemvParams p = normed_gemv(L.wqkv.ptr, qkv_w, L.rms_att.ptr, nullptr, rows, cuda_ops::GemvOut::rope_bf16,
+                                             qkv_.ptr);
+        p.rope.cos = cos_.as<float>();
+        p.rope.sin = sin_.as<float>();
+        p.rope.pos = step_in(1);
+        p.rope.cache_row = cache_rows_dev();
+        p.rope.k_cache = k_cache_[l]->ptr;
+        p.rope.v_cache = v_cache_[l]->ptr;
+        p.rope.heads = c_.n_heads;
+        p.rope.kv_heads = c_.n_kv_heads;
+        p.rope.head_dim = c_.head_dim;
+        p.rope.interleaved = c_.rope_style == RopeStyle::interleaved;
+        cuda_ops::gemv(p, s);
+        mark("qkv+rope");
+      } else if (gemv) {  // qkv = rmsnorm(x) Wqkv^T
         cuda_ops::gemv(normed_gemv(L.wqkv.ptr, qkv_w, L.rms_att.ptr, nullptr, rows, cuda_ops::GemvOut::bf16, qkv_.ptr), s);
+        mark("qkv");
       } else {
         cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_att.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);
         gemm_->run(qkv_.ptr, xb_.ptr, L.wqkv.ptr, rows, dim, qkv_w, elem_, false, s);
+        mark("qkv");
       }
-      cuda_ops::RopeAppendParams rp;
-      rp.qkv = qkv_.ptr;
-      rp.cos = cos_.as<float>();
-      rp.sin = sin_.as<float>();
-      rp.pos = step_in(1);
-      rp.cache_row = cache_rows_dev();
-      rp.k_cache = k_cache_[l]->ptr;
-      rp.v_cache = v_cache_[l]->ptr;
-      rp.rows = rows;
-      rp.heads = c_.n_heads;
-      rp.kv_heads = c_.n_kv_heads;
-      rp.head_dim = c_.head_dim;
-      rp.interleaved = c_.rope_style == RopeStyle::interleaved;
-      rp.elem = elem_;
-      cuda_ops::rope_append(rp, s);
+      if (!fused_rope) {
+        cuda_ops::RopeAppendParams rp;
+        rp.qkv = qkv_.ptr;
+        rp.cos = cos_.as<float>();
+        rp.sin = sin_.as<float>();
+        rp.pos = step_in(1);
+        rp.cache_row = cache_rows_dev();
+        rp.k_cache = k_cache_[l]->ptr;
+        rp.v_cache = v_cache_[l]->ptr;
+        rp.rows = rows;
+        rp.heads = c_.n_heads;
+        rp.kv_heads = c_.n_kv_heads;
+        rp.head_dim = c_.head_dim;
+        rp.interleaved = c_.rope_style == RopeStyle::interleaved;
+        rp.elem = elem_;
+        cuda_ops::rope_append(rp, s);
+        mark("rope");
+      }
       if (batched_decode) {
         flashlite::decode(decode_args(l, rows, lens_after.data(), &plan));
       } else {
@@ -492,37 +621,56 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
           flashlite::forward(attention_args(l, inputs[q].slot, row0[q], n, lengths_[inputs[q].slot] + n));
         }
       }
+      mark("attention");
       if (gemv) {  // x += att Wo^T; h = swiglu(rmsnorm(x) W13^T); x += h W2^T
         cuda_ops::gemv(added_gemv(L.wo.ptr, dim, qd, att_.ptr, rows), s);
+        mark("o");
         cuda_ops::gemv(normed_gemv(L.w13.ptr, hid, L.rms_ffn.ptr, nullptr, rows, cuda_ops::GemvOut::swiglu_bf16, hb_.ptr), s);
+        mark("gate_up");
         cuda_ops::gemv(added_gemv(L.w2.ptr, dim, hid, hb_.ptr, rows), s);
+        mark("down");
         continue;
       }
       gemm_->run(xo_.ptr, att_.ptr, L.wo.ptr, rows, qd, dim, elem_, false, s);
       cuda_ops::residual_add(x_.as<float>(), xo_.ptr, size_t(rows) * dim, elem_, s);
+      mark("o");
       cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_ffn.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);
       gemm_->run(h13_.ptr, xb_.ptr, L.w13.ptr, rows, dim, 2 * hid, elem_, false, s);
       cuda_ops::swiglu(hb_.ptr, h13_.ptr, rows, hid, elem_, s);
+      mark("gate_up");
       gemm_->run(xo_.ptr, hb_.ptr, L.w2.ptr, rows, hid, dim, elem_, false, s);
       cuda_ops::residual_add(x_.as<float>(), xo_.ptr, size_t(rows) * dim, elem_, s);
+      mark("down");
     }
     const void* head = c_.tie_embeddings ? embedding_.ptr : lm_head_.ptr;
     if (gemv) {
-      cuda_ops::gemv(normed_gemv(head, vocab, rms_final_.ptr, step_in(2), lrows, cuda_ops::GemvOut::f32,
-                                 logits_dev_.ptr), s);
+      cuda_ops::GemvParams p = normed_gemv(head, vocab, rms_final_.ptr, step_in(2), lrows,
+                                           fused_argmax ? cuda_ops::GemvOut::f32_argmax : cuda_ops::GemvOut::f32,
+                                           logits_dev_.ptr);
+      p.argmax_keys = fused_argmax ? keys_dev_.as<uint64_t>() : nullptr;
+      cuda_ops::gemv(p, s);
     } else {
       cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), rms_final_.ptr, step_in(2), lrows, dim, c_.rms_eps, elem_, s);
       gemm_->run(logits_dev_.ptr, xb_.ptr, head, lrows, dim, vocab, elem_, true, s);
     }
-    if (request.kind == LogitsRequest::Kind::argmax) {
+    mark("lm_head");
+    if (request.kind == LogitsRequest::Kind::argmax && !fused_argmax) {
       cuda_ops::argmax_rows(keys_dev_.as<uint64_t>(), logits_dev_.as<float>(), lrows, vocab, s);
     } else if (request.kind == LogitsRequest::Kind::top_k) {
       cuda_ops::top_k_rows(topk_values_dev_.as<float>(), topk_ids_dev_.as<int32_t>(), logits_dev_.as<float>(), lrows,
                            vocab, request.k, s);
     }
+    mark("select");
   };
+  // Profile modes: decode steps run eagerly (events), or the 8th one between cudaProfilerStart/Stop (range).
+  bool profiled = false, ranged = false;
+  if (batched_decode && profile_ != Profile::off) {
+    ++decode_steps_seen_;
+    profiled = profile_ == Profile::events;
+    ranged = profile_ == Profile::range && decode_steps_seen_ == 8;
+  }
   GraphEntry* g = nullptr;
-  if (batched_decode && graphs_on_) {
+  if (batched_decode && graphs_on_ && !profiled && !ranged) {
     g = &graphs_[{rows, int(request.kind), request.k}];
     if (g->exec && g->generation != DeviceBuffer::generation()) {  // a buffer moved since the capture
       cudaGraphExecDestroy(g->exec);
@@ -530,8 +678,30 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
     }
     if (!g->exec && ++g->seen >= 2 && !capture(*g, compute)) g = nullptr;
   }
-  if (g && g->exec) cuda_check(cudaGraphLaunch(g->exec, stream_), "decode graph launch");
-  else compute();
+  if (g && g->exec) {
+    cuda_check(cudaGraphLaunch(g->exec, stream_), "decode graph launch");
+  } else if (profiled) {
+    // The whole step queued behind a flag so the GPU runs it without waiting for the host's launches.
+    prof_flag_.reserve(sizeof(int));
+    volatile int* flag = prof_flag_.as<int>();
+    *flag = 0;
+    int* flag_dev = nullptr;
+    cuda_check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_dev), prof_flag_.ptr, 0), "profile flag");
+    cuda_ops::wait_flag(flag_dev, 2000, s);
+    prof_used_ = 0;
+    prof_names_.clear();
+    prof_active_ = true;
+    compute();
+    prof_active_ = false;
+    *flag = 1;
+  } else {
+    if (ranged) cudaProfilerStart();
+    compute();
+    if (ranged) {
+      cuda_check(cudaStreamSynchronize(stream_), "profiled step");
+      cudaProfilerStop();
+    }
+  }
   // Only what the sampler needs comes back: 8 bytes per row for argmax, k pairs for top-k, else the full rows.
   LogitsOutput out;
   out.kind = request.kind;
@@ -548,6 +718,7 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
     cuda_check(cudaMemcpyAsync(logits_.data(), logits_dev_.ptr, logits_.size() * 4, cudaMemcpyDeviceToHost, stream_), "logits download");
   }
   cuda_check(cudaStreamSynchronize(stream_), "forward");
+  if (profiled) profile_collect(rows);
   for (const SequenceInput& in : inputs) lengths_[in.slot] += int(in.tokens.size());
   if (request.kind == LogitsRequest::Kind::argmax) {
     select_ids_.resize(lrows);

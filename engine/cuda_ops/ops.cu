@@ -31,7 +31,9 @@ void check_launch(const char* what) {
 int blocks_for(size_t n, int threads) { return int(std::min<size_t>((n + threads - 1) / threads, 65535 * 4)); }
 
 template <typename T>
-__global__ void embed_kernel(float* x, const T* table, const int32_t* tokens, int rows, int dim) {
+__global__ void embed_kernel(float* x, const T* table, const int32_t* tokens, int rows, int dim, uint64_t* zero_keys,
+                             int n_keys) {
+  if (blockIdx.x == 0 && int(threadIdx.x) < n_keys) zero_keys[threadIdx.x] = 0;
   const size_t n = size_t(rows) * dim;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const size_t r = i / dim, c = i % dim;
@@ -118,11 +120,35 @@ __global__ void residual_kernel(float* x, const T* y, size_t n) {
 size_t elem_size(Elem e) { return e == Elem::f32 ? 4 : 2; }
 
 
-void embed(float* x, const void* table, const int32_t* tokens, int rows, int dim, Elem e, void* stream) {
+void embed(float* x, const void* table, const int32_t* tokens, int rows, int dim, Elem e, void* stream,
+           uint64_t* zero_keys, int n_keys) {
+  if (n_keys > 256) fail("embed zeroes at most 256 argmax keys");
   const int b = blocks_for(size_t(rows) * dim, 256);
-  if (e == Elem::f32) embed_kernel<<<b, 256, 0, st(stream)>>>(x, static_cast<const float*>(table), tokens, rows, dim);
-  else embed_kernel<<<b, 256, 0, st(stream)>>>(x, static_cast<const __nv_bfloat16*>(table), tokens, rows, dim);
+  if (e == Elem::f32)
+    embed_kernel<<<b, 256, 0, st(stream)>>>(x, static_cast<const float*>(table), tokens, rows, dim, zero_keys, n_keys);
+  else
+    embed_kernel<<<b, 256, 0, st(stream)>>>(x, static_cast<const __nv_bfloat16*>(table), tokens, rows, dim, zero_keys,
+                                            n_keys);
   check_launch("embed");
+}
+
+namespace {
+__global__ void wait_flag_kernel(const volatile int* flag, long long timeout_ns) {
+  long long start;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  for (;;) {
+    if (*flag) return;
+    long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - start > timeout_ns) return;
+    __nanosleep(1000);
+  }
+}
+}  // namespace
+
+void wait_flag(const volatile int* flag, int timeout_ms, void* stream) {
+  wait_flag_kernel<<<1, 1, 0, st(stream)>>>(flag, (long long)timeout_ms * 1000000);
+  check_launch("wait_flag");
 }
 
 void rmsnorm(void* out, const float* x, const void* w, const int32_t* row_index, int rows, int dim, float eps, Elem e,

@@ -11,7 +11,14 @@ enum class Elem { f32, bf16 };
 size_t elem_size(Elem e);
 
 // x[r, :] = float(table[tokens[r], :]).    x: (rows, dim) fp32; table: (vocab, dim) Elem
-void embed(float* x, const void* table, const int32_t* tokens, int rows, int dim, Elem e, void* stream);
+// zero_keys: optional (n_keys) uint64 zeroed on the way (the argmax keys that the LM-head GEMV's fused argmax
+// folds into at the end of the same step: one memset node fewer).
+void embed(float* x, const void* table, const int32_t* tokens, int rows, int dim, Elem e, void* stream,
+           uint64_t* zero_keys = nullptr, int n_keys = 0);
+
+// Blocks the stream until *flag becomes nonzero (host-written pinned memory) or about `timeout_ms` pass: the
+// engine's profile mode queues a whole step behind it so the GPU runs the step without host gaps.
+void wait_flag(const volatile int* flag, int timeout_ms, void* stream);
 
 // out[r, :] = x[src, :] * rsqrt(mean(x[src, :]^2) + eps) * w, src = row_index ? row_index[r] : r.
 // x: fp32 (any rows, dim); w: (dim) Elem; out: (rows, dim) Elem

@@ -4,22 +4,14 @@
 #include <string>
 
 #include "engine/cuda_ops/select.h"
+#include "engine/cuda_ops/select_keys.cuh"
 #include "engine/errors.h"
 
 namespace flashlite::engine::cuda_ops {
 
 namespace {
 
-// Monotone map of floats to unsigned ints (larger float -> larger key); -0 is folded onto +0 first, as the host's
-// `>` comparison treats them as equal.
-__device__ __forceinline__ uint32_t ordered(float v) {
-  if (v == 0.f) v = 0.f;
-  const uint32_t u = __float_as_uint(v);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// Unique per element: value first, then the lower index.
-__device__ __forceinline__ uint64_t key_of(float v, int i) { return (uint64_t(ordered(v)) << 32) | uint32_t(~uint32_t(i)); }
+__device__ __forceinline__ uint64_t key_of(float v, int i) { return argmax_key(v, i); }
 
 constexpr int kArgmaxThreads = 256, kArgmaxPerThread = 16;
 

@@ -19,6 +19,24 @@ void gemv(const GemvParams& shape, const std::vector<float>& w, const std::vecto
 
 // Median microseconds of `iters` launches of gemv at these sizes on random data (no check; for the record).
 double gemv_time_us(const GemvParams& shape, int iters);
+// Microseconds per launch of `iters` launches queued back to back between two events (median of 5 such streams).
+double gemv_stream_time_us(const GemvParams& shape, int iters);
+
+// The QKV GEMV with RoPE + KV-cache append: fused (one gemv with the rope_bf16 epilogue) or unfused (the bf16
+// epilogue, then ops.h's rope_append), on the same inputs. shape: sizes, eps and shape.rope's heads / kv_heads /
+// head_dim / interleaved (its pointers are ignored); cos, sin: (positions, head_dim / 2); pos, cache_row: (rows).
+// y comes back (rows, out) with only the q columns defined for the fused form; the caches (cache_rows,
+// kv_heads * head_dim) start as NaN everywhere, so rows nobody wrote come back NaN.
+void gemv_rope(const GemvParams& shape, bool fused, const std::vector<float>& w, const std::vector<float>& xf,
+               const std::vector<float>& norm_w, const std::vector<float>& cos, const std::vector<float>& sin,
+               const std::vector<int32_t>& pos, const std::vector<int64_t>& cache_row, int cache_rows,
+               std::vector<float>& y, std::vector<float>& k_cache, std::vector<float>& v_cache);
+
+// The LM-head GEMV with the argmax epilogue: the keys start as all ones, the embedding kernel zeroes them (as the
+// engine does), then the gemv writes y (rows, out) fp32 and folds the argmax; returns each row's argmax index.
+std::vector<int32_t> gemv_argmax(const GemvParams& shape, const std::vector<float>& w, const std::vector<float>& xf,
+                                 const std::vector<float>& norm_w, const std::vector<int32_t>& row_index,
+                                 std::vector<float>& y);
 
 std::vector<int32_t> argmax_rows(const std::vector<float>& logits, int rows, int vocab);
 void top_k_rows(const std::vector<float>& logits, int rows, int vocab, int k, std::vector<float>& values,

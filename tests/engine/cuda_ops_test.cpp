@@ -1,7 +1,9 @@
 // The engine's decode-step CUDA kernels against host references: the fused GEMVs (RMSNorm prologue; bf16, fp32,
 // residual-add and SwiGLU epilogues) against float64 dot products of the same bf16-rounded operands, at odd sizes;
-// the device argmax and top-k against the host sampler's rules, ties included. Built only with CUDA; skips without a
-// device. GemvBandwidth prints the GEMV times at the Llama-3.2-1B shapes (no assertion).
+// the device argmax and top-k against the host sampler's rules, ties included. The opt-in GEMV variants of Round 3
+// (split-K, preload, late trigger; the fused RoPE + cache append and fused argmax epilogues) against the same float64
+// references and against the unfused path. Built only with CUDA; skips without a device. GemvBandwidth prints the
+// GEMV times at the Llama-3.2-1B shapes, default and variants (no assertion).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -90,44 +92,232 @@ TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
       {ops::GemvIn::bf16, ops::GemvOut::add_f32, 7, 130, 8, false},
       {ops::GemvIn::bf16, ops::GemvOut::add_f32, 8, 2048, 2048, false},
   };
-  for (const Case& c : cases) {
-    SCOPED_TRACE("in " + std::to_string(int(c.in)) + " epi " + std::to_string(int(c.epi)) + " rows " +
-                 std::to_string(c.rows) + " out " + std::to_string(c.out) + " k " + std::to_string(c.k));
-    const int wrows = c.epi == ops::GemvOut::swiglu_bf16 ? 2 * c.out : c.out;
-    const int stream_rows = c.row_index ? c.rows + 3 : c.rows;
-    const auto w = random_vec(size_t(wrows) * c.k, rng, -0.1f, 0.1f);
-    const auto x = random_vec(size_t(c.rows) * c.k, rng);
-    const auto xf = random_vec(size_t(stream_rows) * c.k, rng, -3.f, 3.f);
-    const auto g = random_vec(c.k, rng, 0.5f, 1.5f);
-    std::vector<int32_t> ri;
-    if (c.row_index)
-      for (int r = 0; r < c.rows; ++r) ri.push_back((r * 5 + 2) % stream_rows);
-    std::vector<float> y = random_vec(size_t(c.rows) * c.out, rng, -2.f, 2.f);
-    const std::vector<float> y0 = y;
+  // The default kernel, then the variant kernel: split-K (warps per row), preload before the wait, late trigger.
+  struct Variant {
+    int split;
+    bool preload, late;
+  };
+  const std::vector<Variant> variants = {{1, false, false}, {1, true, true}, {2, false, false}, {4, true, false},
+                                         {8, false, true}, {2, true, true}};
+  std::vector<Case> all = cases;
+  // Odd sizes for the split: fewer chunks than warps x lanes, a slice boundary inside a batch, one output row.
+  all.push_back({ops::GemvIn::bf16, ops::GemvOut::add_f32, 2, 1, 1032, false});
+  all.push_back({ops::GemvIn::rmsnorm, ops::GemvOut::bf16, 4, 33, 8200, false});
+  all.push_back({ops::GemvIn::rmsnorm, ops::GemvOut::f32, 1, 77, 4104, true});
+  for (const Variant& v : variants) {
+    for (const Case& c : all) {
+      SCOPED_TRACE("in " + std::to_string(int(c.in)) + " epi " + std::to_string(int(c.epi)) + " rows " +
+                   std::to_string(c.rows) + " out " + std::to_string(c.out) + " k " + std::to_string(c.k) + " split " +
+                   std::to_string(v.split) + " preload " + std::to_string(v.preload) + " late " + std::to_string(v.late));
+      const int wrows = c.epi == ops::GemvOut::swiglu_bf16 ? 2 * c.out : c.out;
+      const int stream_rows = c.row_index ? c.rows + 3 : c.rows;
+      const auto w = random_vec(size_t(wrows) * c.k, rng, -0.1f, 0.1f);
+      const auto x = random_vec(size_t(c.rows) * c.k, rng);
+      const auto xf = random_vec(size_t(stream_rows) * c.k, rng, -3.f, 3.f);
+      const auto g = random_vec(c.k, rng, 0.5f, 1.5f);
+      std::vector<int32_t> ri;
+      if (c.row_index)
+        for (int r = 0; r < c.rows; ++r) ri.push_back((r * 5 + 2) % stream_rows);
+      std::vector<float> y = random_vec(size_t(c.rows) * c.out, rng, -2.f, 2.f);
+      const std::vector<float> y0 = y;
+      ops::GemvParams p;
+      p.in = c.in;
+      p.epi = c.epi;
+      p.rows = c.rows;
+      p.out = c.out;
+      p.k = c.k;
+      p.eps = 1e-5f;
+      p.split = v.split;
+      p.preload = v.preload;
+      p.late_trigger = v.late;
+      dt::gemv(p, w, x, xf, g, ri, y);
+      const std::vector<double> want = reference(c, w, x, xf, g, ri, y0);
+      double rms = 0;
+      for (double v : want) rms += v * v;
+      rms = std::sqrt(rms / want.size());
+      const bool b16 = c.epi == ops::GemvOut::bf16 || c.epi == ops::GemvOut::swiglu_bf16;
+      double worst = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(y[i])) << "element " << i << " unwritten or not finite";
+        // bf16 outputs: one rounding (2^-9 relative) plus accumulation order; fp32: accumulation order and the rare
+        // one-ulp difference of a staged bf16 input.
+        const double tol = b16 ? 5e-3 * std::abs(want[i]) + 2e-3 * rms : 1e-3 * rms + 1e-5 * std::abs(want[i]);
+        worst = std::max(worst, std::abs(y[i] - want[i]) / tol);
+        ASSERT_LE(std::abs(y[i] - want[i]), tol) << "element " << i << " got " << y[i] << " want " << want[i];
+      }
+      std::printf("gemv in %d epi %d rows %d out %d k %d split %d preload %d late %d: worst error / tolerance %.3f\n",
+                  int(c.in), int(c.epi), c.rows, c.out, c.k, v.split, int(v.preload), int(v.late), worst);
+    }
+  }
+}
+
+// RoPE tables as the engine builds them (float64 math rounded once), theta 10000.
+void rope_tables(int positions, int head_dim, std::vector<float>& cs, std::vector<float>& sn) {
+  const int half = head_dim / 2;
+  cs.resize(size_t(positions) * half);
+  sn.resize(cs.size());
+  for (int p = 0; p < positions; ++p)
+    for (int i = 0; i < half; ++i) {
+      const double inv = std::pow(10000.0, -2.0 * i / head_dim);
+      cs[size_t(p) * half + i] = float(std::cos(p * inv));
+      sn[size_t(p) * half + i] = float(std::sin(p * inv));
+    }
+}
+
+// The QKV GEMV with RoPE + cache append in its epilogue: against float64 (the projection rounded to bf16 as the
+// unfused path stores it, then rotated) and against the unfused path (gemv, then rope_append) on the same inputs;
+// poisoned outputs, so an unwritten element or cache row shows.
+TEST(EngineCudaOps, FusedRopeAppendMatchesUnfusedAndFloat64) {
+  DEVICE_OR_SKIP();
+  std::mt19937 rng(17);
+  struct RCase {
+    int heads, kv_heads, head_dim;
+    bool interleaved;
+    int rows, k;
+    bool preload;
+  };
+  const std::vector<RCase> cases = {{4, 2, 64, false, 1, 264, false}, {3, 1, 16, true, 3, 136, true},
+                                    {2, 2, 8, false, 8, 520, false},  {5, 1, 32, true, 2, 64, true},
+                                    {32, 8, 64, false, 1, 2048, true}, {6, 3, 24, false, 5, 8, false}};
+  for (const RCase& rc : cases) {
+    SCOPED_TRACE("heads " + std::to_string(rc.heads) + "/" + std::to_string(rc.kv_heads) + " D " +
+                 std::to_string(rc.head_dim) + (rc.interleaved ? " interleaved" : " half-split") + " rows " +
+                 std::to_string(rc.rows) + " k " + std::to_string(rc.k));
+    const int D = rc.head_dim, half = D / 2, kvd = rc.kv_heads * D, out = (rc.heads + 2 * rc.kv_heads) * D;
+    const int positions = 300, cache_rows = 3 * rc.rows + 5;
+    const auto w = random_vec(size_t(out) * rc.k, rng, -0.1f, 0.1f);
+    const auto xf = random_vec(size_t(rc.rows) * rc.k, rng, -3.f, 3.f);
+    const auto g = random_vec(rc.k, rng, 0.5f, 1.5f);
+    std::vector<float> cs, sn;
+    rope_tables(positions, D, cs, sn);
+    std::vector<int32_t> pos;
+    std::vector<int64_t> cache_row;
+    for (int r = 0; r < rc.rows; ++r) {
+      pos.push_back(int32_t((r * 97 + 13) % positions));
+      cache_row.push_back(int64_t(3 * r + 2));
+    }
     ops::GemvParams p;
-    p.in = c.in;
-    p.epi = c.epi;
-    p.rows = c.rows;
-    p.out = c.out;
-    p.k = c.k;
+    p.rows = rc.rows;
+    p.out = out;
+    p.k = rc.k;
     p.eps = 1e-5f;
-    dt::gemv(p, w, x, xf, g, ri, y);
-    const std::vector<double> want = reference(c, w, x, xf, g, ri, y0);
+    p.preload = rc.preload;
+    p.rope.heads = rc.heads;
+    p.rope.kv_heads = rc.kv_heads;
+    p.rope.head_dim = D;
+    p.rope.interleaved = rc.interleaved;
+    std::vector<float> y1, k1, v1, y0, k0, v0;
+    dt::gemv_rope(p, true, w, xf, g, cs, sn, pos, cache_row, cache_rows, y1, k1, v1);
+    dt::gemv_rope(p, false, w, xf, g, cs, sn, pos, cache_row, cache_rows, y0, k0, v0);
+    // float64: the projection, rounded to bf16 (what both paths rotate), then the rotation in float64.
+    const Case c{ops::GemvIn::rmsnorm, ops::GemvOut::bf16, rc.rows, out, rc.k, false};
+    const std::vector<double> proj = reference(c, w, {}, xf, g, {}, {});
+    double rms = 0;
+    for (double v : proj) rms += v * v;
+    rms = std::sqrt(rms / proj.size());
+    int exact = 0, compared = 0;
+    auto expect_close = [&](float got, float unfused, double want, const char* what, int r, int col) {
+      ASSERT_TRUE(std::isfinite(got)) << what << " row " << r << " column " << col << " unwritten";
+      const double tol = 5e-3 * std::abs(want) + 2e-3 * rms;
+      ASSERT_LE(std::abs(got - want), tol) << what << " row " << r << " column " << col << " got " << got << " want " << want;
+      // Fused and unfused round the same fp32 values: equal, or one bf16 step apart where the compiler contracted
+      // the rotation's multiply-add differently.
+      ASSERT_LE(std::abs(got - unfused), std::ldexp(std::max(std::abs(got), std::abs(unfused)), -7))
+          << what << " row " << r << " column " << col << " fused " << got << " unfused " << unfused;
+      exact += got == unfused;
+      ++compared;
+    };
+    for (int r = 0; r < rc.rows; ++r) {
+      auto yb = [&](int col) { return double(bf16(float(proj[size_t(r) * out + col]))); };
+      for (int h = 0; h < rc.heads + 2 * rc.kv_heads; ++h) {
+        for (int i = 0; i < half; ++i) {
+          const int a = rc.interleaved ? 2 * i : i, b = rc.interleaved ? 2 * i + 1 : i + half;
+          const double cv = cs[size_t(pos[r]) * half + i], sv = sn[size_t(pos[r]) * half + i];
+          const double x0 = yb(h * D + a), x1 = yb(h * D + b);
+          double y0v = x0 * cv - x1 * sv, y1v = x0 * sv + x1 * cv;
+          if (h >= rc.heads + rc.kv_heads) {  // v: as projected
+            y0v = x0;
+            y1v = x1;
+          }
+          for (int e = 0; e < 2; ++e) {
+            const int d = e ? b : a;
+            const double want = e ? y1v : y0v;
+            if (h < rc.heads) {
+              expect_close(y1[size_t(r) * out + h * D + d], y0[size_t(r) * out + h * D + d], want, "q", r, h * D + d);
+            } else if (h < rc.heads + rc.kv_heads) {
+              const size_t at = size_t(cache_row[r]) * kvd + (h - rc.heads) * D + d;
+              expect_close(k1[at], k0[at], want, "k cache", r, (h - rc.heads) * D + d);
+            } else {
+              const size_t at = size_t(cache_row[r]) * kvd + (h - rc.heads - rc.kv_heads) * D + d;
+              expect_close(v1[at], v0[at], want, "v cache", r, (h - rc.heads - rc.kv_heads) * D + d);
+            }
+          }
+        }
+      }
+    }
+    // Cache rows no sequence owns stay poisoned.
+    for (int row = 0; row < cache_rows; ++row) {
+      if (std::find(cache_row.begin(), cache_row.end(), int64_t(row)) != cache_row.end()) continue;
+      for (int i = 0; i < kvd; ++i) {
+        ASSERT_TRUE(std::isnan(k1[size_t(row) * kvd + i])) << "k cache row " << row << " written";
+        ASSERT_TRUE(std::isnan(v1[size_t(row) * kvd + i])) << "v cache row " << row << " written";
+      }
+    }
+    std::printf("fused rope+append heads %d/%d D %d %s rows %d k %d: %d/%d values bit-equal to the unfused path\n",
+                rc.heads, rc.kv_heads, D, rc.interleaved ? "interleaved" : "half-split", rc.rows, rc.k, exact, compared);
+  }
+}
+
+// The LM-head GEMV with the argmax folded into its epilogue: logits against float64, the ids against the host
+// argmax of the same logits (ties included: identical weight rows give identical logits; the lowest index wins).
+TEST(EngineCudaOps, FusedArgmaxIsTheHostArgmaxOfItsLogits) {
+  DEVICE_OR_SKIP();
+  std::mt19937 rng(23);
+  struct ACase {
+    int rows, out, k;
+    bool row_index, tie, preload;
+  };
+  const std::vector<ACase> cases = {{1, 1001, 64, false, false, false}, {3, 5003, 136, true, true, true},
+                                    {8, 257, 8, true, true, false},      {1, 128256, 64, false, true, true},
+                                    {2, 1, 264, false, false, false},    {5, 40000, 24, false, false, true}};
+  for (const ACase& ac : cases) {
+    SCOPED_TRACE("rows " + std::to_string(ac.rows) + " out " + std::to_string(ac.out) + " k " + std::to_string(ac.k));
+    const int stream_rows = ac.row_index ? ac.rows + 3 : ac.rows;
+    auto w = random_vec(size_t(ac.out) * ac.k, rng, -0.1f, 0.1f);
+    // Positive activations (positive stream and norm weights) so an all-0.1 row is the maximum; three copies of it
+    // tie exactly (same bits, same summation order).
+    const auto xf = random_vec(size_t(stream_rows) * ac.k, rng, ac.tie ? 0.5f : -3.f, 3.f);
+    const auto g = random_vec(ac.k, rng, 0.5f, 1.5f);
+    if (ac.tie && ac.out > 10)
+      for (int row : {ac.out / 3, ac.out / 2, ac.out - 1})
+        for (int i = 0; i < ac.k; ++i) w[size_t(row) * ac.k + i] = 0.1f;
+    std::vector<int32_t> ri;
+    if (ac.row_index)
+      for (int r = 0; r < ac.rows; ++r) ri.push_back((r * 5 + 2) % stream_rows);
+    ops::GemvParams p;
+    p.rows = ac.rows;
+    p.out = ac.out;
+    p.k = ac.k;
+    p.eps = 1e-5f;
+    p.preload = ac.preload;
+    std::vector<float> y;
+    const std::vector<int32_t> ids = dt::gemv_argmax(p, w, xf, g, ri, y);
+    const Case c{ops::GemvIn::rmsnorm, ops::GemvOut::f32, ac.rows, ac.out, ac.k, ac.row_index};
+    const std::vector<double> want = reference(c, w, {}, xf, g, ri, {});
     double rms = 0;
     for (double v : want) rms += v * v;
     rms = std::sqrt(rms / want.size());
-    const bool b16 = c.epi == ops::GemvOut::bf16 || c.epi == ops::GemvOut::swiglu_bf16;
-    double worst = 0;
     for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(y[i])) << "element " << i << " unwritten or not finite";
-      // bf16 outputs: one rounding (2^-9 relative) plus accumulation order; fp32: accumulation order and the rare
-      // one-ulp difference of a staged bf16 input.
-      const double tol = b16 ? 5e-3 * std::abs(want[i]) + 2e-3 * rms : 1e-3 * rms + 1e-5 * std::abs(want[i]);
-      worst = std::max(worst, std::abs(y[i] - want[i]) / tol);
-      ASSERT_LE(std::abs(y[i] - want[i]), tol) << "element " << i << " got " << y[i] << " want " << want[i];
+      ASSERT_TRUE(std::isfinite(y[i])) << "logit " << i << " unwritten";
+      ASSERT_LE(std::abs(y[i] - want[i]), 1e-3 * rms + 1e-5 * std::abs(want[i])) << "logit " << i;
     }
-    std::printf("gemv in %d epi %d rows %d out %d k %d: worst error / tolerance %.3f\n", int(c.in), int(c.epi), c.rows,
-                c.out, c.k, worst);
+    for (int r = 0; r < ac.rows; ++r) {
+      const int host = flashlite::engine::argmax(y.data() + size_t(r) * ac.out, ac.out);
+      EXPECT_EQ(ids[r], host) << "row " << r;
+      if (ac.tie && ac.out > 10) {
+        EXPECT_EQ(ids[r], ac.out / 3) << "row " << r << ": the first of the tied rows";
+      }
+    }
   }
 }
 
@@ -231,19 +421,36 @@ TEST(EngineCudaOps, GemvBandwidth) {
                           {"gate/up+swiglu", ops::GemvIn::rmsnorm, ops::GemvOut::swiglu_bf16, 8192, 2048, 16384},
                           {"down", ops::GemvIn::bf16, ops::GemvOut::add_f32, 2048, 8192, 2048},
                           {"lm head", ops::GemvIn::rmsnorm, ops::GemvOut::f32, 128256, 2048, 128256}};
+  // One launch timed alone (launch latency included, as Round 2 measured it) and a stream of 20 back-to-back
+  // launches per event pair (the in-step cost: PDL overlaps launch and ramp where it is on); default, then the
+  // variants (automatic / forced split-K, preload).
+  struct Variant {
+    const char* name;
+    int split;  // 0: gemv_auto_split
+    bool preload;
+  };
+  const Variant variants[] = {{"default", 1, false}, {"split auto", 0, false}, {"split 2", 2, false},
+                              {"split 4", 4, false}, {"preload", 1, true},    {"split auto+preload", 0, true}};
   for (int rows : {1, 2, 4, 8}) {
     for (const Shape& s : shapes) {
-      ops::GemvParams p;
-      p.in = s.in;
-      p.epi = s.epi;
-      p.rows = rows;
-      p.out = s.out;
-      p.k = s.k;
-      p.eps = 1e-5f;
-      const double us = dt::gemv_time_us(p, 20);
-      const double bytes = double(s.weight_rows) * s.k * 2;
-      std::printf("gemv %-15s rows %d: %8.1f us  %7.1f GB/s of weights (%.1f MB)\n", s.name, rows, us, bytes / us / 1e3,
-                  bytes / 1e6);
+      for (const Variant& v : variants) {
+        if (rows > 1 && v.split != 1) continue;  // the variants at batch 1 only (time)
+        ops::GemvParams p;
+        p.in = s.in;
+        p.epi = s.epi;
+        p.rows = rows;
+        p.out = s.out;
+        p.k = s.k;
+        p.eps = 1e-5f;
+        p.split = v.split ? v.split : ops::gemv_auto_split(s.out, s.k);
+        p.preload = v.preload;
+        if (s.epi == ops::GemvOut::swiglu_bf16 && (v.split != 1)) continue;  // split does not apply
+        const double us = dt::gemv_time_us(p, 20), us_stream = dt::gemv_stream_time_us(p, 20);
+        const double bytes = double(s.weight_rows) * s.k * 2;
+        std::printf("gemv %-15s rows %d %-19s split %d: %8.1f us alone %7.1f GB/s | %8.1f us in a stream %7.1f GB/s "
+                    "(%.1f MB)\n", s.name, rows, v.name, p.split, us, bytes / us / 1e3, us_stream,
+                    bytes / us_stream / 1e3, bytes / 1e6);
+      }
     }
   }
 }

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Round 3 of the engine's batch-1 work (docs/perf-notes.md, Engine (CUDA)) in ONE device call, under 9 minutes:
+#   1. build (sm_90a) the CLI and the engine's CUDA tests;
+#   2. cuda_ops_test (each GEMV variant vs float64 and the fused RoPE vs the unfused path; GemvBandwidth prints every
+#      shape alone / in a stream, default and variants) and cuda_model_test (every switch: the default's greedy tokens);
+#   3. a per-kernel table of one decode step: the engine's event profile (FLASHLITE_ENGINE_PROFILE=1, eager steps
+#      queued behind a flag) and ncu on one range-marked step (bench/engine/profile_decode.sh), default and combo;
+#   4. bench/e2e.py engine-only at batch 1 and 16, prompt 512: default, then every entry of e2e.py's VARIANTS
+#      (PDL off, split-K, fused RoPE, fused argmax, preload, preload + late trigger, decode splits 1, the combination
+#      and two neighbours of it), with the JSON rewritten after every run.
+# ../shared does not travel: first, on the dev machine,
+#   mkdir -p .carry/models && cp -r ../shared/models/stories260K ../shared/models/llama3-tokenizer .carry/models/
+# then run this with `.carry` in the run's carry list (and the GoogleTest/CLI11/PCRE2 prefixes .carry/deps,
+# .carry/gtest if the machine lacks them, as gpu_run.sh). Output under $OUT (at most 8 files): gpu.txt, e2e.json,
+# profile.txt (both per-kernel tables), tests.txt (the tests' summaries and GEMV timings), logs.tgz (everything).
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+OUT="${OUT:-/tmp/flashlite_engine_round3}"
+LOGDIR="$OUT/logs"
+mkdir -p "$LOGDIR"
+export PYTHONUNBUFFERED=1 LOGDIR
+export FLASHLITE_MODELS="${FLASHLITE_MODELS:-$root/.carry/models}"
+export FLASHLITE_PARITY_CACHE="${FLASHLITE_PARITY_CACHE:-/tmp/flashlite_parity}"
+build="${BUILD_DIR:-$root/build-gpu}"
+ckpt="$FLASHLITE_PARITY_CACHE/llama32_1b_random"
+tok="$FLASHLITE_MODELS/llama3-tokenizer"
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a "$LOGDIR/timeline.txt"; }
+finish() { stamp "done"; tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGDIR"; }
+trap finish EXIT
+
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
+git -C "$root" log -1 --format='commit %H %s' >> "$OUT/gpu.txt" 2>/dev/null
+prefixes=""
+for d in "$root/.carry/deps/usr" "$root/.carry/gtest/usr"; do [ -d "$d" ] && prefixes="${prefixes:+$prefixes;}$d"; done
+stamp "configure + build"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHLITE_BUILD_BENCH=OFF \
+  ${prefixes:+"-DCMAKE_PREFIX_PATH=$prefixes"} > "$LOGDIR/configure.log" 2>&1 || { tail -30 "$LOGDIR/configure.log"; exit 1; }
+cmake --build "$build" -j16 --target flashlite_cli flashlite_engine_cuda_model_test flashlite_engine_cuda_ops_test \
+  > "$LOGDIR/build.log" 2>&1 || { grep -E "error|FAILED" "$LOGDIR/build.log" | head -30; exit 1; }
+bin="$build/bin/flashlite"
+cuobjdump -res-usage "$build/engine/CMakeFiles/flashlite_engine.dir/cuda_ops/gemv.cu.o" > "$LOGDIR/res_usage_gemv.txt" 2>&1
+
+status=0
+stamp "cuda_ops_test"
+timeout 150 "$build/tests/engine/flashlite_engine_cuda_ops_test" > "$LOGDIR/cuda_ops_test.log" 2>&1 || status=1
+stamp "cuda_model_test"
+timeout 150 "$build/tests/engine/flashlite_engine_cuda_model_test" > "$LOGDIR/cuda_model_test.log" 2>&1 || status=1
+{ grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|error:|parts from|bit-equal|gemv .* us alone|vs float64" \
+    "$LOGDIR/cuda_ops_test.log" "$LOGDIR/cuda_model_test.log"; } > "$OUT/tests.txt"
+tail -3 "$LOGDIR/cuda_ops_test.log" "$LOGDIR/cuda_model_test.log"
+
+stamp "checkpoint"
+[ -f "$ckpt/config.json" ] || python3 bench/e2e.py --flashlite "$bin" --checkpoint "$ckpt" --tokenizer-dir "$tok" \
+  --batches 1 --prompts 16 --new-tokens 2 --skip-transformers --out "$LOGDIR/e2e_warm.json" > "$LOGDIR/checkpoint.log" 2>&1
+
+combo="FLASHLITE_ENGINE_SPLITK=1 FLASHLITE_ENGINE_FUSE_ROPE=1 FLASHLITE_ENGINE_FUSE_ARGMAX=1 FLASHLITE_ENGINE_PRELOAD=1 FLASHLITE_ENGINE_PREFETCH=0"
+stamp "event profiles"
+for spec in "default|" "combo|$combo" "default_batch16|" ; do
+  label="${spec%%|*}"; vars="${spec#*|}"; b=1; [ "$label" = default_batch16 ] && b=16
+  env $vars FLASHLITE_ENGINE_PROFILE=1 timeout 60 "$bin" generate --model "$ckpt" --device cuda --prompt-tokens 512 \
+    --batch "$b" --max-tokens 40 --ignore-eos --json > "$LOGDIR/profile_$label.json" 2> "$LOGDIR/profile_$label.err"
+  { echo "== event profile: $label (batch $b), the last 16 steps =="; grep -m1 "flashlite engine variants" "$LOGDIR/profile_$label.err"
+    awk '/flashlite engine profile/{buf=""} /flashlite engine profile|^  /{buf=buf $0 "\n"} END{printf "%s", buf}' "$LOGDIR/profile_$label.err"; } >> "$OUT/profile.txt"
+done
+stamp "ncu profiles"
+for spec in "default|" "combo|$combo"; do
+  label="${spec%%|*}"; vars="${spec#*|}"
+  { env $vars NCU_TIMEOUT=100 bash bench/engine/profile_decode.sh "$bin" "$ckpt" "$tok" "$label" 2>&1; echo; } >> "$OUT/profile.txt"
+done
+
+stamp "e2e: default, then the variants"
+left=$(( 530 - ($(date +%s) - t0) )); [ "$left" -lt 60 ] && left=60
+timeout "$left" python3 bench/e2e.py --flashlite "$bin" --checkpoint "$ckpt" --tokenizer-dir "$tok" \
+  --skip-transformers --batches 1,16 --prompts 512 --variants all --out "$OUT/e2e.json" > "$LOGDIR/e2e.log" 2>&1 || status=1
+python3 - "$OUT/e2e.json" <<'PY' | tee -a "$OUT/profile.txt"
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    sys.exit(f"no e2e.json: {e}")
+floor = r["rows"][0]["weight_floor_tbt_ms"] if r["rows"] else float("nan")
+print(f"e2e (engine only, prompt 512, 128 tokens; weight floor {floor:.3f} ms): ms/step, tok/s")
+def line(name, rows):
+    cells = []
+    for row in rows:
+        f = row["flashlite"]
+        cells.append(f"b{row['batch']}: " + (f"{f['tbt_ms']:.3f} ms {f['decode_tok_s']:.0f} tok/s" if "tbt_ms" in f else "error"))
+    print(f"  {name:24s} " + " | ".join(cells))
+line("default", r["rows"])
+for name, v in r.get("variants", {}).items():
+    line(name, v["rows"])
+PY
+exit "$status"
