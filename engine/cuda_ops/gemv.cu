@@ -449,11 +449,16 @@ void launch(const GemvParams& p, cudaStream_t s) {
     const int S = (OUT == GemvOut::swiglu_bf16 || OUT == GemvOut::rope_bf16) ? 1 : p.split;
     const int groups = (p.out + U - 1) / U, per_tile = kWarps / S;
     const int tiles = OUT == GemvOut::rope_bf16 ? p.out / 8 : (groups + per_tile - 1) / per_tile;
-    // One resident wave at most: the blocks per SM this kernel's registers and shared memory allow.
-    int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess || per_sm < 1) {
-      cudaGetLastError();
-      per_sm = 1;
+    // One resident wave at most: the blocks per SM this kernel's registers and shared memory allow (queried once
+    // per instantiation and staged size, on the first, eager step: nothing but the launch happens under capture).
+    static size_t queried_smem = ~size_t(0);
+    static int per_sm = 1;
+    if (smem != queried_smem) {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess || per_sm < 1) {
+        cudaGetLastError();
+        per_sm = 1;
+      }
+      queried_smem = smem;
     }
     blocks = std::max(1, std::min(tiles, sm_count() * per_sm));
   }

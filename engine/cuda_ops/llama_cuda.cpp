@@ -685,8 +685,11 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
     prof_flag_.reserve(sizeof(int));
     volatile int* flag = prof_flag_.as<int>();
     *flag = 0;
-    int* flag_dev = nullptr;
-    cuda_check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_dev), prof_flag_.ptr, 0), "profile flag");
+    int* flag_dev = nullptr;  // the mapped pointer; under unified addressing the host pointer itself
+    if (cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_dev), prof_flag_.ptr, 0) != cudaSuccess) {
+      cudaGetLastError();
+      flag_dev = prof_flag_.as<int>();
+    }
     cuda_ops::wait_flag(flag_dev, 2000, s);
     prof_used_ = 0;
     prof_names_.clear();
@@ -695,11 +698,15 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
     prof_active_ = false;
     *flag = 1;
   } else {
-    if (ranged) cudaProfilerStart();
+    if (ranged) {
+      cudaProfilerStart();
+      cudaGetLastError();  // no profiler attached: nothing to start, and no error left behind for the launches
+    }
     compute();
     if (ranged) {
       cuda_check(cudaStreamSynchronize(stream_), "profiled step");
       cudaProfilerStop();
+      cudaGetLastError();
     }
   }
   // Only what the sampler needs comes back: 8 bytes per row for argmax, k pairs for top-k, else the full rows.
