@@ -49,7 +49,7 @@ stamp "cuda_model_test"
 timeout 150 "$build/tests/engine/flashlite_engine_cuda_model_test" > "$LOGDIR/cuda_model_test.log" 2>&1 || status=1
 { grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|error:|parts from|bit-equal|gemv .* us alone|vs float64" \
     "$LOGDIR/cuda_ops_test.log" "$LOGDIR/cuda_model_test.log"; } > "$OUT/tests.txt"
-tail -3 "$LOGDIR/cuda_ops_test.log" "$LOGDIR/cuda_model_test.log"
+tail -n 3 "$LOGDIR/cuda_ops_test.log" "$LOGDIR/cuda_model_test.log"
 
 stamp "checkpoint"
 [ -f "$ckpt/config.json" ] || python3 bench/e2e.py --flashlite "$bin" --checkpoint "$ckpt" --tokenizer-dir "$tok" \
@@ -62,7 +62,8 @@ for spec in "default|" "combo|$combo" "default_batch16|" ; do
   env $vars FLASHLITE_ENGINE_PROFILE=1 timeout 60 "$bin" generate --model "$ckpt" --device cuda --prompt-tokens 512 \
     --batch "$b" --max-tokens 40 --ignore-eos --json > "$LOGDIR/profile_$label.json" 2> "$LOGDIR/profile_$label.err"
   { echo "== event profile: $label (batch $b), the last 16 steps =="; grep -m1 "flashlite engine variants" "$LOGDIR/profile_$label.err"
-    awk '/flashlite engine profile/{buf=""} /flashlite engine profile|^  /{buf=buf $0 "\n"} END{printf "%s", buf}' "$LOGDIR/profile_$label.err"; } >> "$OUT/profile.txt"
+    awk '/flashlite engine profile/{buf=""} /flashlite engine profile|^  /{buf=buf $0 "\n"} END{printf "%s", buf}' "$LOGDIR/profile_$label.err"
+    grep -q "flashlite engine profile" "$LOGDIR/profile_$label.err" || tail -n 8 "$LOGDIR/profile_$label.err"; } >> "$OUT/profile.txt"
 done
 stamp "ncu profiles"
 for spec in "default|" "combo|$combo"; do
