@@ -99,17 +99,18 @@ ABLATIONS = {"fused GEMVs off (FLASHLITE_ENGINE_GEMV=0: cuBLASLt + separate norm
 # Opt-in engine variants (docs/perf-notes.md, Engine (CUDA), Round 3) measured with --variants at every batch and
 # prompt of the run, engine only; the JSON gets a "variants" object {name: {"env": ..., "rows": [...]}} beside "rows".
 COMBO = {"FLASHLITE_ENGINE_SPLITK": "1", "FLASHLITE_ENGINE_FUSE_ROPE": "1", "FLASHLITE_ENGINE_FUSE_ARGMAX": "1",
-         "FLASHLITE_ENGINE_PRELOAD": "1", "FLASHLITE_ENGINE_PREFETCH": "0"}
-VARIANTS = {
-    "pdl_off": {"FLASHLITE_ENGINE_PDL": "0"},
-    "splitk_auto": {"FLASHLITE_ENGINE_SPLITK": "1"},
-    "fuse_rope": {"FLASHLITE_ENGINE_FUSE_ROPE": "1"},
-    "fuse_argmax": {"FLASHLITE_ENGINE_FUSE_ARGMAX": "1"},
-    "preload": {"FLASHLITE_ENGINE_PRELOAD": "1", "FLASHLITE_ENGINE_PREFETCH": "0"},
-    "preload_late_trigger": {"FLASHLITE_ENGINE_PRELOAD": "1", "FLASHLITE_ENGINE_PREFETCH": "0",
-                             "FLASHLITE_ENGINE_PDL_TRIGGER": "late"},
-    "decode_splits_1": {"FLASHLITE_ENGINE_DECODE_SPLITS": "1"},
+         "FLASHLITE_ENGINE_PRELOAD": "small"}
+VARIANTS = {  # in the order they run (the most telling first: a run cut short keeps them)
     "combo": COMBO,
+    "pdl_off": {"FLASHLITE_ENGINE_PDL": "0"},
+    "preload_small": {"FLASHLITE_ENGINE_PRELOAD": "small"},
+    "preload": {"FLASHLITE_ENGINE_PRELOAD": "1", "FLASHLITE_ENGINE_PREFETCH": "0"},
+    "fuse_rope": {"FLASHLITE_ENGINE_FUSE_ROPE": "1"},
+    "splitk_auto": {"FLASHLITE_ENGINE_SPLITK": "1"},
+    "fuse_argmax": {"FLASHLITE_ENGINE_FUSE_ARGMAX": "1"},
+    "decode_splits_1": {"FLASHLITE_ENGINE_DECODE_SPLITS": "1"},
+    "preload_late_trigger": {"FLASHLITE_ENGINE_PRELOAD": "small", "FLASHLITE_ENGINE_PDL_TRIGGER": "late"},
+    "combo_preload_all": {**COMBO, "FLASHLITE_ENGINE_PRELOAD": "1", "FLASHLITE_ENGINE_PREFETCH": "0"},
     "combo_pdl_off": {**COMBO, "FLASHLITE_ENGINE_PDL": "0"},
     "combo_decode_splits_1": {**COMBO, "FLASHLITE_ENGINE_DECODE_SPLITS": "1"},
 }

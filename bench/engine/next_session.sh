@@ -6,8 +6,8 @@
 #   3. a per-kernel table of one decode step: the engine's event profile (FLASHLITE_ENGINE_PROFILE=1, eager steps
 #      queued behind a flag) and ncu on one range-marked step (bench/engine/profile_decode.sh), default and combo;
 #   4. bench/e2e.py engine-only at batch 1 and 16, prompt 512: default, then every entry of e2e.py's VARIANTS
-#      (PDL off, split-K, fused RoPE, fused argmax, preload, preload + late trigger, decode splits 1, the combination
-#      and two neighbours of it), with the JSON rewritten after every run.
+#      (the combination first, PDL off, preload (QKV/O/down, or all), fused RoPE, split-K, fused argmax, decode
+#      splits 1, late trigger, neighbours of the combination), with the JSON rewritten after every run.
 # ../shared does not travel: first, on the dev machine,
 #   mkdir -p .carry/models && cp -r ../shared/models/stories260K ../shared/models/llama3-tokenizer .carry/models/
 # then run this with `.carry` in the run's carry list (and the GoogleTest/CLI11/PCRE2 prefixes .carry/deps,
@@ -55,7 +55,7 @@ stamp "checkpoint"
 [ -f "$ckpt/config.json" ] || python3 bench/e2e.py --flashlite "$bin" --checkpoint "$ckpt" --tokenizer-dir "$tok" \
   --batches 1 --prompts 16 --new-tokens 2 --skip-transformers --out "$LOGDIR/e2e_warm.json" > "$LOGDIR/checkpoint.log" 2>&1
 
-combo="FLASHLITE_ENGINE_SPLITK=1 FLASHLITE_ENGINE_FUSE_ROPE=1 FLASHLITE_ENGINE_FUSE_ARGMAX=1 FLASHLITE_ENGINE_PRELOAD=1 FLASHLITE_ENGINE_PREFETCH=0"
+combo="FLASHLITE_ENGINE_SPLITK=1 FLASHLITE_ENGINE_FUSE_ROPE=1 FLASHLITE_ENGINE_FUSE_ARGMAX=1 FLASHLITE_ENGINE_PRELOAD=small"  # = e2e.py COMBO
 stamp "event profiles"
 for spec in "default|" "combo|$combo" "default_batch16|" ; do
   label="${spec%%|*}"; vars="${spec#*|}"; b=1; [ "$label" = default_batch16 ] && b=16

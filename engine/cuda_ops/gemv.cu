@@ -190,11 +190,12 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvParams p) {
 // The opt-in variants (gemv.h): gemv_kernel's loop in block-uniform tiles, so that split-K and the fused RoPE
 // epilogue can meet in shared memory, with the preload, the late trigger and the argmax epilogue. A separate kernel so
 // that the default one (above) stays exactly as measured.
-// Registers: a fixed budget, spill-free (ptxas' own choice of 64 spilled a few bytes where the preloaded batch lives
-// through the RMSNorm prologue): 64 (4 blocks per SM) for the O / down shapes, 80 (3) with the prologue, 128 for
-// 4-8 rows. The launch sizes the grid from the occupancy this gives.
-template <int R, GemvIn IN, GemvOut OUT>
-__global__ void __maxnreg__(R > 2 ? 128 : IN == GemvIn::bf16 ? 64 : 80) gemv_variant_kernel(const GemvParams p) {
+// Registers: a fixed budget, spill-free: 64 (4 blocks per SM, as the default kernel) at 1-2 rows, except 80 (3 blocks)
+// where a preloaded batch lives through the RMSNorm prologue (64 spilled up to 52 bytes there); 128 for 4-8 rows. The
+// launch sizes the grid from the occupancy this gives.
+// P: the preload compiled in (p.preload is then honoured); without it the RMSNorm variants fit 64 registers too.
+template <int R, GemvIn IN, GemvOut OUT, bool P>
+__global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !P) ? 64 : 80) gemv_variant_kernel(const GemvParams p) {
   extern __shared__ uint4 staged[];  // rmsnorm: (rows, k) bf16
   constexpr bool kRope = OUT == GemvOut::rope_bf16, kArgmax = OUT == GemvOut::f32_argmax;
   constexpr int NW = rows_per_warp<OUT>(), kUnroll = unroll<OUT>();
@@ -204,7 +205,7 @@ __global__ void __maxnreg__(R > 2 ? 128 : IN == GemvIn::bf16 ? 64 : 80) gemv_var
   const int kc = p.k >> 3;  // 16-byte chunks per row
   // Split-K: `S` warps share a row group, warp `sub` of them reducing chunks [c_begin, c_end).
   const int S = (OUT == GemvOut::swiglu_bf16 || kRope) ? 1 : p.split;
-  const bool preload = p.preload, late_trigger = p.late_trigger;
+  const bool preload = P && p.preload, late_trigger = p.late_trigger;
   const int per_tile = kWarps / S, sub = warp % S, slot = warp / S;
   const int slice = (kc + S - 1) / S, c_begin = min(kc, sub * slice), c_end = min(kc, c_begin + slice);
   const uint4* W = static_cast<const uint4*>(p.w);
@@ -426,10 +427,10 @@ int sm_count() {
   return n;
 }
 
-template <int R, GemvIn IN, GemvOut OUT, bool V>
+template <int R, GemvIn IN, GemvOut OUT, bool V, bool P = false>
 void launch(const GemvParams& p, cudaStream_t s) {
   auto* kernel = [] {
-    if constexpr (V) return gemv_variant_kernel<R, IN, OUT>;
+    if constexpr (V) return gemv_variant_kernel<R, IN, OUT, P>;
     else return gemv_kernel<R, IN, OUT>;
   }();
   const size_t smem = IN == GemvIn::rmsnorm ? size_t(p.rows) * p.k * 2 : 0;
@@ -466,19 +467,20 @@ void launch(const GemvParams& p, cudaStream_t s) {
   if (e != cudaSuccess) fail_runtime(std::string("CUDA launch of gemv failed: ") + cudaGetErrorString(e));
 }
 
-template <GemvIn IN, GemvOut OUT, bool V>
+template <GemvIn IN, GemvOut OUT, bool V, bool P = false>
 void launch_rows_v(const GemvParams& p, cudaStream_t s) {
-  if (p.rows <= 1) launch<1, IN, OUT, V>(p, s);
-  else if (p.rows <= 2) launch<2, IN, OUT, V>(p, s);
-  else if (p.rows <= 4) launch<4, IN, OUT, V>(p, s);
-  else launch<8, IN, OUT, V>(p, s);
+  if (p.rows <= 1) launch<1, IN, OUT, V, P>(p, s);
+  else if (p.rows <= 2) launch<2, IN, OUT, V, P>(p, s);
+  else if (p.rows <= 4) launch<4, IN, OUT, V, P>(p, s);
+  else launch<8, IN, OUT, V, P>(p, s);
 }
 
 // The fused RoPE and argmax epilogues exist only in the variant kernel; the others in both.
 template <GemvIn IN, GemvOut OUT>
 void launch_rows(const GemvParams& p, cudaStream_t s) {
   constexpr bool kOnlyVariant = OUT == GemvOut::rope_bf16 || OUT == GemvOut::f32_argmax;
-  if (kOnlyVariant || p.split > 1 || p.preload || p.late_trigger) launch_rows_v<IN, OUT, true>(p, s);
+  if (p.preload) launch_rows_v<IN, OUT, true, true>(p, s);
+  else if (kOnlyVariant || p.split > 1 || p.late_trigger) launch_rows_v<IN, OUT, true, false>(p, s);
   else if constexpr (!kOnlyVariant) launch_rows_v<IN, OUT, false>(p, s);
 }
 

@@ -287,6 +287,8 @@ class LlamaCuda final : public LlamaModel {
   //   FLASHLITE_ENGINE_FUSE_ARGMAX=1   greedy argmax in the LM-head GEMV's epilogue, the keys zeroed by the embedding
   //                                    kernel (no memset and argmax launches);
   //   FLASHLITE_ENGINE_PRELOAD=1       each GEMV warp loads its first batch of weights before griddepcontrol.wait;
+  //                          =small    only the QKV, O and down GEMVs (gate/up and the LM head keep the default
+  //                                    kernel: 4 blocks per SM where a preloading RMSNorm GEMV holds 3);
   //   FLASHLITE_ENGINE_PDL_TRIGGER=late  GEMVs let their dependents launch after their main loop, not at their start;
   //   FLASHLITE_ENGINE_DECODE_SPLITS=N the decode plan's KV splits forced to N (0: flashlite's choice);
   //   FLASHLITE_ENGINE_PROFILE=1       decode steps run eagerly, queued behind a flag, with an event after each
@@ -304,7 +306,8 @@ class LlamaCuda final : public LlamaModel {
       fail("FLASHLITE_ENGINE_SPLITK=" + sk + "; expected 0, 1 (automatic), 2, 4 or 8");
     fuse_rope_ = env("FLASHLITE_ENGINE_FUSE_ROPE") == "1" && c_.head_dim % 8 == 0;
     fuse_argmax_ = env("FLASHLITE_ENGINE_FUSE_ARGMAX") == "1";
-    preload_ = env("FLASHLITE_ENGINE_PRELOAD") == "1";
+    const std::string pl = env("FLASHLITE_ENGINE_PRELOAD");
+    preload_ = pl == "1" ? 1 : pl == "small" ? 2 : 0;
     late_trigger_ = env("FLASHLITE_ENGINE_PDL_TRIGGER") == "late";
     const std::string ds = env("FLASHLITE_ENGINE_DECODE_SPLITS");
     decode_splits_ = ds.empty() ? 0 : std::max(0, std::atoi(ds.c_str()));
@@ -378,7 +381,7 @@ class LlamaCuda final : public LlamaModel {
     p.epi = epi;
     p.y = y;
     p.prefetch_lines = prefetch_lines_;
-    p.preload = preload_;
+    p.preload = preload_ == 1;  // QKV sets its own (preload=small)
     p.late_trigger = late_trigger_;
     return p;
   }
@@ -394,7 +397,7 @@ class LlamaCuda final : public LlamaModel {
     p.epi = cuda_ops::GemvOut::add_f32;
     p.y = x_.as<float>();
     p.prefetch_lines = prefetch_lines_;
-    p.preload = preload_;
+    p.preload = preload_ != 0;
     p.late_trigger = late_trigger_;
     p.split = splitk_ == 1 ? cuda_ops::gemv_auto_split(out, k) : std::max(1, splitk_);
     return p;
@@ -446,7 +449,8 @@ class LlamaCuda final : public LlamaModel {
   int prefetch_lines_ = 0;
   // Round-3 variants (read_variant_switches).
   int splitk_ = 0, decode_splits_ = 0;
-  bool fuse_rope_ = false, fuse_argmax_ = false, preload_ = false, late_trigger_ = false;
+  int preload_ = 0;  // 0 off, 1 every GEMV, 2 QKV / O / down
+  bool fuse_rope_ = false, fuse_argmax_ = false, late_trigger_ = false;
   enum class Profile { off, events, range } profile_ = Profile::off;
   bool prof_active_ = false;
   int decode_steps_seen_ = 0;
@@ -585,10 +589,13 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
         p.rope.kv_heads = c_.n_kv_heads;
         p.rope.head_dim = c_.head_dim;
         p.rope.interleaved = c_.rope_style == RopeStyle::interleaved;
+        p.preload = preload_ != 0;
         cuda_ops::gemv(p, s);
         mark("qkv+rope");
       } else if (gemv) {  // qkv = rmsnorm(x) Wqkv^T
-        cuda_ops::gemv(normed_gemv(L.wqkv.ptr, qkv_w, L.rms_att.ptr, nullptr, rows, cuda_ops::GemvOut::bf16, qkv_.ptr), s);
+        cuda_ops::GemvParams p = normed_gemv(L.wqkv.ptr, qkv_w, L.rms_att.ptr, nullptr, rows, cuda_ops::GemvOut::bf16, qkv_.ptr);
+        p.preload = preload_ != 0;
+        cuda_ops::gemv(p, s);
         mark("qkv");
       } else {
         cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_att.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);

@@ -224,6 +224,7 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {{{"FLASHLITE_ENGINE_FUSE_ROPE", "1"}}, true},
       {{{"FLASHLITE_ENGINE_FUSE_ARGMAX", "1"}}, true},
       {{{"FLASHLITE_ENGINE_PRELOAD", "1"}, {"FLASHLITE_ENGINE_PREFETCH", "0"}}, true},
+      {{{"FLASHLITE_ENGINE_PRELOAD", "small"}}, true},
       {{{"FLASHLITE_ENGINE_PDL_TRIGGER", "late"}}, true},
       {{{"FLASHLITE_ENGINE_DECODE_SPLITS", "1"}}, false},
       {{{"FLASHLITE_ENGINE_DECODE_SPLITS", "3"}}, false},
@@ -231,6 +232,9 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {{{"FLASHLITE_ENGINE_PROFILE", "range"}}, true},
       {{{"FLASHLITE_ENGINE_SPLITK", "1"}, {"FLASHLITE_ENGINE_FUSE_ROPE", "1"}, {"FLASHLITE_ENGINE_FUSE_ARGMAX", "1"},
         {"FLASHLITE_ENGINE_PRELOAD", "1"}, {"FLASHLITE_ENGINE_PREFETCH", "0"}, {"FLASHLITE_ENGINE_PDL_TRIGGER", "late"}},
+       false},
+      {{{"FLASHLITE_ENGINE_SPLITK", "1"}, {"FLASHLITE_ENGINE_FUSE_ROPE", "1"}, {"FLASHLITE_ENGINE_FUSE_ARGMAX", "1"},
+        {"FLASHLITE_ENGINE_PRELOAD", "small"}},
        false},
   };
   for (const V& v : variants) {
