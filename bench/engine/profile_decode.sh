@@ -29,8 +29,9 @@ recs = collections.OrderedDict()  # (ID, kernel) -> {metric: value}
 for r in csv.DictReader(lines[start:]):
     v = float(r["Metric Value"].replace(",", ""))
     unit = r["Metric Unit"]
-    v *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6,
-          "Gbyte": 1e9}.get(unit, 1.0)
+    v *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6,
+          "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9,
+          "KiB": 1024, "MiB": 1 << 20, "GiB": 1 << 30}.get(unit, 1.0)
     recs.setdefault((r["ID"], r["Kernel Name"]), {})[r["Metric Name"]] = v
 total = collections.OrderedDict()
 step_us = step_bytes = 0.0
