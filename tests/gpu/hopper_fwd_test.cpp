@@ -1,6 +1,6 @@
 // The opt-in Hopper forward kernel (src/cuda/fwd_hopper/: wgmma + TMA, warp-specialised) against the float64
-// reference. FLASHLITE_FWD_HOPPER=1 is set before main unless already set (the library reads it once; =2 selects the
-// pipelined schedule), so on an sm_90 device every
+// reference. FLASHLITE_FWD_HOPPER=1 is set before main unless already set (the library reads it once; 2 and 3 select
+// the pipelined and ping-pong schedules), so on an sm_90 device every
 // eligible call of this executable takes the Hopper kernel: each case first checks forward_kernel_name, then the
 // numbers (NaN-poisoned outputs, LSE, untouched bytes; tests/cpu/test_util.h). Cases the kernel rejects must fall
 // back to the mma.sync / fp32 kernels and still be right. The eligibility logic is unit-tested without a device.
@@ -19,7 +19,8 @@
 namespace fltest {
 namespace {
 
-// The plain schedule unless the caller chose one (FLASHLITE_FWD_HOPPER=2 runs the same grid on the pipelined one).
+// The plain schedule unless the caller chose one (FLASHLITE_FWD_HOPPER=2 or 3 runs the same grid on the pipelined
+// or ping-pong one).
 const bool kHopperEnv = [] {
   setenv("FLASHLITE_FWD_HOPPER", "1", 0);
   return true;
@@ -296,9 +297,10 @@ TEST(HopperEligibility, NameAndSwitch) {
   EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::bf16, 128), 1), "cuda_hopper_wgmma_bf16_d128");
   EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::f16, 64), 1), "cuda_hopper_wgmma_f16_d64");
   EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::f16, 64), 2), "cuda_hopper_wgmma_f16_d64_pipe");
+  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::bf16, 64), 3), "cuda_hopper_wgmma_bf16_d64_pingpong");
   EXPECT_TRUE(kHopperEnv);
   EXPECT_TRUE(h::hopper_fwd_enabled());  // set before main, read once
-  EXPECT_TRUE(h::hopper_fwd_mode() == 1 || h::hopper_fwd_mode() == 2);
+  EXPECT_TRUE(h::hopper_fwd_mode() >= 1 && h::hopper_fwd_mode() <= 3);
 }
 
 }  // namespace

@@ -136,7 +136,7 @@ bool choose_prefill_kernel(int64_t head_dim, const DeviceProps& dev, MmaConfig& 
   }
 }
 
-// Opt-in Hopper kernel (src/cuda/fwd_hopper/): only with FLASHLITE_FWD_HOPPER=1 or 2, on sm_90, in a build with
+// Opt-in Hopper kernel (src/cuda/fwd_hopper/): only with FLASHLITE_FWD_HOPPER=1, 2 or 3, on sm_90, in a build with
 // the 90a target, for a problem it accepts; everything else takes choose_fwd_kernel's kernel.
 bool use_hopper(const AttentionProblem& p, const DeviceProps& dev) {
   namespace h = cuda_fwd_hopper;

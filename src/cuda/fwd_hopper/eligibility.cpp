@@ -23,6 +23,7 @@ int hopper_fwd_mode() {
     if (v == nullptr) return 0;
     if (std::strcmp(v, "1") == 0) return 1;
     if (std::strcmp(v, "2") == 0) return 2;
+    if (std::strcmp(v, "3") == 0) return 3;
     return 0;
   }();
   return mode;
@@ -68,7 +69,7 @@ std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc) {
 
 std::string hopper_fwd_kernel_name(const AttentionProblem& p, int mode) {
   return std::string("cuda_hopper_wgmma_") + (p.dtype == DType::f16 ? "f16" : "bf16") + "_d" +
-         std::to_string(p.head_dim) + (mode == 2 ? "_pipe" : "");
+         std::to_string(p.head_dim) + (mode == 2 ? "_pipe" : mode == 3 ? "_pingpong" : "");
 }
 
 }  // namespace flashlite::cuda_fwd_hopper

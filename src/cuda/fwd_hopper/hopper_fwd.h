@@ -1,6 +1,6 @@
 #pragma once
 // The Hopper forward kernel (wgmma + TMA, warp-specialised; src/cuda/fwd_hopper/) as seen from the fused backend's
-// launcher (src/cuda/fwd/launch.cu). Opt-in: used only when FLASHLITE_FWD_HOPPER=1 (or 2) is set, the device is sm_90, the
+// launcher (src/cuda/fwd/launch.cu). Opt-in: used only when FLASHLITE_FWD_HOPPER=1, 2 or 3 is set, the device is sm_90, the
 // library was built with the 90a target, and hopper_fwd_reject_reason() accepts the problem; otherwise the
 // mma.sync kernel runs exactly as before.
 #include <cuda_runtime.h>
@@ -18,15 +18,15 @@ inline constexpr int kBlockKeys = 128;  // keys per K/V tile
 // True when the 90a objects are part of this build (CMAKE_CUDA_ARCHITECTURES lists 90a).
 bool hopper_fwd_built();
 // FLASHLITE_FWD_HOPPER in the environment, read once per process (the first call): 0 = off (unset or any other
-// value), 1 = the plain schedule, 2 = the pipelined schedule (hopper_kernel.cuh).
+// value), 1 = the plain schedule, 2 = pipelined, 3 = pipelined + ping-pong (hopper_kernel.cuh).
 int hopper_fwd_mode();
 inline bool hopper_fwd_enabled() { return hopper_fwd_mode() != 0; }
 // Why the Hopper kernel cannot run p on a device of compute capability cc (major * 10 + minor); empty when it can.
 // Pure host logic on the problem's shapes, dtypes, pointers and strides (unit-tested in tests/gpu/hopper_fwd_test.cpp).
 std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc);
-// "cuda_hopper_wgmma_bf16_d128" (mode 1) or "cuda_hopper_wgmma_bf16_d128_pipe" (mode 2) and the like.
+// "cuda_hopper_wgmma_bf16_d128" (mode 1), "..._pipe" (mode 2), "..._pingpong" (mode 3).
 std::string hopper_fwd_kernel_name(const AttentionProblem& p, int mode);
-// Launches the kernel (mode 1 or 2). f: the fused kernel's parameters made for kBlockRows-row tiles, varlen tables
+// Launches the kernel (mode 1, 2 or 3). f: the fused kernel's parameters made for kBlockRows-row tiles, varlen tables
 // filled.
 void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, int mode, cudaStream_t stream);
 

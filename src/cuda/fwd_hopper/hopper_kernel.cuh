@@ -14,13 +14,15 @@
 //     softmax      online, in registers, log2 units (scale * log2 e folded into one FFMA per score), exp2
 //     O += P V     wgmma m64nDk16, P from registers (re-packed S accumulators), V from shared memory (N-major)
 //   At the end the sink logit joins the denominator and O and the LSE are written straight from registers.
-// Two schedules of the consumer loop (template PIPE; FLASHLITE_FWD_HOPPER=1 picks the first, =2 the second):
+// Three schedules of the consumer loop (template SCHED = FLASHLITE_FWD_HOPPER's value 1, 2 or 3):
 //   plain      one tile at a time: S, wait, softmax, P V, wait (the two consumer warpgroups overlap each other
 //              only through the warp schedulers). The reference version, built to be checked first.
 //   pipelined  FlashAttention-3's intra-warpgroup overlap: S(n) and P(n-1) V(n-1) are in flight together and the
 //              softmax of S(n) runs while P V is still on the tensor cores.
-// Next steps (docs/perf-notes.md, "Hopper kernel"): ping-pong the two warpgroups with named barriers, a third
-// stage (D64), an smem-staged TMA store of O, a persistent grid.
+//   ping-pong  pipelined, and the two consumer warpgroups take turns to issue their wgmmas (named barriers 1 and
+//              2, FlashAttention-3's inter-warpgroup schedule), so one's softmax runs under the other's GEMMs.
+// Next steps (docs/perf-notes.md, "Hopper kernel"): a third stage (D64), an smem-staged TMA store of O, a persistent
+// grid with longest-first causal scheduling.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -59,8 +61,10 @@ struct HopperTile {
   static_assert(BR == 2 * 64, "two consumer warpgroups of 64 rows");
 };
 
-template <class T, int D, bool PIPE>
+template <class T, int D, int SCHED>
 __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constant__ HopperParams hp) {
+  static_assert(SCHED >= 1 && SCHED <= 3, "schedules 1 (plain), 2 (pipelined), 3 (pipelined + ping-pong)");
+  constexpr bool PIPE = SCHED >= 2, PING = SCHED == 3;
   using Cfg = HopperTile<D>;
   constexpr int BR = Cfg::BR, BC = Cfg::BC, DB = Cfg::DB, STAGES = Cfg::STAGES;
   const FwdParams& p = hp.f;
@@ -267,15 +271,29 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       // between them), and the buffer an in-flight wgmma reads is pinned until after its wait, so the compiler
       // cannot hand its registers to the next P.
       uint32_t pa[BC / 8][2], pb[BC / 8][2];
+      // Ping-pong: each issue of wgmmas is a turn; warpgroup cw waits on barrier 1 + cw for the other's turn to
+      // end (128 of its threads sync, the other's 128 arrive). Warpgroup 1 lets warpgroup 0 start; both take the
+      // same number of turns, and warpgroup 0 takes one extra sync at the end for warpgroup 1's last arrival.
+      const auto turn_begin = [&] {
+        if constexpr (PING) named_sync(1 + cw, 256);
+      };
+      const auto turn_end = [&] {
+        if constexpr (PING) named_arrive(2 - cw, 256);
+      };
+      if constexpr (PING) {
+        if (cw == 1) named_arrive(1, 256);
+      }
       // Tile n: P(n-1) in p_prev (read by the wgmma), P(n) into p_next.
       const auto step = [&](int n, uint32_t (&p_prev)[BC / 8][2], uint32_t (&p_next)[BC / 8][2]) {
         const int st = n % STAGES, prev = (n - 1) % STAGES;
         float s[BC / 2];
         float alpha[2];
         mbar_wait(k_full(st), uint32_t((n / STAGES) & 1));
-        issue_s(s, st);
         mbar_wait(v_full(prev), uint32_t(((n - 1) / STAGES) & 1));
+        turn_begin();
+        issue_s(s, st);
         issue_pv(p_prev, prev);
+        turn_end();
         wgmma_wait<1>();  // S(n) has landed; P(n-1) V(n-1) may still run
         pin_regs(s);
         if (lane == 0) mbar_arrive(k_empty(st));
@@ -289,7 +307,9 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       const auto last_pv = [&](uint32_t (&p_last)[BC / 8][2]) {
         const int last = kt.count - 1, st = last % STAGES;
         mbar_wait(v_full(st), uint32_t((last / STAGES) & 1));
+        turn_begin();
         issue_pv(p_last, st);
+        turn_end();
         wgmma_wait<0>();
         pin_regs(o);
         pin_regs(p_last);
@@ -299,7 +319,9 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
         float s[BC / 2];
         float alpha[2];
         mbar_wait(k_full(0), 0);
+        turn_begin();
         issue_s(s, 0);
+        turn_end();
         wgmma_wait<0>();
         pin_regs(s);
         if (lane == 0) mbar_arrive(k_empty(0));
@@ -315,6 +337,9 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
         } else {
           last_pv(pa);
         }
+      }
+      if constexpr (PING) {
+        if (cw == 0) named_sync(1, 256);  // warpgroup 1's last arrival
       }
     }
 
@@ -352,13 +377,13 @@ bool hopper_smem_optin(Kernel* kernel, int bytes, std::atomic<uint64_t>& done) {
 
 // Launches one instantiation: one CTA per (query tile, sequence, head). Instantiated once per variant file
 // (wgmma_<dtype>_d<D>.cu); launch_hopper.cu only refers to them. Returns the launch error, if any.
-template <class T, int D, bool PIPE>
+template <class T, int D, int SCHED>
 cudaError_t launch_hopper_variant(const HopperParams& hp, cudaStream_t stream) {
   static std::atomic<uint64_t> configured{0};
   constexpr int smem = int(HopperTile<D>::SMEM_BYTES);
-  if (!hopper_smem_optin(fwd_hopper_kernel<T, D, PIPE>, smem, configured)) return cudaGetLastError();
+  if (!hopper_smem_optin(fwd_hopper_kernel<T, D, SCHED>, smem, configured)) return cudaGetLastError();
   const int64_t blocks = int64_t(hp.f.q_tiles) * hp.f.q_heads * hp.f.batch;
-  fwd_hopper_kernel<T, D, PIPE><<<unsigned(blocks), HopperTile<D>::THREADS, smem, stream>>>(hp);
+  fwd_hopper_kernel<T, D, SCHED><<<unsigned(blocks), HopperTile<D>::THREADS, smem, stream>>>(hp);
   return cudaGetLastError();
 }
 
@@ -368,9 +393,10 @@ cudaError_t launch_hopper_variant(const HopperParams& hp, cudaStream_t stream) {
   X(__half, 64)               \
   X(__half, 128)
 
-#define FL_HOPPER_EXTERN(T, D)                                                                    \
-  extern template cudaError_t launch_hopper_variant<T, D, false>(const HopperParams&, cudaStream_t); \
-  extern template cudaError_t launch_hopper_variant<T, D, true>(const HopperParams&, cudaStream_t);
+#define FL_HOPPER_EXTERN(T, D)                                                                \
+  extern template cudaError_t launch_hopper_variant<T, D, 1>(const HopperParams&, cudaStream_t); \
+  extern template cudaError_t launch_hopper_variant<T, D, 2>(const HopperParams&, cudaStream_t); \
+  extern template cudaError_t launch_hopper_variant<T, D, 3>(const HopperParams&, cudaStream_t);
 FL_HOPPER_VARIANTS(FL_HOPPER_EXTERN)
 #undef FL_HOPPER_EXTERN
 

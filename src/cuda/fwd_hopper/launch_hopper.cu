@@ -66,15 +66,17 @@ void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, 
   hp.tq = make_map(p.q, p.dtype, p.head_dim, rows_q, p.q_heads, tb, p.q_stride, kBlockRows, "q");
   hp.tk = make_map(p.k, p.dtype, p.head_dim, rows_k, p.kv_heads, tb, p.k_stride, kBlockKeys, "k");
   hp.tv = make_map(p.v, p.dtype, p.head_dim, rows_k, p.kv_heads, tb, p.v_stride, kBlockKeys, "v");
-  const bool f16 = p.dtype == DType::f16, pipe = mode == 2;
-  const auto pick = [&](auto pipe_tag) {
-    constexpr bool P = decltype(pipe_tag)::value;
+  const bool f16 = p.dtype == DType::f16;
+  const auto pick = [&](auto sched) {
+    constexpr int S = decltype(sched)::value;
     if (p.head_dim == 64) {
-      return f16 ? launch_hopper_variant<__half, 64, P>(hp, stream) : launch_hopper_variant<__nv_bfloat16, 64, P>(hp, stream);
+      return f16 ? launch_hopper_variant<__half, 64, S>(hp, stream) : launch_hopper_variant<__nv_bfloat16, 64, S>(hp, stream);
     }
-    return f16 ? launch_hopper_variant<__half, 128, P>(hp, stream) : launch_hopper_variant<__nv_bfloat16, 128, P>(hp, stream);
+    return f16 ? launch_hopper_variant<__half, 128, S>(hp, stream) : launch_hopper_variant<__nv_bfloat16, 128, S>(hp, stream);
   };
-  const cudaError_t e = pipe ? pick(std::true_type{}) : pick(std::false_type{});
+  const cudaError_t e = mode == 3   ? pick(std::integral_constant<int, 3>{})
+                        : mode == 2 ? pick(std::integral_constant<int, 2>{})
+                                    : pick(std::integral_constant<int, 1>{});
   if (e != cudaSuccess) fail(std::string("launch failed: ") + cudaGetErrorString(e));
 }
 
