@@ -1,6 +1,6 @@
 // The opt-in Hopper forward kernel (src/cuda/fwd_hopper/: wgmma + TMA, warp-specialised) against the float64
-// reference. FLASHLITE_FWD_HOPPER=1 is set before main unless already set (the library reads it once; 2 and 3 select
-// the pipelined and ping-pong schedules), so on an sm_90 device every
+// reference. With FLASHLITE_FWD_HOPPER set by the caller (the library reads it once; 1 plain, 2 and 3 the pipelined
+// and ping-pong schedules; unset: the device tests skip, see kHopperEnv), on an sm_90 device every
 // eligible call of this executable takes the Hopper kernel: each case first checks forward_kernel_name, then the
 // numbers (NaN-poisoned outputs, LSE, untouched bytes; tests/cpu/test_util.h). Cases the kernel rejects must fall
 // back to the mma.sync / fp32 kernels and still be right. The eligibility logic is unit-tested without a device.
@@ -19,14 +19,11 @@
 namespace fltest {
 namespace {
 
-// The plain schedule unless the caller chose one (FLASHLITE_FWD_HOPPER=2 or 3 runs the same grid on the pipelined
-// or ping-pong one).
-const bool kHopperEnv = [] {
-  setenv("FLASHLITE_FWD_HOPPER", "1", 0);
-  return true;
-}();
-
+// The kernel has not run on a GPU yet (2026-11-23): its device tests run only when the caller sets
+// FLASHLITE_FWD_HOPPER (1 plain, 2 pipelined, 3 ping-pong; bench/fwd/hopper_first_run.sh does, with short timeouts),
+// so a hang of the unproven kernel cannot stall the default ctest / gpu-check. Flip to on-by-default once it passes.
 namespace h = flashlite::cuda_fwd_hopper;
+const bool kHopperEnv = h::hopper_fwd_mode() != 0;
 
 bool is_sm90() {
   if (!has_gpu()) return false;
@@ -42,7 +39,8 @@ bool is_sm90() {
 #define FL_SKIP_UNLESS_HOPPER()                                                                   \
   if (!::fltest::has_gpu()) GTEST_SKIP() << "no CUDA device";                                     \
   if (!is_sm90()) GTEST_SKIP() << "the Hopper kernel runs on sm_90 only";                         \
-  if (!h::hopper_fwd_built()) GTEST_SKIP() << "this build has no 90a target (CMAKE_CUDA_ARCHITECTURES)"
+  if (!h::hopper_fwd_built()) GTEST_SKIP() << "this build has no 90a target (CMAKE_CUDA_ARCHITECTURES)"; \
+  if (!kHopperEnv) GTEST_SKIP() << "set FLASHLITE_FWD_HOPPER=1|2|3 to test the (not yet validated) Hopper kernel"
 
 const char* dt_name(DType t) { return t == DType::f32 ? "f32" : t == DType::f16 ? "f16" : "bf16"; }
 
@@ -298,9 +296,8 @@ TEST(HopperEligibility, NameAndSwitch) {
   EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::f16, 64), 1), "cuda_hopper_wgmma_f16_d64");
   EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::f16, 64), 2), "cuda_hopper_wgmma_f16_d64_pipe");
   EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::bf16, 64), 3), "cuda_hopper_wgmma_bf16_d64_pingpong");
-  EXPECT_TRUE(kHopperEnv);
-  EXPECT_TRUE(h::hopper_fwd_enabled());  // set before main, read once
-  EXPECT_TRUE(h::hopper_fwd_mode() >= 1 && h::hopper_fwd_mode() <= 3);
+  EXPECT_EQ(h::hopper_fwd_enabled(), kHopperEnv);  // the library reads the variable once
+  EXPECT_TRUE(h::hopper_fwd_mode() >= 0 && h::hopper_fwd_mode() <= 3);
 }
 
 }  // namespace
