@@ -2,6 +2,7 @@
 // code and numerics as forward() on the CPU) as a batch-1 problem whose K/V are the cached sequence: a strided view
 // of a contiguous cache, or a paged sequence gathered into a scratch buffer (one copy of its K/V, O(len) next to the
 // O(chunk x len) attention).
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -30,6 +31,18 @@ void gather(const KvCacheDesc& c, int64_t b, bool use_v, std::vector<char>& dst)
     for (int64_t h = 0; h < H; ++h) std::memcpy(dst.data() + size_t(j * H + h) * row, at(src, c.dtype, c.offset(b, j, h, use_v)), row);
 }
 
+// Rows that see no key: zeros, and an LSE of the sink logit alone (it is the whole denominator), else -inf -- the
+// float64 reference's rule (src/cpu/reference.cpp).
+void write_keyless_rows(const AttentionProblem& s) {
+  for (int64_t i = 0; i < s.seq_q; ++i)
+    for (int64_t h = 0; h < s.q_heads; ++h) {
+      for (int64_t e = 0; e < s.head_dim; ++e) store_from_float(s.out, s.dtype, i * s.out_stride.seq + h * s.out_stride.head + e, 0.f);
+      if (s.lse) {
+        s.lse[h * s.lse_stride_head + i * s.lse_stride_seq] = s.sink_logits ? s.sink_logits[h] : -INFINITY;
+      }
+    }
+}
+
 }  // namespace
 
 void cpu_prefill(const PrefillProblem& p) {
@@ -48,6 +61,10 @@ void cpu_prefill(const PrefillProblem& p) {
     s.q = at(a.q, a.dtype, qb * a.q_stride.batch + r0 * a.q_stride.seq);
     s.out = at(a.out, a.dtype, qb * a.out_stride.batch + r0 * a.out_stride.seq);
     if (a.lse) s.lse = a.lse + qb * a.lse_stride_batch + r0 * a.lse_stride_seq;
+    if (len == 0) {  // (decode only: prefill chunks never exceed the length) no key at all
+      write_keyless_rows(s);
+      continue;
+    }
     if (!c.paged) {
       s.k = at(c.k, c.dtype, b * c.ks.s0);
       s.v = at(c.v, c.dtype, b * c.vs.s0);

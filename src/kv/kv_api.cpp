@@ -190,7 +190,7 @@ std::string prefill_kernel_name(const PrefillArgs& args) {
 
 std::string decode_kernel_name(const DecodeArgs& args) {
   const DecodeRun r = args.plan ? prepare(args, args.plan->max_kv_len, args.plan->num_splits) : prepare(args, -1, 0);
-  if (!r.cuda) return "cpu_decode";
+  if (!r.cuda) return std::string("cpu_decode (tiled ") + cpu_tiled_variant(prefill_from_decode(r.p).attn) + ")";
 #if FLASHLITE_WITH_CUDA
   return cuda_decode_kernel_name(r.p) + " (splits " + std::to_string(r.splits) + ")";
 #else

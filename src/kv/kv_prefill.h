@@ -28,6 +28,9 @@ struct PrefillProblem {
 
 // src/kv/kv_prefill_validate.cpp: every argument checked on the host (throws Error, nothing written).
 PrefillProblem validate_prefill(const PrefillArgs& args);
+// A validated decode problem as the padded prefill problem it is (q_len rows per sequence; a sequence may hold fewer
+// than q_len tokens, or none: its leading rows see no key). The CPU decode runs through it.
+PrefillProblem prefill_from_decode(const DecodeProblem& dp);
 
 // src/cpu/kv_prefill.cpp
 void cpu_prefill(const PrefillProblem& p);

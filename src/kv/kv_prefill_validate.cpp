@@ -67,6 +67,36 @@ TensorView stand_in(void* data, const KvCacheView& c, int64_t batch, int64_t hea
 
 }  // namespace
 
+PrefillProblem prefill_from_decode(const DecodeProblem& dp) {
+  const KvCacheDesc& c = dp.cache;
+  PrefillProblem p;
+  p.cache = c;
+  AttentionProblem& t = p.attn;
+  t.dtype = c.dtype;
+  t.device = c.device;
+  t.batch = c.batch;
+  t.q_heads = dp.q_heads;
+  t.kv_heads = c.kv_heads;
+  t.head_dim = c.head_dim;
+  t.k = c.k;
+  t.v = c.v;
+  t.k_stride = {c.ks.s0, c.ks.s1, c.ks.s2};
+  t.v_stride = {c.vs.s0, c.vs.s1, c.vs.s2};
+  t.seq_k = c.max_length;
+  t.sink_logits = dp.sink_logits;
+  t.scale = dp.scale;
+  t.softcap = dp.softcap;
+  t.mask = dp.mask;
+  t.q = dp.q;
+  t.out = dp.out;
+  t.seq_q = t.q_tensor_rows = dp.q_len;
+  t.q_stride = {dp.q_st.s0, dp.q_st.s1, dp.q_st.s2};
+  t.out_stride = {dp.o_st.s0, dp.o_st.s1, dp.o_st.s2};
+  t.lse = dp.lse;
+  t.lse_stride_batch = dp.lse_sb, t.lse_stride_head = dp.lse_sh, t.lse_stride_seq = dp.lse_ss;
+  return p;
+}
+
 PrefillProblem validate_prefill(const PrefillArgs& a) {
   const AttentionOptions& o = a.options;
   const bool ragged = !o.cu_seqlens_q.empty();
@@ -99,33 +129,12 @@ PrefillProblem validate_prefill(const PrefillArgs& a) {
   const DecodeProblem dp = validate_decode(d);
   const KvCacheDesc& c = dp.cache;
 
-  PrefillProblem p;
-  p.cache = c;
+  PrefillProblem p = prefill_from_decode(dp);
   AttentionProblem& t = p.attn;
-  t.dtype = c.dtype;
-  t.device = c.device;
-  t.batch = c.batch;
-  t.q_heads = dp.q_heads;
-  t.kv_heads = c.kv_heads;
-  t.head_dim = c.head_dim;
-  t.k = c.k;
-  t.v = c.v;
-  t.k_stride = {c.ks.s0, c.ks.s1, c.ks.s2};
-  t.v_stride = {c.vs.s0, c.vs.s1, c.vs.s2};
-  t.seq_k = c.max_length;
-  t.sink_logits = dp.sink_logits;
-  t.scale = dp.scale;
-  t.softcap = dp.softcap;
-  t.mask = dp.mask;
   t.q = a.q.data;
   t.out = a.out.data;
 
   if (!ragged) {
-    t.seq_q = t.q_tensor_rows = dp.q_len;
-    t.q_stride = {dp.q_st.s0, dp.q_st.s1, dp.q_st.s2};
-    t.out_stride = {dp.o_st.s0, dp.o_st.s1, dp.o_st.s2};
-    t.lse = dp.lse;
-    t.lse_stride_batch = dp.lse_sb, t.lse_stride_head = dp.lse_sh, t.lse_stride_seq = dp.lse_ss;
     for (int64_t b = 0; b < c.batch; ++b) {
       if (c.length(b) < dp.q_len) {
         fail("q has q_len " + to_string(dp.q_len) + " but sequence " + to_string(b) + " holds " + to_string(c.length(b)) +
