@@ -17,8 +17,11 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 OUT="${OUT:-/tmp/flashlite_engine_round3}"
-LOGDIR="$OUT/logs"
-mkdir -p "$LOGDIR"
+# The logs live outside $OUT and are packed into $OUT/logs.tgz after every phase: a run killed at the device tool's
+# limit (SIGKILL: no EXIT trap) still returns at most 8 files, the logs of the phases it finished among them.
+LOGDIR=/tmp/flashlite_engine_round3_logs/logs
+rm -rf "$LOGDIR"
+mkdir -p "$LOGDIR" "$OUT"
 export PYTHONUNBUFFERED=1 LOGDIR
 export FLASHLITE_MODELS="${FLASHLITE_MODELS:-$root/.carry/models}"
 export FLASHLITE_PARITY_CACHE="${FLASHLITE_PARITY_CACHE:-/tmp/flashlite_parity}"
@@ -26,8 +29,13 @@ build="${BUILD_DIR:-$root/build-gpu}"
 ckpt="$FLASHLITE_PARITY_CACHE/llama32_1b_random"
 tok="$FLASHLITE_MODELS/llama3-tokenizer"
 t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a "$LOGDIR/timeline.txt"; }
-finish() { stamp "done"; tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGDIR"; }
+budget="${BUDGET_S:-565}"  # seconds of the device call's 600 this script may use (the last phases are cut to fit)
+elapsed() { echo $(( $(date +%s) - t0 )); }
+pack() { tar -czf "$OUT/logs.tgz.tmp" -C "$(dirname "$LOGDIR")" logs 2>/dev/null && mv -f "$OUT/logs.tgz.tmp" "$OUT/logs.tgz"; }
+stamp() { pack; echo "[$(elapsed) s] $*" | tee -a "$LOGDIR/timeline.txt"; }
+# before SECONDS: true while the elapsed time is below SECONDS, else says what is skipped
+before() { [ "$(elapsed)" -lt "$1" ] && return 0; echo "SKIPPED at $(elapsed) s (budget): $2" | tee -a "$LOGDIR/timeline.txt" "$OUT/profile.txt"; return 1; }
+finish() { stamp "done"; pack; }
 trap finish EXIT
 
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
@@ -58,6 +66,7 @@ stamp "checkpoint"
 combo="FLASHLITE_ENGINE_SPLITK=1 FLASHLITE_ENGINE_FUSE_ROPE=1 FLASHLITE_ENGINE_FUSE_ARGMAX=1 FLASHLITE_ENGINE_PRELOAD=small"  # = e2e.py COMBO
 stamp "event profiles"
 for spec in "default|" "combo|$combo" "default_batch16|" ; do
+  before 380 "event profile ${spec%%|*}" || continue
   label="${spec%%|*}"; vars="${spec#*|}"; b=1; [ "$label" = default_batch16 ] && b=16
   env $vars FLASHLITE_ENGINE_PROFILE=1 timeout 60 "$bin" generate --model "$ckpt" --device cuda --prompt-tokens 512 \
     --batch "$b" --max-tokens 40 --ignore-eos --json > "$LOGDIR/profile_$label.json" 2> "$LOGDIR/profile_$label.err"
@@ -68,11 +77,13 @@ done
 stamp "ncu profiles"
 for spec in "default|" "combo|$combo"; do
   label="${spec%%|*}"; vars="${spec#*|}"
+  before 330 "ncu profile $label" || continue
   { env $vars NCU_TIMEOUT=100 bash bench/engine/profile_decode.sh "$bin" "$ckpt" "$tok" "$label" 2>&1; echo; } >> "$OUT/profile.txt"
 done
 
 stamp "e2e: default, then the variants"
-left=$(( 530 - ($(date +%s) - t0) )); [ "$left" -lt 60 ] && left=60
+left=$(( budget - 10 - $(elapsed) ))
+[ "$left" -lt 40 ] && { echo "SKIPPED at $(elapsed) s (budget): e2e" | tee -a "$OUT/profile.txt"; exit "$status"; }
 timeout "$left" python3 bench/e2e.py --flashlite "$bin" --checkpoint "$ckpt" --tokenizer-dir "$tok" \
   --skip-transformers --batches 1,16 --prompts 512 --variants all --out "$OUT/e2e.json" > "$LOGDIR/e2e.log" 2>&1 || status=1
 python3 - "$OUT/e2e.json" <<'PY' | tee -a "$OUT/profile.txt"
