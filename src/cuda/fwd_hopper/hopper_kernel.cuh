@@ -59,6 +59,13 @@ struct HopperTile {
   static constexpr uint32_t SMEM_BYTES = OFF_BAR + 128 + 1024;  // barriers, and slack to align the base to 1024
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(BR == 2 * 64, "two consumer warpgroups of 64 rows");
+  // setmaxnreg: the producer warpgroup gives registers back, the two consumer warpgroups take them. The CTA's pool is
+  // what the kernel was compiled with (168 per thread: __launch_bounds__(384, 1) on 64K registers, ptxas -v says so);
+  // if the two warpgroups asked for more than the pool holds, setmaxnreg.inc would wait forever.
+  static constexpr int REGS_PRODUCER = 24, REGS_CONSUMER = 240, REGS_ENTRY = 168;
+  static_assert(REGS_PRODUCER % 8 == 0 && REGS_CONSUMER % 8 == 0 && REGS_PRODUCER >= 24 && REGS_CONSUMER <= 256,
+                "setmaxnreg counts are multiples of 8 in [24, 256]");
+  static_assert(128 * REGS_PRODUCER + 256 * REGS_CONSUMER <= THREADS * REGS_ENTRY, "setmaxnreg would exceed the pool");
 };
 
 template <class T, int D, int SCHED>
@@ -104,7 +111,7 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
 
   if (warp < 4) {
     // ---------------------------------------------------------------- producer warpgroup
-    regs_dealloc<24>();
+    regs_dealloc<Cfg::REGS_PRODUCER>();
     if (warp == 0 && lane == 0) {
       tma_prefetch_map(&hp.tq);
       tma_prefetch_map(&hp.tk);
@@ -134,7 +141,7 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
     }
   } else {
     // ---------------------------------------------------------------- consumer warpgroups
-    regs_alloc<240>();
+    regs_alloc<Cfg::REGS_CONSUMER>();
     const int cw = warp / 4 - 1;              // consumer warpgroup: rows [64 cw, 64 cw + 64) of the tile
     const int g = lane / 4, t = lane % 4;     // accumulator fragment: row group, thread in group
     const int row_w = cw * 64 + (warp % 4) * 16;  // this warp's first row within the tile

@@ -14,6 +14,13 @@
 #include "flashlite/errors.h"
 
 namespace flashlite::cuda_fwd_hopper {
+
+// The tensor maps' boxes (kBlockRows / kBlockKeys rows, 64 columns) are what the kernel's expect_tx byte counts and
+// descriptors assume (HopperTile); the FwdParams' query tiles are made for kBlockRows too (launch.cu).
+static_assert(kBlockRows == HopperTile<64>::BR && kBlockRows == HopperTile<128>::BR, "Q box rows != kernel tile rows");
+static_assert(kBlockKeys == HopperTile<64>::BC && kBlockKeys == HopperTile<128>::BC, "K/V box rows != kernel tile keys");
+static_assert(HopperTile<128>::SMEM_BYTES <= 227u * 1024u, "over the sm_90 opt-in shared memory per block");
+
 namespace {
 
 [[noreturn]] void fail(const std::string& what) {
