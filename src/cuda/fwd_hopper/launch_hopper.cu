@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -57,7 +58,17 @@ CUtensorMap make_map(const void* base, DType dtype, int64_t head_dim, int64_t ro
                                4, const_cast<void*>(base), dims, strides, box, elem_strides,
                                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) fail(std::string("cuTensorMapEncodeTiled failed for ") + name + " (CUresult " + std::to_string(int(r)) + ")");
+  if (r != CUDA_SUCCESS) {
+    // The arguments in the message: the first device run has no other way to see what the driver refused.
+    std::string what = std::string("cuTensorMapEncodeTiled failed for ") + name + " (CUresult " + std::to_string(int(r)) +
+                       "; dims";
+    for (const cuuint64_t d : dims) what += " " + std::to_string(d);
+    what += ", byte strides";
+    for (const cuuint64_t st : strides) what += " " + std::to_string(st);
+    what += ", box 64 x " + std::to_string(box_rows) + ", base address mod 16 = " +
+            std::to_string(reinterpret_cast<uintptr_t>(base) % 16) + ")";
+    fail(what);
+  }
   return map;
 }
 
