@@ -192,8 +192,9 @@ class ScopedEnv {
 
 // Every variant switch against the default on one bf16 model: the same greedy tokens for one sequence and a batch of
 // three (decode steps replayed from graphs, several rows through the GEMVs). Variants that keep every rounding
-// (fused RoPE, fused argmax, preload, late trigger, profile modes) must match exactly; those that reorder fp32 sums
-// (split-K, forced decode splits, the combination) may part only where the default's own logits are a near tie
+// (fused argmax, preload, late trigger, profile modes) must match exactly; those that reorder fp32 sums or may round
+// differently (split-K, forced decode splits, fused RoPE, the combinations) may part only where the default's own
+// logits are a near tie
 // (checked by teacher-forcing the default model up to the first difference). Then logits within the bf16 tolerance
 // of float64, prefill + decode, with the variant on.
 TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
@@ -221,7 +222,11 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {{{"FLASHLITE_ENGINE_SPLITK", "1"}}, false},
       {{{"FLASHLITE_ENGINE_SPLITK", "2"}}, false},
       {{{"FLASHLITE_ENGINE_SPLITK", "8"}}, false},
-      {{{"FLASHLITE_ENGINE_FUSE_ROPE", "1"}}, true},
+      // Fused RoPE: not demanded bit-exact. Its rotation is the unfused kernel's PTX (mul/mul/sub and mul/fma), but
+      // mul.f32 / sub.f32 without .rn may be contracted by ptxas differently in the two kernels (SASS not checked:
+      // no cuobjdump on the dev machine); cuda_ops_test counts the bit-equal values. A real RoPE bug still fails the
+      // near-tie check and the float64 logits below (review 2026-11-23).
+      {{{"FLASHLITE_ENGINE_FUSE_ROPE", "1"}}, false},
       {{{"FLASHLITE_ENGINE_FUSE_ARGMAX", "1"}}, true},
       {{{"FLASHLITE_ENGINE_PRELOAD", "1"}, {"FLASHLITE_ENGINE_PREFETCH", "0"}}, true},
       {{{"FLASHLITE_ENGINE_PRELOAD", "small"}}, true},
@@ -255,7 +260,8 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
         if (t == g.size()) continue;
         ASSERT_FALSE(v.exact) << "sequence " << b << " (batch " << ps.size() << ") parts from the default at token " << t;
         // The default model's logits after the common prefix: the two tokens must be a near tie there.
-        ScopedEnv plain({{"FLASHLITE_ENGINE_SPLITK", "0"}, {"FLASHLITE_ENGINE_DECODE_SPLITS", "0"}});
+        ScopedEnv plain({{"FLASHLITE_ENGINE_SPLITK", "0"}, {"FLASHLITE_ENGINE_DECODE_SPLITS", "0"},
+                         {"FLASHLITE_ENGINE_FUSE_ROPE", "0"}});
         CUDA_MODEL_OR_SKIP(base, w, "bf16", 1);
         std::vector<int> prefix = ps[b];
         prefix.insert(prefix.end(), e.begin(), e.begin() + t);
