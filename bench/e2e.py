@@ -114,6 +114,12 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "combo_pdl_off": {**COMBO, "FLASHLITE_ENGINE_PDL": "0"},
     "combo_decode_splits_1": {**COMBO, "FLASHLITE_ENGINE_DECODE_SPLITS": "1"},
 }
+# Switches that act only on the fused GEMVs, i.e. on steps of <= 8 rows (kGemvMaxRows): at a larger batch a variant
+# made of these alone runs the default's kernels, so --variants skips those rows (recorded as skipped) instead of
+# spending three engine processes on a copy of the default row.
+GEMV_ONLY_SWITCHES = {"FLASHLITE_ENGINE_SPLITK", "FLASHLITE_ENGINE_FUSE_ROPE", "FLASHLITE_ENGINE_FUSE_ARGMAX",
+                      "FLASHLITE_ENGINE_PRELOAD", "FLASHLITE_ENGINE_PDL_TRIGGER", "FLASHLITE_ENGINE_PREFETCH"}
+GEMV_MAX_ROWS = 8
 
 
 def run_engine(args, model_dir, batch, prompt, new, env=None):
@@ -232,6 +238,10 @@ def main():
         variants[name] = {"env": env, "rows": []}
         for b in map(int, args.batches.split(",")):
             for p in map(int, args.prompts.split(",")):
+                if b > GEMV_MAX_ROWS and set(env) <= GEMV_ONLY_SWITCHES:
+                    r = {"skipped": f"batch {b} > {GEMV_MAX_ROWS} rows: cuBLASLt steps, the default's kernels"}
+                    variants[name]["rows"].append({"batch": b, "prompt": p, "new_tokens": args.new_tokens, "flashlite": r})
+                    continue
                 r = run_engine(args, model_dir, b, p, args.new_tokens, env)
                 if "tbt_ms" in r:
                     r["weight_gb_s"] = wbytes / (r["tbt_ms"] / 1e3) / 1e9

@@ -98,7 +98,8 @@ def line(name, rows):
     cells = []
     for row in rows:
         f = row["flashlite"]
-        cells.append(f"b{row['batch']}: " + (f"{f['tbt_ms']:.3f} ms {f['decode_tok_s']:.0f} tok/s" if "tbt_ms" in f else "error"))
+        cells.append(f"b{row['batch']}: " + (f"{f['tbt_ms']:.3f} ms {f['decode_tok_s']:.0f} tok/s" if "tbt_ms" in f
+                                              else "= default (GEMV switches only)" if "skipped" in f else "error"))
     print(f"  {name:24s} " + " | ".join(cells))
 line("default", r["rows"])
 for name, v in r.get("variants", {}).items():
