@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "cuda/decode/decode_variant.h"
+#include "kv_gpu_util.h"
 #include "kv_test_util.h"
 
 namespace kvtest {
@@ -17,38 +18,6 @@ namespace {
 
 using flashlite::AppendArgs;
 using flashlite::RopeLayout;
-
-bool has_gpu() {
-  static const bool yes = [] {
-    int n = 0;
-    const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-    cudaGetLastError();
-    return ok;
-  }();
-  return yes;
-}
-#define SKIP_WITHOUT_GPU() \
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device"
-
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// A device copy of a host buffer (bytes), freed on destruction.
-struct DevBuf {
-  void* p = nullptr;
-  size_t n = 0;
-  DevBuf() = default;
-  explicit DevBuf(const void* host, size_t bytes) : n(bytes) {
-    ck(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc");
-    if (bytes) ck(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), "H2D");
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  ~DevBuf() { cudaFree(p); }
-  void up(const void* host) { ck(cudaMemcpy(p, host, n, cudaMemcpyHostToDevice), "H2D"); }
-  void down(void* host) const { ck(cudaMemcpy(host, p, n, cudaMemcpyDeviceToHost), "D2H"); }
-};
 
 TensorView on_device(TensorView t, void* dev_data) {
   t.data = dev_data;

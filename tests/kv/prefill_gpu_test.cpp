@@ -12,39 +12,12 @@
 #include <cstdlib>
 #include <memory>
 
+#include "kv_gpu_util.h"
 #include "prefill_test_util.h"
 
 namespace kvtest {
 namespace {
 
-bool has_gpu() {
-  static const bool yes = [] {
-    int n = 0;
-    const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-    cudaGetLastError();
-    return ok;
-  }();
-  return yes;
-}
-#define SKIP_WITHOUT_GPU() \
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device"
-
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// Device bytes, freed on destruction.
-struct DevBuf {
-  void* p = nullptr;
-  size_t n = 0;
-  DevBuf(const void* host, size_t bytes) : n(bytes) {
-    ck(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc");
-    if (bytes && host) ck(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), "H2D");
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  ~DevBuf() { cudaFree(p); }
-};
 
 // Runs prefill on the GPU for host-side args: every view (cache K/V, index arrays, q, out, lse, sink logits) is copied
 // to the device with its bytes, the call runs with backend cuda, and out / lse come back into the host buffers.
