@@ -186,6 +186,22 @@ def _decode_call(q, cache, out, lse, causal, scale, window, sink_tokens, sink_lo
              _stream(cache)))
 
 
+def _outputs(q, cache, out, return_lse):
+    """(array module, out, lse) for a call on q: out allocated like q unless given, the fp32 LSE [batch, heads,
+    q rows] when asked for."""
+    if _lib(q, "q") != cache.lib:
+        raise TypeError("q and the cache must come from the same library")
+    if cache.lib == "torch":
+        import torch as xp
+        kw = dict(dtype=xp.float32, device=q.device)
+    else:
+        import numpy as xp
+        kw = dict(dtype=xp.float32)
+    out = xp.empty_like(q) if out is None else out
+    lse = xp.empty((q.shape[0], q.shape[2], q.shape[1]), **kw) if return_lse else None
+    return xp, out, lse
+
+
 def decode(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink_tokens=0, sink_logits=None,
            softcap=0.0, return_lse=False, backend="auto", out=None, max_kv_len=-1, num_splits=0):
     """Attention of the last q_len tokens of each sequence (q [batch, q_len, heads, D], q_len 1..8 on CUDA) over
@@ -194,19 +210,10 @@ def decode(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink_
     from torch's allocator. max_kv_len: the length bound the split plan serves (-1: the longest sequence now; give
     the capacity when the call is captured in a CUDA graph that is replayed as sequences grow). Returns out [and the
     fp32 LSE, shape [batch, heads, q_len]]."""
-    if _lib(q, "q") != cache.lib:
-        raise TypeError("q and the cache must come from the same library")
-    if cache.lib == "torch":
-        import torch
-        out = torch.empty_like(q) if out is None else out
-        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device) \
-            if return_lse else None
-        allocate = (lambda n: _dl(torch.empty(n, dtype=torch.uint8, device=q.device))) if q.is_cuda else None
-    else:
-        import numpy as np
-        out = np.empty_like(q) if out is None else out
-        lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float32) if return_lse else None
-        allocate = None
+    xp, out, lse = _outputs(q, cache, out, return_lse)
+    allocate = None
+    if cache.lib == "torch" and q.is_cuda:  # the split workspace from torch's caching allocator (graph-capturable)
+        allocate = lambda n: _dl(xp.empty(n, dtype=xp.uint8, device=q.device))  # noqa: E731
     _C.decode(*_decode_call(q, cache, out, lse, causal, scale, window, sink_tokens, sink_logits, softcap, backend),
               max_kv_len=int(max_kv_len), num_splits=int(num_splits), allocate=allocate)
     return (out, lse) if return_lse else out
@@ -219,21 +226,9 @@ def prefill(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink
     [batch, q_len, heads, D], or ragged [1, total_q, heads, D] with cu_seqlens_q (int32 [batch + 1] on the CPU: the
     chunk of sequence b is rows cu[b] .. cu[b+1] - 1). Any chunk length; on CUDA the fused tensor-core kernel reads
     K/V from the cache (through the page table when paged). Returns out [and the fp32 LSE]."""
-    if _lib(q, "q") != cache.lib:
-        raise TypeError("q and the cache must come from the same library")
-    if cache.lib == "torch":
-        import torch
-        out = torch.empty_like(q) if out is None else out
-        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device) \
-            if return_lse else None
-        if isinstance(cu_seqlens_q, (list, tuple)):
-            cu_seqlens_q = torch.tensor(cu_seqlens_q, dtype=torch.int32)
-    else:
-        import numpy as np
-        out = np.empty_like(q) if out is None else out
-        lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float32) if return_lse else None
-        if isinstance(cu_seqlens_q, (list, tuple)):
-            cu_seqlens_q = np.asarray(cu_seqlens_q, dtype=np.int32)
+    xp, out, lse = _outputs(q, cache, out, return_lse)
+    if isinstance(cu_seqlens_q, (list, tuple)):
+        cu_seqlens_q = (xp.tensor if cache.lib == "torch" else xp.asarray)(cu_seqlens_q, dtype=xp.int32)
     conv = _dl if cache.lib == "torch" else (lambda a: a)
     _C.prefill(*_decode_call(q, cache, out, lse, causal, scale, window, sink_tokens, sink_logits, softcap, backend),
                cu_seqlens_q=conv(cu_seqlens_q))
