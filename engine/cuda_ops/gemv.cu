@@ -47,6 +47,87 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
   return acc;
 }
 
+// The activation rows a GEMV multiplies (after pdl_wait: x is the previous kernel's output): RMSNorm'd rows staged in
+// shared memory as bf16 (fp32 math), or the bf16 input itself; rows past p.rows repeat the last one (never stored).
+template <int R, GemvIn IN>
+__device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* staged, const uint4* (&xrow)[R], int lane,
+                                                int warp, int kc) {
+  if constexpr (IN == GemvIn::rmsnorm) {
+    __shared__ float inv[R];
+    for (int r = warp; r < p.rows; r += kWarps) {
+      const float4* xr = reinterpret_cast<const float4*>(p.xf + size_t(p.row_index ? p.row_index[r] : r) * p.k);
+      float ss = 0.f;
+      for (int i = lane; i < p.k / 4; i += 32) {
+        const float4 v = xr[i];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (lane == 0) inv[r] = rsqrtf(ss / p.k + p.eps);
+    }
+    __syncthreads();
+    __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(staged);
+    const __nv_bfloat16* g = static_cast<const __nv_bfloat16*>(p.norm_w);
+    for (int r = 0; r < p.rows; ++r) {
+      const float* xr = p.xf + size_t(p.row_index ? p.row_index[r] : r) * p.k;
+      for (int i = threadIdx.x; i < p.k; i += kThreads)
+        st[size_t(r) * p.k + i] = __float2bfloat16(xr[i] * inv[r] * __bfloat162float(g[i]));
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r) xrow[r] = staged + size_t(min(r, p.rows - 1)) * kc;
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) xrow[r] = static_cast<const uint4*>(p.x) + size_t(min(r, p.rows - 1)) * kc;
+  }
+}
+
+// acc[j][r] += weight row j . activation row r over one batch of loads (wv: kUnroll chunks 32 apart from c0; chunks
+// at or past c_end are not there).
+template <int R, int NW, int kUnroll>
+__device__ __forceinline__ void dot_batch(float (&acc)[NW][R], const uint4 (&wv)[kUnroll][NW], const uint4* const (&xrow)[R],
+                                          int c0, int c_end) {
+#pragma unroll
+  for (int t = 0; t < kUnroll; ++t) {
+    const int c = c0 + 32 * t;
+    if (c < c_end) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint4 xv = xrow[r][c];
+#pragma unroll
+        for (int j = 0; j < NW; ++j) acc[j][r] = dot8(wv[t][j], xv, acc[j][r]);
+      }
+    }
+  }
+}
+
+// Each lane's partial sums added across the warp.
+template <int R, int NW>
+__device__ __forceinline__ void warp_sum(float (&acc)[NW][R]) {
+#pragma unroll
+  for (int j = 0; j < NW; ++j)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[j][r] += __shfl_xor_sync(0xffffffffu, acc[j][r], o);
+}
+
+// Output column j of the warp (element `at` of y) for activation row r: stored (bf16 / fp32), added to the fp32
+// residual stream, or SwiGLU of the gate (column j) and its up row (column j + NW / 2).
+template <GemvOut OUT, int NW, int R>
+__device__ __forceinline__ void store_column(const GemvParams& p, const float (&acc)[NW][R], int j, int r, size_t at) {
+  const float v = acc[j][r];
+  if constexpr (OUT == GemvOut::bf16) {
+    static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v);
+  } else if constexpr (OUT == GemvOut::f32 || OUT == GemvOut::f32_argmax) {
+    static_cast<float*>(p.y)[at] = v;
+  } else if constexpr (OUT == GemvOut::add_f32) {
+    static_cast<float*>(p.y)[at] += v;
+  } else {
+    const float up = acc[j + NW / 2][r];
+    static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v / (1.f + __expf(-v)) * up);
+  }
+}
+
 // Which weight row warp `w` of tile `t` owns in the fused-RoPE layout: a tile is 8 rows of one head forming 4 rotation
 // pairs; the warp's partner (the other element of its pair) is warp w ^ 4 (half-split) or w ^ 1 (interleaved).
 struct RopeSlot {
@@ -98,33 +179,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvParams p) {
   }
   pdl_wait();
   const uint4* xrow[R];
-  if constexpr (IN == GemvIn::rmsnorm) {
-    __shared__ float inv[R];
-    for (int r = warp; r < p.rows; r += kWarps) {
-      const float4* xr = reinterpret_cast<const float4*>(p.xf + size_t(p.row_index ? p.row_index[r] : r) * p.k);
-      float ss = 0.f;
-      for (int i = lane; i < p.k / 4; i += 32) {
-        const float4 v = xr[i];
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      }
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      if (lane == 0) inv[r] = rsqrtf(ss / p.k + p.eps);
-    }
-    __syncthreads();
-    __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(staged);
-    const __nv_bfloat16* g = static_cast<const __nv_bfloat16*>(p.norm_w);
-    for (int r = 0; r < p.rows; ++r) {
-      const float* xr = p.xf + size_t(p.row_index ? p.row_index[r] : r) * p.k;
-      for (int i = threadIdx.x; i < p.k; i += kThreads)
-        st[size_t(r) * p.k + i] = __float2bfloat16(xr[i] * inv[r] * __bfloat162float(g[i]));
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < R; ++r) xrow[r] = staged + size_t(min(r, p.rows - 1)) * kc;
-  } else {
-#pragma unroll
-    for (int r = 0; r < R; ++r) xrow[r] = static_cast<const uint4*>(p.x) + size_t(min(r, p.rows - 1)) * kc;
-  }
+  activation_rows<R, IN>(p, staged, xrow, lane, warp, kc);
 
   for (int grp = blockIdx.x * kWarps + warp; grp < groups; grp += gridDim.x * kWarps) {
     const int u0 = grp * U;
@@ -142,25 +197,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvParams p) {
       for (int t = 0; t < kUnroll; ++t)
 #pragma unroll
         for (int j = 0; j < NW; ++j) wv[t][j] = c0 + 32 * t < kc ? load_stream(wr[j] + c0 + 32 * t) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int t = 0; t < kUnroll; ++t) {
-        const int c = c0 + 32 * t;
-        if (c < kc) {
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            const uint4 xv = xrow[r][c];
-#pragma unroll
-            for (int j = 0; j < NW; ++j) acc[j][r] = dot8(wv[t][j], xv, acc[j][r]);
-          }
-        }
-      }
+      dot_batch(acc, wv, xrow, c0, kc);
     }
-#pragma unroll
-    for (int j = 0; j < NW; ++j)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) acc[j][r] += __shfl_xor_sync(0xffffffffu, acc[j][r], o);
+    warp_sum(acc);
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -169,18 +208,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvParams p) {
         for (int j = 0; j < U; ++j) {
           const int u = u0 + j;
           if (u >= p.out) break;
-          const size_t at = size_t(r) * p.out + u;
-          const float v = acc[j][r];
-          if constexpr (OUT == GemvOut::bf16) {
-            static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v);
-          } else if constexpr (OUT == GemvOut::f32) {
-            static_cast<float*>(p.y)[at] = v;
-          } else if constexpr (OUT == GemvOut::add_f32) {
-            static_cast<float*>(p.y)[at] += v;
-          } else {
-            const float up = acc[j + U][r];
-            static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v / (1.f + __expf(-v)) * up);
-          }
+          store_column<OUT>(p, acc, j, r, size_t(r) * p.out + u);
         }
       }
     }
@@ -251,33 +279,7 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
   }
   pdl_wait();
   const uint4* xrow[R];
-  if constexpr (IN == GemvIn::rmsnorm) {
-    __shared__ float inv[R];
-    for (int r = warp; r < p.rows; r += kWarps) {
-      const float4* xr = reinterpret_cast<const float4*>(p.xf + size_t(p.row_index ? p.row_index[r] : r) * p.k);
-      float ss = 0.f;
-      for (int i = lane; i < p.k / 4; i += 32) {
-        const float4 v = xr[i];
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      }
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      if (lane == 0) inv[r] = rsqrtf(ss / p.k + p.eps);
-    }
-    __syncthreads();
-    __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(staged);
-    const __nv_bfloat16* g = static_cast<const __nv_bfloat16*>(p.norm_w);
-    for (int r = 0; r < p.rows; ++r) {
-      const float* xr = p.xf + size_t(p.row_index ? p.row_index[r] : r) * p.k;
-      for (int i = threadIdx.x; i < p.k; i += kThreads)
-        st[size_t(r) * p.k + i] = __float2bfloat16(xr[i] * inv[r] * __bfloat162float(g[i]));
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < R; ++r) xrow[r] = staged + size_t(min(r, p.rows - 1)) * kc;
-  } else {
-#pragma unroll
-    for (int r = 0; r < R; ++r) xrow[r] = static_cast<const uint4*>(p.x) + size_t(min(r, p.rows - 1)) * kc;
-  }
+  activation_rows<R, IN>(p, staged, xrow, lane, warp, kc);
 
   uint64_t best[kArgmax ? R : 1];  // f32_argmax: this warp's largest key per activation row so far
 #pragma unroll
@@ -300,25 +302,9 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
       for (int c0 = c_begin + lane; c0 < c_end; c0 += 32 * kUnroll) {
         if (!preloaded) load_batch(wr, c0);
         preloaded = false;
-#pragma unroll
-        for (int t = 0; t < kUnroll; ++t) {
-          const int c = c0 + 32 * t;
-          if (c < c_end) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-              const uint4 xv = xrow[r][c];
-#pragma unroll
-              for (int j = 0; j < NW; ++j) acc[j][r] = dot8(wv[t][j], xv, acc[j][r]);
-            }
-          }
-        }
+        dot_batch(acc, wv, xrow, c0, c_end);
       }
-#pragma unroll
-      for (int j = 0; j < NW; ++j)
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-          for (int o = 16; o > 0; o >>= 1) acc[j][r] += __shfl_xor_sync(0xffffffffu, acc[j][r], o);
+      warp_sum(acc);
     }
     preloaded = false;  // a lane with no chunk in its first tile never consumed its (empty) batch
     if constexpr (kRope) {
@@ -380,21 +366,8 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
           for (int j = 0; j < U; ++j) {
             const int u = u0 + j;
             if (u >= p.out) break;
-            const size_t at = size_t(r) * p.out + u;
-            const float v = acc[j][r];
-            if constexpr (OUT == GemvOut::bf16) {
-              static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v);
-            } else if constexpr (OUT == GemvOut::f32) {
-              static_cast<float*>(p.y)[at] = v;
-            } else if constexpr (OUT == GemvOut::f32_argmax) {
-              static_cast<float*>(p.y)[at] = v;
-              best[r] = max(best[r], argmax_key(v, u));
-            } else if constexpr (OUT == GemvOut::add_f32) {
-              static_cast<float*>(p.y)[at] += v;
-            } else {
-              const float up = acc[j + U][r];
-              static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v / (1.f + __expf(-v)) * up);
-            }
+            store_column<OUT>(p, acc, j, r, size_t(r) * p.out + u);
+            if constexpr (kArgmax) best[r] = max(best[r], argmax_key(acc[j][r], u));
           }
         }
       }
