@@ -13,13 +13,6 @@
 namespace fltest {
 namespace {
 
-struct Case {
-  std::string name;
-  Spec spec;
-};
-
-const char* dt_name(DType t) { return t == DType::f32 ? "f32" : t == DType::f16 ? "f16" : "bf16"; }
-
 struct MaskCase {
   const char* name;
   MaskSpec mask;
@@ -47,18 +40,6 @@ std::vector<MaskCase> mask_cases() {
       {"softcap", {}, false, 5.0},
       {"causal_win70_sinks2_softcap", {true, 70, -1, 2}, true, 20.0},
   };
-}
-
-Spec base(DType t, int64_t d, int64_t sq, int64_t sk, int64_t hq, int64_t hkv) {
-  Spec s;
-  s.dtype = t;
-  s.d = d;
-  s.batch = 2;
-  s.seq_q = sq;
-  s.seq_k = sk;
-  s.hq = hq;
-  s.hkv = hkv;
-  return s;
 }
 
 std::vector<Case> all_cases() {
@@ -168,20 +149,8 @@ std::vector<Case> all_cases() {
     add(std::string(dt_name(t)) + "_varlen150_causal", s);
   }
 
-  // Large logits (running max), a negative scale, softcap with a custom scale.
   for (DType t : dtypes) {
-    Spec s = base(t, 128, 300, 300, 2, 1);
-    s.input_std = 4.0;
-    add(std::string(dt_name(t)) + "_d128_large_logits", s);
-    Spec n = base(t, 64, 200, 200, 2, 1);
-    n.scale = -0.3;
-    n.mask.causal = true;
-    add(std::string(dt_name(t)) + "_d64_negative_scale", n);
-    Spec c = base(t, 64, 200, 200, 2, 1);
-    c.scale = 0.5;
-    c.softcap = 2.0;
-    c.input_std = 2.0;
-    add(std::string(dt_name(t)) + "_d64_softcap_scale", c);
+    add_numeric_edge_cases(t, add);
   }
   return out;
 }

@@ -116,4 +116,43 @@ inline void run_and_check(const Spec& spec, const std::string& name) {
   expect_matches(p, ref, before, gpu_tolerance(spec.dtype));
 }
 
+// A named problem of a parameterised GPU grid.
+struct Case {
+  std::string name;
+  Spec spec;
+};
+
+inline const char* dt_name(DType t) { return t == DType::f32 ? "f32" : t == DType::f16 ? "f16" : "bf16"; }
+
+// Batch 2, dtype t, head_dim d, seq_q x seq_k, hq query heads over hkv KV heads; everything else default.
+inline Spec base(DType t, int64_t d, int64_t sq, int64_t sk, int64_t hq, int64_t hkv) {
+  Spec s;
+  s.dtype = t;
+  s.d = d;
+  s.batch = 2;
+  s.seq_q = sq;
+  s.seq_k = sk;
+  s.hq = hq;
+  s.hkv = hkv;
+  return s;
+}
+
+// Numerics every fused kernel must get right, for dtype t: large logits (the running max), a negative scale, softcap
+// with a custom scale. `add(name, spec)` collects them.
+template <class Add>
+void add_numeric_edge_cases(DType t, Add&& add) {
+  Spec s = base(t, 128, 300, 300, 2, 1);
+  s.input_std = 4.0;
+  add(std::string(dt_name(t)) + "_d128_large_logits", s);
+  Spec n = base(t, 64, 200, 200, 2, 1);
+  n.scale = -0.3;
+  n.mask.causal = true;
+  add(std::string(dt_name(t)) + "_d64_negative_scale", n);
+  Spec c = base(t, 64, 200, 200, 2, 1);
+  c.scale = 0.5;
+  c.softcap = 2.0;
+  c.input_std = 2.0;
+  add(std::string(dt_name(t)) + "_d64_softcap_scale", c);
+}
+
 }  // namespace fltest

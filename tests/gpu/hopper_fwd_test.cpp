@@ -42,8 +42,6 @@ bool is_sm90() {
   if (!h::hopper_fwd_built()) GTEST_SKIP() << "this build has no 90a target (CMAKE_CUDA_ARCHITECTURES)"; \
   if (!kHopperEnv) GTEST_SKIP() << "set FLASHLITE_FWD_HOPPER=1|2|3 to test the (not yet validated) Hopper kernel"
 
-const char* dt_name(DType t) { return t == DType::f32 ? "f32" : t == DType::f16 ? "f16" : "bf16"; }
-
 // Runs one problem on the GPU after checking which kernel forward() picks (prefix of forward_kernel_name).
 void check_case(const Spec& spec, const std::string& name, const std::string& want_prefix) {
   Problem p(spec, seed_of(name));
@@ -56,23 +54,6 @@ void check_case(const Spec& spec, const std::string& name, const std::string& wa
   m.copy_back();
   expect_matches(p, ref, before, gpu_tolerance(spec.dtype));
 }
-
-Spec base(DType t, int64_t d, int64_t sq, int64_t sk, int64_t hq, int64_t hkv) {
-  Spec s;
-  s.dtype = t;
-  s.d = d;
-  s.batch = 2;
-  s.seq_q = sq;
-  s.seq_k = sk;
-  s.hq = hq;
-  s.hkv = hkv;
-  return s;
-}
-
-struct Case {
-  std::string name;
-  Spec spec;
-};
 
 std::vector<Case> hopper_cases() {
   std::vector<Case> out;
@@ -161,20 +142,8 @@ std::vector<Case> hopper_cases() {
     s.lse = l == Layout::seq_first ? LseMode::none : LseMode::transposed;
     add(std::string("bf16_d128_layout_") + layout_name(l), s);
   }
-  // Large logits (running max), a negative scale, softcap with a custom scale.
   for (DType t : {DType::bf16, DType::f16}) {
-    Spec s = base(t, 128, 300, 300, 2, 1);
-    s.input_std = 4.0;
-    add(std::string(dt_name(t)) + "_d128_large_logits", s);
-    Spec n = base(t, 64, 200, 200, 2, 1);
-    n.scale = -0.3;
-    n.mask.causal = true;
-    add(std::string(dt_name(t)) + "_d64_negative_scale", n);
-    Spec c = base(t, 64, 200, 200, 2, 1);
-    c.scale = 0.5;
-    c.softcap = 2.0;
-    c.input_std = 2.0;
-    add(std::string(dt_name(t)) + "_d64_softcap_scale", c);
+    add_numeric_edge_cases(t, add);
   }
   return out;
 }
