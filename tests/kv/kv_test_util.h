@@ -144,6 +144,16 @@ struct DecodeSpec {
   bool lse = true;
 };
 
+// Learned sink logits for `heads` query heads (random, a large one, -inf: every case of the rule), into buf.
+inline TensorView fill_sink_logits(Buffer& buf, int64_t heads, std::mt19937_64& rng, std::normal_distribution<float>& normal) {
+  buf = Buffer(DType::f32, heads);
+  for (int64_t h = 0; h < heads; ++h) {
+    const float v = h % 3 == 0 ? normal(rng) : h % 3 == 1 ? 3.f : -std::numeric_limits<float>::infinity();
+    fltest::store(DType::f32, buf.data(), h, v);
+  }
+  return fltest::view_n(buf.data(), DType::f32, {heads}, {1});
+}
+
 struct DecodeProblem {
   DecodeSpec spec;
   HostCache& cache;
@@ -169,14 +179,7 @@ struct DecodeProblem {
     }
     args.cache = c.view;
     args.options = s.opt;
-    if (s.sink_logits) {
-      sinkbuf = Buffer(DType::f32, H);
-      for (int64_t h = 0; h < H; ++h) {
-        const float v = h % 3 == 0 ? normal(rng) : h % 3 == 1 ? 3.f : -std::numeric_limits<float>::infinity();
-        fltest::store(DType::f32, sinkbuf.data(), h, v);
-      }
-      args.options.sink_logits = fltest::view_n(sinkbuf.data(), DType::f32, {H}, {1});
-    }
+    if (s.sink_logits) args.options.sink_logits = fill_sink_logits(sinkbuf, H, rng, normal);
   }
   DecodeProblem(const DecodeProblem&) = delete;
   DecodeProblem& operator=(const DecodeProblem&) = delete;
@@ -188,29 +191,40 @@ struct Ref {
   std::vector<double> out, lse;
 };
 
-inline Ref oracle(const DecodeProblem& p, int64_t b) {
-  const HostCache& c = p.cache;
-  const int64_t L = c.len(b), H = c.spec.kv_heads, D = c.spec.head_dim, S = p.spec.q_len, Hq = p.spec.q_heads;
+// reference_forward_f64 for sequence b of the cache: its K/V gathered into [1, L, kv_heads, D] (stored values, same
+// dtype), q [1, n, q_heads, D] (the rows in `q`), the call's options and sink logits (null: none).
+inline Ref reference_over_sequence(const HostCache& c, int64_t b, Buffer& q, int64_t n, int64_t Hq, AttentionOptions opt,
+                                   const Buffer* sinks) {
+  const int64_t L = c.len(b), H = c.spec.kv_heads, D = c.spec.head_dim;
   const DType t = c.spec.dtype;
-  Buffer k(t, std::max<int64_t>(L, 1) * H * D), v(t, std::max<int64_t>(L, 1) * H * D), q(t, S * Hq * D), out(t, S * Hq * D);
+  const size_t es = fltest::elem_size(t);
+  Buffer k(t, std::max<int64_t>(L, 1) * H * D), v(t, std::max<int64_t>(L, 1) * H * D), out(t, std::max<int64_t>(n, 1) * Hq * D);
   for (int64_t j = 0; j < L; ++j)
     for (int64_t h = 0; h < H; ++h) {
-      std::memcpy(k.at((j * H + h) * D), c.kbuf.bytes.data() + c.offset(b, j, h) * int64_t(fltest::elem_size(t)), size_t(D) * fltest::elem_size(t));
-      std::memcpy(v.at((j * H + h) * D), c.vbuf.bytes.data() + c.offset(b, j, h) * int64_t(fltest::elem_size(t)), size_t(D) * fltest::elem_size(t));
+      std::memcpy(k.at((j * H + h) * D), c.kbuf.bytes.data() + c.offset(b, j, h) * int64_t(es), size_t(D) * es);
+      std::memcpy(v.at((j * H + h) * D), c.vbuf.bytes.data() + c.offset(b, j, h) * int64_t(es), size_t(D) * es);
     }
-  std::memcpy(q.data(), p.qbuf.bytes.data() + b * S * Hq * D * int64_t(fltest::elem_size(t)), size_t(S * Hq * D) * fltest::elem_size(t));
   ForwardArgs a;
-  a.q = fltest::view_n(q.data(), t, {1, S, Hq, D}, {S * Hq * D, Hq * D, D, 1});
+  a.q = fltest::view_n(q.data(), t, {1, n, Hq, D}, {n * Hq * D, Hq * D, D, 1});
   a.k = fltest::view_n(k.data(), t, {1, L, H, D}, {L * H * D, H * D, D, 1});
   a.v = fltest::view_n(v.data(), t, {1, L, H, D}, {L * H * D, H * D, D, 1});
-  a.out = fltest::view_n(out.data(), t, {1, S, Hq, D}, {S * Hq * D, Hq * D, D, 1});
-  a.options = p.args.options;
-  if (p.spec.sink_logits) a.options.sink_logits = fltest::view_n(const_cast<uint8_t*>(p.sinkbuf.bytes.data()), DType::f32, {Hq}, {1});
+  a.out = fltest::view_n(out.data(), t, {1, n, Hq, D}, {n * Hq * D, Hq * D, D, 1});
+  a.options = opt;
+  a.options.sink_logits = sinks ? fltest::view_n(const_cast<uint8_t*>(sinks->bytes.data()), DType::f32, {Hq}, {1}) : TensorView{};
   Ref r;
-  r.out.assign(size_t(S * Hq * D), std::nan(""));
-  r.lse.assign(size_t(Hq * S), std::nan(""));
-  flashlite::reference_forward_f64(a, r.out.data(), r.lse.data());
+  r.out.assign(size_t(n * Hq * D), std::nan(""));
+  r.lse.assign(size_t(Hq * n), std::nan(""));
+  if (n > 0) flashlite::reference_forward_f64(a, r.out.data(), r.lse.data());
   return r;
+}
+
+inline Ref oracle(const DecodeProblem& p, int64_t b) {
+  const int64_t S = p.spec.q_len, Hq = p.spec.q_heads, D = p.cache.spec.head_dim;
+  const DType t = p.cache.spec.dtype;
+  const size_t es = fltest::elem_size(t);
+  Buffer q(t, S * Hq * D);
+  std::memcpy(q.data(), p.qbuf.bytes.data() + b * S * Hq * D * int64_t(es), size_t(S * Hq * D) * es);
+  return reference_over_sequence(p.cache, b, q, S, Hq, p.args.options, p.spec.sink_logits ? &p.sinkbuf : nullptr);
 }
 
 // Whether query row i of sequence b sees any key (the documented predicate, tests/cpu/test_util.h).

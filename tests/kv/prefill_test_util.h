@@ -59,14 +59,7 @@ struct PrefillProblem {
     args.cache = c.view;
     args.options = s.opt;
     if (s.ragged) args.options.cu_seqlens_q = i32_view(cu);
-    if (s.sink_logits) {
-      sinkbuf = Buffer(DType::f32, H);
-      for (int64_t h = 0; h < H; ++h) {
-        const float v = h % 3 == 0 ? normal(rng) : h % 3 == 1 ? 3.f : -std::numeric_limits<float>::infinity();
-        fltest::store(DType::f32, sinkbuf.data(), h, v);
-      }
-      args.options.sink_logits = fltest::view_n(sinkbuf.data(), DType::f32, {H}, {1});
-    }
+    if (s.sink_logits) args.options.sink_logits = fill_sink_logits(sinkbuf, H, rng, normal);
   }
   PrefillProblem(const PrefillProblem&) = delete;
   PrefillProblem& operator=(const PrefillProblem&) = delete;
@@ -84,32 +77,14 @@ struct PrefillProblem {
 
 // float64 oracle for sequence b: out [n, q_heads, D], lse [q_heads, n].
 inline Ref prefill_oracle(const PrefillProblem& p, int64_t b) {
-  const HostCache& c = p.cache;
-  const int64_t L = c.len(b), H = c.spec.kv_heads, D = c.spec.head_dim, n = p.chunk(b), Hq = p.spec.q_heads;
-  const DType t = c.spec.dtype;
+  const int64_t D = p.cache.spec.head_dim, n = p.chunk(b), Hq = p.spec.q_heads;
+  const DType t = p.cache.spec.dtype;
   const size_t es = fltest::elem_size(t);
-  Buffer k(t, std::max<int64_t>(L, 1) * H * D), v(t, std::max<int64_t>(L, 1) * H * D), q(t, std::max<int64_t>(n, 1) * Hq * D),
-      out(t, std::max<int64_t>(n, 1) * Hq * D);
-  for (int64_t j = 0; j < L; ++j)
-    for (int64_t h = 0; h < H; ++h) {
-      std::memcpy(k.at((j * H + h) * D), c.kbuf.bytes.data() + c.offset(b, j, h) * int64_t(es), size_t(D) * es);
-      std::memcpy(v.at((j * H + h) * D), c.vbuf.bytes.data() + c.offset(b, j, h) * int64_t(es), size_t(D) * es);
-    }
+  Buffer q(t, std::max<int64_t>(n, 1) * Hq * D);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t h = 0; h < Hq; ++h)
       std::memcpy(q.at((i * Hq + h) * D), p.qbuf.bytes.data() + p.row_offset(p.args.q, b, i, h) * int64_t(es), size_t(D) * es);
-  ForwardArgs a;
-  a.q = fltest::view_n(q.data(), t, {1, n, Hq, D}, {n * Hq * D, Hq * D, D, 1});
-  a.k = fltest::view_n(k.data(), t, {1, L, H, D}, {L * H * D, H * D, D, 1});
-  a.v = fltest::view_n(v.data(), t, {1, L, H, D}, {L * H * D, H * D, D, 1});
-  a.out = fltest::view_n(out.data(), t, {1, n, Hq, D}, {n * Hq * D, Hq * D, D, 1});
-  a.options = p.spec.opt;
-  if (p.spec.sink_logits) a.options.sink_logits = fltest::view_n(const_cast<uint8_t*>(p.sinkbuf.bytes.data()), DType::f32, {Hq}, {1});
-  Ref r;
-  r.out.assign(size_t(n * Hq * D), std::nan(""));
-  r.lse.assign(size_t(Hq * n), std::nan(""));
-  if (n > 0) flashlite::reference_forward_f64(a, r.out.data(), r.lse.data());
-  return r;
+  return reference_over_sequence(p.cache, b, q, n, Hq, p.spec.opt, p.spec.sink_logits ? &p.sinkbuf : nullptr);
 }
 
 // Compares out / lse (host copies in p's buffers) with the oracle; every byte of out / lse outside the chunks' rows
