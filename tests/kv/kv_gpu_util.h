@@ -1,6 +1,6 @@
 #pragma once
-// Device helpers shared by the KV-cache GPU suites (decode_gpu_test.cpp, prefill_gpu_test.cpp): the GPU check that
-// lets every test skip cleanly without one, a CUDA error check, and an owning device buffer.
+// Device helpers shared by the KV-cache GPU suites (decode_gpu_test.cpp, prefill_gpu_test.cpp): tests/gpu's GPU check
+// and CUDA error check under the suites' names, and an owning device buffer.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -9,23 +9,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "gpu_util.h"
+
 namespace kvtest {
 
-inline bool has_gpu() {
-  static const bool yes = [] {
-    int n = 0;
-    const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-    cudaGetLastError();
-    return ok;
-  }();
-  return yes;
-}
-#define SKIP_WITHOUT_GPU() \
-  if (!::kvtest::has_gpu()) GTEST_SKIP() << "no CUDA device"
-
-inline void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
+using fltest::has_gpu;
+#define SKIP_WITHOUT_GPU() FL_SKIP_WITHOUT_GPU()
+inline void ck(cudaError_t e, const char* what) { fltest::cuda_check(e, what); }
 
 // A device copy of a host buffer (bytes; none copied when host is null), freed on destruction.
 struct DevBuf {
