@@ -1,6 +1,6 @@
-// The opt-in Hopper forward kernel (src/cuda/fwd_hopper/: wgmma + TMA, warp-specialised) against the float64
-// reference. With FLASHLITE_FWD_HOPPER set by the caller (the library reads it once; 1 plain, 2 and 3 the pipelined
-// and ping-pong schedules; unset: the device tests skip, see kHopperEnv), on an sm_90 device every
+// The Hopper forward kernel (src/cuda/fwd_hopper/: wgmma + TMA, warp-specialised) against the float64
+// reference. With FLASHLITE_FWD_HOPPER unset (schedule 3, ping-pong) or 1 / 2 (plain, pipelined; the library reads it
+// once; 0: the device tests skip, see kHopperEnv), on an sm_90 device every
 // eligible call of this executable takes the Hopper kernel: each case first checks forward_kernel_name, then the
 // numbers (NaN-poisoned outputs, LSE, untouched bytes; tests/cpu/test_util.h). Cases the kernel rejects must fall
 // back to the mma.sync / fp32 kernels and still be right. The eligibility logic is unit-tested without a device.
@@ -19,9 +19,8 @@
 namespace fltest {
 namespace {
 
-// The kernel has not run on a GPU yet (2026-11-23): its device tests run only when the caller sets
-// FLASHLITE_FWD_HOPPER (1 plain, 2 pipelined, 3 ping-pong; bench/fwd/hopper_first_run.sh does, with short timeouts),
-// so a hang of the unproven kernel cannot stall the default ctest / gpu-check. Flip to on-by-default once it passes.
+// The Hopper kernel is the default on sm_90 (schedule 3); FLASHLITE_FWD_HOPPER=1|2 tests the other schedules
+// (bench/fwd/hopper_first_run.sh runs all three) and FLASHLITE_FWD_HOPPER=0 turns it off, so these tests skip.
 namespace h = flashlite::cuda_fwd_hopper;
 const bool kHopperEnv = h::hopper_fwd_mode() != 0;
 
@@ -40,7 +39,7 @@ bool is_sm90() {
   if (!::fltest::has_gpu()) GTEST_SKIP() << "no CUDA device";                                     \
   if (!is_sm90()) GTEST_SKIP() << "the Hopper kernel runs on sm_90 only";                         \
   if (!h::hopper_fwd_built()) GTEST_SKIP() << "this build has no 90a target (CMAKE_CUDA_ARCHITECTURES)"; \
-  if (!kHopperEnv) GTEST_SKIP() << "set FLASHLITE_FWD_HOPPER=1|2|3 to test the (not yet validated) Hopper kernel"
+  if (!kHopperEnv) GTEST_SKIP() << "FLASHLITE_FWD_HOPPER=0 turns the Hopper kernel off"
 
 // Runs one problem on the GPU after checking which kernel forward() picks (prefix of forward_kernel_name).
 void check_case(const Spec& spec, const std::string& name, const std::string& want_prefix) {
@@ -268,6 +267,9 @@ TEST(HopperEligibility, NameAndSwitch) {
   EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::bf16, 64), 3), "cuda_hopper_wgmma_bf16_d64_pingpong");
   EXPECT_EQ(h::hopper_fwd_enabled(), kHopperEnv);  // the library reads the variable once
   EXPECT_TRUE(h::hopper_fwd_mode() >= 0 && h::hopper_fwd_mode() <= 3);
+  const char* env = std::getenv("FLASHLITE_FWD_HOPPER");
+  if (env == nullptr) EXPECT_EQ(h::hopper_fwd_mode(), 3);  // the default schedule
+  if (env != nullptr && std::string(env) == "0") EXPECT_EQ(h::hopper_fwd_mode(), 0);
 }
 
 }  // namespace

@@ -136,8 +136,8 @@ bool choose_prefill_kernel(int64_t head_dim, const DeviceProps& dev, MmaConfig& 
   }
 }
 
-// Opt-in Hopper kernel (src/cuda/fwd_hopper/): only with FLASHLITE_FWD_HOPPER=1, 2 or 3, on sm_90, in a build with
-// the 90a target, for a problem it accepts; everything else takes choose_fwd_kernel's kernel.
+// Hopper kernel (src/cuda/fwd_hopper/): on sm_90, in a build with the 90a target, for a problem it accepts, unless
+// FLASHLITE_FWD_HOPPER=0; everything else takes choose_fwd_kernel's kernel.
 bool use_hopper(const AttentionProblem& p, const DeviceProps& dev) {
   namespace h = cuda_fwd_hopper;
   return h::hopper_fwd_built() && h::hopper_fwd_enabled() && dev.cc == 90 &&

@@ -20,11 +20,11 @@ bool hopper_fwd_built() {
 int hopper_fwd_mode() {
   static const int mode = [] {
     const char* v = std::getenv("FLASHLITE_FWD_HOPPER");
-    if (v == nullptr) return 0;
+    if (v == nullptr || *v == '\0') return 3;  // the default: pipelined + ping-pong, the fastest on the H100
+    if (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 || std::strcmp(v, "false") == 0) return 0;
     if (std::strcmp(v, "1") == 0) return 1;
     if (std::strcmp(v, "2") == 0) return 2;
-    if (std::strcmp(v, "3") == 0) return 3;
-    return 0;
+    return 3;
   }();
   return mode;
 }

@@ -1,8 +1,7 @@
 #pragma once
 // The Hopper forward kernel (wgmma + TMA, warp-specialised; src/cuda/fwd_hopper/) as seen from the fused backend's
-// launcher (src/cuda/fwd/launch.cu). Opt-in: used only when FLASHLITE_FWD_HOPPER=1, 2 or 3 is set, the device is sm_90, the
-// library was built with the 90a target, and hopper_fwd_reject_reason() accepts the problem; otherwise the
-// mma.sync kernel runs exactly as before.
+// launcher (src/cuda/fwd/launch.cu). The default on sm_90 when the library was built with the 90a target and
+// hopper_fwd_reject_reason() accepts the problem; otherwise (or with FLASHLITE_FWD_HOPPER=0) the mma.sync kernel runs.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -17,8 +16,8 @@ inline constexpr int kBlockKeys = 128;  // keys per K/V tile
 
 // True when the 90a objects are part of this build (CMAKE_CUDA_ARCHITECTURES lists 90a).
 bool hopper_fwd_built();
-// FLASHLITE_FWD_HOPPER in the environment, read once per process (the first call): 0 = off (unset or any other
-// value), 1 = the plain schedule, 2 = pipelined, 3 = pipelined + ping-pong (hopper_kernel.cuh).
+// FLASHLITE_FWD_HOPPER in the environment, read once per process (the first call): 0 (or off, false) = off, 1 = the
+// plain schedule, 2 = pipelined, 3 = pipelined + ping-pong (hopper_kernel.cuh); unset or any other value = 3.
 int hopper_fwd_mode();
 inline bool hopper_fwd_enabled() { return hopper_fwd_mode() != 0; }
 // Why the Hopper kernel cannot run p on a device of compute capability cc (major * 10 + minor); empty when it can.
