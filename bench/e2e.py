@@ -96,23 +96,19 @@ ABLATIONS = {"fused GEMVs off (FLASHLITE_ENGINE_GEMV=0: cuBLASLt + separate norm
              "programmatic dependent launch off (FLASHLITE_ENGINE_PDL=0)": {"FLASHLITE_ENGINE_PDL": "0"},
              "CUDA graph off (FLASHLITE_ENGINE_GRAPH=0)": {"FLASHLITE_ENGINE_GRAPH": "0"}}
 
-# Opt-in engine variants (docs/perf-notes.md, Engine (CUDA), Round 3) measured with --variants at every batch and
-# prompt of the run, engine only; the JSON gets a "variants" object {name: {"env": ..., "rows": [...]}} beside "rows".
-COMBO = {"FLASHLITE_ENGINE_SPLITK": "1", "FLASHLITE_ENGINE_FUSE_ROPE": "1", "FLASHLITE_ENGINE_FUSE_ARGMAX": "1",
-         "FLASHLITE_ENGINE_PRELOAD": "small"}
+# Engine variants (docs/perf-notes.md, Engine (CUDA), Round 3), each relative to the engine's defaults (split-K auto,
+# fused RoPE, fused argmax, preload: the round-3 winner), measured with --variants at every batch and prompt of the
+# run, engine only; the JSON gets a "variants" object {name: {"env": ..., "rows": [...]}} beside "rows".
+SWITCHES_OFF = {"FLASHLITE_ENGINE_SPLITK": "0", "FLASHLITE_ENGINE_FUSE_ROPE": "0", "FLASHLITE_ENGINE_FUSE_ARGMAX": "0",
+                "FLASHLITE_ENGINE_PRELOAD": "0"}
 VARIANTS = {  # in the order they run (the most telling first: a run cut short keeps them)
-    "combo": COMBO,
     "pdl_off": {"FLASHLITE_ENGINE_PDL": "0"},
+    "switches_off": SWITCHES_OFF,  # the defaults before round 3
+    "late_trigger": {"FLASHLITE_ENGINE_PDL_TRIGGER": "late"},
+    "late_trigger_pdl_off": {"FLASHLITE_ENGINE_PDL_TRIGGER": "late", "FLASHLITE_ENGINE_PDL": "0"},
     "preload_small": {"FLASHLITE_ENGINE_PRELOAD": "small"},
-    "preload": {"FLASHLITE_ENGINE_PRELOAD": "1", "FLASHLITE_ENGINE_PREFETCH": "0"},
-    "fuse_rope": {"FLASHLITE_ENGINE_FUSE_ROPE": "1"},
-    "splitk_auto": {"FLASHLITE_ENGINE_SPLITK": "1"},
-    "fuse_argmax": {"FLASHLITE_ENGINE_FUSE_ARGMAX": "1"},
+    "splitk_off": {"FLASHLITE_ENGINE_SPLITK": "0"},
     "decode_splits_1": {"FLASHLITE_ENGINE_DECODE_SPLITS": "1"},
-    "preload_late_trigger": {"FLASHLITE_ENGINE_PRELOAD": "small", "FLASHLITE_ENGINE_PDL_TRIGGER": "late"},
-    "combo_preload_all": {**COMBO, "FLASHLITE_ENGINE_PRELOAD": "1", "FLASHLITE_ENGINE_PREFETCH": "0"},
-    "combo_pdl_off": {**COMBO, "FLASHLITE_ENGINE_PDL": "0"},
-    "combo_decode_splits_1": {**COMBO, "FLASHLITE_ENGINE_DECODE_SPLITS": "1"},
 }
 # Switches that act only on the fused GEMVs, i.e. on steps of <= 8 rows (kGemvMaxRows): at a larger batch a variant
 # made of these alone runs the default's kernels, so --variants skips those rows (recorded as skipped) instead of

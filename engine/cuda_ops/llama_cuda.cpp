@@ -143,8 +143,6 @@ class LlamaCuda final : public LlamaModel {
     // Few-row steps through the fused GEMVs (bf16 only; FLASHLITE_ENGINE_GEMV=0 keeps cuBLASLt + separate kernels).
     const char* gv = std::getenv("FLASHLITE_ENGINE_GEMV");
     gemv_on_ = elem_ == Elem::bf16 && !(gv && std::string(gv) == "0");
-    const char* pf = std::getenv("FLASHLITE_ENGINE_PREFETCH");  // lines per weight row prefetched before the wait
-    prefetch_lines_ = pf ? std::atoi(pf) : 4;
     read_variant_switches();
   }
 
@@ -280,15 +278,21 @@ class LlamaCuda final : public LlamaModel {
 
   LogitsOutput run(const std::vector<SequenceInput>& inputs, const LogitsRequest& request);
 
-  // Opt-in variants of the decode step (docs/perf-notes.md, Engine (CUDA), Round 3), read once; all off by default:
-  //   FLASHLITE_ENGINE_SPLITK=1        split-K for the residual-adding GEMVs (O, down) with gemv_auto_split's choice;
-  //                          =2|4|8    that many warps per output row for both;
-  //   FLASHLITE_ENGINE_FUSE_ROPE=1     RoPE + KV-cache append in the QKV GEMV's epilogue (no rope_append launch);
-  //   FLASHLITE_ENGINE_FUSE_ARGMAX=1   greedy argmax in the LM-head GEMV's epilogue, the keys zeroed by the embedding
-  //                                    kernel (no memset and argmax launches);
-  //   FLASHLITE_ENGINE_PRELOAD=1       each GEMV warp loads its first batch of weights before griddepcontrol.wait;
+  // Variants of the decode step (docs/perf-notes.md, Engine (CUDA), Round 3), read once. The defaults are the
+  // combination measured fastest at batch 1 on the H100 (1.295 -> 1.208 ms per step, bench/results/h100/
+  // e2e_variants.json): split-K auto, fused RoPE, fused argmax, preload everywhere with no L2 prefetch lines.
+  //   FLASHLITE_ENGINE_SPLITK=1        (default) split-K for the residual-adding GEMVs (O, down) with gemv_auto_split's
+  //                          =0        off; =2|4|8 that many warps per output row for both;
+  //   FLASHLITE_ENGINE_FUSE_ROPE=1     (default; 0 = off) RoPE + KV-cache append in the QKV GEMV's epilogue (no
+  //                                    rope_append launch);
+  //   FLASHLITE_ENGINE_FUSE_ARGMAX=1   (default; 0 = off) greedy argmax in the LM-head GEMV's epilogue, the keys zeroed
+  //                                    by the embedding kernel (no memset and argmax launches);
+  //   FLASHLITE_ENGINE_PRELOAD=1       (default; 0 = off) each GEMV warp loads its first batch of weights before
+  //                                    griddepcontrol.wait;
   //                          =small    only the QKV, O and down GEMVs (gate/up and the LM head keep the default
   //                                    kernel: 4 blocks per SM where a preloading RMSNorm GEMV holds 3);
+  //   FLASHLITE_ENGINE_PREFETCH=N      weight lines per row prefetched into L2 before the wait (default 0 with preload
+  //                                    on, 4 with it off);
   //   FLASHLITE_ENGINE_PDL_TRIGGER=late  GEMVs let their dependents launch after their main loop, not at their start;
   //   FLASHLITE_ENGINE_DECODE_SPLITS=N the decode plan's KV splits forced to N (0: flashlite's choice);
   //   FLASHLITE_ENGINE_PROFILE=1       decode steps run eagerly, queued behind a flag, with an event after each
@@ -301,19 +305,21 @@ class LlamaCuda final : public LlamaModel {
       return v ? v : "";
     };
     const std::string sk = env("FLASHLITE_ENGINE_SPLITK");
-    splitk_ = sk.empty() ? 0 : std::atoi(sk.c_str());
+    splitk_ = sk.empty() ? 1 : std::atoi(sk.c_str());
     if (splitk_ != 0 && splitk_ != 1 && splitk_ != 2 && splitk_ != 4 && splitk_ != 8)
       fail("FLASHLITE_ENGINE_SPLITK=" + sk + "; expected 0, 1 (automatic), 2, 4 or 8");
-    fuse_rope_ = env("FLASHLITE_ENGINE_FUSE_ROPE") == "1" && c_.head_dim % 8 == 0;
-    fuse_argmax_ = env("FLASHLITE_ENGINE_FUSE_ARGMAX") == "1";
+    fuse_rope_ = env("FLASHLITE_ENGINE_FUSE_ROPE") != "0" && c_.head_dim % 8 == 0;
+    fuse_argmax_ = env("FLASHLITE_ENGINE_FUSE_ARGMAX") != "0";
     const std::string pl = env("FLASHLITE_ENGINE_PRELOAD");
-    preload_ = pl == "1" ? 1 : pl == "small" ? 2 : 0;
+    preload_ = pl == "0" ? 0 : pl == "small" ? 2 : 1;
+    const std::string pf = env("FLASHLITE_ENGINE_PREFETCH");  // lines per weight row prefetched before the wait
+    prefetch_lines_ = pf.empty() ? (preload_ == 1 ? 0 : 4) : std::atoi(pf.c_str());
     late_trigger_ = env("FLASHLITE_ENGINE_PDL_TRIGGER") == "late";
     const std::string ds = env("FLASHLITE_ENGINE_DECODE_SPLITS");
     decode_splits_ = ds.empty() ? 0 : std::max(0, std::atoi(ds.c_str()));
     const std::string pr = env("FLASHLITE_ENGINE_PROFILE");
     profile_ = pr == "1" ? Profile::events : pr == "range" ? Profile::range : Profile::off;
-    if (splitk_ || fuse_rope_ || fuse_argmax_ || preload_ || late_trigger_ || decode_splits_ || profile_ != Profile::off) {
+    if (std::getenv("FLASHLITE_ENGINE_VERBOSE") || late_trigger_ || decode_splits_ || profile_ != Profile::off) {
       std::fprintf(stderr,
                    "flashlite engine variants: splitk %d, fuse_rope %d, fuse_argmax %d, preload %d, pdl_trigger %s, "
                    "decode_splits %d, profile %s, gemv %d, pdl env %s, prefetch %d\n",

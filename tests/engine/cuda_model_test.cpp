@@ -190,7 +190,7 @@ class ScopedEnv {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
-// Every variant switch against the default on one bf16 model: the same greedy tokens for one sequence and a batch of
+// The defaults and every variant switch against the baseline with every switch off, on one bf16 model: the same greedy tokens for one sequence and a batch of
 // three (decode steps replayed from graphs, several rows through the GEMVs). Variants that keep every rounding
 // (fused argmax, preload, late trigger, profile modes) must match exactly; those that reorder fp32 sums or may round
 // differently (split-K, forced decode splits, fused RoPE, the combinations) may part only where the default's own
@@ -205,8 +205,13 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
   const std::vector<std::vector<int>> prompts = {{1, 5, 9, 200, 17}, {1, 2999}, {1, 7, 7, 7, 8, 9, 10, 11, 12, 13, 14}};
   eng::GenerationParams gp;
   gp.max_new_tokens = 32;
+  // The baseline every variant is compared with: all switches off (the defaults are a combination of them).
+  const std::vector<std::pair<std::string, std::string>> plain_env = {
+      {"FLASHLITE_ENGINE_SPLITK", "0"}, {"FLASHLITE_ENGINE_FUSE_ROPE", "0"}, {"FLASHLITE_ENGINE_FUSE_ARGMAX", "0"},
+      {"FLASHLITE_ENGINE_PRELOAD", "0"}, {"FLASHLITE_ENGINE_DECODE_SPLITS", "0"}};
   std::vector<std::vector<std::vector<int>>> want;  // [batch kind][sequence]
   {
+    ScopedEnv plain(plain_env);
     CUDA_MODEL_OR_SKIP(base, w, "bf16", int(prompts.size()));
     want.push_back(eng::generate(*base, {prompts[0]}, gp).tokens);
     want.push_back(eng::generate(*base, prompts, gp).tokens);
@@ -215,10 +220,12 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
   for (int i = 0; i < 80; ++i) probe.push_back((i * 173 + 11) % spec.vocab);
   const auto probe_want = reftest::forward_all(ref, probe);
   struct V {
-    std::vector<std::pair<std::string, std::string>> env;
+    std::vector<std::pair<std::string, std::string>> env;  // on top of plain_env (the defaults when empty)
     bool exact;
   };
   const std::vector<V> variants = {
+      {{}, false},  // the defaults: split-K auto, fused RoPE, fused argmax, preload
+
       {{{"FLASHLITE_ENGINE_SPLITK", "1"}}, false},
       {{{"FLASHLITE_ENGINE_SPLITK", "2"}}, false},
       {{{"FLASHLITE_ENGINE_SPLITK", "8"}}, false},
@@ -245,8 +252,17 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
   for (const V& v : variants) {
     std::string label;
     for (const auto& [n, val] : v.env) label += n + "=" + val + " ";
+    if (label.empty()) label = "defaults ";
     SCOPED_TRACE(label);
-    ScopedEnv scoped(v.env);
+    std::vector<std::pair<std::string, std::string>> env = v.env;
+    if (!v.env.empty()) {
+      for (const auto& kv : plain_env) {
+        bool set = false;
+        for (const auto& mine : v.env) set = set || mine.first == kv.first;
+        if (!set) env.push_back(kv);
+      }
+    }
+    ScopedEnv scoped(env);
     for (int kind = 0; kind < 2; ++kind) {
       const std::vector<std::vector<int>> ps = kind ? prompts : std::vector<std::vector<int>>{prompts[0]};
       CUDA_MODEL_OR_SKIP(m, w, "bf16", int(prompts.size()));
@@ -260,8 +276,7 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
         if (t == g.size()) continue;
         ASSERT_FALSE(v.exact) << "sequence " << b << " (batch " << ps.size() << ") parts from the default at token " << t;
         // The default model's logits after the common prefix: the two tokens must be a near tie there.
-        ScopedEnv plain({{"FLASHLITE_ENGINE_SPLITK", "0"}, {"FLASHLITE_ENGINE_DECODE_SPLITS", "0"},
-                         {"FLASHLITE_ENGINE_FUSE_ROPE", "0"}});
+        ScopedEnv plain(plain_env);
         CUDA_MODEL_OR_SKIP(base, w, "bf16", 1);
         std::vector<int> prefix = ps[b];
         prefix.insert(prefix.end(), e.begin(), e.begin() + t);

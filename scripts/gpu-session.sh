@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One device call (<= 10 minutes) that verifies the tree and re-measures the headline numbers after defaults change:
+#   1. scripts/gpu-check.sh --skip attn,bench: build (sm_90a), every ctest suite (GPU, kv, engine with the real tiny
+#      models), pytest tests/python, compute-sanitizer;
+#   2. bench/fwd/side_by_side.py: the default forward kernel (the Hopper kernel on sm_90) and torch SDPA flash / cuDNN
+#      in one process on the same tensors, every reference shape;
+#   3. bench/e2e.py, engine only, batch 1 and 16, prompt 512: the defaults and a few variants (VARIANTS).
+# Each phase is cut to what is left of BUDGET_S (default 560 s). Run-tool call, from the repository root:
+#   run(command="bash scripts/gpu-session.sh", carry=[".carry"], timeout_s=600)
+# with .carry holding the GoogleTest/CLI11/PCRE2 prefixes (scripts/make-carry.sh) and the tiny models
+# (mkdir -p .carry/models && cp -r ../shared/models/* .carry/models/). Output in $OUT: gpu-check's files,
+# fwd_side_by_side.json, e2e.json, session_logs.tgz.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+dest="${OUT:-$root/out}"
+mkdir -p "$dest"
+t0=$(date +%s)
+budget="${BUDGET_S:-560}"
+left() { echo $(( budget - ($(date +%s) - t0) )); }
+logs=/tmp/gpu_session_logs
+mkdir -p "$logs"
+pack() { tar czf "$dest/session_logs.tgz" -C "$logs" . 2>/dev/null; }
+trap pack EXIT
+export FLASHLITE_MODELS="${FLASHLITE_MODELS:-$root/.carry/models}"
+export FLASHLITE_PARITY_CACHE="${FLASHLITE_PARITY_CACHE:-/tmp/flashlite_parity}"
+build="${BUILD_DIR:-$root/build-gpu}"
+status=0
+
+echo "== $(date +%T) gpu-check (budget $(left) s)"
+timeout -s KILL "$(( $(left) - 150 ))" bash scripts/gpu-check.sh "$dest" --skip "attn,bench${SKIP_CHECK:+,$SKIP_CHECK}" \
+  2>&1 | tail -40 || status=1
+
+echo "== $(date +%T) forward side by side ($(left) s left)"
+if [ "$(left)" -gt 130 ]; then
+  cmake -S . -B "$build" -DFLASHLITE_FWD_SWEEP=ON > "$logs/sbs_cmake.log" 2>&1 &&
+    cmake --build "$build" -j"$(nproc)" --target flashlite_fwd_capi > "$logs/sbs_build.log" 2>&1 &&
+    timeout 100 python3 bench/fwd/side_by_side.py --lib "$build/lib/libflashlite_fwd_capi.so" --rounds 3 \
+      --seqs 512,1024,2048,4096,8192,16384 --out "$dest/fwd_side_by_side.json" 2>&1 | tee "$logs/sbs.log" | tail -30 ||
+    status=1
+else
+  echo "SKIPPED (budget): side by side"
+fi
+
+echo "== $(date +%T) engine e2e ($(left) s left)"
+if [ "$(left)" -gt 60 ]; then
+  timeout -s KILL "$(( $(left) - 5 ))" python3 bench/e2e.py --flashlite "$build/bin/flashlite" \
+    --checkpoint "$FLASHLITE_PARITY_CACHE/llama32_1b_random" --tokenizer-dir "$FLASHLITE_MODELS/llama3-tokenizer" \
+    --skip-transformers --batches 1,16 --prompts 512 --variants "${E2E_VARIANTS:-pdl_off,switches_off}" \
+    --out "$dest/e2e.json" > "$logs/e2e.log" 2>&1 || status=1
+  grep -E "tok/s|variant|tbt" "$logs/e2e.log" | cut -c1-220 | tail -12
+else
+  echo "SKIPPED (budget): e2e"
+fi
+echo "== $(date +%T) done, status $status"
+exit "$status"
