@@ -18,8 +18,6 @@
 // Two more figures per case: host_us, the host time of one decode() call (median, no synchronisation), and us_graph,
 // the per-call time of a CUDA graph of N back-to-back decode calls on the rotated inputs (median replay / N): what a
 // step costs inside the engine's captured decode graph, without host time.
-// The opt-in decode variants (src/cuda/decode/decode_variant.h: FLASHLITE_DECODE_PREFETCH, FLASHLITE_DECODE_WAVES)
-// are read from the environment by the library; the variant in force is written into the JSON ("variant").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -35,7 +33,6 @@
 #include <string>
 #include <vector>
 
-#include "cuda/decode/decode_variant.h"
 #include "flashlite/kv_cache.h"
 
 namespace {
@@ -434,15 +431,8 @@ int main(int argc, char** argv) {
   const char* commit = std::getenv("FLASHLITE_COMMIT");
   std::printf("device %s, %d SMs, measured read bandwidth %.3f TB/s\n", prop.name, prop.multiProcessorCount, bw);
   FILE* f = std::fopen(out_path.c_str(), "w");
-  const flashlite::cuda_decode::DecodeVariant variant = flashlite::cuda_decode::decode_variant();
-  const std::string vname = variant.prefetch_tiles == 0 && variant.waves == 1
-                                ? "default"
-                                : "prefetch" + std::to_string(variant.prefetch_tiles) + "_waves" + std::to_string(variant.waves);
-  std::printf("decode variant: %s\n", vname.c_str());
-  std::fprintf(f, "{\"device\": \"%s\", \"sms\": %d, \"commit\": \"%s\", \"read_bw_tbps\": %.4f, \"variant\": \"%s\", "
-                  "\"prefetch_tiles\": %d, \"waves\": %d, \"rows\": [\n",
-               prop.name, prop.multiProcessorCount, commit ? commit : "unknown", bw, vname.c_str(), variant.prefetch_tiles,
-               variant.waves);
+  std::fprintf(f, "{\"device\": \"%s\", \"sms\": %d, \"commit\": \"%s\", \"read_bw_tbps\": %.4f, \"rows\": [\n", prop.name,
+               prop.multiProcessorCount, commit ? commit : "unknown", bw);
   bool first = true;
   auto emit = [&](const Case& c, const Result& r, const char* kind) {
     const double bytes = double(c.batch) * c.kv_len * c.hkv * c.d * 2.0 * 2.0;

@@ -2,14 +2,12 @@
 // caches (random page tables, page sizes 16..256, ragged lengths 1..65536, page boundaries, windows crossing pages,
 // sinks, GQA 1/3/4/8/16, q_len 1..8, forced split counts), the fused append + RoPE, append-then-decode against
 // attention over the concatenation, a decode step captured once in a CUDA graph and replayed as lengths grow, and split
-// decodes repeated across calls and graph replays on one workspace. The opt-in kernel variants (decode_variant.h:
-// early L2 prefetch, several waves of splits) run the same decode grid and the graph / repeated-merge tests again.
+// decodes repeated across calls and graph replays on one workspace.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
 
-#include "cuda/decode/decode_variant.h"
 #include "kv_gpu_util.h"
 #include "kv_test_util.h"
 
@@ -87,30 +85,6 @@ struct DeviceDecode {
     if (p.args.lse.data) lse.down(p.lsebuf.data());
   }
 };
-
-// ------------------------------------------------------------------------------------------------ variants
-
-using flashlite::cuda_decode::DecodeVariant;
-
-// The decode path runs with variant `v` for the scope (plans made inside it included), then the environment's again.
-struct VariantScope {
-  explicit VariantScope(const DecodeVariant& v) { flashlite::cuda_decode::set_decode_variant_for_testing(v); }
-  ~VariantScope() { flashlite::cuda_decode::reset_decode_variant_for_testing(); }
-  VariantScope(const VariantScope&) = delete;
-  VariantScope& operator=(const VariantScope&) = delete;
-};
-
-struct NamedVariant {
-  std::string name;
-  DecodeVariant v;
-};
-// FLASHLITE_DECODE_PREFETCH=4 (every tile of the short splits and the first 4 of the long ones, before the wait) and
-// FLASHLITE_DECODE_WAVES=3 (3x the splits the default plans); the repeat / graph tests also run both together with
-// the 8-tile maximum, and the default.
-std::vector<NamedVariant> grid_variants() { return {{"prefetch4", {4, 1}}, {"waves3", {0, 3}}}; }
-std::vector<NamedVariant> all_variants() {
-  return {{"default", {0, 1}}, {"prefetch4", {4, 1}}, {"waves3", {0, 3}}, {"prefetch8_waves2", {8, 2}}};
-}
 
 // ------------------------------------------------------------------------------------------------ decode grid
 
@@ -236,48 +210,6 @@ TEST_P(GpuDecode, MatchesFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(Kv, GpuDecode, ::testing::ValuesIn(gpu_cases()), [](const auto& info) { return info.param.name; });
 
-// The same grid with each opt-in variant switched on.
-class GpuDecodeVariant : public ::testing::TestWithParam<std::tuple<NamedVariant, GpuCase>> {};
-
-TEST_P(GpuDecodeVariant, MatchesFloat64Reference) {
-  SKIP_WITHOUT_GPU();
-  const auto& [nv, tc] = GetParam();
-  VariantScope scope(nv.v);
-  run_grid_case(tc);
-}
-
-INSTANTIATE_TEST_SUITE_P(Kv, GpuDecodeVariant, ::testing::Combine(::testing::ValuesIn(grid_variants()), ::testing::ValuesIn(gpu_cases())),
-                         [](const auto& info) { return std::get<0>(info.param).name + "_" + std::get<1>(info.param).name; });
-
-// The waves variant plans more, shorter splits than one wave (and the prefetch variant plans what the default does).
-TEST(GpuKv, VariantPlans) {
-  SKIP_WITHOUT_GPU();
-  CacheSpec cs;
-  cs.kv_heads = 8;
-  cs.head_dim = 128;
-  cs.dtype = DType::bf16;
-  cs.lens = {5000, 3, 700, 1};
-  HostCache cache(cs, fltest::seed_of("variant plans"));
-  DecodeSpec ds;
-  ds.q_heads = 32;
-  DecodeProblem p(cache, ds, fltest::seed_of("variant plans q"));
-  DeviceCache dc(cache);
-  DeviceDecode dd(p, dc);
-  const int base = flashlite::plan_decode(dd.args).num_splits;
-  int waves3 = 0, prefetch = 0;
-  {
-    VariantScope scope({0, 3});
-    waves3 = flashlite::plan_decode(dd.args).num_splits;
-  }
-  {
-    VariantScope scope({4, 1});
-    prefetch = flashlite::plan_decode(dd.args).num_splits;
-  }
-  EXPECT_GT(waves3, base);
-  EXPECT_EQ(prefetch, base);
-  EXPECT_EQ(flashlite::plan_decode(dd.args).num_splits, base) << "the override did not end with its scope";
-}
-
 // ------------------------------------------------------------------------------------------------ append
 
 std::vector<AppendCase> gpu_append_cases() {
@@ -375,102 +307,96 @@ TEST(GpuKv, AppendThenDecodeEqualsAttentionOverConcatenation) {
 
 // One decode step (append 1 token with RoPE + decode) captured once with a plan for the whole capacity, replayed
 // twice while the lengths grow (host and device index updated between replays, new K/V written into the same
-// device buffers): the kernels read the current lengths, so both steps land and the second decode is exact. Default
-// and each variant (the prefetch variant reads the lengths and page ids once speculatively, before it waits for the
-// append, and again after).
+// device buffers): the kernels read the current lengths, so both steps land and the second decode is exact.
 TEST(GpuKv, DecodeStepCapturedInGraphReplaysAsLengthsGrow) {
   SKIP_WITHOUT_GPU();
-  for (const NamedVariant& nv : all_variants()) {
-    SCOPED_TRACE(nv.name);
-    VariantScope scope(nv.v);
-    for (bool paged : {false, true}) {
-      SCOPED_TRACE(paged ? "paged" : "contiguous");
-      CacheSpec cs;
-      cs.paged = paged;
-      cs.page_size = 16;
-      cs.kv_heads = 8;
-      cs.head_dim = 128;
-      cs.dtype = DType::bf16;
-      cs.lens = {4000, 35, 1027, 18};  // final lengths (after two steps); last pages hold >= 2 tokens
-      cs.max_len = 4096;
-      for (int32_t l : cs.lens) cs.filled.push_back(l - 2);
-      HostCache cache(cs, fltest::seed_of("graph"));
-      // Step 1 state: one token less.
-      if (!paged) {
-        for (auto& l : cache.seq_lens) l -= 1;
-      } else {
-        for (auto& l : cache.last) l -= 1;
-      }
-      DecodeSpec ds;
-      ds.q_heads = 32;
-      DecodeProblem p(cache, ds, fltest::seed_of("graph q"));
-      DeviceCache dc(cache);
-      DeviceDecode dd(p, dc);
-      AppendCase tc{"graph_new", paged, DType::bf16, 1, true, RopeLayout::half_split, true, false};
-      AppendFixture f1(cache, tc);
-      tc.name = "graph_new2";
-      AppendFixture f2(cache, tc);
-      DevBuf k(f1.k.bytes.data(), f1.k.bytes.size()), v(f1.v.bytes.data(), f1.v.bytes.size());
-      AppendArgs a = f1.args;
-      a.cache = dc.view;
-      a.k = on_device(f1.args.k, k.p);
-      a.v = on_device(f1.args.v, v.p);
-      const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, 4096);  // the capacity: valid for every step
-      EXPECT_GT(plan.num_splits, 1);
-      DevBuf ws(nullptr, 0);
-      ck(cudaMalloc(&ws.p, std::max<size_t>(plan.workspace_bytes, 16)), "workspace");
-      dd.args.plan = &plan;
-      dd.args.workspace = ws.p;
-      dd.args.workspace_bytes = plan.workspace_bytes;
-      cudaStream_t stream;
-      ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-      a.stream = dd.args.stream = stream;
-      cudaGraph_t graph;
-      ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-      flashlite::append_kv(a);
-      flashlite::decode(dd.args);
-      ck(cudaStreamEndCapture(stream, &graph), "end capture (append + decode must not sync or allocate)");
-      cudaGraphExec_t exec;
-      ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-      ck(cudaGraphLaunch(exec, stream), "replay 1");
-      ck(cudaStreamSynchronize(stream), "replay 1");
-      // Step 2: lengths + 1, the second token's K/V in the same buffers.
-      if (!paged) {
-        for (auto& l : cache.seq_lens) l += 1;
-      } else {
-        for (auto& l : cache.last) l += 1;
-      }
-      dc.upload_index();
-      k.up(f2.k.bytes.data());
-      v.up(f2.v.bytes.data());
-      ck(cudaGraphLaunch(exec, stream), "replay 2");
-      ck(cudaStreamSynchronize(stream), "replay 2");
-      dd.download();
-      dc.download_kv();
-      // Both appended tokens are in place (float64 RoPE at their positions) ...
-      int64_t bad = 0;
-      for (int64_t b = 0; b < cache.batch; ++b)
-        for (int step = 0; step < 2; ++step) {
-          const AppendFixture& f = step == 0 ? f1 : f2;
-          const int64_t pos = cache.len(b) - 2 + step;
-          for (int64_t h = 0; h < cs.kv_heads; ++h) {
-            std::vector<double> kr(static_cast<size_t>(cs.head_dim));
-            for (int64_t c = 0; c < cs.head_dim; ++c) kr[size_t(c)] = fltest::load(DType::bf16, f.k.bytes.data(), (b * cs.kv_heads + h) * cs.head_dim + c);
-            kr = test_rope(f.args.rope, kr, pos);
-            for (int64_t c = 0; c < cs.head_dim; ++c) {
-              if (!(std::fabs(cache.k_at(b, pos, h, c) - kr[size_t(c)]) <= stored_tol(DType::bf16, kr[size_t(c)]))) ++bad;
-            }
+  for (bool paged : {false, true}) {
+    SCOPED_TRACE(paged ? "paged" : "contiguous");
+    CacheSpec cs;
+    cs.paged = paged;
+    cs.page_size = 16;
+    cs.kv_heads = 8;
+    cs.head_dim = 128;
+    cs.dtype = DType::bf16;
+    cs.lens = {4000, 35, 1027, 18};  // final lengths (after two steps); last pages hold >= 2 tokens
+    cs.max_len = 4096;
+    for (int32_t l : cs.lens) cs.filled.push_back(l - 2);
+    HostCache cache(cs, fltest::seed_of("graph"));
+    // Step 1 state: one token less.
+    if (!paged) {
+      for (auto& l : cache.seq_lens) l -= 1;
+    } else {
+      for (auto& l : cache.last) l -= 1;
+    }
+    DecodeSpec ds;
+    ds.q_heads = 32;
+    DecodeProblem p(cache, ds, fltest::seed_of("graph q"));
+    DeviceCache dc(cache);
+    DeviceDecode dd(p, dc);
+    AppendCase tc{"graph_new", paged, DType::bf16, 1, true, RopeLayout::half_split, true, false};
+    AppendFixture f1(cache, tc);
+    tc.name = "graph_new2";
+    AppendFixture f2(cache, tc);
+    DevBuf k(f1.k.bytes.data(), f1.k.bytes.size()), v(f1.v.bytes.data(), f1.v.bytes.size());
+    AppendArgs a = f1.args;
+    a.cache = dc.view;
+    a.k = on_device(f1.args.k, k.p);
+    a.v = on_device(f1.args.v, v.p);
+    const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, 4096);  // the capacity: valid for every step
+    EXPECT_GT(plan.num_splits, 1);
+    DevBuf ws(nullptr, 0);
+    ck(cudaMalloc(&ws.p, std::max<size_t>(plan.workspace_bytes, 16)), "workspace");
+    dd.args.plan = &plan;
+    dd.args.workspace = ws.p;
+    dd.args.workspace_bytes = plan.workspace_bytes;
+    cudaStream_t stream;
+    ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    a.stream = dd.args.stream = stream;
+    cudaGraph_t graph;
+    ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+    flashlite::append_kv(a);
+    flashlite::decode(dd.args);
+    ck(cudaStreamEndCapture(stream, &graph), "end capture (append + decode must not sync or allocate)");
+    cudaGraphExec_t exec;
+    ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    ck(cudaGraphLaunch(exec, stream), "replay 1");
+    ck(cudaStreamSynchronize(stream), "replay 1");
+    // Step 2: lengths + 1, the second token's K/V in the same buffers.
+    if (!paged) {
+      for (auto& l : cache.seq_lens) l += 1;
+    } else {
+      for (auto& l : cache.last) l += 1;
+    }
+    dc.upload_index();
+    k.up(f2.k.bytes.data());
+    v.up(f2.v.bytes.data());
+    ck(cudaGraphLaunch(exec, stream), "replay 2");
+    ck(cudaStreamSynchronize(stream), "replay 2");
+    dd.download();
+    dc.download_kv();
+    // Both appended tokens are in place (float64 RoPE at their positions) ...
+    int64_t bad = 0;
+    for (int64_t b = 0; b < cache.batch; ++b)
+      for (int step = 0; step < 2; ++step) {
+        const AppendFixture& f = step == 0 ? f1 : f2;
+        const int64_t pos = cache.len(b) - 2 + step;
+        for (int64_t h = 0; h < cs.kv_heads; ++h) {
+          std::vector<double> kr(static_cast<size_t>(cs.head_dim));
+          for (int64_t c = 0; c < cs.head_dim; ++c) kr[size_t(c)] = fltest::load(DType::bf16, f.k.bytes.data(), (b * cs.kv_heads + h) * cs.head_dim + c);
+          kr = test_rope(f.args.rope, kr, pos);
+          for (int64_t c = 0; c < cs.head_dim; ++c) {
+            if (!(std::fabs(cache.k_at(b, pos, h, c) - kr[size_t(c)]) <= stored_tol(DType::bf16, kr[size_t(c)]))) ++bad;
           }
         }
-      EXPECT_EQ(bad, 0) << "appended keys differ from float64 RoPE";
-      // ... and the second decode attends over the grown cache.
-      Buffer poisoned(DType::bf16, p.outbuf.numel());
-      poisoned.poison();
-      expect_decode_matches(p, poisoned.bytes);
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-      cudaStreamDestroy(stream);
-    }
+      }
+    EXPECT_EQ(bad, 0) << "appended keys differ from float64 RoPE";
+    // ... and the second decode attends over the grown cache.
+    Buffer poisoned(DType::bf16, p.outbuf.numel());
+    poisoned.poison();
+    expect_decode_matches(p, poisoned.bytes);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
   }
 }
 
@@ -478,7 +404,7 @@ TEST(GpuKv, DecodeStepCapturedInGraphReplaysAsLengthsGrow) {
 // wave; 64 with q_len 5 and a window over pages; 3-4 long splits), repeated eager calls on one workspace filled with
 // garbage first (every partial is written before it is read), a workspace decode allocates itself, and a graph of two
 // calls replayed three times. The output is poisoned before every call, so a merge that did not run leaves NaN and
-// one that read stale partials gives a wrong answer. Default and each variant.
+// one that read stale partials gives a wrong answer.
 TEST(GpuKv, SplitMergeRepeatsAcrossCallsAndGraphReplays) {
   SKIP_WITHOUT_GPU();
   struct Cfg {
@@ -488,77 +414,73 @@ TEST(GpuKv, SplitMergeRepeatsAcrossCallsAndGraphReplays) {
     int splits;
     bool window;
   };
-  for (const NamedVariant& nv : all_variants()) {
-    SCOPED_TRACE(nv.name);
-    VariantScope scope(nv.v);
-    for (const Cfg& cfg : {Cfg{"contig_splits256", false, 1, 256, false}, Cfg{"paged16_q5_splits64_window", true, 5, 64, true},
-                           Cfg{"contig_q2_splits3", false, 2, 3, false}, Cfg{"planned", false, 1, 0, false},
-                           Cfg{"contig_splits4", false, 1, 4, false}, Cfg{"paged16_q3_splits3_window", true, 3, 3, true}}) {
-      SCOPED_TRACE(cfg.name);
-      CacheSpec cs;
-      cs.paged = cfg.paged;
-      cs.page_size = 16;
-      cs.kv_heads = 8;
-      cs.head_dim = 128;
-      cs.dtype = DType::bf16;
-      cs.lens = {5000, 3, 700, 1};
-      HostCache cache(cs, fltest::seed_of(cfg.name));
-      DecodeSpec ds;
-      ds.q_heads = 32;
-      ds.q_len = cfg.q_len;
-      ds.opt.causal = true;
-      if (cfg.window) ds.opt.window_left = cfg.splits == 3 ? 2000 : 300, ds.opt.sink_tokens = 3, ds.sink_logits = true;
-      DecodeProblem p(cache, ds, fltest::seed_of(std::string(cfg.name) + "q"));
-      const std::vector<uint8_t> poisoned_out = p.outbuf.bytes, poisoned_lse = p.lsebuf.bytes;
-      DeviceCache dc(cache);
-      DeviceDecode dd(p, dc);
-      const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, -1, cfg.splits);
-      EXPECT_GT(plan.num_splits, 1);
-      DevBuf ws(nullptr, 0);
-      ck(cudaMalloc(&ws.p, std::max<size_t>(plan.workspace_bytes, 16)), "workspace");
-      ck(cudaMemset(ws.p, 0xff, std::max<size_t>(plan.workspace_bytes, 16)), "workspace garbage");
-      dd.args.plan = &plan;
-      auto poison = [&] {
-        dd.out.up(poisoned_out.data());
-        dd.lse.up(poisoned_lse.data());
-      };
-      auto check = [&](const char* what) {
-        SCOPED_TRACE(what);
-        dd.download();
-        expect_decode_matches(p, poisoned_out);
-        p.outbuf.bytes = poisoned_out;
-        p.lsebuf.bytes = poisoned_lse;
-      };
-      for (int call = 0; call < 3; ++call) {  // eager
-        dd.args.workspace = call == 1 ? nullptr : ws.p;  // call 1: decode allocates its workspace
-        dd.args.workspace_bytes = call == 1 ? 0 : plan.workspace_bytes;
-        poison();
-        flashlite::decode(dd.args);
-        check(call == 0 ? "eager call 0" : call == 1 ? "eager call 1 (own workspace)" : "eager call 2");
-      }
-      dd.args.workspace = ws.p;
-      dd.args.workspace_bytes = plan.workspace_bytes;
-      cudaStream_t stream;
-      ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-      dd.args.stream = stream;
-      cudaGraph_t graph;
-      ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  for (const Cfg& cfg : {Cfg{"contig_splits256", false, 1, 256, false}, Cfg{"paged16_q5_splits64_window", true, 5, 64, true},
+                         Cfg{"contig_q2_splits3", false, 2, 3, false}, Cfg{"planned", false, 1, 0, false},
+                         Cfg{"contig_splits4", false, 1, 4, false}, Cfg{"paged16_q3_splits3_window", true, 3, 3, true}}) {
+    SCOPED_TRACE(cfg.name);
+    CacheSpec cs;
+    cs.paged = cfg.paged;
+    cs.page_size = 16;
+    cs.kv_heads = 8;
+    cs.head_dim = 128;
+    cs.dtype = DType::bf16;
+    cs.lens = {5000, 3, 700, 1};
+    HostCache cache(cs, fltest::seed_of(cfg.name));
+    DecodeSpec ds;
+    ds.q_heads = 32;
+    ds.q_len = cfg.q_len;
+    ds.opt.causal = true;
+    if (cfg.window) ds.opt.window_left = cfg.splits == 3 ? 2000 : 300, ds.opt.sink_tokens = 3, ds.sink_logits = true;
+    DecodeProblem p(cache, ds, fltest::seed_of(std::string(cfg.name) + "q"));
+    const std::vector<uint8_t> poisoned_out = p.outbuf.bytes, poisoned_lse = p.lsebuf.bytes;
+    DeviceCache dc(cache);
+    DeviceDecode dd(p, dc);
+    const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, -1, cfg.splits);
+    EXPECT_GT(plan.num_splits, 1);
+    DevBuf ws(nullptr, 0);
+    ck(cudaMalloc(&ws.p, std::max<size_t>(plan.workspace_bytes, 16)), "workspace");
+    ck(cudaMemset(ws.p, 0xff, std::max<size_t>(plan.workspace_bytes, 16)), "workspace garbage");
+    dd.args.plan = &plan;
+    auto poison = [&] {
+      dd.out.up(poisoned_out.data());
+      dd.lse.up(poisoned_lse.data());
+    };
+    auto check = [&](const char* what) {
+      SCOPED_TRACE(what);
+      dd.download();
+      expect_decode_matches(p, poisoned_out);
+      p.outbuf.bytes = poisoned_out;
+      p.lsebuf.bytes = poisoned_lse;
+    };
+    for (int call = 0; call < 3; ++call) {  // eager
+      dd.args.workspace = call == 1 ? nullptr : ws.p;  // call 1: decode allocates its workspace
+      dd.args.workspace_bytes = call == 1 ? 0 : plan.workspace_bytes;
+      poison();
       flashlite::decode(dd.args);
-      flashlite::decode(dd.args);
-      ck(cudaStreamEndCapture(stream, &graph), "end capture");
-      cudaGraphExec_t exec;
-      ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-      for (int replay = 0; replay < 3; ++replay) {
-        poison();
-        ck(cudaGraphLaunch(exec, stream), "replay");
-        ck(cudaStreamSynchronize(stream), "replay");
-        check(("graph replay " + std::to_string(replay)).c_str());
-      }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-      cudaStreamDestroy(stream);
-      dd.args.stream = nullptr;
+      check(call == 0 ? "eager call 0" : call == 1 ? "eager call 1 (own workspace)" : "eager call 2");
     }
+    dd.args.workspace = ws.p;
+    dd.args.workspace_bytes = plan.workspace_bytes;
+    cudaStream_t stream;
+    ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    dd.args.stream = stream;
+    cudaGraph_t graph;
+    ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+    flashlite::decode(dd.args);
+    flashlite::decode(dd.args);
+    ck(cudaStreamEndCapture(stream, &graph), "end capture");
+    cudaGraphExec_t exec;
+    ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    for (int replay = 0; replay < 3; ++replay) {
+      poison();
+      ck(cudaGraphLaunch(exec, stream), "replay");
+      ck(cudaStreamSynchronize(stream), "replay");
+      check(("graph replay " + std::to_string(replay)).c_str());
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    dd.args.stream = nullptr;
   }
 }
 

@@ -42,14 +42,6 @@ struct DecodeParams {
   MaskParams mask;
   bool q_vec = false;    // q rows 16-byte aligned
 
-  // Variant FLASHLITE_DECODE_PREFETCH (decode_variant.h; 0 = off, and off unless the token rows are dense): L2
-  // prefetch of the first prefetch_tiles tiles of the block's split before griddepcontrol.wait, from a speculative
-  // read of the length / page ids, every address clamped into the cache: kv_capacity = max_len (contiguous) or pool
-  // pages (paged), index_len = page ids in indices.
-  int prefetch_tiles = 0;
-  int64_t kv_capacity = 0;
-  int64_t index_len = 0;
-
   // Split > 1: partial results, (batch, kv_heads, rows, splits, head_dim) fp32 (normalised) and
   // (batch, kv_heads, rows, splits) natural-log LSEs; the combine kernel merges them into out / lse.
   float* part_o = nullptr;

@@ -26,15 +26,6 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
 __device__ __forceinline__ void cp_async_16_l2_256(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
-// sm_90: asynchronous prefetch of `bytes` (a multiple of 16, 16-byte aligned address) from global memory into L2;
-// nothing is written anywhere and nothing waits for it. A no-op before sm_90.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes));
-#else
-  (void)src, (void)bytes;
-#endif
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

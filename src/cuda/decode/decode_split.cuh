@@ -77,88 +77,18 @@ __device__ __forceinline__ VirtualKeys virtual_keys(const MaskParams& m, int q_l
   return v;
 }
 
-// Variant FLASHLITE_DECODE_PREFETCH (p.prefetch_tiles > 0; decode_variant.h), sm_90, dense rows only (launch.cu:
-// the kv heads of a token side by side, so a run of tokens is one contiguous range of K and one of V): before
-// griddepcontrol.wait, ask L2 for the first prefetch_tiles tiles of this block's split, so that their DRAM round trip
-// overlaps the previous grid's tail (in a replayed decode step: the previous kernel's drain, which leaves most SMs and
-// the DRAM idle) instead of starting after it. The keys go in chunks of 8 whole token rows (all heads; 16 KB of K and
-// of V at 8 heads x 128), one bulk prefetch each, and the kv-head blocks of a split share them (chunk c is taken by
-// head c % kv_heads): a handful of prefetch instructions per block. The length and the page ids are read
-// speculatively - the previous grid may still be writing them - so they only choose what to prefetch: every address
-// is clamped into the cache (a prefetch changes no data), they are read through L2 only (.cg: no stale L1 line for
-// the real reads) and read again after the wait.
-template <class T, int D>
-__device__ __forceinline__ void prefetch_first_tiles(const DecodeParams& p, int split, int kvh, int b, int tid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kChunk = 8;
-  int L;
-  int64_t page_base = 0;
-  if (p.paged) {
-    const int64_t lo = min(max(int64_t(__ldcg(p.indptr + b)), int64_t(0)), p.index_len);
-    const int64_t hi = min(max(int64_t(__ldcg(p.indptr + b + 1)), lo), p.index_len);
-    const int last = min(max(__ldcg(p.last_page_len + b), 1), p.page_size);
-    page_base = lo;
-    L = int(min((hi == lo ? 0 : (hi - lo - 1) * p.page_size + last), int64_t(1) << 30));
-  } else {
-    L = int(min(max(int64_t(__ldcg(p.seq_lens + b)), int64_t(0)), p.kv_capacity));
-  }
-  const VirtualKeys vkeys = virtual_keys(p.mask, p.q_len, L);
-  const int total_tiles = (vkeys.n_total + kTileKeys - 1) / kTileKeys;
-  const int per_split = (total_tiles + p.num_splits - 1) / p.num_splits;
-  const int t_begin = split * per_split;
-  const int n = min(p.prefetch_tiles, max(0, min(t_begin + per_split, total_tiles) - t_begin));
-  const int vk0 = t_begin * kTileKeys, vk_end = min(vk0 + n * kTileKeys, vkeys.n_total);
-  const int chunks = n > 0 ? (vk_end - vk0 + kChunk - 1) / kChunk : 0;
-  const uint32_t row_bytes = uint32_t(p.kv_heads) * uint32_t(D * sizeof(T));
-  const T* kb = static_cast<const T*>(p.k);
-  const T* vb = static_cast<const T*>(p.v);
-  // Rows [slot, slot + count) of page `page` (contiguous: of sequence b); page clamped into the pool, rows into it.
-  auto rows = [&](int64_t page, int64_t slot, int count) {
-    const int64_t cap = p.paged ? p.page_size : p.kv_capacity;
-    page = p.paged ? min(max(page, int64_t(0)), p.kv_capacity - 1) : int64_t(b);
-    slot = min(max(slot, int64_t(0)), cap - 1);
-    count = int(min(int64_t(count), cap - slot));
-    prefetch_l2_bulk(kb + page * p.k_s0 + slot * p.k_s1, uint32_t(count) * row_bytes);
-    prefetch_l2_bulk(vb + page * p.v_s0 + slot * p.v_s1, uint32_t(count) * row_bytes);
-  };
-#pragma unroll 1
-  for (int c = kvh + p.kv_heads * tid; c < chunks; c += p.kv_heads * kThreads) {
-    const int end = min(vk0 + (c + 1) * kChunk, vk_end);
-    // Virtual keys [k, end) in runs of consecutive positions on one page (a chunk crosses at most a page boundary or
-    // the sink / window gap, at 8 keys per chunk and pages of >= 8 tokens: one or two runs).
-#pragma unroll 1
-    for (int k = vk0 + c * kChunk; k < end;) {
-      const int pos = vkeys.pos(k);
-      int run = end - k;
-      if (k < vkeys.n1) run = min(run, vkeys.n1 - k);
-      if (p.paged) {
-        run = min(run, p.page_size - pos % p.page_size);
-        const int64_t entry = page_base + pos / p.page_size;
-        if (entry < p.index_len) rows(__ldcg(p.indices + entry), pos % p.page_size, run);
-      } else {
-        rows(0, pos, run);
-      }
-      k += run;
-    }
-  }
-#else
-  (void)p, (void)split, (void)kvh, (void)b, (void)tid;
-#endif
-}
-
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_constant__ DecodeParams p) {
   using Cfg = SplitCfg<D>;
   constexpr int LD = Cfg::LD, CPR = Cfg::CPR, KD = Cfg::KD, ND = Cfg::ND;
   extern __shared__ __align__(128) unsigned char smem[];
+  pdl_launch_dependents();  // the combine kernel may start launching; it waits for this grid's results
+  pdl_wait_primary();       // launched as a programmatic dependent: q and the cache may be the previous kernel's output
+
   const int split = int(blockIdx.x);
   const int kvh = int(blockIdx.y) % p.kv_heads, rc = int(blockIdx.y) / p.kv_heads;
   const int b = int(blockIdx.z);
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
-
-  pdl_launch_dependents();  // the combine kernel may start launching; it waits for this grid's results
-  if (p.prefetch_tiles > 0 && rc == 0) prefetch_first_tiles<T, D>(p, split, kvh, b, tid);  // variant, off by default
-  pdl_wait_primary();       // launched as a programmatic dependent: q and the cache may be the previous kernel's output
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates
 
   // Rows of this block, and the warp grid: wm_count row tiles x wn_count key groups.

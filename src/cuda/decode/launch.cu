@@ -12,7 +12,6 @@
 #include "cuda/common/check.h"
 #include "cuda/decode/decode_kernels.h"
 #include "cuda/decode/decode_params.h"
-#include "cuda/decode/decode_variant.h"
 #include "kv/kv_backends.h"
 
 namespace flashlite {
@@ -92,40 +91,7 @@ bool use_pdl(int dev) {
   return !off && compute_capability(dev) >= 90;
 }
 
-// Opt-in variants (decode_variant.h): an integer in [lo, hi] from the environment, else the default.
-int env_int(const char* name, int lo, int hi, int dflt) {
-  const char* e = std::getenv(name);
-  if (e == nullptr || e[0] == '\0') return dflt;
-  const int v = std::atoi(e);
-  return v < lo ? lo : v > hi ? hi : v;
-}
-std::atomic<bool> g_variant_override{false};
-std::atomic<int> g_override_prefetch{0}, g_override_waves{1};
-
 }  // namespace
-
-namespace cuda_decode {
-
-DecodeVariant decode_variant() {
-  if (g_variant_override.load()) return {g_override_prefetch.load(), g_override_waves.load()};
-  static const DecodeVariant from_env = [] {
-    DecodeVariant v;
-    v.prefetch_tiles = env_int("FLASHLITE_DECODE_PREFETCH", 0, 8, 0);
-    v.waves = env_int("FLASHLITE_DECODE_WAVES", 1, 8, 1);
-    return v;
-  }();
-  return from_env;
-}
-
-void set_decode_variant_for_testing(const DecodeVariant& v) {
-  g_override_prefetch.store(v.prefetch_tiles < 0 ? 0 : v.prefetch_tiles > 8 ? 8 : v.prefetch_tiles);
-  g_override_waves.store(v.waves < 1 ? 1 : v.waves > 8 ? 8 : v.waves);
-  g_variant_override.store(true);
-}
-
-void reset_decode_variant_for_testing() { g_variant_override.store(false); }
-
-}  // namespace cuda_decode
 
 std::string cuda_decode_unsupported_reason(const DecodeProblem& p) {
   const KvCacheDesc& c = p.cache;
@@ -149,8 +115,7 @@ std::string cuda_decode_unsupported_reason(const DecodeProblem& p) {
 int64_t cuda_decode_slots(const DecodeProblem& p) {
   cuda::DeviceGuard guard(p.cache.device.index);
   const int dev = p.cache.device.index;
-  // FLASHLITE_DECODE_WAVES (variant, default 1): the plan sizes its splits for that many waves of resident blocks.
-  return int64_t(sm_count(dev)) * prepare_kernel(dev, p, kernels_for(p)) * cuda_decode::decode_variant().waves;
+  return int64_t(sm_count(dev)) * prepare_kernel(dev, p, kernels_for(p));
 }
 
 std::string cuda_decode_kernel_name(const DecodeProblem& p) {
@@ -201,14 +166,6 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   P.softcap = float(p.softcap);
   P.mask = p.mask;
   P.q_vec = aligned16(p.q, p.q_st);
-  // FLASHLITE_DECODE_PREFETCH (variant, default 0) and the bounds its speculative addresses are clamped to.
-  // Only for dense rows (the kv heads of a token side by side: K and V row strides = kv_heads x head_dim), where a run
-  // of tokens is one contiguous range; other layouts run the default path.
-  const int64_t row = c.kv_heads * c.head_dim;
-  const bool dense_rows = c.ks.s2 == c.head_dim && c.vs.s2 == c.head_dim && c.ks.s1 == row && c.vs.s1 == row;
-  P.prefetch_tiles = dense_rows ? cuda_decode::decode_variant().prefetch_tiles : 0;
-  P.kv_capacity = c.paged ? c.num_pages : c.capacity;
-  P.index_len = c.paged ? int64_t(c.indptr[c.batch]) : 0;
 
   void* ws = workspace;
   const size_t need = decode_workspace_bytes(p, num_splits);
