@@ -47,54 +47,6 @@ capi="$build/lib/libflashlite_fwd_capi.so"
 
 # Issue 4's window target (phases window and mma): S = 8192, D = 128, causal window 1024, with and without 4 sink
 # tokens, vs FlexAttention (useful TFLOP/s: visible pairs only). One process per backend (the switch is read once).
-cat > "$out/window_bench.py" <<'EOF'
-import json, os, statistics, sys
-import torch
-sys.path.insert(0, os.path.join(sys.argv[1], "bench", "fwd"))
-from side_by_side import load
-
-lib = load(sys.argv[2])
-which = sys.argv[3]  # a label for flashlite (FLASHLITE_FWD_HOPPER set by the caller), or "flex"
-b, h, s, d = 2, 16, 8192, 128
-torch.manual_seed(0)
-sets = [[torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)] for _ in range(2)]
-out = torch.empty(b, s, h, d, device="cuda", dtype=torch.bfloat16)
-stream = torch.cuda.current_stream().cuda_stream
-rows = []
-if which == "flex":
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    flex = torch.compile(flex_attention)
-
-
-def median_us(fn, reps=30):
-    for i in range(3):
-        fn(i % 2)
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for i, (e0, e1) in enumerate(ev):
-        e0.record(); fn(i % 2); e1.record()
-    torch.cuda.synchronize()
-    return statistics.median(e0.elapsed_time(e1) * 1e3 for e0, e1 in ev)
-
-
-for sinks in (0, 4):
-    vis = sum(min(i, 1024) + 1 + max(0, min(sinks, i - 1024)) for i in range(s))
-    if which == "flex":
-        def mask_mod(bi, hi, qi, ki, sinks=sinks):
-            return (ki <= qi) & ((qi - ki <= 1024) | (ki < sinks))
-        bm = create_block_mask(mask_mod, None, None, s, s)
-        fn = lambda i: flex(*(x.transpose(1, 2) for x in sets[i]), block_mask=bm)
-    else:
-        def fn(i):
-            q, k, v = sets[i]
-            if lib.fl_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), None, 2, b, s, s, h, h, d, 1,
-                              1024, sinks, stream) != 0:
-                raise RuntimeError(lib.fl_last_error().decode())
-    us = median_us(fn)
-    rows.append({"backend": which, "seq": s, "batch": b, "heads": h, "head_dim": d, "window_left": 1024,
-                 "sink_tokens": sinks, "us": round(us, 2), "useful_tflops": round(4 * b * h * vis * d / (us * 1e-6) / 1e12, 1)})
-    print(rows[-1], flush=True)
-json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, open(sys.argv[4], "w"), indent=1)
-EOF
 
 if has build; then
   log "build (CMAKE_CUDA_ARCHITECTURES=90a)"
@@ -167,9 +119,9 @@ fi
 if has window && [ -n "${good// /}" ]; then
   log "window 1024 +- 4 sinks: Hopper (each schedule), FlexAttention"
   for mode in $good; do
-    FLASHLITE_FWD_HOPPER=$mode run 45 python3 "$out/window_bench.py" "$root" "$capi" "hopper_mode$mode" "$out/window_hopper_mode$mode.json" 2>&1 | tail -3
+    FLASHLITE_FWD_HOPPER=$mode run 45 python3 "$root/bench/fwd/window_flex.py" "$root" "$capi" "hopper_mode$mode" "$out/window_hopper_mode$mode.json" 2>&1 | tail -3
   done
-  run 120 python3 "$out/window_bench.py" "$root" "$capi" flex "$out/window_flex.json" 2>&1 | tail -3
+  run 120 python3 "$root/bench/fwd/window_flex.py" "$root" "$capi" flex "$out/window_flex.json" 2>&1 | tail -3
   cp "$out"/window_*.json "$dest/" 2>/dev/null
 fi
 
@@ -203,7 +155,7 @@ if has mma; then
   run 75 python3 "$root/bench/fwd/side_by_side.py" --lib "$capi" --rounds 3 --seqs 1024,4096,16384 \
     --out "$out/sbs_mma.json" > "$out/sbs_mma.log" 2>&1
   echo "sbs mma rc=$?"; cat "$out/sbs_mma.log"; cp "$out/sbs_mma.json" "$dest/" 2>/dev/null
-  run 45 python3 "$out/window_bench.py" "$root" "$capi" mma "$out/window_mma.json" 2>&1 | tail -3
+  run 45 python3 "$root/bench/fwd/window_flex.py" "$root" "$capi" mma "$out/window_mma.json" 2>&1 | tail -3
   cp "$out/window_mma.json" "$dest/" 2>/dev/null
 fi
 log "done"

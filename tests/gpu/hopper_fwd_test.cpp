@@ -268,8 +268,11 @@ TEST(HopperEligibility, NameAndSwitch) {
   EXPECT_EQ(h::hopper_fwd_enabled(), kHopperEnv);  // the library reads the variable once
   EXPECT_TRUE(h::hopper_fwd_mode() >= 0 && h::hopper_fwd_mode() <= 3);
   const char* env = std::getenv("FLASHLITE_FWD_HOPPER");
-  if (env == nullptr) EXPECT_EQ(h::hopper_fwd_mode(), 3);  // the default schedule
-  if (env != nullptr && std::string(env) == "0") EXPECT_EQ(h::hopper_fwd_mode(), 0);
+  if (env == nullptr) {
+    EXPECT_EQ(h::hopper_fwd_mode(), 3);  // the default schedule
+  } else if (std::string(env) == "0") {
+    EXPECT_EQ(h::hopper_fwd_mode(), 0);
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/mask.h"
+#include "cuda/fwd/block_order.h"
 #include "cuda/fwd/fwd_params.h"
 
 namespace flashlite::cuda_fwd {
@@ -34,23 +35,17 @@ __device__ __forceinline__ int cache_length(const FwdParams& p, int b) {
   return pages == 0 ? 0 : (pages - 1) * p.page_size + p.kv_last_page_len[b];
 }
 
-// 1-D grid over (sequence, head) pairs and tile ranks. Pair-major (default): a pair's tiles run side by side and share
-// its K/V in L2 (neighbouring heads share a GQA group's K/V too). Rank-major (causal): rank 0 of every pair first;
-// with reverse_tiles a sequence's heaviest query tile (its last) has rank 0, so the longest blocks start first
-// (longest-job-first balancing across the SMs). Returns false when the rank lies past the sequence's tiles.
+// 1-D grid over (sequence, head) pairs and tile ranks (block_order.h). Pair-major (default): a pair's tiles run side by
+// side and share its K/V in L2 (neighbouring heads share a GQA group's K/V too). Rank-major (causal): rank 0 of every
+// pair of a group first; with reverse_tiles a sequence's heaviest query tile (its last) has rank 0, so the longest
+// blocks start first (longest-job-first balancing across the SMs). Returns false when the rank lies past the
+// sequence's tiles.
 // CACHE (prefill): q rows as usual (padded or ragged), keys from the cache: sk = the sequence's cache length and
 // k_row0 = 0 (the kernel addresses K/V through the sequence index, contiguous or paged).
 template <bool CACHE = false>
 __device__ __forceinline__ bool decode_block(const FwdParams& p, int block_rows, BlockWork& w) {
-  int pair, rank;
-  if (!p.rank_major) {
-    pair = int(blockIdx.x) / p.q_tiles;
-    rank = int(blockIdx.x) - pair * p.q_tiles;
-  } else {
-    const int pairs = p.q_heads * p.batch;
-    rank = int(blockIdx.x) / pairs;
-    pair = int(blockIdx.x) - rank * pairs;
-  }
+  const PairRank pr = block_pair_rank(int(blockIdx.x), p.q_heads * p.batch, p.q_tiles, p.rank_major, p.rank_group);
+  const int pair = pr.pair, rank = pr.rank;
   w.head = pair % p.q_heads;
   w.seq = pair / p.q_heads;
   if constexpr (CACHE) {

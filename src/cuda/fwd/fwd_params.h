@@ -41,6 +41,7 @@ struct FwdParams {
   bool softcap = false;
   bool reverse_tiles = false;  // causal: the heaviest (last) query tile of each sequence starts first
   bool rank_major = false;     // block order: tile rank slowest (causal) instead of fastest
+  int rank_group = 0;          // rank-major within groups of this many (sequence, head) pairs; 0 = one group
   bool vec_in = false;         // q, k, v rows are 16-byte aligned: cp.async 16-byte copies
   bool vec_out = false;        // out rows are 16-byte aligned: 16-byte stores
   MaskParams mask;
