@@ -12,6 +12,15 @@ struct BSHStrides {
   int64_t batch = 0, seq = 0, head = 0;
 };
 
+// K/V of one paged KV-cache sequence read in place by the CPU tiled kernel (src/cpu/kv_prefill.cpp sets it on a
+// batch-1 problem): key j is row j % page_size of page page_ids[j / page_size], i.e. element
+// page * page_stride + (j % page_size) * stride.seq + head * stride.head of k (v).
+struct KvPagesView {
+  const int32_t* page_ids = nullptr;  // host memory, the sequence's pages in order
+  int64_t page_size = 0;
+  int64_t k_page_stride = 0, v_page_stride = 0;
+};
+
 struct AttentionProblem {
   DType dtype = DType::f32;
   Device device{};
@@ -39,6 +48,9 @@ struct AttentionProblem {
   // the single "batch" of the tensors; its lengths are the differences.
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
+
+  // CPU tiled kernel only, batch 1, padded: K/V through a page table instead of k_stride.seq alone (null: dense).
+  const KvPagesView* kv_pages = nullptr;
 
   bool varlen() const { return cu_seqlens_q != nullptr; }
   int64_t group_size() const { return q_heads / kv_heads; }

@@ -1,12 +1,10 @@
 // CPU prefill from a KV cache: each sequence's chunk runs through the tiled forward kernel (run_cpu_tiled, the same
 // code and numerics as forward() on the CPU) as a batch-1 problem whose K/V are the cached sequence: a strided view
-// of a contiguous cache, or a paged sequence gathered into a scratch buffer (one copy of its K/V, O(len) next to the
-// O(chunk x len) attention).
+// of a contiguous cache, or a paged sequence that the kernel reads through its page table (AttentionProblem::kv_pages:
+// each key chunk is copied from its page runs into the kernel's tile scratch, as fp16/bf16 chunks are converted).
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
-#include <vector>
 
 #include "backends.h"
 #include "kv/kv_prefill.h"
@@ -19,16 +17,6 @@ template <class P>
 P* at(P* base, DType dtype, int64_t off) {
   using Byte = std::conditional_t<std::is_const_v<P>, const char, char>;
   return reinterpret_cast<P*>(reinterpret_cast<Byte*>(base) + off * int64_t(dtype_size(dtype)));
-}
-
-// Sequence b of a paged cache, k or v, into dst (len, kv_heads, head_dim) contiguous.
-void gather(const KvCacheDesc& c, int64_t b, bool use_v, std::vector<char>& dst) {
-  const int64_t len = c.length(b), H = c.kv_heads, D = c.head_dim;
-  const size_t row = size_t(D) * dtype_size(c.dtype);
-  dst.resize(size_t(len * H) * row);
-  const void* src = use_v ? c.v : c.k;
-  for (int64_t j = 0; j < len; ++j)
-    for (int64_t h = 0; h < H; ++h) std::memcpy(dst.data() + size_t(j * H + h) * row, at(src, c.dtype, c.offset(b, j, h, use_v)), row);
 }
 
 // Rows that see no key: zeros, and an LSE of the sink logit alone (it is the whole denominator), else -inf -- the
@@ -48,7 +36,6 @@ void write_keyless_rows(const AttentionProblem& s) {
 void cpu_prefill(const PrefillProblem& p) {
   const KvCacheDesc& c = p.cache;
   const AttentionProblem& a = p.attn;
-  std::vector<char> kbuf, vbuf;
   for (int64_t b = 0; b < c.batch; ++b) {
     const int64_t n = p.chunk(b), len = c.length(b);
     if (n == 0) continue;
@@ -68,14 +55,16 @@ void cpu_prefill(const PrefillProblem& p) {
     if (!c.paged) {
       s.k = at(c.k, c.dtype, b * c.ks.s0);
       s.v = at(c.v, c.dtype, b * c.vs.s0);
-    } else {
-      gather(c, b, false, kbuf);
-      gather(c, b, true, vbuf);
-      s.k = kbuf.data();
-      s.v = vbuf.data();
-      s.k_stride = s.v_stride = {len * c.kv_heads * c.head_dim, c.kv_heads * c.head_dim, c.head_dim};
+      run_cpu_tiled(s);
+    } else {  // the kernel reads the sequence's pages in place, a page run at a time (src/cpu/tiled.cpp)
+      const KvPagesView pages{c.indices + c.indptr[b], c.capacity, c.ks.s0, c.vs.s0};
+      s.k = c.k;
+      s.v = c.v;
+      s.k_stride = {0, c.ks.s1, c.ks.s2};
+      s.v_stride = {0, c.vs.s1, c.vs.s2};
+      s.kv_pages = &pages;
+      run_cpu_tiled(s);
     }
-    run_cpu_tiled(s);
   }
 }
 

@@ -189,6 +189,29 @@ void finalise(const AttentionProblem& p, const SequenceSlice& s, const Task& t, 
   }
 }
 
+// Rows [j0, j0 + keys) of K (is_v false) or V of one kv head (element offset `base` of its row 0 in a dense layout)
+// into dst as fp32, row stride ldd, columns zero-padded to pad_cols: one conversion, or one per page run when the
+// problem reads a paged cache sequence in place (p.kv_pages; base is then the head offset alone).
+void load_kv_rows(const Plan& plan, bool is_v, int64_t base, int64_t j0, int64_t keys, float* dst, int64_t ldd,
+                  int64_t pad_cols) {
+  const AttentionProblem& p = plan.p;
+  const size_t elem = p.dtype == DType::f32 ? 4 : 2;
+  const char* src = static_cast<const char*>(is_v ? p.v : p.k);
+  const int64_t row = is_v ? p.v_stride.seq : p.k_stride.seq;
+  const KvPagesView* pg = p.kv_pages;
+  if (pg == nullptr) {
+    plan.k.convert({src + (base + j0 * row) * elem, p.dtype, row, dst, ldd, keys, p.head_dim, pad_cols});
+    return;
+  }
+  const int64_t page_stride = is_v ? pg->v_page_stride : pg->k_page_stride;
+  for (int64_t j = j0; j < j0 + keys;) {
+    const int64_t slot = j % pg->page_size, run = std::min(pg->page_size - slot, j0 + keys - j);
+    const int64_t off = int64_t(pg->page_ids[j / pg->page_size]) * page_stride + slot * row + base;
+    plan.k.convert({src + off * elem, p.dtype, row, dst + (j - j0) * ldd, ldd, run, p.head_dim, pad_cols});
+    j += run;
+  }
+}
+
 void run_task(const Plan& plan, const Task& t, Scratch& scratch) {
   const AttentionProblem& p = plan.p;
   const TiledKernels& kern = plan.k;
@@ -239,9 +262,7 @@ void run_task(const Plan& plan, const Task& t, Scratch& scratch) {
         ka = static_cast<const float*>(p.k) + k_base + j0 * p.k_stride.seq;
         ka_row = p.k_stride.seq;
       } else {
-        const size_t elem = p.dtype == DType::f32 ? 4 : 2;
-        kern.convert({static_cast<const char*>(p.k) + (k_base + j0 * p.k_stride.seq) * elem, p.dtype, p.k_stride.seq,
-                      kbuf, dp, keys, d, d});
+        load_kv_rows(plan, false, k_base, j0, keys, kbuf, dp, d);
       }
       const float* vb = vbuf;
       int64_t vb_row = dp;
@@ -249,9 +270,7 @@ void run_task(const Plan& plan, const Task& t, Scratch& scratch) {
         vb = static_cast<const float*>(p.v) + v_base + j0 * p.v_stride.seq;
         vb_row = p.v_stride.seq;
       } else {
-        const size_t elem = p.dtype == DType::f32 ? 4 : 2;
-        kern.convert({static_cast<const char*>(p.v) + (v_base + j0 * p.v_stride.seq) * elem, p.dtype, p.v_stride.seq,
-                      vbuf, dp, keys, d, dp});
+        load_kv_rows(plan, true, v_base, j0, keys, vbuf, dp, dp);
       }
 
       // S^T = K Q^T, softcap, mask.
@@ -316,7 +335,6 @@ void run_task_small(const Plan& plan, const Task& t, Scratch& scratch) {
   const int64_t i0 = t.row0, i1 = t.row0 + t.rows;
   const int64_t k_base = s.batch_index * p.k_stride.batch + s.k_row0 * p.k_stride.seq + t.kv_head * p.k_stride.head;
   const int64_t v_base = s.batch_index * p.v_stride.batch + s.k_row0 * p.v_stride.seq + t.kv_head * p.v_stride.head;
-  const size_t elem = p.dtype == DType::f32 ? 4 : 2;
   KeyRange ranges[2];
   const int n_ranges = visible_ranges(p, s, i0, i1, ranges);
   for (int ri = 0; ri < n_ranges; ++ri) {
@@ -329,10 +347,8 @@ void run_task_small(const Plan& plan, const Task& t, Scratch& scratch) {
         a.v = static_cast<const float*>(p.v) + v_base + j0 * p.v_stride.seq;
         a.v_row = p.v_stride.seq;
       } else {
-        kern.convert({static_cast<const char*>(p.k) + (k_base + j0 * p.k_stride.seq) * elem, p.dtype, p.k_stride.seq,
-                      kbuf, dp, keys, d, dp});
-        kern.convert({static_cast<const char*>(p.v) + (v_base + j0 * p.v_stride.seq) * elem, p.dtype, p.v_stride.seq,
-                      vbuf, dp, keys, d, dp});
+        load_kv_rows(plan, false, k_base, j0, keys, kbuf, dp, dp);
+        load_kv_rows(plan, true, v_base, j0, keys, vbuf, dp, dp);
         a.k = kbuf;
         a.k_row = dp;
         a.v = vbuf;
@@ -398,8 +414,8 @@ void run_cpu_tiled(const AttentionProblem& p) {
   Plan plan{p,
             kern,
             round_up(p.head_dim, kern.width),
-            f32,
-            f32 && p.head_dim % kern.width == 0,
+            f32 && p.kv_pages == nullptr,  // a paged sequence's rows are copied chunk by chunk (load_kv_rows)
+            f32 && p.head_dim % kern.width == 0 && p.kv_pages == nullptr,
             cap ? 1.0f : p.scale > 0 ? 1.0f : p.scale < 0 ? -1.0f : 0.0f,
             float(cap || p.scale == 0 ? kLog2e : std::fabs(p.scale) * kLog2e),
             cap ? float(p.scale / p.softcap) : 0.0f,
