@@ -4,8 +4,11 @@
 #      models), pytest tests/python, compute-sanitizer;
 #   2. bench/fwd/side_by_side.py: the default forward kernel (the Hopper kernel on sm_90) and torch SDPA flash / cuDNN
 #      in one process on the same tensors, every reference shape;
-#   3. bench/e2e.py, engine only, batch 1 and 16, prompt 512: the defaults and a few variants (VARIANTS).
-# Each phase is cut to what is left of BUDGET_S (default 560 s). Run-tool call, from the repository root:
+#   3. bench/e2e.py, engine only, batch 1 and 16, prompt 512: the defaults and a few variants (VARIANTS);
+#   4. (only when PHASES lists it) tests/engine/test_engine_gpu_parity.py: the engine against transformers on the
+#      Llama-3.2-1B-shaped random checkpoint (e2e's, cached under FLASHLITE_PARITY_CACHE).
+# PHASES (comma list, default check,sbs,e2e) picks them (the later ones use check's build in build-gpu/, so leave
+# check out only on a warm machine that has it); each is cut to what is left of BUDGET_S (default 560 s). Run-tool call, from the repository root:
 #   run(command="bash scripts/gpu-session.sh", carry=[".carry"], timeout_s=600)
 # with .carry holding the GoogleTest/CLI11/PCRE2 prefixes (scripts/make-carry.sh) and the tiny models
 # (mkdir -p .carry/models && cp -r ../shared/models/* .carry/models/). Output in $OUT: gpu-check's files,
@@ -26,13 +29,17 @@ export FLASHLITE_MODELS="${FLASHLITE_MODELS:-$root/.carry/models}"
 export FLASHLITE_PARITY_CACHE="${FLASHLITE_PARITY_CACHE:-/tmp/flashlite_parity}"
 build="${BUILD_DIR:-$root/build-gpu}"
 status=0
+phases="${PHASES:-check,sbs,e2e}"
+has() { [[ ",$phases," == *",$1,"* ]]; }
 
 echo "== $(date +%T) gpu-check (budget $(left) s)"
-timeout -s KILL "$(( $(left) - 150 ))" bash scripts/gpu-check.sh "$dest" --skip "attn,bench${SKIP_CHECK:+,$SKIP_CHECK}" \
-  2>&1 | tail -40 || status=1
+if has check; then
+  timeout -s KILL "$(( $(left) - 150 ))" bash scripts/gpu-check.sh "$dest" --skip "attn,bench${SKIP_CHECK:+,$SKIP_CHECK}" \
+    2>&1 | tail -40 || status=1
+fi
 
 echo "== $(date +%T) forward side by side ($(left) s left)"
-if [ "$(left)" -gt 130 ]; then
+if has sbs && [ "$(left)" -gt 130 ]; then
   cmake -S . -B "$build" -DFLASHLITE_FWD_SWEEP=ON > "$logs/sbs_cmake.log" 2>&1 &&
     cmake --build "$build" -j"$(nproc)" --target flashlite_fwd_capi > "$logs/sbs_build.log" 2>&1 &&
     timeout 100 python3 bench/fwd/side_by_side.py --lib "$build/lib/libflashlite_fwd_capi.so" --rounds 3 \
@@ -43,7 +50,7 @@ else
 fi
 
 echo "== $(date +%T) engine e2e ($(left) s left)"
-if [ "$(left)" -gt 60 ]; then
+if has e2e && [ "$(left)" -gt 60 ]; then
   timeout -s KILL "$(( $(left) - 5 ))" python3 bench/e2e.py --flashlite "$build/bin/flashlite" \
     --checkpoint "$FLASHLITE_PARITY_CACHE/llama32_1b_random" --tokenizer-dir "$FLASHLITE_MODELS/llama3-tokenizer" \
     --skip-transformers --batches 1,16 --prompts 512 --variants "${E2E_VARIANTS:-pdl_off,switches_off}" \
@@ -51,6 +58,13 @@ if [ "$(left)" -gt 60 ]; then
   grep -E "tok/s|variant|tbt" "$logs/e2e.log" | cut -c1-220 | tail -12
 else
   echo "SKIPPED (budget): e2e"
+fi
+if has parity && [ "$(left)" -gt 60 ]; then
+  echo "== $(date +%T) engine parity vs transformers ($(left) s left)"
+  [ -x "$build/bin/flashlite" ] || cmake --build "$build" -j"$(nproc)" --target flashlite_cli > "$logs/cli_build.log" 2>&1
+  FLASHLITE_BIN="$build/bin/flashlite" FLASHLITE_PARITY_OUT="$dest" timeout -s KILL "$(( $(left) - 5 ))" \
+    python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_engine_gpu_parity.py > "$logs/parity.log" 2>&1 || status=1
+  tail -15 "$logs/parity.log"
 fi
 echo "== $(date +%T) done, status $status"
 exit "$status"
