@@ -109,6 +109,8 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "preload_small": {"FLASHLITE_ENGINE_PRELOAD": "small"},
     "splitk_off": {"FLASHLITE_ENGINE_SPLITK": "0"},
     "decode_splits_1": {"FLASHLITE_ENGINE_DECODE_SPLITS": "1"},
+    "decode_splits_2": {"FLASHLITE_ENGINE_DECODE_SPLITS": "2"},
+    "decode_splits_4": {"FLASHLITE_ENGINE_DECODE_SPLITS": "4"},
 }
 # Switches that act only on the fused GEMVs, i.e. on steps of <= 8 rows (kGemvMaxRows): at a larger batch a variant
 # made of these alone runs the default's kernels, so --variants skips those rows (recorded as skipped) instead of
