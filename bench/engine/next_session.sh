@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Round 3 of the engine's batch-1 work (docs/perf-notes.md, Engine (CUDA)) in ONE device call, under 9 minutes:
+# The engine's batch-1 work (docs/perf-notes.md, Engine (CUDA); written for round 3, whose winner is now the default)
+# in ONE device call, under 9 minutes:
 #   1. build (sm_90a) the CLI and the engine's CUDA tests;
 #   2. cuda_ops_test (each GEMV variant vs float64 and the fused RoPE vs the unfused path; GemvBandwidth prints every
 #      shape alone / in a stream, default and variants) and cuda_model_test (every switch: the default's greedy tokens);
 #   3. a per-kernel table of one decode step: the engine's event profile (FLASHLITE_ENGINE_PROFILE=1, eager steps
-#      queued behind a flag) and ncu on one range-marked step (bench/engine/profile_decode.sh), default and combo;
+#      queued behind a flag) and ncu on one range-marked step (bench/engine/profile_decode.sh), the defaults and all switches off;
 #   4. bench/e2e.py engine-only at batch 1 and 16, prompt 512: default, then every entry of e2e.py's VARIANTS
-#      (the combination first, PDL off, preload (QKV/O/down, or all), fused RoPE, split-K, fused argmax, decode
-#      splits 1, late trigger, neighbours of the combination), with the JSON rewritten after every run.
+#      (each relative to the defaults: PDL off, all switches off, late trigger, preload small, split-K off, decode
+#      splits 1 / 2 / 4), with the JSON rewritten after every run.
 # ../shared does not travel: first, on the dev machine,
 #   mkdir -p .carry/models && cp -r ../shared/models/stories260K ../shared/models/llama3-tokenizer .carry/models/
 # then run this with `.carry` in the run's carry list (and the GoogleTest/CLI11/PCRE2 prefixes .carry/deps,
@@ -63,9 +64,9 @@ stamp "checkpoint"
 [ -f "$ckpt/config.json" ] || python3 bench/e2e.py --flashlite "$bin" --checkpoint "$ckpt" --tokenizer-dir "$tok" \
   --batches 1 --prompts 16 --new-tokens 2 --skip-transformers --out "$LOGDIR/e2e_warm.json" > "$LOGDIR/checkpoint.log" 2>&1
 
-combo="FLASHLITE_ENGINE_SPLITK=1 FLASHLITE_ENGINE_FUSE_ROPE=1 FLASHLITE_ENGINE_FUSE_ARGMAX=1 FLASHLITE_ENGINE_PRELOAD=small"  # = e2e.py COMBO
+off="FLASHLITE_ENGINE_SPLITK=0 FLASHLITE_ENGINE_FUSE_ROPE=0 FLASHLITE_ENGINE_FUSE_ARGMAX=0 FLASHLITE_ENGINE_PRELOAD=0"  # = e2e.py SWITCHES_OFF
 stamp "event profiles"
-for spec in "default|" "combo|$combo" "default_batch16|" ; do
+for spec in "default|" "switches_off|$off" "default_batch16|" ; do
   before 380 "event profile ${spec%%|*}" || continue
   label="${spec%%|*}"; vars="${spec#*|}"; b=1; [ "$label" = default_batch16 ] && b=16
   env $vars FLASHLITE_ENGINE_PROFILE=1 timeout 60 "$bin" generate --model "$ckpt" --device cuda --prompt-tokens 512 \
@@ -75,7 +76,7 @@ for spec in "default|" "combo|$combo" "default_batch16|" ; do
     grep -q "flashlite engine profile" "$LOGDIR/profile_$label.err" || tail -n 8 "$LOGDIR/profile_$label.err"; } >> "$OUT/profile.txt"
 done
 stamp "ncu profiles"
-for spec in "default|" "combo|$combo"; do
+for spec in "default|" "switches_off|$off"; do
   label="${spec%%|*}"; vars="${spec#*|}"
   before 330 "ncu profile $label" || continue
   { env $vars NCU_TIMEOUT=100 bash bench/engine/profile_decode.sh "$bin" "$ckpt" "$tok" "$label" 2>&1; echo; } >> "$OUT/profile.txt"
