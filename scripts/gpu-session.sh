@@ -21,6 +21,8 @@ mkdir -p "$dest"
 t0=$(date +%s)
 budget="${BUDGET_S:-560}"
 left() { echo $(( budget - ($(date +%s) - t0) )); }
+# cap N: N seconds, or what is left of the budget (less a margin) when that is less; never below 1
+cap() { local l=$(( $(left) - 5 )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 logs=/tmp/gpu_session_logs
 mkdir -p "$logs"
 pack() { tar czf "$dest/session_logs.tgz" -C "$logs" . 2>/dev/null; }
@@ -34,15 +36,20 @@ has() { [[ ",$phases," == *",$1,"* ]]; }
 
 echo "== $(date +%T) gpu-check (budget $(left) s)"
 if has check; then
-  timeout -s KILL "$(( $(left) - 150 ))" bash scripts/gpu-check.sh "$dest" --skip "attn,bench${SKIP_CHECK:+,$SKIP_CHECK}" \
-    2>&1 | tail -40 || status=1
+  lim=$(( $(left) - 150 ))  # leaves room for the later phases
+  if [ "$lim" -ge 60 ]; then
+    timeout -s KILL "$lim" bash scripts/gpu-check.sh "$dest" --skip "attn,bench${SKIP_CHECK:+,$SKIP_CHECK}" \
+      2>&1 | tail -40 || status=1
+  else
+    echo "SKIPPED (budget): gpu-check"; status=1
+  fi
 fi
 
 echo "== $(date +%T) forward side by side ($(left) s left)"
 if has sbs && [ "$(left)" -gt 130 ]; then
   cmake -S . -B "$build" -DFLASHLITE_FWD_SWEEP=ON > "$logs/sbs_cmake.log" 2>&1 &&
-    cmake --build "$build" -j"$(nproc)" --target flashlite_fwd_capi > "$logs/sbs_build.log" 2>&1 &&
-    timeout 100 python3 bench/fwd/side_by_side.py --lib "$build/lib/libflashlite_fwd_capi.so" --rounds 3 \
+    timeout "$(cap 240)" cmake --build "$build" -j"$(nproc)" --target flashlite_fwd_capi > "$logs/sbs_build.log" 2>&1 &&
+    timeout "$(cap 100)" python3 bench/fwd/side_by_side.py --lib "$build/lib/libflashlite_fwd_capi.so" --rounds 3 \
       --seqs 512,1024,2048,4096,8192,16384 --out "$dest/fwd_side_by_side.json" 2>&1 | tee "$logs/sbs.log" | tail -30 ||
     status=1
 else
@@ -51,7 +58,7 @@ fi
 
 echo "== $(date +%T) engine e2e ($(left) s left)"
 if has e2e && [ "$(left)" -gt 60 ]; then
-  timeout -s KILL "$(( $(left) - 5 ))" python3 bench/e2e.py --flashlite "$build/bin/flashlite" \
+  timeout -s KILL "$(cap 600)" python3 bench/e2e.py --flashlite "$build/bin/flashlite" \
     --checkpoint "$FLASHLITE_PARITY_CACHE/llama32_1b_random" --tokenizer-dir "$FLASHLITE_MODELS/llama3-tokenizer" \
     --skip-transformers --batches 1,16 --prompts 512 --variants "${E2E_VARIANTS:-pdl_off,switches_off}" \
     --out "$dest/e2e.json" > "$logs/e2e.log" 2>&1 || status=1
@@ -61,8 +68,9 @@ else
 fi
 if has parity && [ "$(left)" -gt 60 ]; then
   echo "== $(date +%T) engine parity vs transformers ($(left) s left)"
-  [ -x "$build/bin/flashlite" ] || cmake --build "$build" -j"$(nproc)" --target flashlite_cli > "$logs/cli_build.log" 2>&1
-  FLASHLITE_BIN="$build/bin/flashlite" FLASHLITE_PARITY_OUT="$dest" timeout -s KILL "$(( $(left) - 5 ))" \
+  [ -x "$build/bin/flashlite" ] || cmake --build "$build" -j"$(nproc)" --target flashlite_cli > "$logs/cli_build.log" 2>&1 ||
+    status=1
+  FLASHLITE_BIN="$build/bin/flashlite" FLASHLITE_PARITY_OUT="$dest" timeout -s KILL "$(cap 600)" \
     python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_engine_gpu_parity.py > "$logs/parity.log" 2>&1 || status=1
   tail -15 "$logs/parity.log"
 fi

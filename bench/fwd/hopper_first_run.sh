@@ -2,7 +2,9 @@
 # First device run of the Hopper forward kernel (src/cuda/fwd_hopper/, prepared without a GPU): ONE call on an
 # H100/H200 that builds (sm_90a only), proves each schedule right before anything times it, and times them
 # against torch SDPA (flash, cuDNN) in one process, and on the sliding-window masks against FlexAttention. The
-# mma.sync kernel's own numbers are in bench/results/h100/fwd_side_by_side.json (phase "mma" re-times it here).
+# mma.sync kernel's own numbers are in bench/results/h100/fwd_side_by_side_mma.json (phase "mma" re-times it here,
+# with FLASHLITE_FWD_HOPPER=0). Run 2026-11-23 (results in bench/results/h100/hopper_first_run/); since then the
+# Hopper kernel is the default on sm_90 (unset = schedule 3).
 #
 #   bash bench/fwd/hopper_first_run.sh [phases]
 #     phases: comma list of build,smoke,test,bench,window,sanitize,mma
@@ -134,8 +136,8 @@ if has sanitize; then
       > "$out/memcheck$mode.log" 2>&1
     echo "memcheck mode $mode rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out/memcheck$mode.log" | tr '\n' ' ')"
   done
-  # The device tests skip unless FLASHLITE_FWD_HOPPER is set (kHopperEnv): without it these two would check nothing
-  # and still say PASSED. racecheck on the first schedule that did not hang, synccheck on ping-pong (named barriers).
+  # The device tests skip when FLASHLITE_FWD_HOPPER=0 (kHopperEnv), so each run names its schedule. racecheck on the
+  # first schedule that did not hang, synccheck on ping-pong (named barriers).
   rmode=""
   for mode in $modes; do [[ " $hung " == *" $mode "* ]] || { rmode=$mode; break; }; done
   if [ -n "$rmode" ]; then
@@ -152,10 +154,10 @@ fi
 
 if has mma; then
   log "side by side, mma.sync kernel (switch off)"
-  run 75 python3 "$root/bench/fwd/side_by_side.py" --lib "$capi" --rounds 3 --seqs 1024,4096,16384 \
+  FLASHLITE_FWD_HOPPER=0 run 75 python3 "$root/bench/fwd/side_by_side.py" --lib "$capi" --rounds 3 --seqs 1024,4096,16384 \
     --out "$out/sbs_mma.json" > "$out/sbs_mma.log" 2>&1
   echo "sbs mma rc=$?"; cat "$out/sbs_mma.log"; cp "$out/sbs_mma.json" "$dest/" 2>/dev/null
-  run 45 python3 "$root/bench/fwd/window_flex.py" "$root" "$capi" mma "$out/window_mma.json" 2>&1 | tail -3
+  FLASHLITE_FWD_HOPPER=0 run 45 python3 "$root/bench/fwd/window_flex.py" "$root" "$capi" mma "$out/window_mma.json" 2>&1 | tail -3
   cp "$out/window_mma.json" "$dest/" 2>/dev/null
 fi
 log "done"

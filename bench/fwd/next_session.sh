@@ -41,12 +41,12 @@ if has build; then
 fi
 
 if has window && fits 150 "window"; then
-  python3 "$root/bench/fwd/window_flex.py" "$root" "$capi" default "$dest/window_default.json" 2>&1 | tail -2
-  FLASHLITE_FWD_RANK_GROUP=8 python3 "$root/bench/fwd/window_flex.py" "$root" "$capi" group8 "$dest/window_group8.json" 2>&1 | tail -2
+  timeout 45 python3 "$root/bench/fwd/window_flex.py" "$root" "$capi" default "$dest/window_default.json" 2>&1 | tail -2
+  FLASHLITE_FWD_RANK_GROUP=8 timeout 45 python3 "$root/bench/fwd/window_flex.py" "$root" "$capi" group8 "$dest/window_group8.json" 2>&1 | tail -2
   timeout 100 python3 "$root/bench/fwd/window_flex.py" "$root" "$capi" flex "$dest/window_flex.json" 2>&1 | tail -2
 fi
 
-if has mma && fits 60 "mma"; then
+if has mma && fits 130 "mma"; then
   for g in 0 8; do
     echo "== mma.sync kernel, FLASHLITE_FWD_RANK_GROUP=$g"
     FLASHLITE_FWD_HOPPER=0 FLASHLITE_FWD_RANK_GROUP=$g timeout 60 python3 "$root/bench/fwd/side_by_side.py" --lib "$capi" \

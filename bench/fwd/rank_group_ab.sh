@@ -18,9 +18,15 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_AR
 cmake --build "$build" -j"$(nproc)" --target flashlite_gpu_hopper_fwd_test flashlite_fwd_capi > "$dest/build.log" 2>&1 ||
   { grep -E "error|FAILED" -A3 "$dest/build.log" | head -40; exit 1; }
 echo "built"
-(cd "$build" && FLASHLITE_FWD_RANK_GROUP=3 timeout 120 ctest -R Hopper -j"$(nproc)" --timeout 45 2>&1 | tail -3)
+status=0
+(cd "$build" && FLASHLITE_FWD_RANK_GROUP=3 timeout 120 ctest -R Hopper -j"$(nproc)" --timeout 45 > "$dest/ctest_group3.log" 2>&1) ||
+  status=1
+grep -E "tests passed|FAILED" "$dest/ctest_group3.log"
 for n in 0 8 32 0b; do
   echo "== FLASHLITE_FWD_RANK_GROUP=$n"
   FLASHLITE_FWD_RANK_GROUP=${n%b} timeout 60 python3 "$root/bench/fwd/side_by_side.py" --lib "$build/lib/libflashlite_fwd_capi.so" \
-    --rounds 3 --seqs 512,1024,2048,4096,8192,16384 --out "$dest/sbs_group$n.json" 2>&1 | grep causal
+    --rounds 3 --seqs 512,1024,2048,4096,8192,16384 --out "$dest/sbs_group$n.json" > "$dest/sbs_group$n.log" 2>&1 ||
+    status=1
+  grep causal "$dest/sbs_group$n.log"
 done
+exit "$status"

@@ -14,6 +14,7 @@
 
 #include "common/problem.h"
 #include "cuda/fwd_hopper/hopper_fwd.h"
+#include "flashlite/errors.h"
 #include "gpu_util.h"
 
 namespace fltest {
@@ -258,6 +259,24 @@ TEST(HopperEligibility, VarlenUsesTheLastSequenceEnd) {
   static const int32_t cu_k0[] = {0, 0, 0, 0};
   p.cu_seqlens_k = cu_k0;  // no key anywhere
   EXPECT_NE(h::hopper_fwd_reject_reason(p, 90), "");
+}
+
+TEST(HopperEligibility, SwitchValues) {
+  EXPECT_EQ(h::parse_hopper_mode(nullptr), 3);
+  EXPECT_EQ(h::parse_hopper_mode(""), 3);
+  for (const char* off : {"0", "off", "OFF", "False", "no"}) EXPECT_EQ(h::parse_hopper_mode(off), 0) << off;
+  EXPECT_EQ(h::parse_hopper_mode("1"), 1);
+  EXPECT_EQ(h::parse_hopper_mode("2"), 2);
+  for (const char* on : {"3", "on", "TRUE", "yes"}) EXPECT_EQ(h::parse_hopper_mode(on), 3) << on;
+  for (const char* bad : {"4", "-1", "of", "2x", " 0"}) {
+    try {
+      (void)h::parse_hopper_mode(bad);
+      ADD_FAILURE() << "accepted FLASHLITE_FWD_HOPPER=" << bad;
+    } catch (const flashlite::Error& e) {
+      EXPECT_EQ(e.kind(), flashlite::ErrorKind::invalid_value);
+      EXPECT_NE(std::string(e.what()).find("FLASHLITE_FWD_HOPPER"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(HopperEligibility, NameAndSwitch) {

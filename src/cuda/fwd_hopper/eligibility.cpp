@@ -1,11 +1,13 @@
 // Host side of the Hopper forward kernel that every CUDA build compiles (whether or not the 90a objects exist):
 // the opt-in switch and the eligibility check.
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "cuda/fwd_hopper/hopper_fwd.h"
+#include "flashlite/errors.h"
 
 namespace flashlite::cuda_fwd_hopper {
 
@@ -17,15 +19,21 @@ bool hopper_fwd_built() {
 #endif
 }
 
+int parse_hopper_mode(const char* value) {
+  if (value == nullptr || *value == '\0') return 3;  // the default: pipelined + ping-pong, the fastest on the H100
+  std::string v(value);
+  for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "0" || v == "off" || v == "false" || v == "no") return 0;
+  if (v == "1") return 1;
+  if (v == "2") return 2;
+  if (v == "3" || v == "on" || v == "true" || v == "yes") return 3;
+  throw Error(ErrorKind::invalid_value, std::string("FLASHLITE_FWD_HOPPER=") + value +
+                                            ": expected 0 (off, false, no), 1 (plain), 2 (pipelined) or 3 (ping-pong, "
+                                            "the default; on, true, yes)");
+}
+
 int hopper_fwd_mode() {
-  static const int mode = [] {
-    const char* v = std::getenv("FLASHLITE_FWD_HOPPER");
-    if (v == nullptr || *v == '\0') return 3;  // the default: pipelined + ping-pong, the fastest on the H100
-    if (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 || std::strcmp(v, "false") == 0) return 0;
-    if (std::strcmp(v, "1") == 0) return 1;
-    if (std::strcmp(v, "2") == 0) return 2;
-    return 3;
-  }();
+  static const int mode = parse_hopper_mode(std::getenv("FLASHLITE_FWD_HOPPER"));
   return mode;
 }
 

@@ -16,9 +16,12 @@ inline constexpr int kBlockKeys = 128;  // keys per K/V tile
 
 // True when the 90a objects are part of this build (CMAKE_CUDA_ARCHITECTURES lists 90a).
 bool hopper_fwd_built();
-// FLASHLITE_FWD_HOPPER in the environment, read once per process (the first call): 0 (or off, false) = off, 1 = the
-// plain schedule, 2 = pipelined, 3 = pipelined + ping-pong (hopper_kernel.cuh); unset or any other value = 3.
+// FLASHLITE_FWD_HOPPER in the environment, read once per process (the first call; parse_hopper_mode): 0 = off,
+// 1 = the plain schedule, 2 = pipelined, 3 = pipelined + ping-pong (hopper_kernel.cuh, the default when unset).
 int hopper_fwd_mode();
+// The variable's value (nullptr: unset) as a mode; case-insensitive 0/off/false/no, 1, 2, 3/on/true/yes; anything
+// else throws flashlite::Error (invalid_value) naming the variable, so a typo never silently picks a kernel.
+int parse_hopper_mode(const char* value);
 inline bool hopper_fwd_enabled() { return hopper_fwd_mode() != 0; }
 // Why the Hopper kernel cannot run p on a device of compute capability cc (major * 10 + minor); empty when it can.
 // Pure host logic on the problem's shapes, dtypes, pointers and strides (unit-tested in tests/gpu/hopper_fwd_test.cpp).
