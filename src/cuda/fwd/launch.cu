@@ -149,8 +149,13 @@ int rank_group_pairs(bool hopper) {
   static const int from_env = [] {
     const char* e = std::getenv("FLASHLITE_FWD_RANK_GROUP");
     if (e == nullptr || *e == '\0') return -1;
-    const int v = std::atoi(e);
-    return v > 0 ? v : 0;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (*end != '\0' || v < 0 || v > INT_MAX) {
+      throw Error(ErrorKind::invalid_value, std::string("FLASHLITE_FWD_RANK_GROUP=") + e +
+                                                ": expected a number of (sequence, head) pairs >= 0 (0 = one group)");
+    }
+    return int(v);
   }();
   return from_env >= 0 ? from_env : hopper ? kHopperRankGroup : 0;
 }
