@@ -2,15 +2,22 @@
 // code and numerics as forward() on the CPU) as a batch-1 problem whose K/V are the cached sequence: a strided view
 // of a contiguous cache, or a paged sequence that the kernel reads through its page table (AttentionProblem::kv_pages:
 // each key chunk is copied from its page runs into the kernel's tile scratch, as fp16/bf16 chunks are converted).
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <type_traits>
+#include <vector>
 
 #include "backends.h"
 #include "kv/kv_prefill.h"
 
 namespace flashlite {
 namespace {
+
+constexpr int64_t kDecodeRowsPerSequence = 8;  // q rows per sequence up to which sequences run one per thread
 
 // Element `off` of a buffer of `dtype`, as a byte pointer.
 template <class P>
@@ -36,6 +43,10 @@ void write_keyless_rows(const AttentionProblem& s) {
 void cpu_prefill(const PrefillProblem& p) {
   const KvCacheDesc& c = p.cache;
   const AttentionProblem& a = p.attn;
+  // One batch-1 problem per sequence with keys; keyless rows are written here.
+  std::vector<AttentionProblem> seqs;
+  std::vector<KvPagesView> pages(size_t(c.paged ? c.batch : 0));  // stable addresses for AttentionProblem::kv_pages
+  int64_t max_rows = 0;
   for (int64_t b = 0; b < c.batch; ++b) {
     const int64_t n = p.chunk(b), len = c.length(b);
     if (n == 0) continue;
@@ -55,17 +66,36 @@ void cpu_prefill(const PrefillProblem& p) {
     if (!c.paged) {
       s.k = at(c.k, c.dtype, b * c.ks.s0);
       s.v = at(c.v, c.dtype, b * c.vs.s0);
-      run_cpu_tiled(s);
     } else {  // the kernel reads the sequence's pages in place, a page run at a time (src/cpu/tiled.cpp)
-      const KvPagesView pages{c.indices + c.indptr[b], c.capacity, c.ks.s0, c.vs.s0};
+      pages[size_t(b)] = KvPagesView{c.indices + c.indptr[b], c.capacity, c.ks.s0, c.vs.s0};
       s.k = c.k;
       s.v = c.v;
       s.k_stride = {0, c.ks.s1, c.ks.s2};
       s.v_stride = {0, c.vs.s1, c.vs.s2};
-      s.kv_pages = &pages;
-      run_cpu_tiled(s);
+      s.kv_pages = &pages[size_t(b)];
     }
+    max_rows = std::max(max_rows, n);
+    seqs.push_back(s);
   }
+  // Decode-shaped calls (a few rows per sequence) of several sequences: one thread per sequence, each call serial
+  // (run_cpu_tiled stays on its thread inside a parallel region), instead of one small parallel region per sequence.
+  // Longer chunks keep the kernel's own parallelism over heads and query tiles.
+  const int64_t n_seqs = int64_t(seqs.size());
+  if (n_seqs > 1 && max_rows <= kDecodeRowsPerSequence && omp_get_max_threads() > 1) {
+    std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_seqs; ++i) {
+      try {
+        run_cpu_tiled(seqs[size_t(i)]);
+      } catch (...) {
+#pragma omp critical(flashlite_cpu_prefill_failure)
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    if (failure) std::rethrow_exception(failure);
+    return;
+  }
+  for (const AttentionProblem& s : seqs) run_cpu_tiled(s);
 }
 
 }  // namespace flashlite

@@ -10,6 +10,8 @@
 // Memory per thread: O(kKeys * head_dim + kQueryCols * head_dim), never seq x seq. fp32 K/V are read in place; fp16
 // and bf16 tiles are converted to fp32 once per tile. The hot loops (GEMM, conversion, softmax step, softcap) are
 // built per instruction set (tiled_simd.h); this file picks one at run time and holds the algorithm around them.
+#include <omp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -437,7 +439,8 @@ void run_cpu_tiled(const AttentionProblem& p) {
       failed = true;
     }
   };
-  if (n_tasks > 1 && work * double(p.head_dim) > 2e5) {
+  // Serial inside an enclosing parallel region (cpu_prefill runs decode-shaped sequences one per thread).
+  if (n_tasks > 1 && work * double(p.head_dim) > 2e5 && !omp_in_parallel()) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t i = 0; i < n_tasks; ++i) {
       thread_local Scratch scratch;
