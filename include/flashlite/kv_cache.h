@@ -151,7 +151,7 @@ struct PrefillArgs {
 // Validates everything as decode() does (throws Error, writes nothing), then runs: on CUDA the fused tensor-core
 // forward kernel with its K/V tile loader reading the cache (through the page table when paged; a tile may span
 // pages), one launch (float16 / bfloat16, head_dim 64 or 128); on the CPU the tiled forward kernel per sequence
-// (a paged sequence is gathered into a scratch buffer first). Ragged batches of more than 128 sequences copy their
+// (reading a paged sequence through its page table). Ragged batches of more than 128 sequences copy their
 // offsets to the device per call (cudaMallocAsync on the stream); otherwise no allocation and no host sync.
 void prefill(const PrefillArgs& args);
 
