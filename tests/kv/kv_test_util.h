@@ -242,55 +242,71 @@ struct Tol {
   double lse = 1e-4;      // |lse - ref| <= lse * max(1, |ref|)
 };
 
+// One sequence's outputs against the float64 oracle, row by row (decode and prefill share it): every value finite and,
+// for fp32, within tol.max_abs; fp16 / bf16 by the relative error of the whole sequence; rows that see no key exactly
+// zero; LSEs within tol.lse (infinities exact). finish() reports.
+struct SequenceCheck {
+  DType t;
+  Tol tol;
+  double max_abs = 0, d2 = 0, r2 = 0;
+  int64_t bad = 0, zero_bad = 0, lse_bad = 0;
+  std::string first;
+
+  bool half() const { return t != DType::f32; }
+  // The D values of row (i, h) at element offset `off` of `out`, against want[0 .. D).
+  void row(const uint8_t* out, int64_t off, const double* want, int64_t D, bool sees, int64_t i, int64_t h) {
+    for (int64_t e = 0; e < D; ++e) {
+      const double got = fltest::load(t, out, off + e);
+      const double err = std::fabs(got - want[e]);
+      if (!std::isfinite(got) || (!half() && !(err <= tol.max_abs))) {
+        if (bad++ == 0) first = "out[i" + std::to_string(i) + ", h" + std::to_string(h) + ", c" + std::to_string(e) + "] = " +
+                                std::to_string(got) + ", reference " + std::to_string(want[e]);
+      }
+      if (std::isfinite(err)) max_abs = std::max(max_abs, err), d2 += err * err;
+      r2 += want[e] * want[e];
+      if (!sees && got != 0.0) ++zero_bad;
+    }
+  }
+  void lse(double got, double want, int64_t i, int64_t h) {
+    const bool ok = std::isinf(want) ? got == want
+                                     : std::isfinite(got) && std::fabs(got - want) <= tol.lse * std::max(1.0, std::fabs(want));
+    if (!ok && lse_bad++ == 0) ADD_FAILURE() << "lse[h" << h << ", i" << i << "] = " << got << ", reference " << want;
+  }
+  void finish() const {
+    EXPECT_EQ(bad, 0) << "non-finite or over-tolerance outputs; first: " << first << " (max abs err " << max_abs << ")";
+    if (half() && r2 > 0) {
+      EXPECT_LT(std::sqrt(d2 / r2), tol.rel) << "relative error ||out - ref|| / ||ref||";
+    }
+    EXPECT_EQ(zero_bad, 0) << "rows with no visible key must be exactly zero";
+    EXPECT_EQ(lse_bad, 0) << "LSE mismatches";
+  }
+};
+
 // Compares out / lse of a decode run (host copies in p's buffers) with the oracle; `out_before` is the output buffer
 // as it was before the run (its bytes outside the view must be unchanged).
 inline void expect_decode_matches(const DecodeProblem& p, const std::vector<uint8_t>& out_before, const Tol& tol = {}) {
   const HostCache& c = p.cache;
   const int64_t S = p.spec.q_len, Hq = p.spec.q_heads, D = c.spec.head_dim;
   const DType t = c.spec.dtype;
-  const bool half = t != DType::f32;
+  const size_t es = fltest::elem_size(t);
   const TensorView& o = p.args.out;
   std::vector<uint8_t> expect = out_before;
   for (int64_t b = 0; b < c.batch; ++b) {
     SCOPED_TRACE("sequence " + std::to_string(b) + " (length " + std::to_string(c.len(b)) + ")");
     const Ref r = oracle(p, b);
-    double max_abs = 0, d2 = 0, r2 = 0;
-    int64_t bad = 0, zero_bad = 0, lse_bad = 0;
-    std::string first;
+    SequenceCheck check{t, tol};
     for (int64_t i = 0; i < S; ++i) {
       const bool sees = row_sees_a_key(p, b, i);
       for (int64_t h = 0; h < Hq; ++h) {
-        for (int64_t e = 0; e < D; ++e) {
-          const int64_t off = b * o.strides[0] + i * o.strides[1] + h * o.strides[2] + e;
-          const size_t es = fltest::elem_size(t);
-          std::memcpy(expect.data() + off * int64_t(es), p.outbuf.bytes.data() + off * int64_t(es), es);
-          const double got = fltest::load(t, p.outbuf.bytes.data(), off);
-          const double want = r.out[size_t((i * Hq + h) * D + e)];
-          const double err = std::fabs(got - want);
-          if (!std::isfinite(got) || (!half && !(err <= tol.max_abs))) {
-            if (bad++ == 0) first = "out[i" + std::to_string(i) + ", h" + std::to_string(h) + ", c" + std::to_string(e) + "] = " +
-                                    std::to_string(got) + ", reference " + std::to_string(want);
-          }
-          if (std::isfinite(err)) max_abs = std::max(max_abs, err), d2 += err * err;
-          r2 += want * want;
-          if (!sees && got != 0.0) ++zero_bad;
-        }
+        const int64_t off = b * o.strides[0] + i * o.strides[1] + h * o.strides[2];  // head_dim is contiguous
+        std::memcpy(expect.data() + off * int64_t(es), p.outbuf.bytes.data() + off * int64_t(es), size_t(D) * es);
+        check.row(p.outbuf.bytes.data(), off, &r.out[size_t((i * Hq + h) * D)], D, sees, i, h);
         if (p.args.lse.data) {
-          const double got = fltest::load(DType::f32, p.lsebuf.bytes.data(), (b * Hq + h) * S + i);
-          const double want = r.lse[size_t(h * S + i)];
-          const bool ok = std::isinf(want) ? got == want : std::isfinite(got) && std::fabs(got - want) <= tol.lse * std::max(1.0, std::fabs(want));
-          if (!ok && lse_bad++ == 0) {
-            ADD_FAILURE() << "lse[h" << h << ", i" << i << "] = " << got << ", reference " << want;
-          }
+          check.lse(fltest::load(DType::f32, p.lsebuf.bytes.data(), (b * Hq + h) * S + i), r.lse[size_t(h * S + i)], i, h);
         }
       }
     }
-    EXPECT_EQ(bad, 0) << "non-finite or over-tolerance outputs; first: " << first << " (max abs err " << max_abs << ")";
-    if (half && r2 > 0) {
-      EXPECT_LT(std::sqrt(d2 / r2), tol.rel) << "relative error ||out - ref|| / ||ref||";
-    }
-    EXPECT_EQ(zero_bad, 0) << "rows with no visible key must be exactly zero";
-    EXPECT_EQ(lse_bad, 0) << "LSE mismatches";
+    check.finish();
   }
   EXPECT_TRUE(p.outbuf.bytes == expect) << "out: bytes outside the output view were written";
 }
