@@ -13,35 +13,6 @@
 namespace fltest {
 namespace {
 
-struct MaskCase {
-  const char* name;
-  MaskSpec mask;
-  bool sink_logits = false;
-  double softcap = 0;
-};
-
-// Every mask variant and the combinations that interact (window + sinks, causal + window + sinks, ...).
-std::vector<MaskCase> mask_cases() {
-  return {
-      {"none", {}},
-      {"causal", {true}},
-      {"winleft50", {false, 50, -1, 0}},
-      {"winright30", {false, -1, 30, 0}},
-      {"win50x30", {false, 50, 30, 0}},
-      {"diagonal", {false, 0, 0, 0}},
-      {"causal_win64", {true, 64, -1, 0}},
-      {"win40_sinks4", {false, 40, -1, 4}},
-      {"causal_win100_sinks3", {true, 100, -1, 3}},
-      {"causal_win0_sinks70", {true, 0, -1, 70}},
-      {"win8x8_sinks2000", {false, 8, 8, 2000}},
-      {"sinklogits", {}, true},
-      {"causal_sinklogits", {true}, true},
-      {"win30_sinklogits", {false, 30, 0, 0}, true},
-      {"softcap", {}, false, 5.0},
-      {"causal_win70_sinks2_softcap", {true, 70, -1, 2}, true, 20.0},
-  };
-}
-
 std::vector<Case> all_cases() {
   std::vector<Case> out;
   const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
@@ -90,13 +61,8 @@ std::vector<Case> all_cases() {
     for (int64_t d : {64, 128})
       for (const MaskCase& m : mask_cases())
         for (auto [sq, sk] : std::vector<std::pair<int64_t, int64_t>>{{257, 391}, {391, 257}}) {
-          Spec s = base(t, d, sq, sk, 2, 1);
-          s.mask = m.mask;
-          s.sink_logits = m.sink_logits;
-          s.softcap = m.softcap;
-          add(std::string(dt_name(t)) + "_d" + std::to_string(d) + "_" + m.name + "_q" + std::to_string(sq) + "_k" +
-                  std::to_string(sk),
-              s);
+          const Case c = mask_case(t, d, sq, sk, 2, 1, m);
+          add(c.name, c.spec);
         }
 
   // The other head dims.

@@ -137,6 +137,47 @@ inline Spec base(DType t, int64_t d, int64_t sq, int64_t sk, int64_t hq, int64_t
   return s;
 }
 
+// A mask of the fused grids: the mask, learned sink logits, softcap.
+struct MaskCase {
+  const char* name;
+  MaskSpec mask;
+  bool sink_logits = false;
+  double softcap = 0;
+};
+
+// Every mask variant and the combinations that interact (window + sinks, causal + window + sinks, ...).
+inline std::vector<MaskCase> mask_cases() {
+  return {
+      {"none", {}},
+      {"causal", {true}},
+      {"winleft50", {false, 50, -1, 0}},
+      {"winright30", {false, -1, 30, 0}},
+      {"win50x30", {false, 50, 30, 0}},
+      {"diagonal", {false, 0, 0, 0}},
+      {"causal_win64", {true, 64, -1, 0}},
+      {"win40_sinks4", {false, 40, -1, 4}},
+      {"causal_win100_sinks3", {true, 100, -1, 3}},
+      {"causal_win0_sinks70", {true, 0, -1, 70}},
+      {"win8x8_sinks2000", {false, 8, 8, 2000}},
+      {"sinklogits", {}, true},
+      {"causal_sinklogits", {true}, true},
+      {"win30_sinklogits", {false, 30, 0, 0}, true},
+      {"softcap", {}, false, 5.0},
+      {"causal_win70_sinks2_softcap", {true, 70, -1, 2}, true, 20.0},
+  };
+}
+
+// base() under mask case m, named <dtype>_d<d>_<mask>_q<sq>_k<sk>.
+inline Case mask_case(DType t, int64_t d, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, const MaskCase& m) {
+  Spec s = base(t, d, sq, sk, hq, hkv);
+  s.mask = m.mask;
+  s.sink_logits = m.sink_logits;
+  s.softcap = m.softcap;
+  return {std::string(dt_name(t)) + "_d" + std::to_string(d) + "_" + m.name + "_q" + std::to_string(sq) + "_k" +
+              std::to_string(sk),
+          s};
+}
+
 // Numerics every fused kernel must get right, for dtype t: large logits (the running max), a negative scale, softcap
 // with a custom scale. `add(name, spec)` collects them.
 template <class Add>

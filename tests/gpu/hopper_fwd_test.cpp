@@ -80,31 +80,16 @@ std::vector<Case> hopper_cases() {
     add("bf16_d128_gqa" + std::to_string(hq) + "x" + std::to_string(hkv), s);
   }
   // Masks beyond causal: windows, sink tokens, learned sink logits, softcap (fully masked rows when q_len > k_len).
-  struct M {
-    const char* name;
-    MaskSpec mask;
-    bool sink_logits;
-    double softcap;
-  };
-  const M masks[] = {{"winleft50", {false, 50, -1, 0}, false, 0},
-                     {"win50x30", {false, 50, 30, 0}, false, 0},
-                     {"causal_win64", {true, 64, -1, 0}, false, 0},
-                     {"causal_win100_sinks3", {true, 100, -1, 3}, false, 0},
-                     {"win8x8_sinks2000", {false, 8, 8, 2000}, false, 0},
-                     {"causal_sinklogits", {true}, true, 0},
-                     {"softcap", {}, false, 5.0},
-                     {"causal_win70_sinks2_softcap", {true, 70, -1, 2}, true, 20.0}};
+  const std::string hopper_masks = " winleft50 win50x30 causal_win64 causal_win100_sinks3 win8x8_sinks2000 "
+                                   "causal_sinklogits softcap causal_win70_sinks2_softcap ";
   for (auto [t, d] : std::vector<std::pair<DType, int64_t>>{{DType::bf16, 128}, {DType::f16, 64}})
-    for (const M& m : masks)
+    for (const MaskCase& m : mask_cases()) {
+      if (hopper_masks.find(std::string(" ") + m.name + " ") == std::string::npos) continue;
       for (auto [sq, sk] : std::vector<std::pair<int64_t, int64_t>>{{257, 391}, {391, 257}}) {
-        Spec s = base(t, d, sq, sk, 4, 1);
-        s.mask = m.mask;
-        s.sink_logits = m.sink_logits;
-        s.softcap = m.softcap;
-        add(std::string(dt_name(t)) + "_d" + std::to_string(d) + "_" + m.name + "_q" + std::to_string(sq) + "_k" +
-                std::to_string(sk),
-            s);
+        const Case c = mask_case(t, d, sq, sk, 4, 1, m);
+        add(c.name, c.spec);
       }
+    }
   // A long causal window with sinks (many skipped tiles, sink tile first).
   {
     Spec s = base(DType::bf16, 128, 4097, 4097, 2, 1);
