@@ -8,19 +8,12 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "src/cuda/common/pdl.cuh"
+
 namespace flashlite::engine::cuda_ops {
 
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);
-#endif
-}
-
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
+using ::flashlite::cuda::pdl_launch_dependents;  // device side: src/cuda/common/pdl.cuh
+using ::flashlite::cuda::pdl_wait;
 
 // Whether to launch as programmatic dependents: compute capability >= 9 and FLASHLITE_ENGINE_PDL is not "0".
 inline bool pdl_enabled() {

@@ -99,7 +99,7 @@ __device__ __forceinline__ void merge_row(const DecodeParams& p, int64_t item, i
 template <class T, int D>
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const __grid_constant__ DecodeParams p) {
   pdl_launch_dependents();  // the next decode's split kernel may start launching; it waits for this grid
-  pdl_wait_primary();
+  pdl_wait();
   const int64_t item = int64_t(blockIdx.x) * (kCombineThreads / 32) + int(threadIdx.x) / 32;
   if (item >= int64_t(p.batch) * p.kv_heads * p.rows) return;
   merge_row<T, D>(p, item, int(threadIdx.x) % 32);

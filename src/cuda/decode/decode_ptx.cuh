@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "cuda/common/pdl.cuh"
+
 namespace flashlite::cuda_decode {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
@@ -118,17 +120,8 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// Programmatic dependent launch (sm_90+; no-ops before): the primary lets its dependent grid start launching, the
-// dependent waits for the primary's completion (and memory flush) before reading its results.
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);
-#endif
-}
-__device__ __forceinline__ void pdl_wait_primary() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
+// Programmatic dependent launch: src/cuda/common/pdl.cuh.
+using ::flashlite::cuda::pdl_launch_dependents;
+using ::flashlite::cuda::pdl_wait;
 
 }  // namespace flashlite::cuda_decode

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   constexpr int LD = Cfg::LD, CPR = Cfg::CPR, KD = Cfg::KD, ND = Cfg::ND;
   extern __shared__ __align__(128) unsigned char smem[];
   pdl_launch_dependents();  // the combine kernel may start launching; it waits for this grid's results
-  pdl_wait_primary();       // launched as a programmatic dependent: q and the cache may be the previous kernel's output
+  pdl_wait();       // launched as a programmatic dependent: q and the cache may be the previous kernel's output
 
   const int split = int(blockIdx.x);
   const int kvh = int(blockIdx.y) % p.kv_heads, rc = int(blockIdx.y) / p.kv_heads;
