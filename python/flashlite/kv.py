@@ -84,6 +84,7 @@ class KVCache:
         self.k, self.v = k, v
         self.host = dict.fromkeys(_INDEX_NAMES)
         self.device = dict.fromkeys(_INDEX_NAMES)
+        self._staging = {}  # CUDA cache: name -> (pinned host buffer, event after the last copy out of it)
         self.update(seq_lens=seq_lens, page_indptr=page_indptr, page_indices=page_indices,
                     last_page_len=last_page_len)
 
@@ -108,7 +109,8 @@ class KVCache:
     def update(self, **index):
         """Replaces index arrays (seq_lens, or page_indptr / page_indices / last_page_len): lists or int32 arrays.
         The host copies are taken as given; for a CUDA cache the device copies are written in place when their size
-        is unchanged (a captured graph keeps reading them), else reallocated."""
+        is unchanged (a captured graph keeps reading them), else reallocated. The in-place write is stream-ordered on
+        the current stream and does not wait for the device (see _write_device)."""
         for name, x in index.items():
             if name not in _INDEX_NAMES:
                 raise TypeError(f"update() got {name!r}; expected one of {', '.join(_INDEX_NAMES)}")
@@ -121,10 +123,25 @@ class KVCache:
             if self.is_cuda:
                 d = self.device[name]
                 if d is not None and d.shape == h.shape:
-                    d.copy_(h, non_blocking=False)
+                    self._write_device(name, h, d)
                 else:
                     self.device[name] = h.to(self.k.device)
         return self
+
+    def _write_device(self, name, h, d):
+        """h into the device copy d without a host sync: h goes into a pinned buffer owned by the cache (so the
+        caller may change h at once), which the device reads asynchronously on the current stream. Before the buffer
+        is refilled, the previous copy out of it is waited for (by then long finished in a decode loop)."""
+        import torch
+        buf, done = self._staging.get(name, (None, None))
+        if buf is None or buf.shape != h.shape:
+            buf, done = torch.empty(h.shape, dtype=torch.int32, pin_memory=True), torch.cuda.Event()
+        else:
+            done.synchronize()
+        buf.copy_(h)
+        d.copy_(buf, non_blocking=True)
+        done.record(torch.cuda.current_stream(d.device))
+        self._staging[name] = (buf, done)
 
     def lengths(self):
         """Tokens held by each sequence (from the host index)."""
