@@ -51,8 +51,13 @@ int plan_splits([[maybe_unused]] const DecodeProblem& p, [[maybe_unused]] int64_
   if (forced > 0) return std::min(forced, kDecodeMaxSplits);
   const int64_t rows = p.group() * p.q_len;
   const int64_t units = p.cache.batch * p.cache.kv_heads * ((rows + kDecodeRowsPerBlock - 1) / kDecodeRowsPerBlock);
-  return choose_num_splits(units, decode_visible_keys_bound(p.mask, p.q_len, bound), cuda_decode_slots(p),
-                           kDecodeTileKeys, kDecodeMaxSplits);
+  const int64_t keys = decode_visible_keys_bound(p.mask, p.q_len, bound);
+  const int s = choose_num_splits(units, keys, cuda_decode_slots(p), kDecodeTileKeys, kDecodeMaxSplits);
+  // Fewer, longer splits whose merge runs in a cluster (no combine kernel) when the grid still covers the SMs.
+  if (const int cap = cuda_decode_split_cap(p, units); cap > 1 && s > cap) {
+    return choose_num_splits(units, keys, units * cap, kDecodeTileKeys, cap);
+  }
+  return s;
 #else
   return 1;
 #endif
@@ -192,7 +197,7 @@ std::string decode_kernel_name(const DecodeArgs& args) {
   const DecodeRun r = args.plan ? prepare(args, args.plan->max_kv_len, args.plan->num_splits) : prepare(args, -1, 0);
   if (!r.cuda) return std::string("cpu_decode (tiled ") + cpu_tiled_variant(prefill_from_decode(r.p).attn) + ")";
 #if FLASHLITE_WITH_CUDA
-  return cuda_decode_kernel_name(r.p) + " (splits " + std::to_string(r.splits) + ")";
+  return cuda_decode_kernel_name(r.p, r.splits);
 #else
   return "unknown";
 #endif

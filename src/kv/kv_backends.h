@@ -45,7 +45,17 @@ std::string cuda_decode_unsupported_reason(const DecodeProblem& p);
 // Resident blocks of the kernel decode() would run for p: SM count x blocks per SM (cached per device).
 int64_t cuda_decode_slots(const DecodeProblem& p);
 void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream, void* workspace, size_t workspace_bytes);
-std::string cuda_decode_kernel_name(const DecodeProblem& p);
+// "cuda_decode_split_<dtype>_d<D>_<layout>"; with num_splits > 0 also how the splits merge (cluster or combine kernel).
+std::string cuda_decode_kernel_name(const DecodeProblem& p, int num_splits = 0);
+// Split merge in a thread-block cluster (sm_90; src/cuda/decode/cluster_merge.cuh). FLASHLITE_DECODE_CLUSTER, read
+// once per process: 0 / off = never (always the combine kernel); fit = when the planned splits fit one cluster;
+// 1 / on (the default) = that, and the plan caps its splits at the cluster size when the capped grid still gives
+// at least 7/8 of the SMs a block. Anything else is an error naming the variable.
+int parse_decode_cluster_mode(const char* value);
+// The largest split count decode() merges in a cluster for p on its device: 0 when it never does.
+int cuda_decode_cluster_splits(const DecodeProblem& p);
+// The split cap the plan applies for `units` (sequence, kv head, row chunk) items: 0 = none (see above).
+int cuda_decode_split_cap(const DecodeProblem& p, int64_t units);
 #endif
 
 }  // namespace flashlite

@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
+#include "kv/kv_backends.h"
 #include "kv_gpu_util.h"
 #include "kv_test_util.h"
 
@@ -481,6 +484,76 @@ TEST(GpuKv, SplitMergeRepeatsAcrossCallsAndGraphReplays) {
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
     dd.args.stream = nullptr;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ cluster merge
+
+TEST(GpuKv, ClusterModeSwitchParses) {  // FLASHLITE_DECODE_CLUSTER (no GPU needed)
+  using flashlite::parse_decode_cluster_mode;
+  EXPECT_EQ(parse_decode_cluster_mode(nullptr), 2);
+  EXPECT_EQ(parse_decode_cluster_mode(""), 2);
+  for (const char* v : {"0", "off", "OFF", "false", "no"}) EXPECT_EQ(parse_decode_cluster_mode(v), 0) << v;
+  for (const char* v : {"fit", "Fit"}) EXPECT_EQ(parse_decode_cluster_mode(v), 1) << v;
+  for (const char* v : {"1", "on", "True", "yes"}) EXPECT_EQ(parse_decode_cluster_mode(v), 2) << v;
+  for (const char* v : {"2", "maybe", " on"}) {
+    try {
+      (void)parse_decode_cluster_mode(v);
+      ADD_FAILURE() << "FLASHLITE_DECODE_CLUSTER=" << v << " should be rejected";
+    } catch (const flashlite::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("FLASHLITE_DECODE_CLUSTER"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// On sm_90 the splits of a (sequence, kv head) that fit one cluster merge there (no combine kernel), more splits
+// through the combine kernel; the plan caps a batch-1 decode at the cluster size. Both merges against float64.
+TEST(GpuKv, SplitsMergeInAClusterOrTheCombineKernel) {
+  SKIP_WITHOUT_GPU();
+  int major = 0, sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int mode = flashlite::parse_decode_cluster_mode(std::getenv("FLASHLITE_DECODE_CLUSTER"));
+  const bool clusters = major >= 9 && mode != 0;
+  CacheSpec cs;
+  cs.lens = {8192};
+  cs.kv_heads = 8;
+  cs.head_dim = 128;
+  DecodeSpec ds;
+  ds.q_heads = 32;
+  ds.q_len = 1;
+  ds.sink_logits = true;
+  HostCache cache(cs, 41);
+  DecodeProblem p(cache, ds, 42);
+  const std::vector<uint8_t> out_before = p.outbuf.bytes, lse_before = p.lsebuf.bytes;
+  DeviceCache dc(cache);
+  for (int s : {0, 2, 5, 8, 16, 17, 32}) {
+    SCOPED_TRACE("splits " + std::to_string(s));
+    p.outbuf.bytes = out_before;  // the poisoned output and LSE again (the device copies are made from these)
+    p.lsebuf.bytes = lse_before;
+    DeviceDecode dd(p, dc);
+    const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, -1, s);
+    dd.args.plan = &plan;
+    const std::string name = flashlite::decode_kernel_name(dd.args);
+    std::printf("  %s\n", name.c_str());
+    const bool in_cluster = name.find("cluster merge") != std::string::npos;
+    if (s == 0) {  // planned: capped at 16 when 8 x 16 blocks cover 7/8 of the SMs
+      const bool capped = clusters && mode == 2 && 8 * 16 * 8 >= 7 * sms;
+      if (capped) {
+        EXPECT_LE(plan.num_splits, 16);
+        EXPECT_TRUE(in_cluster) << name;
+      }
+    } else if (s <= 8) {
+      EXPECT_EQ(in_cluster, clusters) << name;
+    } else if (s > 16) {
+      EXPECT_FALSE(in_cluster) << name;
+    }
+    if (!clusters) {
+      EXPECT_FALSE(in_cluster) << name;
+    }
+    flashlite::decode(dd.args);
+    dd.download();
+    expect_decode_matches(p, out_before);
   }
 }
 

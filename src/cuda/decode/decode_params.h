@@ -46,6 +46,9 @@ struct DecodeParams {
   // (batch, kv_heads, rows, splits) natural-log LSEs; the combine kernel merges them into out / lse.
   float* part_o = nullptr;
   float* part_lse = nullptr;
+  // Split > 1 on sm_90 with the splits launched as one cluster: merged in distributed shared memory instead
+  // (cluster_merge.cuh; no partials in global memory, no combine kernel).
+  bool cluster_merge = false;
 };
 
 }  // namespace flashlite::cuda_decode

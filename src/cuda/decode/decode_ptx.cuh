@@ -36,6 +36,12 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void st_shared_4(uint32_t dst, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(v));
 }
+__device__ __forceinline__ void st_shared_f32(uint32_t dst, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(dst), "f"(v));
+}
+__device__ __forceinline__ void st_shared_f32x2(uint32_t dst, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dst), "f"(a), "f"(b));
+}
 __device__ __forceinline__ void st_shared_16(uint32_t dst, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
 }

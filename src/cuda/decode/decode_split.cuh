@@ -14,9 +14,11 @@
 //   O += P V       P re-packed from the S accumulators, V by ldmatrix.trans
 // Warps split the rows (16 each) and the keys of a tile (4 / row-warps ways); their partial states merge in shared
 // memory at the end. With one split the block writes out / lse (sink logit joining the denominator); otherwise a
-// normalised partial O and its LSE, merged by the combine kernel (combine.cuh).
+// normalised partial O and its LSE, merged by the combine kernel (combine.cuh) or, when the splits are the CTAs of
+// one cluster (sm_90), in distributed shared memory by the CTAs themselves (cluster_merge.cuh).
 #include <cuda_runtime.h>
 
+#include "cuda/decode/cluster_merge.cuh"
 #include "cuda/decode/decode_params.h"
 #include "cuda/decode/decode_ptx.cuh"
 
@@ -50,6 +52,10 @@ struct SplitCfg {
   static_assert(kThreads % CPR == 0 && kTileKeys % ROWS_PER_PASS == 0, "whole rows per load pass");
   static_assert(kRowsPerBlock * LD * 2 <= TILE_BYTES, "Q is staged in the last stage's K tile");
   static_assert(kWarps * MERGE_FLOATS * 4 <= PIPE_BYTES, "the merge area fits in the pipeline buffers");
+  // Cluster merge (cluster_merge.cuh): this CTA's normalised partial rows and LSEs, after the merge area.
+  static constexpr int CLUSTER_O_OFF = kWarps * MERGE_FLOATS * 4;
+  static constexpr int CLUSTER_LSE_OFF = CLUSTER_O_OFF + kRowsPerBlock * D * 4;
+  static_assert(CLUSTER_O_OFF % 16 == 0 && CLUSTER_LSE_OFF + kRowsPerBlock * 4 <= PIPE_BYTES, "cluster area fits");
   static_assert(kPidRing > kPidAhead + 1 && kTileKeys <= kThreads, "page-id ring: one row per copying thread");
 };
 
@@ -354,8 +360,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
       mine[ND * 128 + 16 + g + 8] = l_run[1];
     }
     __syncthreads();
-    if (wn != 0) return;
-    for (int ww = 1; ww < wn_count; ++ww) {
+    if (wn != 0 && !p.cluster_merge) return;  // (in a cluster every thread takes part in the merge's barriers)
+    for (int ww = 1; wn == 0 && ww < wn_count; ++ww) {
       const float* other = area + (wm * wn_count + ww) * Cfg::MERGE_FLOATS;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -372,6 +378,26 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
         }
       }
     }
+  }
+
+  if (p.cluster_merge) {
+    const uint32_t o_s = s_base + uint32_t(Cfg::CLUSTER_O_OFF), lse_s = s_base + uint32_t(Cfg::CLUSTER_LSE_OFF);
+    if (wn == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int lr = wm * 16 + g + 8 * h;
+        if (lr >= r_blk) continue;
+        const float m = m_run[h], l = l_run[h];
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+        for (int dn = 0; dn < ND; ++dn) {
+          st_shared_f32x2(o_s + uint32_t((lr * D + dn * 8 + 2 * t4) * 4), o[dn][2 * h] * inv, o[dn][2 * h + 1] * inv);
+        }
+        if (t4 == 0) st_shared_f32(lse_s + uint32_t(lr * 4), l > 0.f ? (m + __log2f(l)) * kLn2 : -INFINITY);
+      }
+    }
+    cluster_merge<T, D, kThreads>(p, o_s, lse_s, b, kvh, r_base, r_blk);
+    return;
   }
 
   // Write: final out / lse (one split) or the split's normalised partial and LSE.

@@ -5,13 +5,16 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
 #include "cuda/common/check.h"
+#include "cuda/decode/cluster_merge.cuh"
 #include "cuda/decode/decode_kernels.h"
 #include "cuda/decode/decode_params.h"
+#include "flashlite/errors.h"
 #include "kv/kv_backends.h"
 
 namespace flashlite {
@@ -41,6 +44,7 @@ bool aligned16(const void* ptr, const Strides3& s) {
 // resident blocks per SM (cached; attribute calls never synchronise).
 struct KernelState {
   std::atomic<int> blocks_per_sm{0};
+  std::atomic<int> cluster_splits{-1};  // largest cluster of split CTAs that fits the device (0: none); -1 unknown
 };
 KernelState g_state[64][4];  // device x (dtype, head_dim) instance
 std::atomic<int> g_sms[64], g_cc[64];
@@ -75,6 +79,39 @@ int prepare_kernel(int dev, const DecodeProblem& p, const DecodeKernels& k) {
   return n;
 }
 
+// The largest cluster of split CTAs (kClusterMaxSplits down to 2) with at least one resident cluster on the device,
+// 0 before sm_90. Asked once per device and kernel (before any graph capture: planning calls it).
+int cluster_splits_max(int dev, const DecodeProblem& p, const DecodeKernels& k) {
+  KernelState& st = g_state[dev & 63][instance_index(p)];
+  int n = st.cluster_splits.load();
+  if (n >= 0) return n;
+  n = 0;
+  if (compute_capability(dev) >= 90) {
+    FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    for (int c = cuda_decode::kClusterMaxSplits; c >= 2 && n == 0; c /= 2) {
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = unsigned(c), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(unsigned(c));
+      cfg.blockDim = dim3(kSplitThreads);
+      cfg.dynamicSmemBytes = size_t(k.split_smem_bytes);
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, k.split, &cfg) == cudaSuccess && clusters >= 1) n = c;
+      (void)cudaGetLastError();  // an unsupported size is an answer here, not a sticky error
+    }
+  }
+  st.cluster_splits.store(n);
+  return n;
+}
+
+int cluster_mode() {
+  static const int mode = parse_decode_cluster_mode(std::getenv("FLASHLITE_DECODE_CLUSTER"));
+  return mode;
+}
+
 int sm_count(int dev) {
   int n = g_sms[dev & 63].load();
   if (n > 0) return n;
@@ -92,6 +129,33 @@ bool use_pdl(int dev) {
 }
 
 }  // namespace
+
+int parse_decode_cluster_mode(const char* value) {
+  if (value == nullptr || *value == '\0') return 2;
+  std::string v(value);
+  for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "0" || v == "off" || v == "false" || v == "no") return 0;
+  if (v == "fit") return 1;
+  if (v == "1" || v == "on" || v == "true" || v == "yes") return 2;
+  throw Error(ErrorKind::invalid_value, std::string("FLASHLITE_DECODE_CLUSTER=") + value +
+                                            ": expected 0 (off, false, no), fit, or 1 (the default; on, true, yes)");
+}
+
+int cuda_decode_cluster_splits(const DecodeProblem& p) {
+  if (cluster_mode() == 0) return 0;
+  cuda::DeviceGuard guard(p.cache.device.index);
+  const int dev = p.cache.device.index;
+  const DecodeKernels k = kernels_for(p);
+  prepare_kernel(dev, p, k);
+  return cluster_splits_max(dev, p, k);
+}
+
+int cuda_decode_split_cap(const DecodeProblem& p, int64_t units) {
+  const int c = cuda_decode_cluster_splits(p);  // (also caches the cluster query before any graph capture)
+  if (cluster_mode() != 2 || c < 2) return 0;
+  const int64_t sms = sm_count(p.cache.device.index);
+  return units * c * 8 >= sms * 7 ? c : 0;
+}
 
 std::string cuda_decode_unsupported_reason(const DecodeProblem& p) {
   const KvCacheDesc& c = p.cache;
@@ -118,9 +182,13 @@ int64_t cuda_decode_slots(const DecodeProblem& p) {
   return int64_t(sm_count(dev)) * prepare_kernel(dev, p, kernels_for(p));
 }
 
-std::string cuda_decode_kernel_name(const DecodeProblem& p) {
-  return std::string("cuda_decode_split_") + (p.cache.dtype == DType::bf16 ? "bf16" : "f16") + "_d" +
-         std::to_string(p.cache.head_dim) + (p.cache.paged ? "_paged" : "_contiguous");
+std::string cuda_decode_kernel_name(const DecodeProblem& p, int num_splits) {
+  std::string name = std::string("cuda_decode_split_") + (p.cache.dtype == DType::bf16 ? "bf16" : "f16") + "_d" +
+                     std::to_string(p.cache.head_dim) + (p.cache.paged ? "_paged" : "_contiguous");
+  if (num_splits <= 0) return name;
+  name += " (splits " + std::to_string(num_splits);
+  if (num_splits > 1) name += num_splits <= cuda_decode_cluster_splits(p) ? ", cluster merge" : ", combine kernel";
+  return name + ")";
 }
 
 void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle, void* workspace, size_t workspace_bytes) {
@@ -167,10 +235,14 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   P.mask = p.mask;
   P.q_vec = aligned16(p.q, p.q_st);
 
+  // Splits that fit one cluster merge there (no partials in global memory, no combine kernel).
+  const int cluster = num_splits > 1 && num_splits <= cluster_splits_max(dev, p, kern) && cluster_mode() != 0 ? num_splits : 0;
+  P.cluster_merge = cluster > 0;
+
   void* ws = workspace;
   const size_t need = decode_workspace_bytes(p, num_splits);
   bool owned = false;
-  if (num_splits > 1) {
+  if (num_splits > 1 && !P.cluster_merge) {
     if (ws == nullptr) {
       FL_CUDA_CHECK(cudaMallocAsync(&ws, need, stream));
       owned = true;
@@ -186,18 +258,27 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   // launch while the previous kernel (e.g. the last decode's combine) drains and wait for it in griddepcontrol.wait
   // before their first read; the combine kernel likewise behind the split kernel.
   void* args[] = {&P};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  int n_attr = 0;
+  if (use_pdl(dev)) {
+    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n_attr++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 0) {
+    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
+    attr[n_attr].val.clusterDim.x = unsigned(cluster), attr[n_attr].val.clusterDim.y = 1;
+    attr[n_attr++].val.clusterDim.z = 1;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(num_splits), unsigned(c.kv_heads * P.row_chunks), unsigned(c.batch));
   cfg.blockDim = dim3(kSplitThreads);
   cfg.dynamicSmemBytes = size_t(kern.split_smem_bytes);
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = use_pdl(dev) ? 1 : 0;
+  cfg.numAttrs = unsigned(n_attr);
   FL_CUDA_CHECK(cudaLaunchKernelExC(&cfg, kern.split, args));
-  if (num_splits > 1) {
+  if (num_splits > 1 && !P.cluster_merge) {
+    cfg.numAttrs = use_pdl(dev) ? 1 : 0;  // the combine kernel: programmatic dependent, no cluster
     const int64_t items = c.batch * c.kv_heads * int64_t(P.rows);
     cfg.gridDim = dim3(unsigned((items + kCombineThreads / 32 - 1) / (kCombineThreads / 32)));
     cfg.blockDim = dim3(kCombineThreads);

@@ -1,0 +1,114 @@
+#pragma once
+// Split-KV merge inside a thread-block cluster (sm_90). When the splits of one (sequence, kv head, row chunk) are the
+// CTAs of one cluster (launch.cu: cluster dims (num_splits, 1, 1), at most kClusterMaxSplits), each CTA leaves its
+// normalised partial O and its LSE in its own shared memory; after a cluster barrier the CTAs merge them through
+// distributed shared memory, CTA c taking the (row, 4-column) items c, c + S, ... A second barrier keeps every CTA's
+// shared memory alive until the last remote read. This replaces the partials' trip through global memory and the
+// combine kernel (its launch, the split grid's drain and flush, and its L2 round trips) with two barriers and one
+// round of DSMEM loads. Same arithmetic as the combine kernel (combine.cuh): natural-log LSEs, the sink logit in
+// the denominator only.
+#include <cuda_runtime.h>
+
+#include "cuda/decode/decode_params.h"
+#include "cuda/decode/decode_ptx.cuh"
+
+namespace flashlite::cuda_decode {
+
+inline constexpr int kClusterMaxSplits = 16;  // the largest cluster sm_90 launches (non-portable size)
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// The shared-memory address `addr` of this CTA, as the same offset in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+#endif
+
+// Called by every thread of every CTA of the cluster, after the partial of this CTA's rows (r_base .. r_base + r_blk)
+// is in shared memory: o_s = (kRowsPerBlock, D) fp32 normalised rows, lse_s = (kRowsPerBlock) natural-log LSEs.
+template <class T, int D, int kThreads>
+__device__ __forceinline__ void cluster_merge(const DecodeParams& p, uint32_t o_s, uint32_t lse_s, int b, int kvh,
+                                              int r_base, int r_blk) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int C4 = D / 4;  // 4-column items per row
+  const int S = p.num_splits;
+  const int rank = int(cluster_ctarank());
+  const int tid = int(threadIdx.x);
+  cluster_sync_all();  // every CTA's partial is written (release / acquire: visible to the whole cluster)
+  for (int it = rank + S * tid; it < r_blk * C4; it += S * kThreads) {
+    const int lr = it / C4, c4 = it % C4;
+    float ls[kClusterMaxSplits];
+    float4 po[kClusterMaxSplits];
+    // All loads first: one DSMEM round trip for the item.
+#pragma unroll
+    for (int s = 0; s < kClusterMaxSplits; ++s) {
+      if (s < S) {
+        ls[s] = ld_cluster_f32(map_to_rank(lse_s + uint32_t(lr * 4), uint32_t(s)));
+        po[s] = ld_cluster_f32x4(map_to_rank(o_s + uint32_t((lr * D + c4 * 4) * 4), uint32_t(s)));
+      }
+    }
+    const int gr = r_base + lr;
+    const int i = gr / p.group, head = kvh * p.group + gr % p.group;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kClusterMaxSplits; ++s) {
+      if (s < S) mx = fmaxf(mx, ls[s]);
+    }
+    const float sink = p.sink_logits ? p.sink_logits[head] : -INFINITY;
+    const float m = fmaxf(mx, sink);
+    float lse = -INFINITY;
+    if (m != -INFINITY) {
+      float total = sink == -INFINITY ? 0.f : __expf(sink - m);
+#pragma unroll
+      for (int s = 0; s < kClusterMaxSplits; ++s) {
+        if (s < S && ls[s] != -INFINITY) total += __expf(ls[s] - m);
+      }
+      lse = m + __logf(total);
+    }
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int s = 0; s < kClusterMaxSplits; ++s) {
+        if (s < S && ls[s] != -INFINITY) {
+          const float w = __expf(ls[s] - lse);
+          acc.x += w * po[s].x, acc.y += w * po[s].y, acc.z += w * po[s].z, acc.w += w * po[s].w;
+        }
+      }
+    }
+    T* out = static_cast<T*>(p.out) + b * p.o_sb + i * p.o_ss + head * p.o_sh + c4 * 4;
+    out[0] = from_f32<T>(acc.x);
+    out[1] = from_f32<T>(acc.y);
+    out[2] = from_f32<T>(acc.z);
+    out[3] = from_f32<T>(acc.w);
+    if (p.lse && c4 == 0) p.lse[b * p.lse_sb + head * p.lse_sh + i * p.lse_ss] = lse;
+  }
+  cluster_sync_all();  // no CTA leaves (freeing its shared memory) while another may still read it
+#else
+  (void)p, (void)o_s, (void)lse_s, (void)b, (void)kvh, (void)r_base, (void)r_blk;
+  __trap();  // launch.cu merges in a cluster only on sm_90+
+#endif
+}
+
+}  // namespace flashlite::cuda_decode
