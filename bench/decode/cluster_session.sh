@@ -6,8 +6,6 @@
 #            only when the plan's splits fit) and 0 (combine kernel), then the split sweep under the default
 #   e2e      bench/e2e.py engine only, batch 1 and 16, prompt 512: default and FLASHLITE_DECODE_CLUSTER=0
 #   sanitize memcheck + racecheck on the cluster cases
-# Not in the default list: grid (FLASHLITE_DECODE_GRID=head_major: tests, bench) and e2e_variants (the engine's split
-# choice at batch 1 and 16 under the cluster modes), e.g. bash bench/decode/cluster_session.sh build,grid,e2e_variants
 # Each phase is skipped with a message when the budget (BUDGET_S, default 560 s) would not cover it.
 #   run(command="bash bench/decode/cluster_session.sh", carry=[".carry"], timeout_s=600)
 set -uo pipefail
@@ -82,41 +80,6 @@ if has e2e && fits 150 "e2e"; then
     grep -E "tok/s|tbt" "$logs/e2e_$mode.log" | cut -c1-220 | tail -4
     fits 100 "e2e off" || break
   done
-fi
-
-# Round 2: the head-major grid (FLASHLITE_DECODE_GRID=head_major), and the engine's split choice at batch 1.
-if has grid && fits 60 "grid"; then
-  step "head-major grid: decode tests (subset), then bench --quick under cluster modes fit and 0"
-  FLASHLITE_DECODE_GRID=head_major timeout 60 "$t" --gtest_filter='*splits*:*long65536*:*SplitsMerge*:*window_sinks*:*DecodeStepCaptured*' \
-    > "$logs/test_head_major.log" 2>&1; echo "head_major tests rc=$?"
-  grep -E "^\[  (PASSED|FAILED) |Failure" "$logs/test_head_major.log" | head -6
-  for mode in fit 0; do
-    FLASHLITE_DECODE_GRID=head_major FLASHLITE_DECODE_CLUSTER=$mode timeout 120 "$build/bin/flashlite_decode_bench" --quick \
-      --out "$dest/decode_head_major_$mode.json" > "$logs/bench_head_major_$mode.log" 2>&1
-    echo "head_major, cluster $mode:"; grep -E "^main" "$logs/bench_head_major_$mode.log" | cut -c1-175
-  done
-fi
-
-if has e2e_variants && fits 100 "e2e variants"; then
-  step "engine e2e variants (batch 1 unless named b16)"
-  for spec in "c0|FLASHLITE_DECODE_CLUSTER=0" "cfit|FLASHLITE_DECODE_CLUSTER=fit" "c1|FLASHLITE_DECODE_CLUSTER=1" \
-      "c1_s8|FLASHLITE_DECODE_CLUSTER=1 FLASHLITE_ENGINE_DECODE_SPLITS=8" \
-      "c1_s12|FLASHLITE_DECODE_CLUSTER=1 FLASHLITE_ENGINE_DECODE_SPLITS=12" \
-      "c1_head_major|FLASHLITE_DECODE_CLUSTER=1 FLASHLITE_DECODE_GRID=head_major" \
-      "b16_c0|FLASHLITE_DECODE_CLUSTER=0" "b16_c1|FLASHLITE_DECODE_CLUSTER=1" "b16_c1_again|FLASHLITE_DECODE_CLUSTER=1" \
-      "b16_c0_again|FLASHLITE_DECODE_CLUSTER=0" "c0_again|FLASHLITE_DECODE_CLUSTER=0" "c1_again|FLASHLITE_DECODE_CLUSTER=1"; do
-    fits 45 "e2e ${spec%%|*}" || break
-    label="${spec%%|*}"; env_args=()
-    for kv in ${spec#*|}; do env_args+=(--engine-env "$kv"); done
-    batches=1; [[ "$label" == b16* ]] && batches=16
-    timeout -s KILL 120 python3 bench/e2e.py --flashlite "$build/bin/flashlite" \
-      --checkpoint "$FLASHLITE_PARITY_CACHE/llama32_1b_random" --tokenizer-dir "$FLASHLITE_MODELS/llama3-tokenizer" \
-      --skip-transformers --batches "$batches" --prompts 512 "${env_args[@]}" --out "$logs/e2e_v_$label.json" \
-      > "$logs/e2e_v_$label.log" 2>&1
-    python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['rows'][0]['flashlite']; print(sys.argv[2], '%.4f ms %.1f tok/s' % (r['tbt_ms'], r['decode_tok_s']))" \
-      "$logs/e2e_v_$label.json" "$label" 2>&1 | tail -1
-  done
-  tar czf "$dest/e2e_variants_cluster.tgz" -C "$logs" $(cd "$logs" && ls e2e_v_*.json) 2>/dev/null
 fi
 
 if has sanitize && fits 60 "sanitize"; then

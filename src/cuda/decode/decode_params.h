@@ -49,7 +49,6 @@ struct DecodeParams {
   // Split > 1 on sm_90 with the splits launched as one cluster: merged in distributed shared memory instead
   // (cluster_merge.cuh; no partials in global memory, no combine kernel).
   bool cluster_merge = false;
-  bool heads_in_x = false;  // grid (heads x row chunks, splits, batch) instead of (splits, heads x row chunks, batch)
 };
 
 }  // namespace flashlite::cuda_decode

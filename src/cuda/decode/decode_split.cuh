@@ -91,11 +91,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   pdl_launch_dependents();  // the combine kernel may start launching; it waits for this grid's results
   pdl_wait();       // launched as a programmatic dependent: q and the cache may be the previous kernel's output
 
-  // Grid (splits, kv heads x row chunks, batch), or with heads_in_x (kv heads x row chunks, splits, batch): then the
-  // blocks launched next to each other are the heads of one split, reading the same token rows together.
-  const int split = int(p.heads_in_x ? blockIdx.y : blockIdx.x);
-  const int hr = int(p.heads_in_x ? blockIdx.x : blockIdx.y);
-  const int kvh = hr % p.kv_heads, rc = hr / p.kv_heads;
+  const int split = int(blockIdx.x);
+  const int kvh = int(blockIdx.y) % p.kv_heads, rc = int(blockIdx.y) / p.kv_heads;
   const int b = int(blockIdx.z);
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates

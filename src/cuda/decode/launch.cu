@@ -107,17 +107,6 @@ int cluster_splits_max(int dev, const DecodeProblem& p, const DecodeKernels& k) 
   return n;
 }
 
-// FLASHLITE_DECODE_GRID (experiment): split_major (default) or head_major block order.
-bool heads_in_x() {
-  static const bool on = [] {
-    const char* e = std::getenv("FLASHLITE_DECODE_GRID");
-    if (e == nullptr || *e == '\0' || std::string(e) == "split_major") return false;
-    if (std::string(e) == "head_major") return true;
-    throw Error(ErrorKind::invalid_value, std::string("FLASHLITE_DECODE_GRID=") + e + ": expected split_major or head_major");
-  }();
-  return on;
-}
-
 int cluster_mode() {
   static const int mode = parse_decode_cluster_mode(std::getenv("FLASHLITE_DECODE_CLUSTER"));
   return mode;
@@ -275,16 +264,13 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
     attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n_attr++].val.programmaticStreamSerializationAllowed = 1;
   }
-  P.heads_in_x = heads_in_x();
   if (cluster > 0) {
     attr[n_attr].id = cudaLaunchAttributeClusterDimension;
-    attr[n_attr].val.clusterDim.x = P.heads_in_x ? 1u : unsigned(cluster);
-    attr[n_attr].val.clusterDim.y = P.heads_in_x ? unsigned(cluster) : 1u;
+    attr[n_attr].val.clusterDim.x = unsigned(cluster), attr[n_attr].val.clusterDim.y = 1;
     attr[n_attr++].val.clusterDim.z = 1;
   }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = P.heads_in_x ? dim3(unsigned(c.kv_heads * P.row_chunks), unsigned(num_splits), unsigned(c.batch))
-                             : dim3(unsigned(num_splits), unsigned(c.kv_heads * P.row_chunks), unsigned(c.batch));
+  cfg.gridDim = dim3(unsigned(num_splits), unsigned(c.kv_heads * P.row_chunks), unsigned(c.batch));
   cfg.blockDim = dim3(kSplitThreads);
   cfg.dynamicSmemBytes = size_t(kern.split_smem_bytes);
   cfg.stream = stream;
