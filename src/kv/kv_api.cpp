@@ -51,13 +51,8 @@ int plan_splits([[maybe_unused]] const DecodeProblem& p, [[maybe_unused]] int64_
   if (forced > 0) return std::min(forced, kDecodeMaxSplits);
   const int64_t rows = p.group() * p.q_len;
   const int64_t units = p.cache.batch * p.cache.kv_heads * ((rows + kDecodeRowsPerBlock - 1) / kDecodeRowsPerBlock);
-  const int64_t keys = decode_visible_keys_bound(p.mask, p.q_len, bound);
-  const int s = choose_num_splits(units, keys, cuda_decode_slots(p), kDecodeTileKeys, kDecodeMaxSplits);
-  // Fewer, longer splits whose merge runs in a cluster (no combine kernel) when the grid still covers the SMs.
-  if (const int cap = cuda_decode_split_cap(p, units); cap > 1 && s > cap) {
-    return choose_num_splits(units, keys, units * cap, kDecodeTileKeys, cap);
-  }
-  return s;
+  return choose_num_splits(units, decode_visible_keys_bound(p.mask, p.q_len, bound), cuda_decode_slots(p),
+                           kDecodeTileKeys, kDecodeMaxSplits);
 #else
   return 1;
 #endif

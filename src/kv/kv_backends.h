@@ -47,15 +47,12 @@ int64_t cuda_decode_slots(const DecodeProblem& p);
 void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream, void* workspace, size_t workspace_bytes);
 // "cuda_decode_split_<dtype>_d<D>_<layout>"; with num_splits > 0 also how the splits merge (cluster or combine kernel).
 std::string cuda_decode_kernel_name(const DecodeProblem& p, int num_splits = 0);
-// Split merge in a thread-block cluster (sm_90; src/cuda/decode/cluster_merge.cuh). FLASHLITE_DECODE_CLUSTER, read
-// once per process: 0 / off = never (always the combine kernel); fit = when the planned splits fit one cluster;
-// 1 / on (the default) = that, and the plan caps its splits at the cluster size when the capped grid still gives
-// at least 7/8 of the SMs a block. Anything else is an error naming the variable.
+// Split merge in a thread-block cluster (sm_90; src/cuda/decode/cluster_merge.cuh) instead of the combine kernel:
+// when the splits fit one cluster (<= 16) and the grid is at most one block per SM. FLASHLITE_DECODE_CLUSTER, read
+// once per process: 1 / on (the default) or 0 / off (always the combine kernel); anything else is an error naming
+// the variable.
 int parse_decode_cluster_mode(const char* value);
-// The largest split count decode() merges in a cluster for p on its device: 0 when it never does.
-int cuda_decode_cluster_splits(const DecodeProblem& p);
-// The split cap the plan applies for `units` (sequence, kv head, row chunk) items: 0 = none (see above).
-int cuda_decode_split_cap(const DecodeProblem& p, int64_t units);
+bool cuda_decode_merges_in_cluster(const DecodeProblem& p, int num_splits);
 #endif
 
 }  // namespace flashlite

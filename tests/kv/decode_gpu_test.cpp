@@ -124,6 +124,12 @@ std::vector<GpuCase> gpu_cases() {
                  std::to_string(d) + "_hq" + std::to_string(hq) + "_hkv" + std::to_string(hkv) + "_q" +
                  std::to_string(c.dec.q_len) + (c.cache.padded ? "_padded" : "");
         v.push_back(c);
+        // The same with the most splits a one-block-per-SM grid allows on 132 SMs (the merge in a cluster on sm_90).
+        c.splits = int(132 / (int64_t(ragged.size()) * hkv));
+        if (c.splits >= 2) {
+          c.name += "_cluster" + std::to_string(c.splits);
+          v.push_back(c);
+        }
         ++n;
       }
   auto masked = [&](std::string name, auto edit) {
@@ -491,12 +497,11 @@ TEST(GpuKv, SplitMergeRepeatsAcrossCallsAndGraphReplays) {
 
 TEST(GpuKv, ClusterModeSwitchParses) {  // FLASHLITE_DECODE_CLUSTER (no GPU needed)
   using flashlite::parse_decode_cluster_mode;
-  EXPECT_EQ(parse_decode_cluster_mode(nullptr), 2);
-  EXPECT_EQ(parse_decode_cluster_mode(""), 2);
+  EXPECT_EQ(parse_decode_cluster_mode(nullptr), 1);
+  EXPECT_EQ(parse_decode_cluster_mode(""), 1);
   for (const char* v : {"0", "off", "OFF", "false", "no"}) EXPECT_EQ(parse_decode_cluster_mode(v), 0) << v;
-  for (const char* v : {"fit", "Fit"}) EXPECT_EQ(parse_decode_cluster_mode(v), 1) << v;
-  for (const char* v : {"1", "on", "True", "yes"}) EXPECT_EQ(parse_decode_cluster_mode(v), 2) << v;
-  for (const char* v : {"2", "maybe", " on"}) {
+  for (const char* v : {"1", "on", "True", "yes"}) EXPECT_EQ(parse_decode_cluster_mode(v), 1) << v;
+  for (const char* v : {"2", "fit", "maybe", " on"}) {
     try {
       (void)parse_decode_cluster_mode(v);
       ADD_FAILURE() << "FLASHLITE_DECODE_CLUSTER=" << v << " should be rejected";
@@ -506,15 +511,15 @@ TEST(GpuKv, ClusterModeSwitchParses) {  // FLASHLITE_DECODE_CLUSTER (no GPU need
   }
 }
 
-// On sm_90 the splits of a (sequence, kv head) that fit one cluster merge there (no combine kernel), more splits
-// through the combine kernel; the plan caps a batch-1 decode at the cluster size. Both merges against float64.
+// On sm_90 the splits of a (sequence, kv head) merge inside a cluster when they fit one (<= 16) and the grid is at
+// most one block per SM; otherwise (and before sm_90, or with FLASHLITE_DECODE_CLUSTER=0) the combine kernel merges
+// them. Batch 1, 8 kv heads: 2..16 splits take the cluster, 17 and 32 the combine kernel; each against float64.
 TEST(GpuKv, SplitsMergeInAClusterOrTheCombineKernel) {
   SKIP_WITHOUT_GPU();
   int major = 0, sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  const int mode = flashlite::parse_decode_cluster_mode(std::getenv("FLASHLITE_DECODE_CLUSTER"));
-  const bool clusters = major >= 9 && mode != 0;
+  const bool clusters = major >= 9 && flashlite::parse_decode_cluster_mode(std::getenv("FLASHLITE_DECODE_CLUSTER")) == 1;
   CacheSpec cs;
   cs.lens = {8192};
   cs.kv_heads = 8;
@@ -537,20 +542,11 @@ TEST(GpuKv, SplitsMergeInAClusterOrTheCombineKernel) {
     const std::string name = flashlite::decode_kernel_name(dd.args);
     std::printf("  %s\n", name.c_str());
     const bool in_cluster = name.find("cluster merge") != std::string::npos;
-    if (s == 0) {  // planned: capped at 16 when 8 x 16 blocks cover 7/8 of the SMs
-      const bool capped = clusters && mode == 2 && 8 * 16 * 8 >= 7 * sms;
-      if (capped) {
-        EXPECT_LE(plan.num_splits, 16);
-        EXPECT_TRUE(in_cluster) << name;
-      }
-    } else if (s <= 8) {
-      EXPECT_EQ(in_cluster, clusters) << name;
-    } else if (s > 16) {
-      EXPECT_FALSE(in_cluster) << name;
-    }
-    if (!clusters) {
-      EXPECT_FALSE(in_cluster) << name;
-    }
+    const bool expect = clusters && plan.num_splits > 1 && plan.num_splits <= 16 && 8 * plan.num_splits <= sms;
+    EXPECT_EQ(in_cluster, expect) << name;
+    EXPECT_EQ(name.find(plan.num_splits > 1 ? "combine kernel" : "splits 1)") != std::string::npos,
+              plan.num_splits == 1 || !expect)
+        << name;
     flashlite::decode(dd.args);
     dd.download();
     expect_decode_matches(p, out_before);

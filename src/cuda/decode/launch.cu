@@ -62,23 +62,6 @@ int compute_capability(int dev) {
   return cc;
 }
 
-// Prepares the split kernel on the current device (opt-in shared memory) and returns its resident blocks per SM.
-int prepare_kernel(int dev, const DecodeProblem& p, const DecodeKernels& k) {
-  KernelState& st = g_state[dev & 63][instance_index(p)];
-  int n = st.blocks_per_sm.load();
-  if (n > 0) return n;
-  (void)compute_capability(dev);  // cached now: nothing but launches happen later (e.g. inside a graph capture)
-  FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributeMaxDynamicSharedMemorySize, k.split_smem_bytes));
-  // Both kernels ask for the same L1 / shared split, so the SMs need no reconfiguration between them (the combine
-  // kernel's blocks start beside the split kernel's tail as programmatic dependents).
-  FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-  FL_CUDA_CHECK(cudaFuncSetAttribute(k.combine, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-  FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.split, kSplitThreads, k.split_smem_bytes));
-  if (n < 1) n = 1;
-  st.blocks_per_sm.store(n);
-  return n;
-}
-
 // The largest cluster of split CTAs (kClusterMaxSplits down to 2) with at least one resident cluster on the device,
 // 0 before sm_90. Asked once per device and kernel (before any graph capture: planning calls it).
 int cluster_splits_max(int dev, const DecodeProblem& p, const DecodeKernels& k) {
@@ -107,6 +90,24 @@ int cluster_splits_max(int dev, const DecodeProblem& p, const DecodeKernels& k) 
   return n;
 }
 
+// Prepares the split kernel on the current device (opt-in shared memory) and returns its resident blocks per SM.
+int prepare_kernel(int dev, const DecodeProblem& p, const DecodeKernels& k) {
+  KernelState& st = g_state[dev & 63][instance_index(p)];
+  int n = st.blocks_per_sm.load();
+  if (n > 0) return n;
+  (void)compute_capability(dev);  // cached now: nothing but launches happen later (e.g. inside a graph capture)
+  FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributeMaxDynamicSharedMemorySize, k.split_smem_bytes));
+  // Both kernels ask for the same L1 / shared split, so the SMs need no reconfiguration between them (the combine
+  // kernel's blocks start beside the split kernel's tail as programmatic dependents).
+  FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  FL_CUDA_CHECK(cudaFuncSetAttribute(k.combine, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.split, kSplitThreads, k.split_smem_bytes));
+  if (n < 1) n = 1;
+  (void)cluster_splits_max(dev, p, k);  // cached now as well (planning runs this before any graph capture)
+  st.blocks_per_sm.store(n);
+  return n;
+}
+
 int cluster_mode() {
   static const int mode = parse_decode_cluster_mode(std::getenv("FLASHLITE_DECODE_CLUSTER"));
   return mode;
@@ -131,30 +132,26 @@ bool use_pdl(int dev) {
 }  // namespace
 
 int parse_decode_cluster_mode(const char* value) {
-  if (value == nullptr || *value == '\0') return 2;
+  if (value == nullptr || *value == '\0') return 1;
   std::string v(value);
   for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
   if (v == "0" || v == "off" || v == "false" || v == "no") return 0;
-  if (v == "fit") return 1;
-  if (v == "1" || v == "on" || v == "true" || v == "yes") return 2;
+  if (v == "1" || v == "on" || v == "true" || v == "yes") return 1;
   throw Error(ErrorKind::invalid_value, std::string("FLASHLITE_DECODE_CLUSTER=") + value +
-                                            ": expected 0 (off, false, no), fit, or 1 (the default; on, true, yes)");
+                                            ": expected 0 (off, false, no) or 1 (the default; on, true, yes)");
 }
 
-int cuda_decode_cluster_splits(const DecodeProblem& p) {
-  if (cluster_mode() == 0) return 0;
+bool cuda_decode_merges_in_cluster(const DecodeProblem& p, int num_splits) {
+  if (num_splits <= 1 || cluster_mode() == 0) return false;
   cuda::DeviceGuard guard(p.cache.device.index);
   const int dev = p.cache.device.index;
   const DecodeKernels k = kernels_for(p);
   prepare_kernel(dev, p, k);
-  return cluster_splits_max(dev, p, k);
-}
-
-int cuda_decode_split_cap(const DecodeProblem& p, int64_t units) {
-  const int c = cuda_decode_cluster_splits(p);  // (also caches the cluster query before any graph capture)
-  if (cluster_mode() != 2 || c < 2) return 0;
-  const int64_t sms = sm_count(p.cache.device.index);
-  return units * c * 8 >= sms * 7 ? c : 0;
+  if (num_splits > cluster_splits_max(dev, p, k)) return false;
+  // Measured on the H100 (perf-notes, "Decode, round 6"): the cluster merge wins where the grid is at most one block
+  // per SM (batch 1: 8 kv heads x <= 16 splits) and loses at two (the engine at batch 16: 2 splits x 128 pairs).
+  const int64_t blocks = p.cache.batch * p.cache.kv_heads * row_chunks(p) * int64_t(num_splits);
+  return blocks <= sm_count(dev);
 }
 
 std::string cuda_decode_unsupported_reason(const DecodeProblem& p) {
@@ -187,7 +184,7 @@ std::string cuda_decode_kernel_name(const DecodeProblem& p, int num_splits) {
                      std::to_string(p.cache.head_dim) + (p.cache.paged ? "_paged" : "_contiguous");
   if (num_splits <= 0) return name;
   name += " (splits " + std::to_string(num_splits);
-  if (num_splits > 1) name += num_splits <= cuda_decode_cluster_splits(p) ? ", cluster merge" : ", combine kernel";
+  if (num_splits > 1) name += cuda_decode_merges_in_cluster(p, num_splits) ? ", cluster merge" : ", combine kernel";
   return name + ")";
 }
 
@@ -236,7 +233,7 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   P.q_vec = aligned16(p.q, p.q_st);
 
   // Splits that fit one cluster merge there (no partials in global memory, no combine kernel).
-  const int cluster = num_splits > 1 && num_splits <= cluster_splits_max(dev, p, kern) && cluster_mode() != 0 ? num_splits : 0;
+  const int cluster = cuda_decode_merges_in_cluster(p, num_splits) ? num_splits : 0;
   P.cluster_merge = cluster > 0;
 
   void* ws = workspace;
