@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "src/cuda/common/kernel_arch.h"
 #include "src/cuda/common/pdl.cuh"
 
 namespace flashlite::engine::cuda_ops {
@@ -28,7 +29,8 @@ inline bool pdl_enabled() {
   return on;
 }
 
-// Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent when pdl_enabled().
+// Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent when pdl_enabled() and the
+// kernel's loaded code has its griddepcontrol.wait (compiled for sm_90+: src/cuda/common/kernel_arch.h).
 template <typename... Params, typename... Args>
 cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg{};
@@ -40,7 +42,7 @@ cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t 
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = pdl_enabled() && ::flashlite::cuda::kernel_has_sm90_code(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 

@@ -74,6 +74,11 @@ DecodeRun prepare(const DecodeArgs& args, int64_t bound, int forced_splits) {
   }
   if (forced_splits < 0) fail("num_splits is " + std::to_string(forced_splits) + "; expected 0 (choose) or > 0");
   if (r.cuda) {
+#if FLASHLITE_WITH_CUDA
+    // Caches the kernels' attributes and the cluster query and reads FLASHLITE_DECODE_CLUSTER now, also for a forced
+    // split count: planning runs before any graph capture, so a captured decode holds nothing but launches.
+    (void)cuda_decode_slots(r.p);
+#endif
     r.splits = plan_splits(r.p, bound, forced_splits);
     r.workspace = decode_workspace_bytes(r.p, r.splits);
   }

@@ -42,7 +42,8 @@ std::string cuda_append_unsupported_reason(const AppendProblem& p);
 void run_cuda_append(const AppendProblem& p, void* stream);
 
 std::string cuda_decode_unsupported_reason(const DecodeProblem& p);
-// Resident blocks of the kernel decode() would run for p: SM count x blocks per SM (cached per device).
+// Resident blocks of the kernel decode() would run for p: SM count x blocks per SM (cached per device; the first
+// call also sets the kernels' attributes and asks for the cluster size, so later calls are launches only).
 int64_t cuda_decode_slots(const DecodeProblem& p);
 void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream, void* workspace, size_t workspace_bytes);
 // "cuda_decode_split_<dtype>_d<D>_<layout>"; with num_splits > 0 also how the splits merge (cluster or combine kernel).

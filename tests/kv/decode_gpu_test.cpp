@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -95,8 +96,22 @@ struct GpuCase {
   std::string name;
   CacheSpec cache;
   DecodeSpec dec;
-  int splits = 0;  // 0: planned
+  int splits = 0;        // 0: planned
+  bool cluster = false;  // splits chosen at run time: the most a one-block-per-SM grid allows (the cluster merge)
 };
+
+// Whether split decodes merge in a cluster here: sm_90+ and FLASHLITE_DECODE_CLUSTER not 0 (the kernels are built
+// for sm_90a in the device builds this suite runs in).
+bool cluster_merge_on() {
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) return false;
+  return major >= 9 && flashlite::parse_decode_cluster_mode(std::getenv("FLASHLITE_DECODE_CLUSTER")) == 1;
+}
+
+int sm_count() {
+  int sms = 0;
+  return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess ? sms : 0;
+}
 
 std::vector<GpuCase> gpu_cases() {
   std::vector<GpuCase> v;
@@ -124,12 +139,10 @@ std::vector<GpuCase> gpu_cases() {
                  std::to_string(d) + "_hq" + std::to_string(hq) + "_hkv" + std::to_string(hkv) + "_q" +
                  std::to_string(c.dec.q_len) + (c.cache.padded ? "_padded" : "");
         v.push_back(c);
-        // The same with the most splits a one-block-per-SM grid allows on 132 SMs (the merge in a cluster on sm_90).
-        c.splits = int(132 / (int64_t(ragged.size()) * hkv));
-        if (c.splits >= 2) {
-          c.name += "_cluster" + std::to_string(c.splits);
-          v.push_back(c);
-        }
+        // The same with the most splits a one-block-per-SM grid allows (the merge in a cluster on sm_90).
+        c.cluster = true;
+        c.name += "_cluster";
+        v.push_back(c);
         ++n;
       }
   auto masked = [&](std::string name, auto edit) {
@@ -187,6 +200,19 @@ std::vector<GpuCase> gpu_cases() {
   masked("long65536_paged256_q4", [](GpuCase& c) {
     c.cache.page_size = 256, c.cache.kv_heads = 8, c.dec.q_heads = 32, c.dec.q_len = 4, c.cache.lens = {65536, 33};
   });
+  // The masks' edge cases again through the cluster merge (their planned splits give two blocks per SM: combine).
+  const size_t n_cases = v.size();
+  for (size_t i = 0; i < n_cases; ++i) {
+    for (const char* name : {"window_sinks", "window_right", "sink_logits_window", "softcap_scale", "empty_sequences",
+                             "q8_short_sink_logits", "group16_q8_two_row_chunks", "group16_q5_two_row_chunks",
+                             "paged48_window_sinks", "window_sinks_contig_f16"}) {
+      if (v[i].name != name) continue;
+      GpuCase c = v[i];
+      c.cluster = true;
+      c.name += "_cluster";
+      v.push_back(c);
+    }
+  }
   return v;
 }
 
@@ -197,17 +223,28 @@ void run_grid_case(const GpuCase& tc) {
   DeviceCache dc(cache);
   DeviceDecode dd(p, dc);
   flashlite::DecodePlan plan;
-  if (tc.splits > 0) {
-    plan = flashlite::plan_decode(dd.args, -1, tc.splits);
+  int splits = tc.splits;
+  bool expect_cluster = false;
+  if (tc.cluster) {
+    const int64_t rows = tc.dec.q_heads / tc.cache.kv_heads * tc.dec.q_len;
+    const int64_t units = cache.batch * tc.cache.kv_heads * ((rows + 63) / 64);
+    splits = int(std::clamp<int64_t>(sm_count() / units, 2, 16));
+    expect_cluster = cluster_merge_on() && units * splits <= sm_count();
+  }
+  if (splits > 0) {
+    plan = flashlite::plan_decode(dd.args, -1, splits);
     dd.args.plan = &plan;
+  }
+  const std::string name = flashlite::decode_kernel_name(dd.args);
+  if (tc.cluster) {
+    EXPECT_EQ(name.find("cluster merge") != std::string::npos, expect_cluster) << name;
   }
   flashlite::decode(dd.args);
   dd.download();
   expect_decode_matches(p, out_before);
   dc.download_kv();
   EXPECT_TRUE(cache.kbuf.bytes == k_before) << "decode wrote to the cache";
-  std::printf("  kernel: %s, %d splits\n", flashlite::decode_kernel_name(dd.args).c_str(),
-              tc.splits > 0 ? plan.num_splits : flashlite::plan_decode(dd.args).num_splits);
+  std::printf("  kernel: %s\n", name.c_str());
 }
 
 class GpuDecode : public ::testing::TestWithParam<GpuCase> {};
@@ -513,43 +550,46 @@ TEST(GpuKv, ClusterModeSwitchParses) {  // FLASHLITE_DECODE_CLUSTER (no GPU need
 
 // On sm_90 the splits of a (sequence, kv head) merge inside a cluster when they fit one (<= 16) and the grid is at
 // most one block per SM; otherwise (and before sm_90, or with FLASHLITE_DECODE_CLUSTER=0) the combine kernel merges
-// them. Batch 1, 8 kv heads: 2..16 splits take the cluster, 17 and 32 the combine kernel; each against float64.
+// them. Batch 1, 8 kv heads: 2..16 splits take the cluster, 17 and 32 the combine kernel; each against float64, for
+// bf16 / D 128 / contiguous / q_len 1 and f16 / D 64 / pages of 16 / q_len 8 (causal) with sink logits.
 TEST(GpuKv, SplitsMergeInAClusterOrTheCombineKernel) {
   SKIP_WITHOUT_GPU();
-  int major = 0, sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  const bool clusters = major >= 9 && flashlite::parse_decode_cluster_mode(std::getenv("FLASHLITE_DECODE_CLUSTER")) == 1;
-  CacheSpec cs;
-  cs.lens = {8192};
-  cs.kv_heads = 8;
-  cs.head_dim = 128;
-  DecodeSpec ds;
-  ds.q_heads = 32;
-  ds.q_len = 1;
-  ds.sink_logits = true;
-  HostCache cache(cs, 41);
-  DecodeProblem p(cache, ds, 42);
-  const std::vector<uint8_t> out_before = p.outbuf.bytes, lse_before = p.lsebuf.bytes;
-  DeviceCache dc(cache);
-  for (int s : {0, 2, 5, 8, 16, 17, 32}) {
-    SCOPED_TRACE("splits " + std::to_string(s));
-    p.outbuf.bytes = out_before;  // the poisoned output and LSE again (the device copies are made from these)
-    p.lsebuf.bytes = lse_before;
-    DeviceDecode dd(p, dc);
-    const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, -1, s);
-    dd.args.plan = &plan;
-    const std::string name = flashlite::decode_kernel_name(dd.args);
-    std::printf("  %s\n", name.c_str());
-    const bool in_cluster = name.find("cluster merge") != std::string::npos;
-    const bool expect = clusters && plan.num_splits > 1 && plan.num_splits <= 16 && 8 * plan.num_splits <= sms;
-    EXPECT_EQ(in_cluster, expect) << name;
-    EXPECT_EQ(name.find(plan.num_splits > 1 ? "combine kernel" : "splits 1)") != std::string::npos,
-              plan.num_splits == 1 || !expect)
-        << name;
-    flashlite::decode(dd.args);
-    dd.download();
-    expect_decode_matches(p, out_before);
+  const bool clusters = cluster_merge_on();
+  const int sms = sm_count();
+  for (const bool second : {false, true}) {
+    SCOPED_TRACE(second ? "f16 d64 paged16 q8" : "bf16 d128 contiguous q1");
+    CacheSpec cs;
+    cs.lens = {second ? 3000 : 8192};
+    cs.kv_heads = 8;
+    cs.head_dim = second ? 64 : 128;
+    cs.dtype = second ? DType::f16 : DType::bf16;
+    cs.paged = second;
+    DecodeSpec ds;
+    ds.q_heads = 32;
+    ds.q_len = second ? 8 : 1;
+    ds.opt.causal = second;
+    ds.sink_logits = true;
+    HostCache cache(cs, second ? 43 : 41);
+    DecodeProblem p(cache, ds, second ? 44 : 42);
+    const std::vector<uint8_t> out_before = p.outbuf.bytes, lse_before = p.lsebuf.bytes;
+    DeviceCache dc(cache);
+    for (int s : {0, 2, 5, 8, 16, 17, 32}) {
+      SCOPED_TRACE("splits " + std::to_string(s));
+      p.outbuf.bytes = out_before;  // the poisoned output and LSE again (the device copies are made from these)
+      p.lsebuf.bytes = lse_before;
+      DeviceDecode dd(p, dc);
+      const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, -1, s);
+      dd.args.plan = &plan;
+      const std::string name = flashlite::decode_kernel_name(dd.args);
+      std::printf("  %s\n", name.c_str());
+      const bool in_cluster = name.find("cluster merge") != std::string::npos;
+      const bool expect = clusters && plan.num_splits > 1 && plan.num_splits <= 16 && 8 * plan.num_splits <= sms;
+      EXPECT_EQ(in_cluster, expect) << name;
+      EXPECT_EQ(name.find("combine kernel") != std::string::npos, plan.num_splits > 1 && !expect) << name;
+      flashlite::decode(dd.args);
+      dd.download();
+      expect_decode_matches(p, out_before);
+    }
   }
 }
 

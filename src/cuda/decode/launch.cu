@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cuda/common/check.h"
+#include "cuda/common/kernel_arch.h"
 #include "cuda/decode/cluster_merge.cuh"
 #include "cuda/decode/decode_kernels.h"
 #include "cuda/decode/decode_params.h"
@@ -69,7 +70,7 @@ int cluster_splits_max(int dev, const DecodeProblem& p, const DecodeKernels& k) 
   int n = st.cluster_splits.load();
   if (n >= 0) return n;
   n = 0;
-  if (compute_capability(dev) >= 90) {
+  if (compute_capability(dev) >= 90 && cuda::kernel_has_sm90_code(k.split)) {  // (else the merge is a trap)
     FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     for (int c = cuda_decode::kClusterMaxSplits; c >= 2 && n == 0; c /= 2) {
       cudaLaunchAttribute attr[1];
@@ -82,8 +83,11 @@ int cluster_splits_max(int dev, const DecodeProblem& p, const DecodeKernels& k) 
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, k.split, &cfg) == cudaSuccess && clusters >= 1) n = c;
-      (void)cudaGetLastError();  // an unsupported size is an answer here, not a sticky error
+      if (cudaOccupancyMaxActiveClusters(&clusters, k.split, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();  // an unsupported size is an answer here, not a sticky error
+      } else if (clusters >= 1) {
+        n = c;
+      }
     }
   }
   st.cluster_splits.store(n);
@@ -121,12 +125,13 @@ int sm_count(int dev) {
   return n;
 }
 
-bool use_pdl(int dev) {
+// Programmatic dependent launch: sm_90+ and kernels compiled with their griddepcontrol.wait (kernel_arch.h).
+bool use_pdl(int dev, const DecodeKernels& k) {
   static const bool off = [] {
     const char* e = std::getenv("FLASHLITE_DECODE_PDL");
     return e != nullptr && e[0] == '0';
   }();
-  return !off && compute_capability(dev) >= 90;
+  return !off && compute_capability(dev) >= 90 && cuda::kernel_has_sm90_code(k.split);
 }
 
 }  // namespace
@@ -174,6 +179,7 @@ std::string cuda_decode_unsupported_reason(const DecodeProblem& p) {
 }
 
 int64_t cuda_decode_slots(const DecodeProblem& p) {
+  (void)cluster_mode();  // FLASHLITE_DECODE_CLUSTER is checked when a decode is planned, whatever its split count
   cuda::DeviceGuard guard(p.cache.device.index);
   const int dev = p.cache.device.index;
   return int64_t(sm_count(dev)) * prepare_kernel(dev, p, kernels_for(p));
@@ -232,7 +238,9 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   P.mask = p.mask;
   P.q_vec = aligned16(p.q, p.q_st);
 
-  // Splits that fit one cluster merge there (no partials in global memory, no combine kernel).
+  // Splits that fit one cluster merge there (no partials in global memory, no combine kernel). The plan's workspace
+  // stays reserved either way (decode_workspace_bytes does not depend on the merge), so FLASHLITE_DECODE_CLUSTER
+  // never changes what a caller must provide.
   const int cluster = cuda_decode_merges_in_cluster(p, num_splits) ? num_splits : 0;
   P.cluster_merge = cluster > 0;
 
@@ -257,7 +265,8 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   void* args[] = {&P};
   cudaLaunchAttribute attr[2];
   int n_attr = 0;
-  if (use_pdl(dev)) {
+  const bool pdl = use_pdl(dev, kern);
+  if (pdl) {
     attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n_attr++].val.programmaticStreamSerializationAllowed = 1;
   }
@@ -275,7 +284,7 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   cfg.numAttrs = unsigned(n_attr);
   FL_CUDA_CHECK(cudaLaunchKernelExC(&cfg, kern.split, args));
   if (num_splits > 1 && !P.cluster_merge) {
-    cfg.numAttrs = use_pdl(dev) ? 1 : 0;  // the combine kernel: programmatic dependent, no cluster
+    cfg.numAttrs = pdl ? 1 : 0;  // the combine kernel: programmatic dependent, no cluster
     const int64_t items = c.batch * c.kv_heads * int64_t(P.rows);
     cfg.gridDim = dim3(unsigned((items + kCombineThreads / 32 - 1) / (kCombineThreads / 32)));
     cfg.blockDim = dim3(kCombineThreads);
