@@ -16,6 +16,7 @@ COLORS = {"flashlite": "#1f77b4", "flashlite paged 16": "#6baed6", "sdpa_cudnn":
 def main(decode_path, sdpa_path, out_path):
     dec, sdpa = json.load(open(decode_path)), json.load(open(sdpa_path))
     bw = dec["read_bw_tbps"]
+    dec["rows"] = [r for r in dec["rows"] if r.get("kind", "main") == "main"]  # (--quick adds recompute rows)
     shapes = sorted({(r["batch"], r["kv_len"]) for r in dec["rows"] if r["layout"] == "contiguous"})
     series = {name: {} for name in COLORS}
     for r in dec["rows"]:
