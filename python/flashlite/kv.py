@@ -223,8 +223,8 @@ def decode(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink_
            softcap=0.0, return_lse=False, backend="auto", out=None, max_kv_len=-1, num_splits=0):
     """Attention of the last q_len tokens of each sequence (q [batch, q_len, heads, D], q_len 1..8 on CUDA) over
     the whole cache. Masks as flashlite.attention (causal is bottom-right: query i sits at position length - q_len
-    + i). On CUDA: one split-KV kernel (flash-decoding, GQA heads packed) plus a combine; the split workspace comes
-    from torch's allocator. max_kv_len: the length bound the split plan serves (-1: the longest sequence now; give
+    + i). On CUDA: one split-KV kernel (flash-decoding, GQA heads packed) plus a combine kernel (on sm_90 the splits
+    merge inside a thread-block cluster instead where they fit one); the split workspace comes from torch's allocator. max_kv_len: the length bound the split plan serves (-1: the longest sequence now; give
     the capacity when the call is captured in a CUDA graph that is replayed as sequences grow). Returns out [and the
     fp32 LSE, shape [batch, heads, q_len]]."""
     xp, out, lse = _outputs(q, cache, out, return_lse)
@@ -254,7 +254,8 @@ def prefill(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink
 
 def decode_kernel_name(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink_tokens=0,
                        sink_logits=None, softcap=0.0, backend="auto"):
-    """Which kernel decode() would run, e.g. "cuda_decode_split_bf16_d128 (splits 32)". Validates the arguments."""
+    """Which kernel decode() would run, e.g. "cuda_decode_split_bf16_d128_contiguous (splits 32, combine kernel)".
+    Validates the arguments."""
     if cache.lib == "torch":
         import torch
         out = torch.empty_like(q)
