@@ -2,8 +2,9 @@
 # One device call (<= 10 minutes) for the split merge in a thread-block cluster (src/cuda/decode/cluster_merge.cuh):
 #   build    sm_90a: the decode test, the decode bench and the engine CLI
 #   test     the decode suite with the cluster merge (the default) and with FLASHLITE_DECODE_CLUSTER=0
-#   bench    decode bench --quick under FLASHLITE_DECODE_CLUSTER=1 (default: cap at the cluster size), fit (cluster
-#            only when the plan's splits fit) and 0 (combine kernel), then the split sweep under the default
+#   bench    decode bench --quick under FLASHLITE_DECODE_CLUSTER=1 (the default) and 0 (combine kernel), then the
+#            split sweep under the default (run 1 of round 6 ran this at e2a0022, with a third mode since removed;
+#            docs/perf-notes.md "Decode", round 6)
 #   e2e      bench/e2e.py engine only, batch 1 and 16, prompt 512: default and FLASHLITE_DECODE_CLUSTER=0
 #   sanitize memcheck + racecheck on the cluster cases
 # Each phase is skipped with a message when the budget (BUDGET_S, default 560 s) would not cover it.
@@ -54,7 +55,7 @@ fi
 
 if has bench && fits 150 "bench"; then
   b="$build/bin/flashlite_decode_bench"
-  for mode in 1 fit 0; do
+  for mode in 1 0; do
     step "decode bench --quick, FLASHLITE_DECODE_CLUSTER=$mode"
     FLASHLITE_DECODE_CLUSTER=$mode timeout 120 "$b" --quick --out "$dest/decode_cluster_$mode.json" > "$logs/bench_$mode.log" 2>&1
     grep -E "^main|bandwidth" "$logs/bench_$mode.log" | cut -c1-200
