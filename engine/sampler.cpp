@@ -16,6 +16,28 @@ void SamplingParams::validate() const {
   if (!(top_p > 0 && top_p <= 1)) fail("top_p is " + std::to_string(top_p) + "; expected a number in (0, 1]");
 }
 
+namespace {
+
+// A row the sampler can choose from: no NaN or +inf (a broken model or kernel, not a distribution) and at least one
+// finite logit (-inf alone masks every token). One pass; the failing index is looked up only on failure.
+void check_logits(const float* logits, int n, const char* what) {
+  bool bad = false;
+  float mx = -INFINITY;
+  for (int i = 0; i < n; ++i) {
+    bad |= !(logits[i] < INFINITY);  // NaN or +inf
+    mx = std::max(mx, logits[i]);
+  }
+  if (bad) {
+    int i = 0;
+    while (logits[i] < INFINITY) ++i;
+    fail(std::string(what) + " " + std::to_string(i) + " is " + (std::isnan(logits[i]) ? "NaN" : "+inf") +
+         ": the model produced a non-finite logit; nothing can be sampled from this row");
+  }
+  if (n > 0 && mx == -INFINITY) fail(std::string("every ") + what + " is -inf: no token can be sampled");
+}
+
+}  // namespace
+
 int argmax(const float* logits, int n) {
   int best = 0;
   for (int i = 1; i < n; ++i)
@@ -40,6 +62,8 @@ float Sampler::uniform() {
 }
 
 int Sampler::sample(const float* logits, int vocab) {
+  if (vocab <= 0) fail("sample got " + std::to_string(vocab) + " logits; expected at least one");
+  check_logits(logits, vocab, "logit");
   if (p_.temperature == 0.0f) return argmax(logits, vocab);
   if (p_.top_k == 0 && p_.top_p >= 1.0f) {  // plain temperature sampling: no sort needed
     float mx = logits[0];
@@ -83,6 +107,7 @@ int Sampler::sample(const float* logits, int vocab) {
 
 int Sampler::sample_top_k(const float* values, const int32_t* ids, int k) {
   if (k <= 0) fail("sample_top_k got " + std::to_string(k) + " candidates; expected at least one");
+  check_logits(values, k, "top-k candidate logit");
   cand_.resize(k);
   for (int i = 0; i < k; ++i) cand_[i] = {values[i], ids[i]};
   // The full sort of the k-set gives the partial sort's prefix exactly: `before` is a total order (ids are distinct).

@@ -121,7 +121,9 @@ TEST(Sampler, TopPMatchesBruteForceNucleus) {
       ASSERT_TRUE(nucleus.count(t)) << "token " << t << " is outside the top_p " << top_p << " nucleus";
       seen.insert(t);
     }
-    if (nucleus.size() <= 20) EXPECT_EQ(seen.size(), nucleus.size()) << "top_p " << top_p;
+    if (nucleus.size() <= 20) {
+      EXPECT_EQ(seen.size(), nucleus.size()) << "top_p " << top_p;
+    }
   }
 }
 
@@ -150,6 +152,38 @@ TEST(Sampler, TopKFromCandidatesEqualsFullRow) {
     for (int draw = 0; draw < 300; ++draw) {
       ASSERT_EQ(from.sample_top_k(values.data(), ids.data(), sp.top_k), full.sample(logits.data(), vocab)) << draw;
     }
+  }
+}
+
+// A NaN or +inf logit is a broken model or kernel, not a distribution: every mode says so instead of reading out of
+// its candidate list (top-p's floor was NaN) or picking a token silently; so does a row of -inf only. -inf entries
+// next to finite ones are ordinary masked tokens.
+TEST(Sampler, NonFiniteRowsAreErrors) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  const std::vector<eng::SamplingParams> modes = {
+      {0.f, 0, 1.f, 0}, {0.8f, 0, 1.f, 1}, {0.8f, 0, 0.9f, 2}, {0.8f, 5, 1.f, 3}, {0.8f, 5, 0.9f, 4}};
+  for (const eng::SamplingParams& m : modes) {
+    SCOPED_TRACE("temperature " + std::to_string(m.temperature) + " top_k " + std::to_string(m.top_k) + " top_p " +
+                 std::to_string(m.top_p));
+    eng::Sampler s(m, 0);
+    for (float badv : {nan, inf}) {
+      std::vector<float> v = random_logits(100, 7);
+      v[37] = badv;
+      try {
+        (void)s.sample(v.data(), 100);
+        ADD_FAILURE() << "a row with " << badv << " at 37 was sampled";
+      } catch (const flashlite::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("logit 37 is"), std::string::npos) << e.what();
+      }
+    }
+    std::vector<float> all_masked(50, -inf);
+    EXPECT_THROW((void)s.sample(all_masked.data(), 50), flashlite::Error);
+    std::vector<float> some_masked = random_logits(50, 9);
+    for (int i = 0; i < 50; i += 2) some_masked[size_t(i)] = -inf;
+    for (int rep = 0; rep < 20; ++rep) EXPECT_EQ(s.sample(some_masked.data(), 50) % 2, 1);
+    const std::vector<float> values{2.f, nan, 1.f};
+    const std::vector<int32_t> ids{4, 9, 1};
+    EXPECT_THROW((void)s.sample_top_k(values.data(), ids.data(), 3), flashlite::Error);
   }
 }
 
