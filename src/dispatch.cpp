@@ -5,6 +5,7 @@
 
 #include "backends.h"
 #include "common/problem.h"
+#include "common/tensor_checks.h"
 #include "flashlite/attention.h"
 #include "flashlite/errors.h"
 
@@ -45,6 +46,7 @@ void check_present(const TensorView& t, const char* name) {
            std::to_string(i) + " (shape " + t.shape_string() + ")");
     }
   }
+  check_element_aligned(t, name);
 }
 
 void check_rank(const TensorView& t, const char* name, int rank, const char* layout) {

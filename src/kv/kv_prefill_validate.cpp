@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/tensor_checks.h"
 #include "flashlite/errors.h"
 #include "kv/kv_backends.h"
 #include "kv/kv_prefill.h"
@@ -29,6 +30,7 @@ void check_present_rank4(const TensorView& t, const char* name, const char* layo
     if (t.shape[i] < 0) fail(std::string(name) + " has negative size " + to_string(t.shape[i]) + " (shape " + t.shape_string() + ")");
   }
   if (t.data == nullptr && t.numel() > 0) fail(std::string(name) + " has a null data pointer");
+  check_element_aligned(t, name);
 }
 
 // [lo, hi) bytes a view spans (empty when it has no element).

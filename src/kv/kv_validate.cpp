@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tensor_checks.h"
 #include "flashlite/errors.h"
 #include "kv/kv_backends.h"
 
@@ -26,6 +27,7 @@ void check_present(const TensorView& t, const std::string& name) {
   for (int i = 0; i < t.rank; ++i) {
     if (t.shape[i] < 0) fail(name + " has negative size " + to_string(t.shape[i]) + " (shape " + t.shape_string() + ")");
   }
+  check_element_aligned(t, name);
 }
 
 void check_rank(const TensorView& t, const std::string& name, int rank, const char* layout) {

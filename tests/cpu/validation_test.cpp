@@ -100,6 +100,11 @@ std::vector<BadCase> bad_cases() {
       {"lse_on_cuda", [](Problem& p) { p.args.lse.device = Device::cuda(0); }, V, {"lse is on cuda:0"}},
       // Null and missing tensors.
       {"q_null_data", [](Problem& p) { p.args.q.data = nullptr; }, V, {"q has a null data pointer"}},
+      // Pointers off their element size (a fault on the GPU, undefined behaviour on the CPU).
+      {"q_misaligned", [](Problem& p) { p.args.q.data = static_cast<char*>(p.args.q.data) + 2; }, V,
+       {"q's data pointer is not aligned to its 4-byte float32 elements"}},
+      {"lse_misaligned", [](Problem& p) { p.args.lse.data = static_cast<char*>(p.args.lse.data) + 1; }, V,
+       {"lse's data pointer is not aligned"}},
       {"v_null_data", [](Problem& p) { p.args.v.data = nullptr; }, V, {"v has a null data pointer"}},
       {"out_missing", [](Problem& p) { p.args.out = TensorView{}; }, V, {"out is missing"}},
       {"k_missing", [](Problem& p) { p.args.k = TensorView{}; }, V, {"k is missing"}},

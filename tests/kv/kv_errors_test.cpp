@@ -84,6 +84,10 @@ std::vector<BadDecode> bad_decodes() {
   const auto V = ErrorKind::invalid_value, T = ErrorKind::invalid_type;
   return {
       {"q_batch", false, [](KvFixture& s) { s.dec.args.q.shape[0] = 2; }, V, {"q has batch 2", "expected 3"}},
+      {"q_misaligned", false, [](KvFixture& s) { s.dec.args.q.data = static_cast<char*>(s.dec.args.q.data) + 2; }, V,
+       {"q's data pointer is not aligned to its 4-byte float32 elements"}},
+      {"cache_k_misaligned", true, [](KvFixture& s) { s.dec.args.cache.k.data = static_cast<char*>(s.dec.args.cache.k.data) + 1; }, V,
+       {"cache.k's data pointer is not aligned"}},
       {"q_head_dim", false, [](KvFixture& s) { s.dec.args.q.shape[3] = 4; }, V, {"q has head_dim 4", "expected 8"}},
       {"heads_not_divisible", false, [](KvFixture& s) { s.dec.args.q.shape[2] = 3, s.dec.args.out.shape[2] = 3; }, V, {"q_heads 3 is not divisible by", "kv_heads 2"}},
       {"out_shape", false, [](KvFixture& s) { s.dec.args.out.shape[1] = 2; }, V, {"out has q_len 2", "expected 1"}},
