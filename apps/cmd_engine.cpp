@@ -274,11 +274,10 @@ void run_chat(const ChatSettings& c) {
     if (line == "/exit") break;
     if (line == "/reset") {
       session.reset();
-      fmt.reset();
       std::fprintf(stderr, "(conversation cleared)\n");
       continue;
     }
-    std::vector<int> turn = fmt.user_turn(line);
+    std::vector<int> turn = fmt.user_turn(line, session.empty());  // BOS and system prompt while the session is empty
     auto on_token = [&](int, int tok) {
       const std::string piece = piece_of(*l.tokenizer, tok);
       std::fwrite(piece.data(), 1, piece.size(), stdout);

@@ -27,21 +27,19 @@ std::vector<int> ChatFormatter::header(const std::string& role) const {
   return ids;
 }
 
-std::vector<int> ChatFormatter::user_turn(const std::string& message) {
+std::vector<int> ChatFormatter::user_turn(const std::string& message, bool first) const {
   std::vector<int> ids;
   auto append = [&](const std::vector<int>& v) { ids.insert(ids.end(), v.begin(), v.end()); };
-  if (first_ && bos_ >= 0) ids.push_back(bos_);
+  if (first && bos_ >= 0) ids.push_back(bos_);
   if (!llama3_) {
     append(tok_.encode(message, false));
-    first_ = false;
     return ids;
   }
-  if (first_ && !trim(system_).empty()) {
+  if (first && !trim(system_).empty()) {
     append(header("system"));
     append(tok_.encode("\n\n" + trim(system_), false));
     ids.push_back(eot_);
   }
-  first_ = false;
   append(header("user"));
   append(tok_.encode("\n\n" + trim(message), false));
   ids.push_back(eot_);

@@ -14,8 +14,9 @@ namespace flashlite::engine {
 class ChatFormatter {
  public:
   ChatFormatter(const Tokenizer& tok, int bos_id, std::string system);
-  std::vector<int> user_turn(const std::string& message);  // the tokens to append for this turn
-  void reset() { first_ = true; }
+  // The tokens to append for this turn; `first` (the conversation is empty, e.g. ChatSession::empty()) adds BOS and
+  // the system prompt. Taken from the caller, not remembered, so a turn that fails does not desynchronize it.
+  std::vector<int> user_turn(const std::string& message, bool first) const;
   bool llama3() const { return llama3_; }
   std::string description() const { return llama3_ ? "Llama 3 chat template" : "plain continuation"; }
 
@@ -25,7 +26,6 @@ class ChatFormatter {
   int bos_;
   std::string system_;
   bool llama3_ = false;
-  bool first_ = true;
   int start_header_ = -1, end_header_ = -1, eot_ = -1;
 };
 

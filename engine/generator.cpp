@@ -20,7 +20,7 @@ struct SlotInput {
 };
 
 GenerationResult run(LlamaModel& model, const std::vector<SlotInput>& inputs, const GenerationParams& params,
-                     const TokenCallback& on_token, uint64_t stream_base, std::vector<int>* last_tokens) {
+                     const TokenCallback& on_token, uint64_t stream_base, std::vector<std::vector<int>>* sampled) {
   params.sampling.validate();
   if (params.max_new_tokens < 0) fail("max_new_tokens is " + std::to_string(params.max_new_tokens) + "; expected >= 0");
   const int B = int(inputs.size()), vocab = model.config().vocab_size;
@@ -31,7 +31,7 @@ GenerationResult run(LlamaModel& model, const std::vector<SlotInput>& inputs, co
   res.stats.batch = B;
   std::vector<Sampler> samplers;
   for (int b = 0; b < B; ++b) samplers.emplace_back(params.sampling, stream_base + b);
-  if (last_tokens) last_tokens->assign(B, -1);
+  if (sampled) sampled->assign(B, {});
   const auto t0 = Clock::now();
 
   std::vector<SequenceInput> step;
@@ -57,7 +57,7 @@ GenerationResult run(LlamaModel& model, const std::vector<SlotInput>& inputs, co
       if (out.kind == LogitsRequest::Kind::argmax) tok = out.ids[r];
       else if (out.kind == LogitsRequest::Kind::top_k) tok = samplers[b].sample_top_k(out.values + r * out.k, out.ids + r * out.k, out.k);
       else tok = samplers[b].sample(out.logits + r * size_t(vocab), vocab);
-      if (last_tokens) (*last_tokens)[b] = tok;
+      if (sampled) (*sampled)[b].push_back(tok);  // before anything that may throw
       if (std::find(params.stop_ids.begin(), params.stop_ids.end(), tok) != params.stop_ids.end()) {
         live[b] = false;
         res.stop_token[b] = tok;
@@ -137,14 +137,30 @@ GenerationResult generate(LlamaModel& model, const std::vector<std::vector<int>>
 
 GenerationResult ChatSession::turn(const std::vector<int>& new_tokens, const GenerationParams& params,
                                    const TokenCallback& on_token) {
-  std::vector<int> tokens = pending_;
-  tokens.insert(tokens.end(), new_tokens.begin(), new_tokens.end());
-  std::vector<int> last;
-  GenerationResult r = run(model_, {{slot_, tokens}}, params, on_token, ++turns_ * 1000003ull, &last);
-  // The last sampled token (a stop token, or the final one of the budget) is not in the cache yet.
-  pending_.clear();
-  if (!last.empty() && last[0] >= 0) pending_.push_back(last[0]);
-  return r;
+  // With no new token the turn's tokens would not be fed, and the next turn would not see them.
+  if (params.max_new_tokens < 1) fail("a chat turn needs max_new_tokens >= 1 (got " + std::to_string(params.max_new_tokens) + ")");
+  // The cache takes the fed tokens (pending + new), then each sampled token but the last, in that order; whatever
+  // has not reached it yet is pending. Settled the same way when the turn fails, so that the cache, the pending
+  // tokens and the conversation agree: a turn that fails before anything was fed leaves the session as it was.
+  const int before = model_.length(slot_);
+  std::vector<int> fed = pending_;
+  fed.insert(fed.end(), new_tokens.begin(), new_tokens.end());
+  std::vector<std::vector<int>> sampled;
+  auto settle = [&] {
+    const size_t in_cache = size_t(model_.length(slot_) - before);
+    if (in_cache == 0) return;
+    std::vector<int> seq = fed;
+    if (!sampled.empty()) seq.insert(seq.end(), sampled[0].begin(), sampled[0].end());
+    pending_.assign(seq.begin() + std::min(in_cache, seq.size()), seq.end());
+  };
+  try {
+    GenerationResult r = run(model_, {{slot_, fed}}, params, on_token, ++turns_ * 1000003ull, &sampled);
+    settle();
+    return r;
+  } catch (...) {
+    settle();
+    throw;
+  }
 }
 
 void ChatSession::reset() {

@@ -43,19 +43,23 @@ using TokenCallback = std::function<void(int sequence, int token)>;
 GenerationResult generate(LlamaModel& model, const std::vector<std::vector<int>>& prompts, const GenerationParams& params,
                           const TokenCallback& on_token = {});
 
-// Continues one slot without clearing it: appends `new_tokens` (plus a stop token the previous turn left out of the
-// cache) and generates. Keeps the KV cache between turns.
+// Continues one slot without clearing it: appends `new_tokens` (plus the token the previous turn sampled last and
+// left out of the cache) and generates. Keeps the KV cache between turns. When a turn throws, the session stays
+// consistent: if nothing reached the cache (e.g. the prompt does not fit) it is as before the turn; otherwise the
+// turn's tokens and what was generated before the failure stay in the conversation and the next turn continues
+// from there.
 class ChatSession {
  public:
   explicit ChatSession(LlamaModel& model, int slot = 0) : model_(model), slot_(slot) {}
   GenerationResult turn(const std::vector<int>& new_tokens, const GenerationParams& params, const TokenCallback& on_token = {});
   int cached_tokens() { return model_.length(slot_); }
+  bool empty() { return cached_tokens() == 0 && pending_.empty(); }  // no conversation yet: the next turn starts it
   void reset();
 
  private:
   LlamaModel& model_;
   int slot_;
-  std::vector<int> pending_;  // last sampled token, not yet in the cache
+  std::vector<int> pending_;  // tokens of the conversation not yet in the cache (the last sampled one)
   uint64_t turns_ = 0;
 };
 

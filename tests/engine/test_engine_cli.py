@@ -83,6 +83,30 @@ def test_chat_llama2c_continuation(flashlite_bin, models_dir):
     assert len(proc.stdout.decode().strip().splitlines()) >= 2
 
 
+def cached_counts(stderr):
+    return [int(line.split(",")[-1].split()[0]) for line in stderr.splitlines() if line.endswith("cached]")]
+
+
+def assert_failed_turn_leaves_no_trace(flashlite_bin, args, lines, failing):
+    """A chat whose `failing` line is rejected (too long for the context) must continue exactly as the same chat
+    without that line: same replies, same cache (BOS and system prompt included when it was the first turn)."""
+    def chat(ls):
+        return run_cli(flashlite_bin, ["chat", *args], stdin="".join(x + "\n" for x in ls).encode())
+    with_fail = chat(lines[:failing] + ["the cat sat on the mat " * 40] + lines[failing:])
+    plain = chat(lines)
+    err = with_fail.stderr.decode()
+    assert "context holds 64" in err, err
+    assert with_fail.stdout == plain.stdout, (with_fail.stdout, plain.stdout)
+    assert cached_counts(err) == cached_counts(plain.stderr.decode()), (err, plain.stderr.decode())
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_chat_failed_turn_keeps_the_conversation(flashlite_bin, models_dir, failing):
+    m, t = stories(models_dir)
+    assert_failed_turn_leaves_no_trace(flashlite_bin, ["--model", m, "--tokenizer", t, "--context", "64", "--max-tokens", "6"],
+                                       ["Once upon a time", "Then the dog"], failing)
+
+
 # ---- A tiny random Llama checkpoint with the real Llama 3 vocabulary ----
 
 def write_safetensors(path, tensors):
@@ -147,3 +171,9 @@ def test_generate_hf_dir_with_llama3_tokenizer(flashlite_bin, tiny_llama3):
                                              "--json"]).stdout)
     o = out["outputs"][0]
     assert o["prompt_ids"][0] == 128000 and len(o["ids"]) <= 5
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_chat_llama3_failed_turn_keeps_bos_and_system(flashlite_bin, tiny_llama3, failing):
+    assert_failed_turn_leaves_no_trace(flashlite_bin, ["--model", str(tiny_llama3), "--context", "64", "--max-tokens", "4",
+                                                       "--system", "Be brief."], ["Hi", "Again"], failing)
