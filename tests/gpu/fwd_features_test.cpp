@@ -90,6 +90,44 @@ TEST(FusedFeatures, InlineVarlenCallCapturesInCudaGraph) {
   capture_and_check(s, "graph_varlen");
 }
 
+// More than 128 sequences: the offsets travel through a device table copied from host memory on every call, which a
+// graph cannot replay; under capture the call is refused with a clear error, nothing is enqueued (the capture ends
+// cleanly and holds no node), and the same call outside the capture is correct.
+TEST(FusedFeatures, LongVarlenCallIsRefusedUnderCapture) {
+  FL_SKIP_WITHOUT_GPU();
+  Spec s = small_spec(DType::bf16, 64);
+  s.batch = 1;
+  for (int i = 0; i < 130; ++i) {
+    s.varlen_q.push_back(i % 7 + 1);
+    s.varlen_k.push_back(i % 5 + 2);
+  }
+  Problem p(s, seed_of("graph_long_varlen"));
+  const Result64 ref = reference64(p);
+  const Snapshot before = snapshot(p);
+  DeviceMirror m(p);
+  cudaStream_t stream;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  m.args.stream = stream;
+  cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  try {
+    flashlite::forward(m.args);
+    ADD_FAILURE() << "a 130-sequence varlen call was captured";
+  } catch (const flashlite::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA graph cannot capture"), std::string::npos) << e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  cuda_check(cudaStreamEndCapture(stream, &graph), "end capture (the refused call must not break it)");
+  size_t nodes = 1;
+  cuda_check(cudaGraphGetNodes(graph, nullptr, &nodes), "cudaGraphGetNodes");
+  EXPECT_EQ(nodes, 0u) << "the refused call enqueued work";
+  cudaGraphDestroy(graph);
+  flashlite::forward(m.args);
+  cuda_check(cudaStreamSynchronize(stream), "the call outside the capture");
+  m.copy_back();
+  expect_matches(p, ref, before, gpu_tolerance(s.dtype));
+  cudaStreamDestroy(stream);
+}
+
 TEST(FusedFeatures, KernelNameNamesTheTile) {
   FL_SKIP_WITHOUT_GPU();
   Problem p(small_spec(DType::bf16, 128), 1);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends.h"
+#include "cuda/common/host_copy.h"
 #include "cuda/fwd/fwd_launch.h"
 #include "cuda/fwd_hopper/hopper_fwd.h"
 #include "flashlite/errors.h"
@@ -271,7 +272,7 @@ void run_cuda_fused(const AttentionProblem& p, void* stream_handle) {
   // with (one group) until measured.
   f.rank_group = rank_group_pairs(hopper && p.mask.window_left < 0);
 
-  void* table = nullptr;  // varlen offsets past kInlineSeqs
+  cuda::CallBuffer table(stream);  // varlen offsets past kInlineSeqs
   if (p.varlen()) {
     if (p.batch <= kInlineSeqs) {
       f.varlen = VarlenMode::inline_table;
@@ -287,21 +288,17 @@ void run_cuda_fused(const AttentionProblem& p, void* stream_handle) {
         host[size_t(p.batch + 1 + b)] = p.cu_seqlens_k[b];
       }
       const size_t bytes = host.size() * sizeof(int);
-      check(cudaMallocAsync(&table, bytes, stream), "cudaMallocAsync (varlen offsets)");
+      cuda::refuse_host_copy_under_capture(stream, "the varlen offsets of " + std::to_string(p.batch) + " sequences");
+      check(cudaMallocAsync(&table.ptr, bytes, stream), "cudaMallocAsync (varlen offsets)");
       // From pageable memory: returns once the bytes are staged, so `host` may go out of scope.
-      check(cudaMemcpyAsync(table, host.data(), bytes, cudaMemcpyHostToDevice, stream), "copying varlen offsets");
-      f.cu_dev = static_cast<const int*>(table);
+      check(cudaMemcpyAsync(table.ptr, host.data(), bytes, cudaMemcpyHostToDevice, stream), "copying varlen offsets");
+      f.cu_dev = static_cast<const int*>(table.ptr);
     }
   }
 
   if (hopper) {
 #if defined(FLASHLITE_FWD_HOPPER_BUILT) && FLASHLITE_FWD_HOPPER_BUILT
-    try {
-      cuda_fwd_hopper::launch_fwd_hopper(p, f, cuda_fwd_hopper::hopper_fwd_mode(), stream);
-    } catch (...) {
-      if (table) cudaFreeAsync(table, stream);
-      throw;
-    }
+    cuda_fwd_hopper::launch_fwd_hopper(p, f, cuda_fwd_hopper::hopper_fwd_mode(), stream);  // (a throw frees table)
 #endif
   } else if (k.simt) {
     launch_fwd_simt_f32(int(p.head_dim), f, stream);
@@ -311,7 +308,7 @@ void run_cuda_fused(const AttentionProblem& p, void* stream_handle) {
     launch_fwd_mma_bf16(k.mma, f, stream);
   }
   const cudaError_t launched = cudaGetLastError();
-  if (table) check(cudaFreeAsync(table, stream), "cudaFreeAsync (varlen offsets)");
+  check(table.free_now(), "cudaFreeAsync (varlen offsets)");
   check(launched, "launching the fused attention kernel");
 }
 
@@ -364,7 +361,7 @@ void run_cuda_prefill(const PrefillProblem& p, void* stream_handle) {
   f.kv_page_indices = c.k_indices;
   f.kv_last_page_len = c.k_last_page_len;
 
-  void* table = nullptr;  // ragged offsets past kInlineSeqs
+  cuda::CallBuffer table(stream);  // ragged offsets past kInlineSeqs
   if (p.ragged()) {
     if (a.batch <= kInlineSeqs) {
       f.varlen = VarlenMode::inline_table;
@@ -372,9 +369,10 @@ void run_cuda_prefill(const PrefillProblem& p, void* stream_handle) {
     } else {
       f.varlen = VarlenMode::device_table;
       const size_t bytes = size_t(a.batch + 1) * sizeof(int);
-      check(cudaMallocAsync(&table, bytes, stream), "cudaMallocAsync (prefill offsets)");
-      check(cudaMemcpyAsync(table, a.cu_seqlens_q, bytes, cudaMemcpyHostToDevice, stream), "copying prefill offsets");
-      f.cu_dev = static_cast<const int*>(table);
+      cuda::refuse_host_copy_under_capture(stream, "the prefill chunk offsets of " + std::to_string(a.batch) + " sequences");
+      check(cudaMallocAsync(&table.ptr, bytes, stream), "cudaMallocAsync (prefill offsets)");
+      check(cudaMemcpyAsync(table.ptr, a.cu_seqlens_q, bytes, cudaMemcpyHostToDevice, stream), "copying prefill offsets");
+      f.cu_dev = static_cast<const int*>(table.ptr);
     }
   }
   if (c.dtype == DType::f16) {
@@ -383,7 +381,7 @@ void run_cuda_prefill(const PrefillProblem& p, void* stream_handle) {
     launch_fwd_mma_cache_bf16(cfg, f, stream);
   }
   const cudaError_t launched = cudaGetLastError();
-  if (table) check(cudaFreeAsync(table, stream), "cudaFreeAsync (prefill offsets)");
+  check(table.free_now(), "cudaFreeAsync (prefill offsets)");
   check(launched, "launching the fused attention kernel (prefill)");
 }
 

@@ -10,7 +10,8 @@
 // seq_k) fp32]. When the caller passes none, it is taken with cudaMallocAsync on the stream and released with
 // cudaFreeAsync after the last kernel (stream-ordered, no host sync; but not capturable in a CUDA graph unless the
 // graph allows memory nodes, so graph users pass a workspace). Varlen offsets are host arrays in the API: they are
-// copied into the workspace with one cudaMemcpyAsync (pageable source: staged before the call returns).
+// copied into the workspace with one cudaMemcpyAsync (pageable source: staged before the call returns; refused under
+// graph capture, which could not replay it).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -22,6 +23,7 @@
 
 #include "backends.h"
 #include "cuda/common/check.h"
+#include "cuda/common/host_copy.h"
 #include "cuda/common/dtype.cuh"
 #include "cuda/naive/naive_params.h"
 
@@ -112,6 +114,7 @@ void run_cuda_naive(const AttentionProblem& p, void* stream_handle, void* worksp
   auto* base = static_cast<char*>(workspace);
   NaiveParams n = make_params(p, reinterpret_cast<float*>(base + offsets_bytes(p)));
   if (p.varlen()) {
+    cuda::refuse_host_copy_under_capture(stream, "the varlen offsets of the naive path");
     std::vector<int32_t> host(size_t(2 * (p.batch + 1)));  // (2, batch + 1): cu_seqlens_q then cu_seqlens_k
     for (int64_t b = 0; b <= p.batch; ++b) {
       host[size_t(b)] = p.cu_seqlens_q[b];
