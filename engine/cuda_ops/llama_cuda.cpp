@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <string>
 #include <tuple>
 
+#include "engine/cuda_ops/env_switch.h"
 #include "engine/cuda_ops/gemm.h"
 #include "engine/cuda_ops/gemv.h"
 #include "engine/cuda_ops/ops.h"
@@ -106,6 +108,7 @@ class LlamaCuda final : public LlamaModel {
     if (o.precision == "fp32") elem_ = Elem::f32;
     else if (o.precision == "auto" || o.precision == "bf16") elem_ = Elem::bf16;
     else fail("precision '" + o.precision + "' is unknown; expected auto, bf16 or fp32");
+    read_variant_switches();  // FLASHLITE_ENGINE_*: a bad value fails before anything is allocated
     context_ = o.context > 0 ? o.context : c_.max_seq_len;
     if (context_ > c_.max_seq_len) fail("context " + std::to_string(context_) + " exceeds the model's maximum of " + std::to_string(c_.max_seq_len));
     if (o.slots < 1) fail("batch (slots) must be at least 1");
@@ -138,12 +141,7 @@ class LlamaCuda final : public LlamaModel {
     }
     attention_ = choose_attention();
     decode_ok_ = probe_decode();
-    const char* env = std::getenv("FLASHLITE_ENGINE_GRAPH");
-    graphs_on_ = decode_ok_ && !(env && std::string(env) == "0");
-    // Few-row steps through the fused GEMVs (bf16 only; FLASHLITE_ENGINE_GEMV=0 keeps cuBLASLt + separate kernels).
-    const char* gv = std::getenv("FLASHLITE_ENGINE_GEMV");
-    gemv_on_ = elem_ == Elem::bf16 && !(gv && std::string(gv) == "0");
-    read_variant_switches();
+    graphs_on_ = decode_ok_ && graph_env_;  // FLASHLITE_ENGINE_GRAPH=0: decode steps run eagerly
   }
 
   ~LlamaCuda() override {
@@ -266,7 +264,9 @@ class LlamaCuda final : public LlamaModel {
   // Whether the decode kernel takes this model (head_dim 64/128, bf16/f16; fp32 and tiny heads use the fused forward).
   bool probe_decode() {
     if (opt_.attention != Backend::automatic && opt_.attention != Backend::cuda) return false;
-    ensure_step_inputs(slots_);
+    // q and out must point at real buffers (an explicit --attention skips choose_attention's scratch): with null ones
+    // the library rejects the probe and batched decode and graphs would be off for no reason.
+    ensure_scratch(1, 1);  // covers the step inputs (slots_ rows) too
     const int32_t one = 1;
     try {
       decode_kernel_name(decode_args(0, 1, &one, nullptr));
@@ -278,54 +278,68 @@ class LlamaCuda final : public LlamaModel {
 
   LogitsOutput run(const std::vector<SequenceInput>& inputs, const LogitsRequest& request);
 
-  // Variants of the decode step (docs/perf-notes.md, Engine (CUDA), Round 3), read once. The defaults are the
-  // combination measured fastest at batch 1 on the H100 (1.295 -> 1.208 ms per step, bench/results/h100/
-  // e2e_variants.json): split-K auto, fused RoPE, fused argmax, preload everywhere with no L2 prefetch lines.
+  // Variants of the decode step (docs/perf-notes.md, Engine (CUDA), Round 3), read once when the model is built,
+  // before anything is allocated. The defaults are the combination measured fastest at batch 1 on the H100 (1.295 ->
+  // 1.208 ms per step, bench/results/h100/e2e_variants.json): split-K auto, fused RoPE, fused argmax, preload
+  // everywhere with no L2 prefetch lines. Parsed strictly (env_switch.h): unset or empty is the default; a flag takes
+  // 0/off/false/no or 1/on/true/yes (any case); any other value, or one outside what is listed here, is an error.
+  //   FLASHLITE_ENGINE_GRAPH=1         (default; a flag) decode steps replayed from CUDA graphs;
+  //   FLASHLITE_ENGINE_GEMV=1          (default; a flag) few-row steps through the fused GEMVs (bf16 only);
+  //   FLASHLITE_ENGINE_PDL=1           (default; a flag) programmatic dependent launch on sm_90 (pdl.cuh; read once
+  //                                    per process there, validated here for every model);
   //   FLASHLITE_ENGINE_SPLITK=1        (default) split-K for the residual-adding GEMVs (O, down) with gemv_auto_split's
   //                          =0        off; =2|4|8 that many warps per output row for both;
-  //   FLASHLITE_ENGINE_FUSE_ROPE=1     (default; 0 = off) RoPE + KV-cache append in the QKV GEMV's epilogue (no
+  //   FLASHLITE_ENGINE_FUSE_ROPE=1     (default; a flag) RoPE + KV-cache append in the QKV GEMV's epilogue (no
   //                                    rope_append launch);
-  //   FLASHLITE_ENGINE_FUSE_ARGMAX=1   (default; 0 = off) greedy argmax in the LM-head GEMV's epilogue, the keys zeroed
+  //   FLASHLITE_ENGINE_FUSE_ARGMAX=1   (default; a flag) greedy argmax in the LM-head GEMV's epilogue, the keys zeroed
   //                                    by the embedding kernel (no memset and argmax launches);
-  //   FLASHLITE_ENGINE_PRELOAD=1       (default; 0 = off) each GEMV warp loads its first batch of weights before
-  //                                    griddepcontrol.wait;
+  //   FLASHLITE_ENGINE_PRELOAD=1       (default; a flag, or small) each GEMV warp loads its first batch of weights
+  //                                    before griddepcontrol.wait;
   //                          =small    only the QKV, O and down GEMVs (gate/up and the LM head keep the default
   //                                    kernel: 4 blocks per SM where a preloading RMSNorm GEMV holds 3);
-  //   FLASHLITE_ENGINE_PREFETCH=N      weight lines per row prefetched into L2 before the wait (default 0 with preload
-  //                                    on, 4 with it off);
-  //   FLASHLITE_ENGINE_PDL_TRIGGER=late  GEMVs let their dependents launch after their main loop, not at their start;
-  //   FLASHLITE_ENGINE_DECODE_SPLITS=N the decode plan's KV splits forced to N (0: flashlite's choice);
-  //   FLASHLITE_ENGINE_PROFILE=1       decode steps run eagerly, queued behind a flag, with an event after each
-  //                                    kernel group: per-kernel times on stderr every 16 steps per batch size;
+  //   FLASHLITE_ENGINE_PREFETCH=N      N >= 0 weight lines per row prefetched into L2 before the wait (default 0 with
+  //                                    preload on, 4 with it off);
+  //   FLASHLITE_ENGINE_PDL_TRIGGER=late  GEMVs let their dependents launch after their main loop, not at their start
+  //                          =early    (default) at their start;
+  //   FLASHLITE_ENGINE_DECODE_SPLITS=N the decode plan's KV splits forced to N >= 1 (0, the default: flashlite's choice);
+  //   FLASHLITE_ENGINE_PROFILE=1       (a flag, default off, or range) decode steps run eagerly, queued behind a flag,
+  //                                    with an event after each kernel group: per-kernel times on stderr every 16
+  //                                    steps per batch size;
   //                          =range    the 8th decode step runs eagerly between cudaProfilerStart/Stop (for
-  //                                    `ncu --profile-from-start off`).
+  //                                    `ncu --profile-from-start off`);
+  //   FLASHLITE_ENGINE_VERBOSE=1       (a flag, default off) the variants in effect on stderr (also printed whenever
+  //                                    PDL_TRIGGER, DECODE_SPLITS or PROFILE is not its default).
   void read_variant_switches() {
-    auto env = [](const char* name) -> std::string {
-      const char* v = std::getenv(name);
-      return v ? v : "";
-    };
-    const std::string sk = env("FLASHLITE_ENGINE_SPLITK");
-    splitk_ = sk.empty() ? 1 : std::atoi(sk.c_str());
-    if (splitk_ != 0 && splitk_ != 1 && splitk_ != 2 && splitk_ != 4 && splitk_ != 8)
-      fail("FLASHLITE_ENGINE_SPLITK=" + sk + "; expected 0, 1 (automatic), 2, 4 or 8");
-    fuse_rope_ = env("FLASHLITE_ENGINE_FUSE_ROPE") != "0" && c_.head_dim % 8 == 0;
-    fuse_argmax_ = env("FLASHLITE_ENGINE_FUSE_ARGMAX") != "0";
-    const std::string pl = env("FLASHLITE_ENGINE_PRELOAD");
-    preload_ = pl == "0" ? 0 : pl == "small" ? 2 : 1;
-    const std::string pf = env("FLASHLITE_ENGINE_PREFETCH");  // lines per weight row prefetched before the wait
-    prefetch_lines_ = pf.empty() ? (preload_ == 1 ? 0 : 4) : std::atoi(pf.c_str());
-    late_trigger_ = env("FLASHLITE_ENGINE_PDL_TRIGGER") == "late";
-    const std::string ds = env("FLASHLITE_ENGINE_DECODE_SPLITS");
-    decode_splits_ = ds.empty() ? 0 : std::max(0, std::atoi(ds.c_str()));
-    const std::string pr = env("FLASHLITE_ENGINE_PROFILE");
-    profile_ = pr == "1" ? Profile::events : pr == "range" ? Profile::range : Profile::off;
-    if (std::getenv("FLASHLITE_ENGINE_VERBOSE") || late_trigger_ || decode_splits_ || profile_ != Profile::off) {
+    namespace es = env_switch;
+    graph_env_ = es::flag("FLASHLITE_ENGINE_GRAPH", true);
+    gemv_on_ = es::flag("FLASHLITE_ENGINE_GEMV", true) && elem_ == Elem::bf16;
+    es::flag("FLASHLITE_ENGINE_PDL", true);  // pdl_enabled() reads it (once per process); an error here, not mid-step
+    splitk_ = es::integer_in("FLASHLITE_ENGINE_SPLITK", 1, {0, 1, 2, 4, 8}, "0, 1 (automatic), 2, 4 or 8");
+    fuse_rope_ = es::flag("FLASHLITE_ENGINE_FUSE_ROPE", true) && c_.head_dim % 8 == 0;
+    fuse_argmax_ = es::flag("FLASHLITE_ENGINE_FUSE_ARGMAX", true);
+    preload_ = es::choice("FLASHLITE_ENGINE_PRELOAD", 1, es::flag_names(0, 1, {{"small", 2}}),
+                          "a flag (0, off, false, no; 1, on, true, yes) or small");
+    // Lines per weight row prefetched before the wait.
+    prefetch_lines_ = es::integer("FLASHLITE_ENGINE_PREFETCH", preload_ == 1 ? 0 : 4, 0, INT_MAX,
+                                  "a number of lines >= 0");
+    late_trigger_ = es::choice("FLASHLITE_ENGINE_PDL_TRIGGER", 0, {{"early", 0}, {"late", 1}}, "early or late") != 0;
+    decode_splits_ = es::integer("FLASHLITE_ENGINE_DECODE_SPLITS", 0, 0, INT_MAX, "0 (automatic) or a split count >= 1");
+    profile_ = Profile(es::choice("FLASHLITE_ENGINE_PROFILE", int(Profile::off),
+                                  es::flag_names(int(Profile::off), int(Profile::events), {{"range", int(Profile::range)}}),
+                                  "a flag (0, off, false, no; 1, on, true, yes: events) or range"));
+    const bool verbose = es::flag("FLASHLITE_ENGINE_VERBOSE", false);
+    if (verbose || late_trigger_ || decode_splits_ || profile_ != Profile::off) {
+      auto env = [](const char* name) -> std::string {
+        const char* v = std::getenv(name);
+        return v ? v : "";
+      };
+      const std::string pr = env("FLASHLITE_ENGINE_PROFILE"), pdl = env("FLASHLITE_ENGINE_PDL");
       std::fprintf(stderr,
                    "flashlite engine variants: splitk %d, fuse_rope %d, fuse_argmax %d, preload %d, pdl_trigger %s, "
                    "decode_splits %d, profile %s, gemv %d, pdl env %s, prefetch %d\n",
                    splitk_, int(fuse_rope_), int(fuse_argmax_), int(preload_), late_trigger_ ? "late" : "early",
-                   decode_splits_, pr.empty() ? "off" : pr.c_str(), int(gemv_on_),
-                   env("FLASHLITE_ENGINE_PDL").empty() ? "default" : env("FLASHLITE_ENGINE_PDL").c_str(), prefetch_lines_);
+                   decode_splits_, pr.empty() ? "off" : pr.c_str(), int(gemv_on_), pdl.empty() ? "default" : pdl.c_str(),
+                   prefetch_lines_);
     }
   }
 
@@ -452,6 +466,7 @@ class LlamaCuda final : public LlamaModel {
   int context_ = 0, slots_ = 1;
   Backend attention_ = Backend::cuda;
   bool decode_ok_ = false, graphs_on_ = false, gemv_on_ = false;
+  bool graph_env_ = true;  // FLASHLITE_ENGINE_GRAPH (graphs_on_ also needs the batched decode kernel)
   int prefetch_lines_ = 0;
   // Round-3 variants (read_variant_switches).
   int splitk_ = 0, decode_splits_ = 0;
@@ -515,6 +530,9 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
   std::vector<int32_t> tokens, pos, logit_index;
   std::vector<int64_t> cache_row;
   std::vector<int> row0;
+  // Nothing to run: zero rows would reach the kernels as zero-block launches (and, inside a graph capture, turn the
+  // graphs off for good). Rejected before anything is uploaded or launched.
+  if (inputs.empty()) fail("forward needs at least one input sequence; got none");
   for (const SequenceInput& in : inputs) {
     if (in.slot < 0 || in.slot >= slots_) fail("slot " + std::to_string(in.slot) + " is outside [0, " + std::to_string(slots_) + ")");
     const int n = int(in.tokens.size()), len = lengths_[in.slot];
@@ -687,62 +705,74 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
     profiled = profile_ == Profile::events && ++prof_seen_rows_[rows] > 1;
     ranged = profile_ == Profile::range && decode_steps_seen_ == 8;
   }
-  GraphEntry* g = nullptr;
-  if (batched_decode && graphs_on_ && !profiled && !ranged) {
-    g = &graphs_[{rows, int(request.kind), request.k}];
-    if (g->exec && g->generation != DeviceBuffer::generation()) {  // a buffer moved since the capture
-      cudaGraphExecDestroy(g->exec);
-      g->exec = nullptr;
-    }
-    if (!g->exec && ++g->seen >= 2 && !capture(*g, compute)) g = nullptr;
-  }
-  if (g && g->exec) {
-    cuda_check(cudaGraphLaunch(g->exec, stream_), "decode graph launch");
-  } else if (profiled) {
-    // The whole step queued behind a flag so the GPU runs it without waiting for the host's launches.
-    prof_flag_.reserve(sizeof(int));
-    volatile int* flag = prof_flag_.as<int>();
-    *flag = 0;
-    int* flag_dev = nullptr;  // the mapped pointer; under unified addressing the host pointer itself
-    if (cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_dev), prof_flag_.ptr, 0) != cudaSuccess) {
-      cudaGetLastError();
-      flag_dev = prof_flag_.as<int>();
-    }
-    cuda_ops::wait_flag(flag_dev, 2000, s);
-    prof_used_ = 0;
-    prof_names_.clear();
-    prof_active_ = true;
-    compute();
-    prof_active_ = false;
-    *flag = 1;
-  } else {
-    if (ranged) {
-      cudaProfilerStart();
-      cudaGetLastError();  // no profiler attached: nothing to start, and no error left behind for the launches
-    }
-    compute();
-    if (ranged) {
-      cuda_check(cudaStreamSynchronize(stream_), "profiled step");
-      cudaProfilerStop();
-      cudaGetLastError();
-    }
-  }
-  // Only what the sampler needs comes back: 8 bytes per row for argmax, k pairs for top-k, else the full rows.
+  // From here the step input copy may be in flight from the pinned staging buffer: when anything below throws, the
+  // stream is drained (a second error ignored) before the error leaves, so the next call cannot rewrite the buffer
+  // under a pending copy, and the profile state is reset (the wait_flag kernel released).
+  volatile int* flag = nullptr;  // profiled steps: the host flag the queued step waits for
   LogitsOutput out;
   out.kind = request.kind;
   out.rows = lrows;
   out.vocab = vocab;
-  if (request.kind == LogitsRequest::Kind::argmax) {
-    cuda_check(cudaMemcpyAsync(keys_host_.ptr, keys_dev_.ptr, size_t(lrows) * 8, cudaMemcpyDeviceToHost, stream_), "ids download");
-  } else if (request.kind == LogitsRequest::Kind::top_k) {
-    const size_t n = size_t(lrows) * request.k * 4;
-    cuda_check(cudaMemcpyAsync(topk_values_host_.ptr, topk_values_dev_.ptr, n, cudaMemcpyDeviceToHost, stream_), "top-k download");
-    cuda_check(cudaMemcpyAsync(topk_ids_host_.ptr, topk_ids_dev_.ptr, n, cudaMemcpyDeviceToHost, stream_), "top-k download");
-  } else {
-    logits_.resize(size_t(lrows) * vocab);
-    cuda_check(cudaMemcpyAsync(logits_.data(), logits_dev_.ptr, logits_.size() * 4, cudaMemcpyDeviceToHost, stream_), "logits download");
+  try {
+    GraphEntry* g = nullptr;
+    if (batched_decode && graphs_on_ && !profiled && !ranged) {
+      g = &graphs_[{rows, int(request.kind), request.k}];
+      if (g->exec && g->generation != DeviceBuffer::generation()) {  // a buffer moved since the capture
+        cudaGraphExecDestroy(g->exec);
+        g->exec = nullptr;
+      }
+      if (!g->exec && ++g->seen >= 2 && !capture(*g, compute)) g = nullptr;
+    }
+    if (g && g->exec) {
+      cuda_check(cudaGraphLaunch(g->exec, stream_), "decode graph launch");
+    } else if (profiled) {
+      // The whole step queued behind a flag so the GPU runs it without waiting for the host's launches.
+      prof_flag_.reserve(sizeof(int));
+      flag = prof_flag_.as<int>();
+      *flag = 0;
+      int* flag_dev = nullptr;  // the mapped pointer; under unified addressing the host pointer itself
+      if (cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_dev), prof_flag_.ptr, 0) != cudaSuccess) {
+        cudaGetLastError();
+        flag_dev = prof_flag_.as<int>();
+      }
+      cuda_ops::wait_flag(flag_dev, 2000, s);
+      prof_used_ = 0;
+      prof_names_.clear();
+      prof_active_ = true;
+      compute();
+      prof_active_ = false;
+      *flag = 1;
+    } else {
+      if (ranged) {
+        cudaProfilerStart();
+        cudaGetLastError();  // no profiler attached: nothing to start, and no error left behind for the launches
+      }
+      compute();
+      if (ranged) {
+        cuda_check(cudaStreamSynchronize(stream_), "profiled step");
+        cudaProfilerStop();
+        cudaGetLastError();
+      }
+    }
+    // Only what the sampler needs comes back: 8 bytes per row for argmax, k pairs for top-k, else the full rows.
+    if (request.kind == LogitsRequest::Kind::argmax) {
+      cuda_check(cudaMemcpyAsync(keys_host_.ptr, keys_dev_.ptr, size_t(lrows) * 8, cudaMemcpyDeviceToHost, stream_), "ids download");
+    } else if (request.kind == LogitsRequest::Kind::top_k) {
+      const size_t n = size_t(lrows) * request.k * 4;
+      cuda_check(cudaMemcpyAsync(topk_values_host_.ptr, topk_values_dev_.ptr, n, cudaMemcpyDeviceToHost, stream_), "top-k download");
+      cuda_check(cudaMemcpyAsync(topk_ids_host_.ptr, topk_ids_dev_.ptr, n, cudaMemcpyDeviceToHost, stream_), "top-k download");
+    } else {
+      logits_.resize(size_t(lrows) * vocab);
+      cuda_check(cudaMemcpyAsync(logits_.data(), logits_dev_.ptr, logits_.size() * 4, cudaMemcpyDeviceToHost, stream_), "logits download");
+    }
+    cuda_check(cudaStreamSynchronize(stream_), "forward");
+  } catch (...) {
+    prof_active_ = false;
+    if (flag) *flag = 1;
+    cudaStreamSynchronize(stream_);
+    cudaGetLastError();
+    throw;
   }
-  cuda_check(cudaStreamSynchronize(stream_), "forward");
   if (profiled) profile_collect(rows);
   for (const SequenceInput& in : inputs) lengths_[in.slot] += int(in.tokens.size());
   if (request.kind == LogitsRequest::Kind::argmax) {

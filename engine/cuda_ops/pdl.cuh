@@ -5,9 +5,7 @@
 // completion and memory. Every kernel launched this way waits before it reads anything an earlier kernel wrote.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
-
+#include "engine/cuda_ops/env_switch.h"
 #include "src/cuda/common/kernel_arch.h"
 #include "src/cuda/common/pdl.cuh"
 
@@ -16,11 +14,11 @@ namespace flashlite::engine::cuda_ops {
 using ::flashlite::cuda::pdl_launch_dependents;  // device side: src/cuda/common/pdl.cuh
 using ::flashlite::cuda::pdl_wait;
 
-// Whether to launch as programmatic dependents: compute capability >= 9 and FLASHLITE_ENGINE_PDL is not "0".
+// Whether to launch as programmatic dependents: compute capability >= 9 and FLASHLITE_ENGINE_PDL not off (a flag,
+// env_switch.h; default on; read once per process, a value that is no flag throws here and on the next call again).
 inline bool pdl_enabled() {
   static const bool on = [] {
-    const char* e = std::getenv("FLASHLITE_ENGINE_PDL");
-    if (e && std::strcmp(e, "0") == 0) return false;
+    if (!env_switch::flag("FLASHLITE_ENGINE_PDL", true)) return false;
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);

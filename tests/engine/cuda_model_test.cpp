@@ -1,14 +1,18 @@
 // The CUDA engine path against the float64 reference and the CPU engine. Skips where no CUDA device exists (CI);
 // run it on the GPU machine. fp32: logits within 1e-3 and greedy tokens identical to the CPU path for 200 steps;
 // bf16: logits within bf16 tolerance and the same top-1 on almost every position; batches equal single runs; each
-// opt-in engine variant (FLASHLITE_ENGINE_* switches of Round 3) generates the default's greedy tokens.
+// opt-in engine variant (FLASHLITE_ENGINE_* switches of Round 3) generates the default's greedy tokens. The switch
+// parser (engine/cuda_ops/env_switch.h) is tested everywhere, without a device.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
+#include "engine/cuda_ops/env_switch.h"
 #include "engine/generator.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -170,9 +174,10 @@ TEST(CudaEngine, DeviceSelectionGeneratesTheHostSamplersTokens) {
 }
 
 // Sets environment variables for a scope (the CUDA model reads its variant switches when it is built).
+using ScopedEnvVars = std::vector<std::pair<std::string, std::string>>;
 class ScopedEnv {
  public:
-  explicit ScopedEnv(const std::vector<std::pair<std::string, std::string>>& vars) {
+  explicit ScopedEnv(const ScopedEnvVars& vars) {
     for (const auto& [name, value] : vars) {
       const char* old = std::getenv(name.c_str());
       saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
@@ -319,6 +324,183 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
     EXPECT_LT(e.max_abs, 0.05 * e.max_ref);
     EXPECT_GE(e.top1_agree, int(0.9 * e.rows));
   }
+  std::filesystem::remove_all(dir);
+}
+
+// The error a call throws (empty when none): an invalid_value flashlite::Error.
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const flashlite::Error& e) {
+    EXPECT_EQ(e.kind(), flashlite::ErrorKind::invalid_value) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+namespace es = flashlite::engine::env_switch;
+
+TEST(EngineSwitches, FlagsTakeTheFlagWordsInAnyCaseAndNothingElse) {
+  for (const char* v : {"0", "off", "OFF", "False", "no", "No"}) EXPECT_FALSE(es::parse_flag("SW", v, true)) << v;
+  for (const char* v : {"1", "on", "On", "TRUE", "yes"}) EXPECT_TRUE(es::parse_flag("SW", v, false)) << v;
+  EXPECT_TRUE(es::parse_flag("SW", nullptr, true));  // unset or empty: the default
+  EXPECT_FALSE(es::parse_flag("SW", nullptr, false));
+  EXPECT_TRUE(es::parse_flag("SW", "", true));
+  for (const char* v : {"2", "-1", "00", "offf", "o", " 0", "0 ", "y", "enabled", "none"}) {
+    const std::string e = error_of([&] { es::parse_flag("SW", v, true); });
+    EXPECT_NE(e.find(std::string("SW=") + v + ";"), std::string::npos) << v << ": " << e;
+    EXPECT_NE(e.find("expected 0, off, false or no (off) or 1, on, true or yes (on)"), std::string::npos) << e;
+  }
+}
+
+TEST(EngineSwitches, IntegersAreWholeDecimalNumbersInTheirRange) {
+  EXPECT_EQ(es::parse_int("N", "32", 7, 0, INT_MAX, "n >= 0"), 32);
+  EXPECT_EQ(es::parse_int("N", "0", 7, 0, INT_MAX, "n >= 0"), 0);
+  EXPECT_EQ(es::parse_int("N", "+4", 7, 0, INT_MAX, "n >= 0"), 4);
+  EXPECT_EQ(es::parse_int("N", "2147483647", 7, 0, INT_MAX, "n >= 0"), INT_MAX);
+  EXPECT_EQ(es::parse_int("N", nullptr, 7, 0, INT_MAX, "n >= 0"), 7);
+  EXPECT_EQ(es::parse_int("N", "", 7, 0, INT_MAX, "n >= 0"), 7);
+  for (const char* v : {"4x", "auto", "-1", " 4", "4 ", "0x10", "1e3", "2147483648", "99999999999999999999", "+", "-"}) {
+    const std::string e = error_of([&] { es::parse_int("N", v, 7, 0, INT_MAX, "n >= 0"); });
+    EXPECT_EQ(e, std::string("N=") + v + "; expected n >= 0") << v;
+  }
+  // A set (FLASHLITE_ENGINE_SPLITK's).
+  for (int v : {0, 1, 2, 4, 8}) EXPECT_EQ(es::parse_int_in("SK", std::to_string(v).c_str(), 1, {0, 1, 2, 4, 8}, "x"), v);
+  EXPECT_EQ(es::parse_int_in("SK", nullptr, 1, {0, 1, 2, 4, 8}, "x"), 1);
+  for (const char* v : {"3", "16", "-2", "auto", "4x"})
+    EXPECT_EQ(error_of([&] { es::parse_int_in("SK", v, 1, {0, 1, 2, 4, 8}, "0, 1, 2, 4 or 8"); }),
+              std::string("SK=") + v + "; expected 0, 1, 2, 4 or 8");
+}
+
+TEST(EngineSwitches, EnumerationsTakeExactlyTheirNames) {
+  // FLASHLITE_ENGINE_PRELOAD's shape: a flag or small.
+  const auto preload = es::flag_names(0, 1, {{"small", 2}});
+  EXPECT_EQ(es::parse_choice("PL", "small", 1, preload, "p"), 2);
+  EXPECT_EQ(es::parse_choice("PL", "SMALL", 1, preload, "p"), 2);
+  EXPECT_EQ(es::parse_choice("PL", "0", 1, preload, "p"), 0);
+  EXPECT_EQ(es::parse_choice("PL", "false", 1, preload, "p"), 0);
+  EXPECT_EQ(es::parse_choice("PL", "1", 0, preload, "p"), 1);
+  EXPECT_EQ(es::parse_choice("PL", nullptr, 1, preload, "p"), 1);
+  for (const char* v : {"smal", "small ", "2", "large"})
+    EXPECT_EQ(error_of([&] { es::parse_choice("PL", v, 1, preload, "a flag or small"); }),
+              std::string("PL=") + v + "; expected a flag or small");
+  // FLASHLITE_ENGINE_PDL_TRIGGER's shape: names only, no flag words.
+  const std::vector<es::Name> trigger = {{"early", 0}, {"late", 1}};
+  EXPECT_EQ(es::parse_choice("TR", "late", 0, trigger, "t"), 1);
+  EXPECT_EQ(es::parse_choice("TR", "early", 1, trigger, "t"), 0);
+  EXPECT_EQ(es::parse_choice("TR", "", 0, trigger, "t"), 0);
+  for (const char* v : {"1", "on", "later"}) EXPECT_FALSE(error_of([&] { es::parse_choice("TR", v, 0, trigger, "t"); }).empty()) << v;
+}
+
+TEST(EngineSwitches, TheEnvironmentReadersParseTheVariable) {
+  const char* name = "FLASHLITE_ENGINE_TEST_ONLY_SWITCH";
+  unsetenv(name);
+  EXPECT_TRUE(es::flag(name, true));
+  EXPECT_EQ(es::integer(name, 5, 0, 9, "0..9"), 5);
+  setenv(name, "Off", 1);
+  EXPECT_FALSE(es::flag(name, true));
+  setenv(name, "8", 1);
+  EXPECT_EQ(es::integer(name, 5, 0, 9, "0..9"), 8);
+  EXPECT_EQ(es::integer_in(name, 1, {0, 8}, "0 or 8"), 8);
+  setenv(name, "10", 1);
+  EXPECT_EQ(error_of([&] { es::integer(name, 5, 0, 9, "0..9"); }), std::string(name) + "=10; expected 0..9");
+  setenv(name, "range", 1);
+  EXPECT_EQ(es::choice(name, 0, es::flag_names(0, 1, {{"range", 2}}), "r"), 2);
+  unsetenv(name);
+}
+
+// The engine's own switches: values that are no documented value fail when the model is built (naming the variable
+// and the value); the flag words and the documented names build, and a flag word means what its digit means.
+TEST(CudaEngine, SwitchValuesAreCheckedWhenTheModelIsBuilt) {
+  const synth::Spec spec{"cuda_switches", 256, 512, 2, 4, 2, 64, 300, "BF16", true, true, 0};
+  const auto dir = synth::fresh_dir(spec.name);
+  synth::write_checkpoint(dir, spec, 5);
+  const eng::ModelWeights w = eng::load_checkpoint(dir.string());
+  CUDA_MODEL_OR_SKIP(probe, w, "bf16", 1);
+  probe.reset();
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"FLASHLITE_ENGINE_SPLITK", "auto"},     {"FLASHLITE_ENGINE_SPLITK", "4x"},
+      {"FLASHLITE_ENGINE_SPLITK", "3"},        {"FLASHLITE_ENGINE_GRAPH", "maybe"},
+      {"FLASHLITE_ENGINE_GEMV", "2"},          {"FLASHLITE_ENGINE_PDL", "of"},
+      {"FLASHLITE_ENGINE_FUSE_ROPE", "x"},     {"FLASHLITE_ENGINE_FUSE_ARGMAX", "-1"},
+      {"FLASHLITE_ENGINE_PRELOAD", "big"},     {"FLASHLITE_ENGINE_PREFETCH", "-1"},
+      {"FLASHLITE_ENGINE_PREFETCH", "four"},   {"FLASHLITE_ENGINE_PDL_TRIGGER", "lat"},
+      {"FLASHLITE_ENGINE_DECODE_SPLITS", "-2"}, {"FLASHLITE_ENGINE_DECODE_SPLITS", "auto"},
+      {"FLASHLITE_ENGINE_PROFILE", "events"},  {"FLASHLITE_ENGINE_VERBOSE", "loud"}};
+  for (const auto& [name, value] : bad) {
+    ScopedEnv env({{name, value}});
+    eng::RuntimeOptions o;
+    o.precision = "bf16";
+    const std::string e = error_of([&] { eng::create_model(w, o, "cuda"); });
+    EXPECT_NE(e.find(name + "=" + value + "; expected"), std::string::npos) << name << "=" << value << ": " << e;
+  }
+  eng::GenerationParams gp;
+  gp.max_new_tokens = 12;
+  const std::vector<int> prompt = {1, 5, 9, 200, 17};
+  const std::vector<std::pair<ScopedEnvVars, ScopedEnvVars>> same = {
+      {{{"FLASHLITE_ENGINE_PRELOAD", "false"}, {"FLASHLITE_ENGINE_GRAPH", "off"}, {"FLASHLITE_ENGINE_SPLITK", "+0"}},
+       {{"FLASHLITE_ENGINE_PRELOAD", "0"}, {"FLASHLITE_ENGINE_GRAPH", "0"}, {"FLASHLITE_ENGINE_SPLITK", "0"}}},
+      {{{"FLASHLITE_ENGINE_FUSE_ROPE", "No"}, {"FLASHLITE_ENGINE_GEMV", "yes"}, {"FLASHLITE_ENGINE_PDL_TRIGGER", "early"}},
+       {{"FLASHLITE_ENGINE_FUSE_ROPE", "0"}, {"FLASHLITE_ENGINE_GEMV", "1"}, {"FLASHLITE_ENGINE_PDL_TRIGGER", ""}}},
+      {{{"FLASHLITE_ENGINE_PROFILE", "off"}, {"FLASHLITE_ENGINE_VERBOSE", "1"}, {"FLASHLITE_ENGINE_PREFETCH", "4"}},
+       {{"FLASHLITE_ENGINE_PROFILE", ""}, {"FLASHLITE_ENGINE_VERBOSE", ""}, {"FLASHLITE_ENGINE_PREFETCH", "4"}}},
+  };
+  for (const auto& [words, digits] : same) {
+    std::vector<std::vector<int>> tokens;
+    for (const ScopedEnvVars& vars : {words, digits}) {
+      ScopedEnv env(vars);
+      CUDA_MODEL_OR_SKIP(m, w, "bf16", 1);
+      tokens.push_back(eng::generate(*m, {prompt}, gp).tokens[0]);
+    }
+    EXPECT_EQ(tokens[0], tokens[1]) << words[0].first << "=" << words[0].second;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// An explicit `--attention cuda` keeps the batched decode kernel (and so the graphs): its probe runs on real scratch.
+TEST(CudaEngine, ExplicitCudaAttentionKeepsBatchedDecode) {
+  const synth::Spec spec{"cuda_explicit_attention", 256, 512, 2, 4, 2, 64, 300, "BF16", true, true, 0};
+  const auto dir = synth::fresh_dir(spec.name);
+  synth::write_checkpoint(dir, spec, 13);
+  const eng::ModelWeights w = eng::load_checkpoint(dir.string());
+  CUDA_MODEL_OR_SKIP(automatic, w, "bf16", 2);
+  eng::RuntimeOptions o;
+  o.precision = "bf16";
+  o.slots = 2;
+  o.attention = flashlite::Backend::cuda;
+  auto explicit_cuda = eng::create_model(w, o, "cuda");
+  const std::string kernel = automatic->attention_kernel();
+  EXPECT_NE(kernel.find("decode"), std::string::npos) << kernel;
+  EXPECT_EQ(explicit_cuda->attention_kernel(), kernel);
+  eng::GenerationParams gp;
+  gp.max_new_tokens = 16;
+  const std::vector<std::vector<int>> prompts = {{1, 5, 9, 200, 17}, {1, 299}};
+  EXPECT_EQ(eng::generate(*explicit_cuda, prompts, gp).tokens, eng::generate(*automatic, prompts, gp).tokens);
+  std::filesystem::remove_all(dir);
+}
+
+// forward({}) is refused before anything runs (no zero-block launch, no failed graph capture), and the model goes on
+// as if it had never been called: decode steps on either side, graphs captured, the same tokens as a fresh model.
+TEST(CudaEngine, EmptyInputIsRefusedAndLeavesTheModelWorking) {
+  const synth::Spec spec{"cuda_empty_input", 256, 512, 2, 4, 2, 64, 300, "BF16", true, true, 0};
+  const auto dir = synth::fresh_dir(spec.name);
+  synth::write_checkpoint(dir, spec, 17);
+  const eng::ModelWeights w = eng::load_checkpoint(dir.string());
+  CUDA_MODEL_OR_SKIP(fresh, w, "bf16", 1);
+  CUDA_MODEL_OR_SKIP(m, w, "bf16", 1);
+  eng::GenerationParams gp;
+  gp.max_new_tokens = 16;
+  const std::vector<int> prompt = {1, 5, 9, 200, 17};
+  const auto want = eng::generate(*fresh, {prompt}, gp).tokens[0];
+  EXPECT_EQ(eng::generate(*m, {prompt}, gp).tokens[0], want);  // graphs captured for one row
+  const int cached = m->length(0);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NE(error_of([&] { m->forward({}); }).find("at least one input sequence"), std::string::npos);
+    EXPECT_NE(error_of([&] { m->forward_select({}, eng::LogitsRequest{}); }).find("at least one input sequence"),
+              std::string::npos);
+  }
+  EXPECT_EQ(m->length(0), cached);
+  EXPECT_EQ(eng::generate(*m, {prompt}, gp).tokens[0], want);
   std::filesystem::remove_all(dir);
 }
 
