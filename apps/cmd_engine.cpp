@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -206,7 +207,8 @@ void run_generate(const GenerateSettings& g) {
   ro.threads = g.m.threads;
   ro.attention = parse_backend(g.m.attention);
   ro.precision = g.m.precision;
-  ro.context = g.m.context > 0 ? g.m.context : std::min<int>(max_ctx, int(longest) + g.s.max_tokens);
+  // (int64: a huge --max-tokens must not wrap around to a small context)
+  ro.context = g.m.context > 0 ? g.m.context : int(std::min<int64_t>(max_ctx, int64_t(longest) + g.s.max_tokens));
   std::unique_ptr<eng::LlamaModel> model_ptr = eng::create_model(l.weights, ro, g.m.device);
   eng::LlamaModel& model = *model_ptr;
   const bool stream = !g.m.json_out && prompts.size() == 1;
