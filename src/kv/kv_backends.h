@@ -11,7 +11,9 @@ namespace flashlite {
 
 // ---------------------------------------------------------------- validation (src/kv/kv_validate.cpp)
 AppendProblem validate_append(const AppendArgs& args);
-DecodeProblem validate_decode(const DecodeArgs& args);
+// stand_ins: args.q / args.out only stand in for a ragged prefill's shapes (validate_prefill checks the real views'
+// overlaps itself; the stand-ins' addresses mean nothing, e.g. for empty arrays that share one address).
+DecodeProblem validate_decode(const DecodeArgs& args, bool stand_ins = false);
 
 // ---------------------------------------------------------------- planning (src/kv/kv_plan.cpp)
 

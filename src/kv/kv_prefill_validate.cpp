@@ -128,7 +128,7 @@ PrefillProblem validate_prefill(const PrefillArgs& a) {
     d.q = stand_in(a.q.data ? a.q.data : dummy_q, a.cache, batch, a.q.shape[2]);
     d.out = stand_in(a.out.data ? a.out.data : dummy_out, a.cache, batch, a.q.shape[2]);
   }
-  const DecodeProblem dp = validate_decode(d);
+  const DecodeProblem dp = validate_decode(d, ragged);
   const KvCacheDesc& c = dp.cache;
 
   PrefillProblem p = prefill_from_decode(dp);
@@ -162,7 +162,7 @@ PrefillProblem validate_prefill(const PrefillArgs& a) {
       fail(std::string(name) + " has head_dim " + to_string(v->shape[3]) + " (shape " + v->shape_string() + "); expected " +
            to_string(c.head_dim) + " (the cache's)");
     }
-    if (v->shape[3] > 1 && v->strides[3] != 1) {
+    if (v->shape[3] > 1 && v->strides[3] != 1 && v->numel() > 0) {  // (an empty view is never touched)
       fail(std::string(name) + " has head_dim stride " + to_string(v->strides[3]) + "; expected 1 (head_dim contiguous)");
     }
   }
@@ -186,6 +186,7 @@ PrefillProblem validate_prefill(const PrefillArgs& a) {
          "] (batch + 1, the cache's batch)");
   }
   if (cu.data == nullptr) fail("options.cu_seqlens_q has a null data pointer");
+  check_element_aligned(cu, "options.cu_seqlens_q");
   if (cu.shape[0] > 1 && cu.strides[0] != 1) fail("options.cu_seqlens_q has stride " + to_string(cu.strides[0]) + "; expected 1");
   const auto* cq = static_cast<const int32_t*>(cu.data);
   if (cq[0] != 0) fail("options.cu_seqlens_q[0] is " + to_string(cq[0]) + "; expected 0");
@@ -211,6 +212,7 @@ PrefillProblem validate_prefill(const PrefillArgs& a) {
   if (!a.lse.empty()) {
     const TensorView& l = a.lse;
     if (l.data == nullptr && l.numel() > 0) fail("lse has a null data pointer");
+    check_element_aligned(l, "lse");
     if (l.dtype != DType::f32) fail_type(std::string("lse has dtype ") + dtype_name(l.dtype) + "; expected float32");
     if (!(l.device == c.device)) fail("lse is on " + device_name(l.device) + " but the cache is on " + device_name(c.device));
     if (l.rank != 3 || l.shape[0] != 1 || l.shape[1] != t.q_heads || l.shape[2] != rows) {

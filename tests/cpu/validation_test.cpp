@@ -315,6 +315,27 @@ TEST(RejectsBackend, ParseBackend) {
   }
 }
 
+// Views without elements carry any strides (numpy reports all-zero strides for them): no query rows, no keys, no
+// batch are accepted, not refused as "head_dim stride 0"; rows without keys get zeros and LSE -inf.
+TEST(Accepts, EmptyViewsWithZeroStrides) {
+  for (int which : {0, 1, 2}) {  // seq_q 0, seq_k 0, batch 0
+    Spec s = valid_spec();
+    (which == 0 ? s.seq_q : which == 1 ? s.seq_k : s.batch) = 0;
+    Problem p(s, 13);
+    for (TensorView* t : {&p.args.q, &p.args.k, &p.args.v, &p.args.out, &p.args.lse}) {
+      if (t->numel() == 0) t->strides = {0, 0, 0, 0};
+    }
+    for (Backend b : {Backend::automatic, Backend::reference, Backend::naive, Backend::cpu}) {
+      p.args.backend = b;
+      EXPECT_NO_THROW(flashlite::forward(p.args)) << flashlite::backend_name(b) << " case " << which;
+    }
+    if (which == 1) {
+      EXPECT_EQ(get4(p.args.out, 1, 4, 3, 15), 0.0f);
+      EXPECT_EQ(*static_cast<const float*>(p.args.lse.data), -kInf);
+    }
+  }
+}
+
 // A valid problem goes through every entry point (guards against the cases above failing for another reason).
 TEST(Accepts, TheValidBaseProblem) {
   Spec s = valid_spec();

@@ -178,6 +178,8 @@ std::vector<BadAppend> bad_appends() {
          s.app.q = fltest::view_n(s.q.data(), DType::f32, {3, 2, 4, 8}, {64, 32, 8, 1});
          s.app.q_out = fltest::view_n(s.q.at(8), DType::f32, {3, 2, 4, 8}, {64, 32, 8, 1});
        }, V, {"q_out overlaps q"}},
+      {"cache_v_is_cache_k", false, [](KvFixture& s) { s.app.cache.v = s.app.cache.k; }, V, {"cache.v has the same data pointer as cache.k"}},
+      {"paged_cache_v_is_cache_k", true, [](KvFixture& s) { s.app.cache.v.data = s.app.cache.k.data; }, V, {"cache.v has the same data pointer as cache.k"}},
       {"new_k_inside_cache", false, [](KvFixture& s) { s.app.k.data = s.cache.kbuf.data(); }, V, {"cache.k overlaps k"}},
       {"rope_theta", false, [](KvFixture& s) { s.app.rope.enabled = true, s.app.rope.theta = 0; }, V, {"rope.theta is 0"}},
       {"rope_llama3_factors", false, [](KvFixture& s) {

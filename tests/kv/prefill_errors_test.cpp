@@ -2,6 +2,7 @@
 // byte of the cache, the index arrays, q or the outputs is written.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 
 #include "prefill_test_util.h"
@@ -84,6 +85,17 @@ std::vector<Bad> bad_cases() {
       {"q_rank", false, false, [](Fixture& f) { f.p.args.q.rank = 3; }, K::invalid_value, {"q has rank 3"}},
       {"lse_shape_ragged", true, true, [](Fixture& f) { f.p.args.lse.shape[2] = 7; }, K::invalid_value, {"lse has shape", "[1, 4,"}},
       {"lse_shape_padded", false, false, [](Fixture& f) { f.p.args.lse.shape[2] = 7; }, K::invalid_value, {"lse has q_len 7"}},
+      {"lse_misaligned_ragged", true, true, [](Fixture& f) { f.p.args.lse.data = static_cast<char*>(f.p.args.lse.data) + 2; },
+       K::invalid_value, {"lse's data pointer is not aligned to its 4-byte float32 elements"}},
+      {"cu_seqlens_q_misaligned", false, true,
+       [](Fixture& f) {
+         f.cu_bad.assign(5, 0);  // the valid offsets {0, 4, 5, 7}, one byte off their int32 alignment
+         const int32_t cu[4] = {0, 4, 5, 7};
+         char* at = reinterpret_cast<char*>(f.cu_bad.data()) + 1;
+         std::memcpy(at, cu, sizeof(cu));
+         f.p.args.options.cu_seqlens_q.data = at;
+       },
+       K::invalid_value, {"options.cu_seqlens_q's data pointer is not aligned"}},
       {"lse_dtype", true, true, [](Fixture& f) { f.p.args.lse.dtype = DType::f16; }, K::invalid_type, {"lse has dtype float16"}},
       {"out_overlaps_q", true, true, [](Fixture& f) { f.p.args.out.data = f.p.args.q.data; }, K::invalid_value, {"out overlaps q"}},
       {"out_overlaps_cache", false, true, [](Fixture& f) { f.p.args.out.data = f.cache.kbuf.data(); }, K::invalid_value,
@@ -125,6 +137,25 @@ TEST_P(PrefillErrors, RejectedAndNothingWritten) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, PrefillErrors, ::testing::ValuesIn(bad_cases()), [](const auto& info) { return info.param.name; });
+
+// A ragged batch whose chunks are all empty: q / out / lse have no rows (numpy gives such arrays all-zero strides, and
+// two of them may share one address). Accepted, nothing written -- not "out overlaps q" from the stand-in views the
+// cache checks see, nor "head_dim stride 0".
+TEST(PrefillEmptyRagged, AcceptedWithZeroStridesAndSharedAddresses) {
+  for (bool paged : {false, true}) {
+    Fixture f(paged, true);
+    f.p.cu = {0, 0, 0, 0};
+    f.p.args.options.cu_seqlens_q = i32_view(f.p.cu);
+    for (TensorView* t : {&f.p.args.q, &f.p.args.out, &f.p.args.lse}) {
+      t->shape[t->rank - 1 == 3 ? 1 : 2] = 0;
+      t->strides = {0, 0, 0, 0};
+      t->data = f.other.data();
+    }
+    const auto before = f.snapshot();
+    EXPECT_NO_THROW(flashlite::prefill(f.p.args)) << (paged ? "paged" : "contiguous");
+    EXPECT_TRUE(f.snapshot() == before) << "a buffer was written";
+  }
+}
 
 }  // namespace
 }  // namespace kvtest
