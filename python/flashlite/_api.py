@@ -24,11 +24,22 @@ def _window(window):
         raise TypeError(f"window is {window!r}; expected a pair (left, right) of ints, -1 = unlimited") from None
 
 
-def _cu_seqlens(x):
+def _int32_list(x, name):
+    """A list / tuple of ints as an int32 numpy array. Floats (which int32 would truncate: 2.5 -> 2) and values
+    outside int32 (which it would wrap: 2**32 + 3 -> 3) are errors naming the argument."""
+    import numpy as np
+    a = np.asarray(x)
+    if a.size and a.dtype.kind not in "iu":
+        raise TypeError(f"{name} has entries of dtype {a.dtype}; expected ints (int32 values)")
+    if a.size and (a.min() < -2**31 or a.max() > 2**31 - 1):
+        raise ValueError(f"{name} has entries from {a.min()} to {a.max()}; expected int32 values")
+    return a.astype(np.int32)
+
+
+def _cu_seqlens(x, name="cu_seqlens"):
     """Lists become int32 numpy arrays; arrays and tensors pass as they are (they must be int32 CPU memory)."""
     if isinstance(x, (list, tuple)):
-        import numpy as np
-        return np.asarray(x, dtype=np.int32)
+        return _int32_list(x, name)
     return x
 
 
@@ -62,7 +73,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
                                     sink_logits=sink_logits, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
                                     cu_seqlens_k=cu_seqlens_k, return_lse=return_lse, backend=backend, out=out)
     opts = _options(causal, scale, window, sink_tokens, softcap, backend)
-    cu_q, cu_k = _cu_seqlens(cu_seqlens_q), _cu_seqlens(cu_seqlens_k)
+    cu_q, cu_k = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), _cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
 
     if lib == "numpy":
         import numpy as xp
@@ -81,7 +92,8 @@ def _call_args(q, k, v, kwargs):
     opts = _options(kwargs.pop("causal", False), kwargs.pop("scale", None), kwargs.pop("window", (-1, -1)),
                     kwargs.pop("sink_tokens", 0), kwargs.pop("softcap", 0.0), kwargs.pop("backend", "auto"))
     sink_logits = kwargs.pop("sink_logits", None)
-    cu_q, cu_k = _cu_seqlens(kwargs.pop("cu_seqlens_q", None)), _cu_seqlens(kwargs.pop("cu_seqlens_k", None))
+    cu_q = _cu_seqlens(kwargs.pop("cu_seqlens_q", None), "cu_seqlens_q")
+    cu_k = _cu_seqlens(kwargs.pop("cu_seqlens_k", None), "cu_seqlens_k")
     if kwargs:
         raise TypeError(f"unexpected keyword arguments: {', '.join(sorted(kwargs))}")
     if _library(q) == "torch":

@@ -101,10 +101,13 @@ class KVCache:
                 return x.detach().cpu().contiguous()
             return torch.tensor(list(x), dtype=torch.int32)
         import numpy as np
+        if isinstance(x, (list, tuple)):
+            from ._api import _int32_list
+            return _int32_list(x, name)
         a = np.asarray(x)
-        if a.dtype != np.int32 and not isinstance(x, (list, tuple)):
+        if a.dtype != np.int32:
             raise TypeError(f"{name} has dtype {a.dtype}; expected int32")
-        return np.ascontiguousarray(a, dtype=np.int32)
+        return np.ascontiguousarray(a)
 
     def update(self, **index):
         """Replaces index arrays (seq_lens, or page_indptr / page_indices / last_page_len): lists or int32 arrays.
@@ -245,7 +248,11 @@ def prefill(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink
     K/V from the cache (through the page table when paged). Returns out [and the fp32 LSE]."""
     xp, out, lse = _outputs(q, cache, out, return_lse)
     if isinstance(cu_seqlens_q, (list, tuple)):
-        cu_seqlens_q = (xp.tensor if cache.lib == "torch" else xp.asarray)(cu_seqlens_q, dtype=xp.int32)
+        if cache.lib == "torch":
+            cu_seqlens_q = xp.tensor(cu_seqlens_q, dtype=xp.int32)
+        else:
+            from ._api import _int32_list
+            cu_seqlens_q = _int32_list(cu_seqlens_q, "cu_seqlens_q")
     conv = _dl if cache.lib == "torch" else (lambda a: a)
     _C.prefill(*_decode_call(q, cache, out, lse, causal, scale, window, sink_tokens, sink_logits, softcap, backend),
                cu_seqlens_q=conv(cu_seqlens_q))

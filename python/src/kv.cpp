@@ -19,21 +19,33 @@ namespace flashlite::py {
 
 namespace {
 
-TensorView item_view(const nb::tuple& t, size_t i, const char* name) {
+// Entry i of the cache tuple (None: absent). Only append_kv writes the cache (`written`: its k and v); everything
+// else is read, so read-only arrays are fine there. (A failed nb::cast gave Python nothing but "std::bad_cast".)
+TensorView item_view(const nb::tuple& t, size_t i, const char* name, bool written = false) {
   nb::handle h = t[i];
   if (h.is_none()) return TensorView{};
-  return to_view(nb::cast<OutArray>(h), name);
+  // One successful import per entry: a DLPack capsule (torch) is consumed by it.
+  if (OutArray w; written && nb::try_cast(h, w)) return to_view(w, name);
+  InArray a;
+  if (!nb::try_cast(h, a)) {
+    throw Error(ErrorKind::invalid_type, std::string(name) + " is a " + nb::inst_name(h).c_str() +
+                                             "; expected an array (torch tensor or numpy array)");
+  }
+  if (written) {
+    throw Error(ErrorKind::invalid_value, std::string(name) + " is read-only; append_kv writes the cache, expected a writable array");
+  }
+  return to_view(a, name);
 }
 
-KvCacheView make_cache(const nb::tuple& c) {
+KvCacheView make_cache(const nb::tuple& c, bool written = false) {
   if (c.size() != 11) throw Error(ErrorKind::invalid_value, "internal: the cache tuple must have 11 entries");
   KvCacheView v;
   const std::string layout = nb::cast<std::string>(c[0]);
   if (layout == "contiguous") v.layout = KvLayout::contiguous;
   else if (layout == "paged") v.layout = KvLayout::paged;
   else throw Error(ErrorKind::invalid_value, "cache layout '" + layout + "'; expected contiguous or paged");
-  v.k = item_view(c, 1, "cache k");
-  v.v = item_view(c, 2, "cache v");
+  v.k = item_view(c, 1, "cache k", written);
+  v.v = item_view(c, 2, "cache v", written);
   v.host.seq_lens = item_view(c, 3, "seq_lens");
   v.host.page_indptr = item_view(c, 4, "page_indptr");
   v.host.page_indices = item_view(c, 5, "page_indices");
@@ -50,7 +62,7 @@ void py_append_kv(const nb::tuple& cache, const InArray& k, const InArray& v, co
                   bool llama3, double factor, double low_freq_factor, double high_freq_factor,
                   double original_max_position, const std::string& backend, uintptr_t stream) {
   AppendArgs a;
-  a.cache = make_cache(cache);
+  a.cache = make_cache(cache, true);
   a.k = to_view(k, "k");
   a.v = to_view(v, "v");
   a.q = opt_view(q, "q");

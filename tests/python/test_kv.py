@@ -263,6 +263,45 @@ def test_errors_write_nothing(libname):
         flashlite.KVCache(kc, vc, page_indptr=[0, 1])
 
 
+def test_empty_arrays_and_read_only_inputs():
+    """numpy arrays without elements (all-zero strides, possibly one shared address) are accepted; read-only caches and
+    index arrays serve decode / prefill; append_kv names a read-only cache and a cache whose k and v are one array."""
+    rng = np.random.default_rng(11)
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    kc, vc = f32(2, 16, 2, 8), f32(2, 16, 2, 8)
+    q = f32(2, 1, 4, 8)
+    # batch 0, and a paged cache without pages (both sequences empty: zeros, LSE -inf)
+    assert flashlite.decode(q[:0], flashlite.KVCache(kc[:0], vc[:0], seq_lens=np.zeros(0, np.int32))).shape == (0, 1, 4, 8)
+    empty = np.zeros((0, 16, 2, 8), np.float32)
+    out, lse = flashlite.decode(q, flashlite.KVCache(empty, empty.copy(), page_indptr=[0, 0, 0], page_indices=[],
+                                                      last_page_len=[0, 0]), return_lse=True)
+    assert np.all(out == 0) and np.all(np.isneginf(lse))
+    # a ragged prefill whose chunks are all empty
+    cache = flashlite.KVCache(kc, vc, seq_lens=[3, 5])
+    out, lse = flashlite.prefill(f32(1, 0, 4, 8), cache, cu_seqlens_q=[0, 0, 0], return_lse=True)
+    assert out.shape == (1, 0, 4, 8) and lse.shape == (1, 4, 0)
+    # read-only cache and index arrays are fine for reading
+    kr, vr, lens = kc.copy(), vc.copy(), np.array([3, 5], np.int32)
+    for a in (kr, vr, lens):
+        a.flags.writeable = False
+    want = flashlite.decode(q, cache)
+    assert np.array_equal(flashlite.decode(q, flashlite.KVCache(kr, vr, seq_lens=lens)), want)
+    with pytest.raises(ValueError, match="cache k is read-only; append_kv writes the cache"):
+        flashlite.append_kv(flashlite.KVCache(kr, vc, seq_lens=[3, 5]), f32(2, 1, 2, 8), f32(2, 1, 2, 8))
+    # one array as both k and v: the V rows would overwrite the K rows
+    before = kc.copy()
+    with pytest.raises(ValueError, match="cache.v has the same data pointer as cache.k"):
+        flashlite.append_kv(flashlite.KVCache(kc, kc, seq_lens=[3, 5]), f32(2, 1, 2, 8), f32(2, 1, 2, 8))
+    assert np.array_equal(kc, before)
+    # index lists: no silent truncation or int32 wrap-around
+    with pytest.raises(ValueError, match="seq_lens has entries from 3 to 4294967299; expected int32"):
+        flashlite.KVCache(kc, vc, seq_lens=[2**32 + 3, 3])
+    with pytest.raises(TypeError, match="seq_lens has entries of dtype float64"):
+        flashlite.KVCache(kc, vc, seq_lens=[2.7, 3])
+    with pytest.raises(TypeError, match="cu_seqlens_q has entries of dtype float64"):
+        flashlite.prefill(f32(1, 2, 4, 8), cache, cu_seqlens_q=[0, 1.5, 2])
+
+
 def test_rope_inv_freq_matches_independent_rule():
     for rope in (flashlite.Rope(theta=10000.0), flashlite.Rope(theta=500000.0, llama3=True),
                  flashlite.Rope(theta=500000.0, llama3=True, factor=32.0, original_max_position=8192.0)):

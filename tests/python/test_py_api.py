@@ -125,6 +125,31 @@ def test_errors_arrive_as_python_exceptions():
         flashlite.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
 
 
+def test_empty_arrays_are_accepted():
+    """numpy gives arrays without elements all-zero strides: no query rows, no keys or no batch must not be refused
+    as "head_dim stride 0"; rows without keys get zeros and LSE -inf."""
+    rng = np.random.default_rng(8)
+    q, k, v = numpy_inputs(rng, 2, 3, 4, 4, 2, 16)
+    assert np.zeros((1, 0, 2, 8)).strides == (0, 0, 0, 0)  # what the fix is about
+    for backend in ("cpu", "naive", "reference"):
+        out, lse = flashlite.attention(q[:, :0], k, v, return_lse=True, backend=backend)
+        assert out.shape == (2, 0, 4, 16) and lse.shape == (2, 4, 0)
+        out, lse = flashlite.attention(q, k[:, :0], v[:, :0], return_lse=True, backend=backend)
+        assert np.all(out == 0) and np.all(np.isneginf(lse))
+        assert flashlite.attention(q[:0], k[:0], v[:0], backend=backend).shape == (0, 3, 4, 16)
+
+
+def test_offset_lists_must_hold_int32_values():
+    """Lists of offsets are not truncated (2.5 -> 2) or wrapped (2**32 + 5 -> 5) into int32 silently."""
+    rng = np.random.default_rng(9)
+    q, k, v = numpy_inputs(rng, 1, 8, 8, 2, 2, 16)
+    _expect(TypeError, "cu_seqlens_q has entries of dtype float64", q, k, v, cu_seqlens_q=[0, 2.5, 8],
+            cu_seqlens_k=[0, 4, 8])
+    _expect(ValueError, "cu_seqlens_k has entries from 0 to 4294967301; expected int32", q, k, v,
+            cu_seqlens_q=[0, 5], cu_seqlens_k=[0, 2**32 + 5])
+    assert flashlite.attention(q, k, v, cu_seqlens_q=(0, 3, 8), cu_seqlens_k=[0, 4, 8]).shape == q.shape
+
+
 def test_nothing_written_on_error():
     rng = np.random.default_rng(7)
     q, k, v = numpy_inputs(rng, 1, 8, 8, 2, 2, 64)
