@@ -143,6 +143,7 @@ AttentionProblem validate(const ForwardArgs& a) {
   check_rank(a.k, "k", 4, "[batch, seq_k, kv_heads, head_dim]");
   check_rank(a.v, "v", 4, "[batch, seq_k, kv_heads, head_dim]");
   check_rank(a.out, "out", 4, "[batch, seq_q, q_heads, head_dim]");
+  check_not_broadcast(a.out, "out");
 
   if (!is_float_dtype(a.q.dtype)) fail_type(std::string("q has dtype ") + dtype_name(a.q.dtype) + "; expected float32, float16 or bfloat16");
   for (auto [t, name] : {std::pair{&a.k, "k"}, {&a.v, "v"}, {&a.out, "out"}}) {
@@ -247,6 +248,7 @@ AttentionProblem validate(const ForwardArgs& a) {
     if (a.lse.dtype != DType::f32) fail_type(std::string("lse has dtype ") + dtype_name(a.lse.dtype) + "; expected float32");
     check_device(a.lse, "lse", dev);
     check_rank(a.lse, "lse", 3, has_cq ? "[1, q_heads, total_q]" : "[batch, q_heads, seq_q]");
+    check_not_broadcast(a.lse, "lse");
     check_dim(a.lse, "lse", 0, lse_batch, "batch");
     check_dim(a.lse, "lse", 1, hq, "q_heads");
     check_dim(a.lse, "lse", 2, lse_seq, "seq_q");

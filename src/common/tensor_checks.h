@@ -18,4 +18,17 @@ inline void check_element_aligned(const TensorView& t, const std::string& name) 
   }
 }
 
+// An output whose elements share memory (stride 0 in a dimension of size > 1, e.g. an expanded or broadcast view)
+// would be written by several threads at once and hold no defined result: an error naming the tensor.
+inline void check_not_broadcast(const TensorView& t, const std::string& name) {
+  if (t.numel() == 0) return;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] > 1 && t.strides[i] == 0) {
+      throw Error(ErrorKind::invalid_value, name + " has stride 0 in dimension " + std::to_string(i) + " (shape " +
+                                                t.shape_string() + "): an output must not broadcast; expected a " +
+                                                "writable view with distinct elements");
+    }
+  }
+}
+
 }  // namespace flashlite

@@ -109,6 +109,8 @@ PrefillProblem validate_prefill(const PrefillArgs& a) {
                               : "[batch, q_len, q_heads, head_dim]";
   check_present_rank4(a.q, "q", layout);
   check_present_rank4(a.out, "out", layout);
+  check_not_broadcast(a.out, "out");
+  if (!a.lse.empty()) check_not_broadcast(a.lse, "lse");
 
   DecodeArgs d;
   d.cache = a.cache;

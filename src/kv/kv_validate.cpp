@@ -262,6 +262,9 @@ bool same_view(const TensorView& a, const TensorView& b) {
 AppendProblem validate_append(const AppendArgs& a) {
   AppendProblem p;
   p.cache = validate_cache(a.cache);
+  check_not_broadcast(a.cache.k, "cache.k");  // written here
+  check_not_broadcast(a.cache.v, "cache.v");
+  if (!a.q_out.empty()) check_not_broadcast(a.q_out, "q_out");
   const KvCacheDesc& c = p.cache;
   const char* layout = "[batch, n, kv_heads, head_dim]";
   check_present(a.k, "k");
@@ -371,6 +374,7 @@ DecodeProblem validate_decode(const DecodeArgs& a, bool stand_ins) {
   check_present(a.out, "out");
   check_rank(a.q, "q", 4, "[batch, q_len, q_heads, head_dim]");
   check_rank(a.out, "out", 4, "[batch, q_len, q_heads, head_dim]");
+  if (!stand_ins) check_not_broadcast(a.out, "out");
   check_dtype(a.q, "q", c.dtype);
   check_dtype(a.out, "out", c.dtype);
   check_device(a.q, "q", c.device, "the cache");
@@ -422,6 +426,7 @@ DecodeProblem validate_decode(const DecodeArgs& a, bool stand_ins) {
     if (a.lse.dtype != DType::f32) fail_type(std::string("lse has dtype ") + dtype_name(a.lse.dtype) + "; expected float32");
     check_device(a.lse, "lse", c.device, "the cache");
     check_rank(a.lse, "lse", 3, "[batch, q_heads, q_len]");
+    check_not_broadcast(a.lse, "lse");
     check_dim(a.lse, "lse", 0, c.batch, "batch");
     check_dim(a.lse, "lse", 1, p.q_heads, "q_heads");
     check_dim(a.lse, "lse", 2, p.q_len, "q_len");

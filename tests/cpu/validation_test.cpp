@@ -103,6 +103,9 @@ std::vector<BadCase> bad_cases() {
       // Pointers off their element size (a fault on the GPU, undefined behaviour on the CPU).
       {"q_misaligned", [](Problem& p) { p.args.q.data = static_cast<char*>(p.args.q.data) + 2; }, V,
        {"q's data pointer is not aligned to its 4-byte float32 elements"}},
+      // Outputs whose elements share memory (expanded / broadcast views): racing writes, no defined result.
+      {"out_broadcast", [](Problem& p) { p.args.out.strides[2] = 0; }, V, {"out has stride 0 in dimension 2", "must not broadcast"}},
+      {"lse_broadcast", [](Problem& p) { p.args.lse.strides[2] = 0; }, V, {"lse has stride 0 in dimension 2"}},
       {"lse_misaligned", [](Problem& p) { p.args.lse.data = static_cast<char*>(p.args.lse.data) + 1; }, V,
        {"lse's data pointer is not aligned"}},
       {"v_null_data", [](Problem& p) { p.args.v.data = nullptr; }, V, {"v has a null data pointer"}},

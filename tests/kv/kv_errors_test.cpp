@@ -84,6 +84,7 @@ std::vector<BadDecode> bad_decodes() {
   const auto V = ErrorKind::invalid_value, T = ErrorKind::invalid_type;
   return {
       {"q_batch", false, [](KvFixture& s) { s.dec.args.q.shape[0] = 2; }, V, {"q has batch 2", "expected 3"}},
+      {"out_broadcast", false, [](KvFixture& s) { s.dec.args.out.strides[2] = 0; }, V, {"out has stride 0 in dimension 2"}},
       {"q_misaligned", false, [](KvFixture& s) { s.dec.args.q.data = static_cast<char*>(s.dec.args.q.data) + 2; }, V,
        {"q's data pointer is not aligned to its 4-byte float32 elements"}},
       {"cache_k_misaligned", true, [](KvFixture& s) { s.dec.args.cache.k.data = static_cast<char*>(s.dec.args.cache.k.data) + 1; }, V,
@@ -160,6 +161,7 @@ std::vector<BadAppend> bad_appends() {
       {"bad_page_id", true, [](KvFixture& s) { s.cache.indices[3] = 1000; }, V, {"page_indices[3] = 1000", "bad page id"}},
       {"page_written_twice", true, [](KvFixture& s) { s.cache.indices[5] = s.cache.indices[4]; }, V, {"written by sequences 1 and 2"}},
       {"page_written_twice_one_seq", true, [](KvFixture& s) { s.cache.indices[4] = s.cache.indices[3]; }, V, {"written by sequences 1 and 1"}},
+      {"cache_k_broadcast", false, [](KvFixture& s) { s.app.cache.k.strides[2] = 0; }, V, {"cache.k has stride 0 in dimension 2"}},
       {"k_heads", false, [](KvFixture& s) { s.app.k.shape[2] = 1; }, V, {"k has kv_heads 1", "expected 2"}},
       {"v_n", false, [](KvFixture& s) { s.app.v.shape[1] = 1; }, V, {"v has n"}},
       {"k_batch", false, [](KvFixture& s) { s.app.k.shape[0] = 1; }, V, {"k has batch 1", "expected 3"}},
