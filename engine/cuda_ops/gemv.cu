@@ -128,6 +128,23 @@ __device__ __forceinline__ void store_column(const GemvParams& p, const float (&
   }
 }
 
+// The warp's U output columns from u0 for every activation row, stored (lane 0 of the warp); each(j, r, u) runs
+// after column j of row r is stored (the variant kernel's argmax keeps its best key there).
+template <GemvOut OUT, int U, int NW, int R, class Each>
+__device__ __forceinline__ void store_group(const GemvParams& p, const float (&acc)[NW][R], int u0, Each each) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (r >= p.rows) break;
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int u = u0 + j;
+      if (u >= p.out) break;
+      store_column<OUT>(p, acc, j, r, size_t(r) * p.out + u);
+      each(j, r, u);
+    }
+  }
+}
+
 // Which weight row warp `w` of tile `t` owns in the fused-RoPE layout: a tile is 8 rows of one head forming 4 rotation
 // pairs; the warp's partner (the other element of its pair) is warp w ^ 4 (half-split) or w ^ 1 (interleaved).
 struct RopeSlot {
@@ -200,18 +217,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvParams p) {
       dot_batch(acc, wv, xrow, c0, kc);
     }
     warp_sum(acc);
-    if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (r >= p.rows) break;
-#pragma unroll
-        for (int j = 0; j < U; ++j) {
-          const int u = u0 + j;
-          if (u >= p.out) break;
-          store_column<OUT>(p, acc, j, r, size_t(r) * p.out + u);
-        }
-      }
-    }
+    if (lane == 0) store_group<OUT, U>(p, acc, u0, [](int, int, int) {});
   }
 }
 
@@ -359,17 +365,9 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
         __syncthreads();
       }
       if (lane == 0 && active && sub == 0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          if (r >= p.rows) break;
-#pragma unroll
-          for (int j = 0; j < U; ++j) {
-            const int u = u0 + j;
-            if (u >= p.out) break;
-            store_column<OUT>(p, acc, j, r, size_t(r) * p.out + u);
-            if constexpr (kArgmax) best[r] = max(best[r], argmax_key(acc[j][r], u));
-          }
-        }
+        store_group<OUT, U>(p, acc, u0, [&](int j, int r, int u) {
+          if constexpr (kArgmax) best[r] = max(best[r], argmax_key(acc[j][r], u));
+        });
       }
     }
   }
