@@ -46,6 +46,8 @@ if has bench; then
   grep "^sweep" "$logs/bench.log" | awk '{printf "%s %s %s s%s %s/%s\n", $2, $3, $4, $7, $8, $20}' | paste - - - - - - | head -40
   FLASHLITE_DECODE_PDL=0 "$build/bin/flashlite_decode_bench" --quick --out "$logs/decode_nopdl.json" > "$logs/bench_nopdl.log" 2>&1
   echo "without PDL:"; grep "^main" "$logs/bench_nopdl.log"
+  FLASHLITE_DECODE_CLUSTER=0 "$build/bin/flashlite_decode_bench" --quick --out "$logs/decode_combine.json" > "$logs/bench_combine.log" 2>&1
+  echo "combine kernel only (FLASHLITE_DECODE_CLUSTER=0):"; grep "^main" "$logs/bench_combine.log"
 fi
 
 if has quick; then
