@@ -52,28 +52,40 @@ TEST(FusedFeatures, RepeatedRunsAreBitwiseIdentical) {
   }
 }
 
+// A problem mirrored on the device with its float64 reference, its calls on a user stream.
+struct StreamCase {
+  Problem p;
+  Result64 ref;
+  Snapshot before;
+  DeviceMirror m;
+  cudaStream_t stream = nullptr;
+  StreamCase(const Spec& s, const std::string& name)
+      : p(s, seed_of(name)), ref(reference64(p)), before(snapshot(p)), m(p) {
+    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    m.args.stream = stream;
+  }
+  ~StreamCase() { cudaStreamDestroy(stream); }
+  // The outputs after the stream's work, against the reference.
+  void check(const char* what) {
+    cuda_check(cudaStreamSynchronize(stream), what);
+    m.copy_back();
+    expect_matches(p, ref, before, gpu_tolerance(p.spec.dtype));
+  }
+};
+
 // Captures forward() in a graph on a user stream, replays it into poisoned outputs and compares with the reference.
 void capture_and_check(const Spec& s, const std::string& name) {
-  Problem p(s, seed_of(name));
-  const Result64 ref = reference64(p);
-  const Snapshot before = snapshot(p);
-  DeviceMirror m(p);
-  cudaStream_t stream;
-  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  m.args.stream = stream;
+  StreamCase c(s, name);
   cudaGraph_t graph;
-  cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-  flashlite::forward(m.args);
-  cuda_check(cudaStreamEndCapture(stream, &graph), "end capture (the call must not sync or allocate)");
+  cuda_check(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeGlobal), "begin capture");
+  flashlite::forward(c.m.args);
+  cuda_check(cudaStreamEndCapture(c.stream, &graph), "end capture (the call must not sync or allocate)");
   cudaGraphExec_t exec;
   cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-  for (int i = 0; i < 2; ++i) cuda_check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
-  cuda_check(cudaStreamSynchronize(stream), "replay");
-  m.copy_back();
-  expect_matches(p, ref, before, gpu_tolerance(s.dtype));
+  for (int i = 0; i < 2; ++i) cuda_check(cudaGraphLaunch(exec, c.stream), "cudaGraphLaunch");
+  c.check("replay");
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 TEST(FusedFeatures, PaddedCallCapturesInCudaGraph) {
@@ -101,31 +113,22 @@ TEST(FusedFeatures, LongVarlenCallIsRefusedUnderCapture) {
     s.varlen_q.push_back(i % 7 + 1);
     s.varlen_k.push_back(i % 5 + 2);
   }
-  Problem p(s, seed_of("graph_long_varlen"));
-  const Result64 ref = reference64(p);
-  const Snapshot before = snapshot(p);
-  DeviceMirror m(p);
-  cudaStream_t stream;
-  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  m.args.stream = stream;
-  cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  StreamCase c(s, "graph_long_varlen");
+  cuda_check(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeGlobal), "begin capture");
   try {
-    flashlite::forward(m.args);
+    flashlite::forward(c.m.args);
     ADD_FAILURE() << "a 130-sequence varlen call was captured";
   } catch (const flashlite::Error& e) {
     EXPECT_NE(std::string(e.what()).find("CUDA graph cannot capture"), std::string::npos) << e.what();
   }
   cudaGraph_t graph = nullptr;
-  cuda_check(cudaStreamEndCapture(stream, &graph), "end capture (the refused call must not break it)");
+  cuda_check(cudaStreamEndCapture(c.stream, &graph), "end capture (the refused call must not break it)");
   size_t nodes = 1;
   cuda_check(cudaGraphGetNodes(graph, nullptr, &nodes), "cudaGraphGetNodes");
   EXPECT_EQ(nodes, 0u) << "the refused call enqueued work";
   cudaGraphDestroy(graph);
-  flashlite::forward(m.args);
-  cuda_check(cudaStreamSynchronize(stream), "the call outside the capture");
-  m.copy_back();
-  expect_matches(p, ref, before, gpu_tolerance(s.dtype));
-  cudaStreamDestroy(stream);
+  flashlite::forward(c.m.args);
+  c.check("the call outside the capture");
 }
 
 TEST(FusedFeatures, KernelNameNamesTheTile) {
