@@ -37,18 +37,6 @@ namespace {
 
 bool is_float_dtype(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
 
-void check_present(const TensorView& t, const char* name) {
-  if (t.rank == 0 && t.data == nullptr) fail(std::string(name) + " is missing (null tensor)");
-  if (t.data == nullptr && t.numel() > 0) fail(std::string(name) + " has a null data pointer");
-  for (int i = 0; i < t.rank; ++i) {
-    if (t.shape[i] < 0) {
-      fail(std::string(name) + " has negative size " + std::to_string(t.shape[i]) + " in dimension " +
-           std::to_string(i) + " (shape " + t.shape_string() + ")");
-    }
-  }
-  check_element_aligned(t, name);
-}
-
 void check_rank(const TensorView& t, const char* name, int rank, const char* layout) {
   if (t.rank != rank) {
     fail(std::string(name) + " has rank " + std::to_string(t.rank) + " (shape " + t.shape_string() +

@@ -1,5 +1,5 @@
 #pragma once
-// Checks on tensor views shared by the forward and the KV-cache validators.
+// Checks on tensor views shared by the forward and the KV-cache validators (src/dispatch.cpp, src/kv/*_validate.cpp).
 #include <cstdint>
 #include <string>
 
@@ -16,6 +16,20 @@ inline void check_element_aligned(const TensorView& t, const std::string& name) 
     throw Error(ErrorKind::invalid_value, name + "'s data pointer is not aligned to its " + std::to_string(es) +
                                               "-byte " + dtype_name(t.dtype) + " elements");
   }
+}
+
+// A tensor argument that is there: not a null view, no negative size, data behind any element, aligned.
+inline void check_present(const TensorView& t, const std::string& name) {
+  const auto fail = [](const std::string& msg) { throw Error(ErrorKind::invalid_value, msg); };
+  if (t.rank == 0 && t.data == nullptr) fail(name + " is missing (null tensor)");
+  if (t.data == nullptr && t.numel() > 0) fail(name + " has a null data pointer");
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] < 0) {
+      fail(name + " has negative size " + std::to_string(t.shape[i]) + " in dimension " + std::to_string(i) +
+           " (shape " + t.shape_string() + ")");
+    }
+  }
+  check_element_aligned(t, name);
 }
 
 // An output whose elements share memory (stride 0 in a dimension of size > 1, e.g. an expanded or broadcast view)

@@ -21,16 +21,11 @@ using std::to_string;
 [[noreturn]] void fail_type(const std::string& msg) { throw Error(ErrorKind::invalid_type, msg); }
 
 void check_present_rank4(const TensorView& t, const char* name, const char* layout) {
-  if (t.rank == 0 && t.data == nullptr) fail(std::string(name) + " is missing (null tensor)");
-  if (t.rank != 4) {
+  if (!(t.rank == 0 && t.data == nullptr) && t.rank != 4) {  // (a null view is reported as missing below)
     fail(std::string(name) + " has rank " + to_string(t.rank) + " (shape " + t.shape_string() + "); expected rank 4 " +
          layout);
   }
-  for (int i = 0; i < 4; ++i) {
-    if (t.shape[i] < 0) fail(std::string(name) + " has negative size " + to_string(t.shape[i]) + " (shape " + t.shape_string() + ")");
-  }
-  if (t.data == nullptr && t.numel() > 0) fail(std::string(name) + " has a null data pointer");
-  check_element_aligned(t, name);
+  check_present(t, name);
 }
 
 // [lo, hi) bytes a view spans (empty when it has no element).

@@ -21,15 +21,6 @@ using std::to_string;
 
 bool is_float(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
 
-void check_present(const TensorView& t, const std::string& name) {
-  if (t.rank == 0 && t.data == nullptr) fail(name + " is missing (null tensor)");
-  if (t.data == nullptr && t.numel() > 0) fail(name + " has a null data pointer");
-  for (int i = 0; i < t.rank; ++i) {
-    if (t.shape[i] < 0) fail(name + " has negative size " + to_string(t.shape[i]) + " (shape " + t.shape_string() + ")");
-  }
-  check_element_aligned(t, name);
-}
-
 void check_rank(const TensorView& t, const std::string& name, int rank, const char* layout) {
   if (t.rank != rank) {
     fail(name + " has rank " + to_string(t.rank) + " (shape " + t.shape_string() + "); expected rank " +
