@@ -46,17 +46,16 @@ struct DecodeRun {
   size_t workspace = 0;
 };
 
-int plan_splits([[maybe_unused]] const DecodeProblem& p, [[maybe_unused]] int64_t bound, [[maybe_unused]] int forced) {
 #if FLASHLITE_WITH_CUDA
+// slots: cuda_decode_slots(p), the device's resident split blocks.
+int plan_splits(const DecodeProblem& p, int64_t bound, int forced, int64_t slots) {
   if (forced > 0) return std::min(forced, kDecodeMaxSplits);
   const int64_t rows = p.group() * p.q_len;
   const int64_t units = p.cache.batch * p.cache.kv_heads * ((rows + kDecodeRowsPerBlock - 1) / kDecodeRowsPerBlock);
-  return choose_num_splits(units, decode_visible_keys_bound(p.mask, p.q_len, bound), cuda_decode_slots(p),
-                           kDecodeTileKeys, kDecodeMaxSplits);
-#else
-  return 1;
-#endif
+  return choose_num_splits(units, decode_visible_keys_bound(p.mask, p.q_len, bound), slots, kDecodeTileKeys,
+                           kDecodeMaxSplits);
 }
+#endif
 
 DecodeRun prepare(const DecodeArgs& args, int64_t bound, int forced_splits) {
   DecodeRun r;
@@ -73,15 +72,15 @@ DecodeRun prepare(const DecodeArgs& args, int64_t bound, int forced_splits) {
          std::to_string(r.p.cache.max_length) + " tokens)");
   }
   if (forced_splits < 0) fail("num_splits is " + std::to_string(forced_splits) + "; expected 0 (choose) or > 0");
-  if (r.cuda) {
 #if FLASHLITE_WITH_CUDA
-    // Caches the kernels' attributes and the cluster query and reads FLASHLITE_DECODE_CLUSTER now, also for a forced
-    // split count: planning runs before any graph capture, so a captured decode holds nothing but launches.
-    (void)cuda_decode_slots(r.p);
-#endif
-    r.splits = plan_splits(r.p, bound, forced_splits);
+  if (r.cuda) {
+    // Also sets the kernels' attributes, asks for the cluster size and reads FLASHLITE_DECODE_CLUSTER on the first
+    // call, for a forced split count too: planning runs before any graph capture, so a captured decode holds nothing
+    // but launches.
+    r.splits = plan_splits(r.p, bound, forced_splits, cuda_decode_slots(r.p));
     r.workspace = decode_workspace_bytes(r.p, r.splits);
   }
+#endif
   return r;
 }
 

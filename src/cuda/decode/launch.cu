@@ -44,8 +44,9 @@ bool aligned16(const void* ptr, const Strides3& s) {
 // Per device: SM count, compute capability, and per kernel instance the opt-in shared memory being set and its
 // resident blocks per SM (cached; attribute calls never synchronise).
 struct KernelState {
-  std::atomic<int> blocks_per_sm{0};
-  std::atomic<int> cluster_splits{-1};  // largest cluster of split CTAs that fits the device (0: none); -1 unknown
+  std::atomic<int> blocks_per_sm{0};    // 0: not prepared yet (stored last: the fields below are set by then)
+  std::atomic<int> cluster_splits{0};   // largest cluster of split CTAs that fits the device (0: none)
+  std::atomic<bool> sm90_code{false};   // sm_90 device and code with griddepcontrol / clusters (kernel_arch.h)
 };
 KernelState g_state[64][4];  // device x (dtype, head_dim) instance
 std::atomic<int> g_sms[64], g_cc[64];
@@ -63,35 +64,27 @@ int compute_capability(int dev) {
   return cc;
 }
 
-// The largest cluster of split CTAs (kClusterMaxSplits down to 2) with at least one resident cluster on the device,
-// 0 before sm_90. Asked once per device and kernel (before any graph capture: planning calls it).
-int cluster_splits_max(int dev, const DecodeProblem& p, const DecodeKernels& k) {
-  KernelState& st = g_state[dev & 63][instance_index(p)];
-  int n = st.cluster_splits.load();
-  if (n >= 0) return n;
-  n = 0;
-  if (compute_capability(dev) >= 90 && cuda::kernel_has_sm90_code(k.split)) {  // (else the merge is a trap)
-    FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    for (int c = cuda_decode::kClusterMaxSplits; c >= 2 && n == 0; c /= 2) {
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = unsigned(c), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(unsigned(c));
-      cfg.blockDim = dim3(kSplitThreads);
-      cfg.dynamicSmemBytes = size_t(k.split_smem_bytes);
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, k.split, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();  // an unsupported size is an answer here, not a sticky error
-      } else if (clusters >= 1) {
-        n = c;
-      }
+// The largest cluster of split CTAs (kClusterMaxSplits down to 2) with at least one resident cluster on the device.
+int query_cluster_splits(const DecodeKernels& k) {
+  FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  for (int c = cuda_decode::kClusterMaxSplits; c >= 2; c /= 2) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(c), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(c));
+    cfg.blockDim = dim3(kSplitThreads);
+    cfg.dynamicSmemBytes = size_t(k.split_smem_bytes);
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, k.split, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // an unsupported size is an answer here, not a sticky error
+    } else if (clusters >= 1) {
+      return c;
     }
   }
-  st.cluster_splits.store(n);
-  return n;
+  return 0;
 }
 
 // Prepares the split kernel on the current device (opt-in shared memory) and returns its resident blocks per SM.
@@ -107,10 +100,16 @@ int prepare_kernel(int dev, const DecodeProblem& p, const DecodeKernels& k) {
   FL_CUDA_CHECK(cudaFuncSetAttribute(k.combine, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.split, kSplitThreads, k.split_smem_bytes));
   if (n < 1) n = 1;
-  (void)cluster_splits_max(dev, p, k);  // cached now as well (planning runs this before any graph capture)
+  // PDL and the cluster merge need an sm_90 device running code built with them (else the merge is a trap and
+  // griddepcontrol.wait is compiled out).
+  const bool sm90 = compute_capability(dev) >= 90 && cuda::kernel_has_sm90_code(k.split);
+  st.sm90_code.store(sm90);
+  st.cluster_splits.store(sm90 ? query_cluster_splits(k) : 0);
   st.blocks_per_sm.store(n);
   return n;
 }
+
+const KernelState& state(int dev, const DecodeProblem& p) { return g_state[dev & 63][instance_index(p)]; }
 
 int cluster_mode() {
   static const int mode = parse_decode_cluster_mode(std::getenv("FLASHLITE_DECODE_CLUSTER"));
@@ -125,13 +124,22 @@ int sm_count(int dev) {
   return n;
 }
 
-// Programmatic dependent launch: sm_90+ and kernels compiled with their griddepcontrol.wait (kernel_arch.h).
-bool use_pdl(int dev, const DecodeKernels& k) {
+// Programmatic dependent launch: sm_90+ and kernels compiled with their griddepcontrol.wait (after prepare_kernel).
+bool use_pdl(int dev, const DecodeProblem& p) {
   static const bool off = [] {
     const char* e = std::getenv("FLASHLITE_DECODE_PDL");
     return e != nullptr && e[0] == '0';
   }();
-  return !off && compute_capability(dev) >= 90 && cuda::kernel_has_sm90_code(k.split);
+  return !off && state(dev, p).sm90_code.load();
+}
+
+// The merge of num_splits splits runs in a cluster (after prepare_kernel). Measured on the H100 (perf-notes,
+// "Decode, round 6"): the cluster merge wins where the grid is at most one block per SM (batch 1: 8 kv heads x <= 16
+// splits) and loses at two (the engine at batch 16: 2 splits x 128 pairs).
+bool merges_in_cluster(int dev, const DecodeProblem& p, int num_splits) {
+  if (num_splits <= 1 || cluster_mode() == 0 || num_splits > state(dev, p).cluster_splits.load()) return false;
+  const int64_t blocks = p.cache.batch * p.cache.kv_heads * row_chunks(p) * int64_t(num_splits);
+  return blocks <= sm_count(dev);
 }
 
 }  // namespace
@@ -147,16 +155,9 @@ int parse_decode_cluster_mode(const char* value) {
 }
 
 bool cuda_decode_merges_in_cluster(const DecodeProblem& p, int num_splits) {
-  if (num_splits <= 1 || cluster_mode() == 0) return false;
   cuda::DeviceGuard guard(p.cache.device.index);
-  const int dev = p.cache.device.index;
-  const DecodeKernels k = kernels_for(p);
-  prepare_kernel(dev, p, k);
-  if (num_splits > cluster_splits_max(dev, p, k)) return false;
-  // Measured on the H100 (perf-notes, "Decode, round 6"): the cluster merge wins where the grid is at most one block
-  // per SM (batch 1: 8 kv heads x <= 16 splits) and loses at two (the engine at batch 16: 2 splits x 128 pairs).
-  const int64_t blocks = p.cache.batch * p.cache.kv_heads * row_chunks(p) * int64_t(num_splits);
-  return blocks <= sm_count(dev);
+  prepare_kernel(p.cache.device.index, p, kernels_for(p));
+  return merges_in_cluster(p.cache.device.index, p, num_splits);
 }
 
 std::string cuda_decode_unsupported_reason(const DecodeProblem& p) {
@@ -241,7 +242,7 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   // Splits that fit one cluster merge there (no partials in global memory, no combine kernel). The plan's workspace
   // stays reserved either way (decode_workspace_bytes does not depend on the merge), so FLASHLITE_DECODE_CLUSTER
   // never changes what a caller must provide.
-  const int cluster = cuda_decode_merges_in_cluster(p, num_splits) ? num_splits : 0;
+  const int cluster = merges_in_cluster(dev, p, num_splits) ? num_splits : 0;
   P.cluster_merge = cluster > 0;
 
   void* ws = workspace;
@@ -265,7 +266,7 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   void* args[] = {&P};
   cudaLaunchAttribute attr[2];
   int n_attr = 0;
-  const bool pdl = use_pdl(dev, kern);
+  const bool pdl = use_pdl(dev, p);
   if (pdl) {
     attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n_attr++].val.programmaticStreamSerializationAllowed = 1;
