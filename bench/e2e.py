@@ -111,12 +111,17 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "decode_splits_1": {"FLASHLITE_ENGINE_DECODE_SPLITS": "1"},
     "decode_splits_2": {"FLASHLITE_ENGINE_DECODE_SPLITS": "2"},
     "decode_splits_4": {"FLASHLITE_ENGINE_DECODE_SPLITS": "4"},
+    "stream": {"FLASHLITE_ENGINE_STREAM": "1"},
+    "stream_4": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_STAGES": "4"},
+    "stream_16": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_STAGES": "16"},
+    "stream_blocks_2": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_BLOCKS": "2"},
 }
 # Switches that act only on the fused GEMVs, i.e. on steps of <= 8 rows (kGemvMaxRows): at a larger batch a variant
 # made of these alone runs the default's kernels, so --variants skips those rows (recorded as skipped) instead of
 # spending three engine processes on a copy of the default row.
 GEMV_ONLY_SWITCHES = {"FLASHLITE_ENGINE_SPLITK", "FLASHLITE_ENGINE_FUSE_ROPE", "FLASHLITE_ENGINE_FUSE_ARGMAX",
-                      "FLASHLITE_ENGINE_PRELOAD", "FLASHLITE_ENGINE_PDL_TRIGGER", "FLASHLITE_ENGINE_PREFETCH"}
+                      "FLASHLITE_ENGINE_PRELOAD", "FLASHLITE_ENGINE_PDL_TRIGGER", "FLASHLITE_ENGINE_PREFETCH",
+                      "FLASHLITE_ENGINE_STREAM", "FLASHLITE_ENGINE_STREAM_STAGES", "FLASHLITE_ENGINE_STREAM_BLOCKS"}
 GEMV_MAX_ROWS = 8
 
 

@@ -9,6 +9,9 @@
 #   4. bench/e2e.py engine-only at batch 1 and 16, prompt 512: default, then every entry of e2e.py's VARIANTS
 #      (each relative to the defaults: PDL off, all switches off, late trigger, preload small, split-K off, decode
 #      splits 1 / 2 / 4), with the JSON rewritten after every run.
+# Knobs (environment): OPS_FILTER / MODEL_FILTER (gtest filters), EVENT_PROFILES / NCU_PROFILES (a bash word list
+# of label|VARS specs, e.g. '"default|" "stream|$stream"'; $off and $stream name the switches-off and streamed sets),
+# E2E_BATCHES (default 1,16), E2E_VARIANTS (default all).
 # ../shared does not travel: first, on the dev machine,
 #   mkdir -p .carry/models && cp -r ../shared/models/stories260K ../shared/models/llama3-tokenizer .carry/models/
 # then run this with `.carry` in the run's carry list (and the GoogleTest/CLI11/PCRE2 prefixes .carry/deps,
@@ -53,9 +56,9 @@ cuobjdump -res-usage "$build/engine/CMakeFiles/flashlite_engine.dir/cuda_ops/gem
 
 status=0
 stamp "cuda_ops_test"
-timeout 150 "$build/tests/engine/flashlite_engine_cuda_ops_test" > "$LOGDIR/cuda_ops_test.log" 2>&1 || status=1
+timeout 150 "$build/tests/engine/flashlite_engine_cuda_ops_test" --gtest_filter="${OPS_FILTER:-*}" > "$LOGDIR/cuda_ops_test.log" 2>&1 || status=1
 stamp "cuda_model_test"
-timeout 150 "$build/tests/engine/flashlite_engine_cuda_model_test" > "$LOGDIR/cuda_model_test.log" 2>&1 || status=1
+timeout 150 "$build/tests/engine/flashlite_engine_cuda_model_test" --gtest_filter="${MODEL_FILTER:-*}" > "$LOGDIR/cuda_model_test.log" 2>&1 || status=1
 { grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|error:|parts from|bit-equal|gemv .* us alone|vs float64" \
     "$LOGDIR/cuda_ops_test.log" "$LOGDIR/cuda_model_test.log"; } > "$OUT/tests.txt"
 tail -n 3 "$LOGDIR/cuda_ops_test.log" "$LOGDIR/cuda_model_test.log"
@@ -66,7 +69,10 @@ stamp "checkpoint"
 
 off="FLASHLITE_ENGINE_SPLITK=0 FLASHLITE_ENGINE_FUSE_ROPE=0 FLASHLITE_ENGINE_FUSE_ARGMAX=0 FLASHLITE_ENGINE_PRELOAD=0"  # = e2e.py SWITCHES_OFF
 stamp "event profiles"
-for spec in "default|" "switches_off|$off" "default_batch16|" ; do
+stream="FLASHLITE_ENGINE_STREAM=1"
+specs=("default|" "switches_off|$off" "default_batch16|")
+[ -n "${EVENT_PROFILES:-}" ] && eval "specs=($EVENT_PROFILES)"
+for spec in "${specs[@]}"; do
   before 380 "event profile ${spec%%|*}" || continue
   label="${spec%%|*}"; vars="${spec#*|}"; b=1; [ "$label" = default_batch16 ] && b=16
   env $vars FLASHLITE_ENGINE_PROFILE=1 timeout 60 "$bin" generate --model "$ckpt" --device cuda --prompt-tokens 512 \
@@ -76,7 +82,9 @@ for spec in "default|" "switches_off|$off" "default_batch16|" ; do
     grep -q "flashlite engine profile" "$LOGDIR/profile_$label.err" || tail -n 8 "$LOGDIR/profile_$label.err"; } >> "$OUT/profile.txt"
 done
 stamp "ncu profiles"
-for spec in "default|" "switches_off|$off"; do
+specs=("default|" "switches_off|$off")
+[ -n "${NCU_PROFILES:-}" ] && eval "specs=($NCU_PROFILES)"
+for spec in "${specs[@]}"; do
   label="${spec%%|*}"; vars="${spec#*|}"
   before 330 "ncu profile $label" || continue
   { env $vars NCU_TIMEOUT=100 bash bench/engine/profile_decode.sh "$bin" "$ckpt" "$tok" "$label" 2>&1; echo; } >> "$OUT/profile.txt"
@@ -86,7 +94,8 @@ stamp "e2e: default, then the variants"
 left=$(( budget - 10 - $(elapsed) ))
 [ "$left" -lt 40 ] && { echo "SKIPPED at $(elapsed) s (budget): e2e" | tee -a "$OUT/profile.txt"; exit "$status"; }
 timeout "$left" python3 bench/e2e.py --flashlite "$bin" --checkpoint "$ckpt" --tokenizer-dir "$tok" \
-  --skip-transformers --batches 1,16 --prompts 512 --variants all --out "$OUT/e2e.json" > "$LOGDIR/e2e.log" 2>&1 || status=1
+  --skip-transformers --batches "${E2E_BATCHES:-1,16}" --prompts 512 --variants "${E2E_VARIANTS:-all}" --out "$OUT/e2e.json" \
+  > "$LOGDIR/e2e.log" 2>&1 || status=1
 python3 - "$OUT/e2e.json" <<'PY' | tee -a "$OUT/profile.txt"
 import json, sys
 try:

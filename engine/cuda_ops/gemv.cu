@@ -484,6 +484,7 @@ void gemv(const GemvParams& p, void* stream) {
   }
   if (p.epi == GemvOut::f32_argmax && !p.argmax_keys) fail("gemv with the argmax epilogue needs argmax_keys");
   if (p.out <= 0) return;
+  if (p.stream && gemv_stream_supported(p)) return gemv_stream(p, stream);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // The combinations the engine uses: QKV, gate/up + SwiGLU and the LM head read the normed stream; O and down add.
   if (p.in == GemvIn::rmsnorm && p.epi == GemvOut::bf16) launch_rows<GemvIn::rmsnorm, GemvOut::bf16>(p, s);

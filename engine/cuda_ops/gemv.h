@@ -20,7 +20,11 @@
 //                    64-bit atomicMax per block and row (order-independent: deterministic); keys zeroed beforehand;
 //   preload          each warp loads its first batch of weights into registers before griddepcontrol.wait (weights
 //                    are never written by a predecessor), instead of or besides the L2 prefetch;
-//   late_trigger     griddepcontrol.launch_dependents after the main loop instead of first thing.
+//   late_trigger     griddepcontrol.launch_dependents after the main loop instead of first thing;
+//   stream           (one row, sm_90, k a multiple of 256; bf16, add_f32, swiglu_bf16 and rope_bf16 epilogues)
+//                    gemv_stream.cu: the weights stream through a ring of shared-memory slots filled by bulk copies,
+//                    the first ring's worth before griddepcontrol.wait, so a GEMV's stream starts while its
+//                    predecessor still runs; needs `counters` (2 words per call site, zeroed once, left zeroed).
 #include <cstddef>
 #include <cstdint>
 
@@ -62,6 +66,10 @@ struct GemvParams {
   int split = 1;           // warps per output row (1, 2, 4, 8; bf16 / f32 / add_f32 / f32_argmax epilogues only)
   bool preload = false;    // first batch of weights into registers before griddepcontrol.wait
   bool late_trigger = false;
+  bool stream = false;                // the streamed kernel where gemv_stream_supported (else the others)
+  int stream_stages = 8;              // its 8 KB ring slots
+  int stream_blocks_per_sm = 1;
+  uint32_t* counters = nullptr;       // stream: (2) work counters of this call site, zero before the first launch
   GemvRope rope;                      // rope_bf16
   uint64_t* argmax_keys = nullptr;    // f32_argmax: (rows), zeroed before the launch
 };
@@ -74,5 +82,9 @@ int gemv_auto_split(int out, int k);
 // Whether gemv takes these sizes (k a multiple of 8, rows in range, the staged rows fit in shared memory).
 bool gemv_supported(int rows, int k);
 void gemv(const GemvParams& p, void* stream);
+
+// Whether p (with p.stream) takes the streamed kernel on this device; gemv falls back to the others where not.
+bool gemv_stream_supported(const GemvParams& p);
+void gemv_stream(const GemvParams& p, void* stream);
 
 }  // namespace flashlite::engine::cuda_ops

@@ -139,6 +139,10 @@ class LlamaCuda final : public LlamaModel {
       k_cache_[l]->reserve(kv_bytes, "the K cache");
       v_cache_[l]->reserve(kv_bytes, "the V cache");
     }
+    if (stream_gemv_) {
+      stream_counters_.reserve(size_t(c_.n_layers) * 4 * 2 * sizeof(uint32_t), "the streamed GEMV's counters");
+      cuda_check(cudaMemset(stream_counters_.ptr, 0, stream_counters_.bytes), "zeroing the streamed GEMV's counters");
+    }
     attention_ = choose_attention();
     decode_ok_ = probe_decode();
     graphs_on_ = decode_ok_ && graph_env_;  // FLASHLITE_ENGINE_GRAPH=0: decode steps run eagerly
@@ -301,6 +305,11 @@ class LlamaCuda final : public LlamaModel {
   //                                    preload on, 4 with it off);
   //   FLASHLITE_ENGINE_PDL_TRIGGER=late  GEMVs let their dependents launch after their main loop, not at their start
   //                          =early    (default) at their start;
+  //   FLASHLITE_ENGINE_STREAM=0        (default; a flag) one-row QKV, O, gate/up and down GEMVs through the streamed
+  //                                    kernel (gemv_stream.cu: bulk copies into a shared-memory ring, the first ring
+  //                                    issued before griddepcontrol.wait; sm_90);
+  //   FLASHLITE_ENGINE_STREAM_STAGES=N its 8 KB ring slots, 2..24 (default 8);
+  //   FLASHLITE_ENGINE_STREAM_BLOCKS=N its blocks per SM, 1..4 (default 1);
   //   FLASHLITE_ENGINE_DECODE_SPLITS=N the decode plan's KV splits forced to N >= 1 (0, the default: flashlite's choice);
   //   FLASHLITE_ENGINE_PROFILE=1       (a flag, default off, or range) decode steps run eagerly, queued behind a flag,
   //                                    with an event after each kernel group: per-kernel times on stderr every 16
@@ -323,12 +332,15 @@ class LlamaCuda final : public LlamaModel {
     prefetch_lines_ = es::integer("FLASHLITE_ENGINE_PREFETCH", preload_ == 1 ? 0 : 4, 0, INT_MAX,
                                   "a number of lines >= 0");
     late_trigger_ = es::choice("FLASHLITE_ENGINE_PDL_TRIGGER", 0, {{"early", 0}, {"late", 1}}, "early or late") != 0;
+    stream_gemv_ = es::flag("FLASHLITE_ENGINE_STREAM", false);
+    stream_stages_ = es::integer("FLASHLITE_ENGINE_STREAM_STAGES", 8, 2, 24, "a slot count from 2 to 24");
+    stream_blocks_ = es::integer("FLASHLITE_ENGINE_STREAM_BLOCKS", 1, 1, 4, "1 to 4 blocks per SM");
     decode_splits_ = es::integer("FLASHLITE_ENGINE_DECODE_SPLITS", 0, 0, INT_MAX, "0 (automatic) or a split count >= 1");
     profile_ = Profile(es::choice("FLASHLITE_ENGINE_PROFILE", int(Profile::off),
                                   es::flag_names(int(Profile::off), int(Profile::events), {{"range", int(Profile::range)}}),
                                   "a flag (0, off, false, no; 1, on, true, yes: events) or range"));
     const bool verbose = es::flag("FLASHLITE_ENGINE_VERBOSE", false);
-    if (verbose || late_trigger_ || decode_splits_ || profile_ != Profile::off) {
+    if (verbose || late_trigger_ || decode_splits_ || stream_gemv_ || profile_ != Profile::off) {
       auto env = [](const char* name) -> std::string {
         const char* v = std::getenv(name);
         return v ? v : "";
@@ -336,10 +348,10 @@ class LlamaCuda final : public LlamaModel {
       const std::string pr = env("FLASHLITE_ENGINE_PROFILE"), pdl = env("FLASHLITE_ENGINE_PDL");
       std::fprintf(stderr,
                    "flashlite engine variants: splitk %d, fuse_rope %d, fuse_argmax %d, preload %d, pdl_trigger %s, "
-                   "decode_splits %d, profile %s, gemv %d, pdl env %s, prefetch %d\n",
+                   "decode_splits %d, profile %s, gemv %d, pdl env %s, prefetch %d, stream %d (stages %d, blocks %d)\n",
                    splitk_, int(fuse_rope_), int(fuse_argmax_), int(preload_), late_trigger_ ? "late" : "early",
                    decode_splits_, pr.empty() ? "off" : pr.c_str(), int(gemv_on_), pdl.empty() ? "default" : pdl.c_str(),
-                   prefetch_lines_);
+                   prefetch_lines_, int(stream_gemv_), stream_stages_, stream_blocks_);
     }
   }
 
@@ -403,6 +415,16 @@ class LlamaCuda final : public LlamaModel {
     p.prefetch_lines = prefetch_lines_;
     p.preload = preload_ == 1;  // QKV sets its own (preload=small)
     p.late_trigger = late_trigger_;
+    return p;
+  }
+  // The streamed kernel for GEMV `site` (0 QKV, 1 O, 2 gate/up, 3 down) of layer l, where enabled (gemv falls back
+  // to the register kernel for shapes it does not take).
+  cuda_ops::GemvParams streamed(cuda_ops::GemvParams p, int l, int site) const {
+    if (!stream_gemv_) return p;
+    p.stream = true;
+    p.stream_stages = stream_stages_;
+    p.stream_blocks_per_sm = stream_blocks_;
+    p.counters = stream_counters_.as<uint32_t>() + (size_t(l) * 4 + site) * 2;
     return p;
   }
   // x += in W^T (the residual stream; W: (dim, k), in: (rows, k) bf16).
@@ -472,6 +494,9 @@ class LlamaCuda final : public LlamaModel {
   int splitk_ = 0, decode_splits_ = 0;
   int preload_ = 0;  // 0 off, 1 every GEMV, 2 QKV / O / down
   bool fuse_rope_ = false, fuse_argmax_ = false, late_trigger_ = false;
+  bool stream_gemv_ = false;  // the streamed GEMV (one-row QKV, O, gate/up, down)
+  int stream_stages_ = 8, stream_blocks_ = 1;
+  DeviceBuffer stream_counters_;  // (layers, 4 GEMVs, 2) work counters of the streamed GEMV, zeroed once
   enum class Profile { off, events, range } profile_ = Profile::off;
   bool prof_active_ = false;
   int decode_steps_seen_ = 0;
@@ -615,12 +640,12 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
         p.rope.head_dim = c_.head_dim;
         p.rope.interleaved = c_.rope_style == RopeStyle::interleaved;
         p.preload = preload_ != 0;
-        cuda_ops::gemv(p, s);
+        cuda_ops::gemv(streamed(p, l, 0), s);
         mark("qkv+rope");
       } else if (gemv) {  // qkv = rmsnorm(x) Wqkv^T
         cuda_ops::GemvParams p = normed_gemv(L.wqkv.ptr, qkv_w, L.rms_att.ptr, nullptr, rows, cuda_ops::GemvOut::bf16, qkv_.ptr);
         p.preload = preload_ != 0;
-        cuda_ops::gemv(p, s);
+        cuda_ops::gemv(streamed(p, l, 0), s);
         mark("qkv");
       } else {
         cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_att.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);
@@ -655,11 +680,12 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
       }
       mark("attention");
       if (gemv) {  // x += att Wo^T; h = swiglu(rmsnorm(x) W13^T); x += h W2^T
-        cuda_ops::gemv(added_gemv(L.wo.ptr, dim, qd, att_.ptr, rows), s);
+        cuda_ops::gemv(streamed(added_gemv(L.wo.ptr, dim, qd, att_.ptr, rows), l, 1), s);
         mark("o");
-        cuda_ops::gemv(normed_gemv(L.w13.ptr, hid, L.rms_ffn.ptr, nullptr, rows, cuda_ops::GemvOut::swiglu_bf16, hb_.ptr), s);
+        cuda_ops::gemv(streamed(normed_gemv(L.w13.ptr, hid, L.rms_ffn.ptr, nullptr, rows, cuda_ops::GemvOut::swiglu_bf16,
+                                            hb_.ptr), l, 2), s);
         mark("gate_up");
-        cuda_ops::gemv(added_gemv(L.w2.ptr, dim, hid, hb_.ptr, rows), s);
+        cuda_ops::gemv(streamed(added_gemv(L.w2.ptr, dim, hid, hb_.ptr, rows), l, 3), s);
         mark("down");
         continue;
       }

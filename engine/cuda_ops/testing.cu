@@ -43,7 +43,29 @@ std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& v) {
 
 bool bf16_output(GemvOut e) { return e == GemvOut::bf16 || e == GemvOut::swiglu_bf16; }
 
+// The streamed GEMV's work counters (zeroed); after the launches they must be back at zero for the next launch.
+struct Counters {
+  Dev d{8};
+  explicit Counters(GemvParams& p) {
+    check(cudaMemset(d.p, 0, 8), "zero counters");
+    if (p.stream) p.counters = static_cast<uint32_t*>(d.p);
+  }
+  void expect_zero() const {
+    uint32_t c[2];
+    check(cudaMemcpy(c, d.p, 8, cudaMemcpyDeviceToHost), "download counters");
+    if (c[0] || c[1]) fail_runtime("the streamed gemv left its counters at " + std::to_string(c[0]) + ", " + std::to_string(c[1]));
+  }
+};
+
 }  // namespace
+
+int device_compute_major() {
+  if (!device_available()) return 0;
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return major;
+}
 
 bool device_available() {
   int n = 0;
@@ -55,7 +77,7 @@ bool device_available() {
 }
 
 void gemv(const GemvParams& shape, const std::vector<float>& w, const std::vector<float>& x, const std::vector<float>& xf,
-          const std::vector<float>& norm_w, const std::vector<int32_t>& row_index, std::vector<float>& y) {
+          const std::vector<float>& norm_w, const std::vector<int32_t>& row_index, std::vector<float>& y, int launches) {
   require_device();
   const auto wb = to_bf16(w), xb = to_bf16(x), gb = to_bf16(norm_w);
   Dev dw(wb.data(), wb.size() * 2), dx(xb.data(), xb.size() * 2), dxf(xf.data(), xf.size() * 4),
@@ -76,8 +98,10 @@ void gemv(const GemvParams& shape, const std::vector<float>& w, const std::vecto
   p.norm_w = dg.p;
   p.row_index = row_index.empty() ? nullptr : static_cast<const int32_t*>(dri.p);
   p.y = dy.p;
-  cuda_ops::gemv(p, nullptr);
+  const Counters counters(p);
+  for (int i = 0; i < launches; ++i) cuda_ops::gemv(p, nullptr);  // back to back: a launch may start before the last ends
   check(cudaDeviceSynchronize(), "gemv");
+  counters.expect_zero();
   if (b16) {
     std::vector<__nv_bfloat16> out(ny);
     check(cudaMemcpy(out.data(), dy.p, ny * 2, cudaMemcpyDeviceToHost), "download");
@@ -111,6 +135,7 @@ double time_gemv(const GemvParams& shape, int iters, bool stream) {
   p.norm_w = dg.p;
   p.row_index = nullptr;
   p.y = dy.p;
+  const Counters counters(p);
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
@@ -162,6 +187,7 @@ void gemv_rope(const GemvParams& shape, bool fused, const std::vector<float>& w,
   p.norm_w = dg.p;
   p.row_index = nullptr;
   p.y = dy.p;
+  const Counters counters(p);
   if (fused) {
     p.epi = GemvOut::rope_bf16;
     p.rope.cos = static_cast<const float*>(dcos.p);
@@ -191,6 +217,7 @@ void gemv_rope(const GemvParams& shape, bool fused, const std::vector<float>& w,
     rope_append(rp, nullptr);
   }
   check(cudaDeviceSynchronize(), "gemv_rope");
+  counters.expect_zero();
   auto down = [](const Dev& d, size_t n, std::vector<float>& out) {
     std::vector<__nv_bfloat16> b(n);
     check(cudaMemcpy(b.data(), d.p, n * 2, cudaMemcpyDeviceToHost), "download");

@@ -10,12 +10,16 @@
 namespace flashlite::engine::cuda_ops::testing {
 
 bool device_available();
+int device_compute_major();  // 0 without a device
 
 // Runs gemv with `shape`'s sizes, modes and eps (its pointers are ignored). w, x, norm_w are rounded to bf16 on the
 // way up (pass values already representable to compare exactly); xf is fp32 (stream rows as row_index needs);
-// y holds (rows, out) and is read first where the epilogue accumulates.
+// y holds (rows, out) and is read first where the epilogue accumulates. `launches` back-to-back launches (the
+// accumulating epilogue adds that many times); with shape.stream, fresh zeroed counters are passed and must come back
+// zero (else Error).
 void gemv(const GemvParams& shape, const std::vector<float>& w, const std::vector<float>& x, const std::vector<float>& xf,
-          const std::vector<float>& norm_w, const std::vector<int32_t>& row_index, std::vector<float>& y);
+          const std::vector<float>& norm_w, const std::vector<int32_t>& row_index, std::vector<float>& y,
+          int launches = 1);
 
 // Median microseconds of `iters` launches of gemv at these sizes on random data (no check; for the record).
 double gemv_time_us(const GemvParams& shape, int iters);

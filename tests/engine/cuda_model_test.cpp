@@ -218,7 +218,8 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {"FLASHLITE_ENGINE_SPLITK", ""},   {"FLASHLITE_ENGINE_FUSE_ROPE", ""},   {"FLASHLITE_ENGINE_FUSE_ARGMAX", ""},
       {"FLASHLITE_ENGINE_PRELOAD", ""},  {"FLASHLITE_ENGINE_PREFETCH", ""},    {"FLASHLITE_ENGINE_PDL", ""},
       {"FLASHLITE_ENGINE_PDL_TRIGGER", ""}, {"FLASHLITE_ENGINE_DECODE_SPLITS", ""}, {"FLASHLITE_ENGINE_PROFILE", ""},
-      {"FLASHLITE_ENGINE_GRAPH", ""},    {"FLASHLITE_ENGINE_GEMV", ""}};
+      {"FLASHLITE_ENGINE_GRAPH", ""},    {"FLASHLITE_ENGINE_GEMV", ""},        {"FLASHLITE_ENGINE_STREAM", ""},
+      {"FLASHLITE_ENGINE_STREAM_STAGES", ""}, {"FLASHLITE_ENGINE_STREAM_BLOCKS", ""}};
   // `over` with the entries of `base` it does not set.
   const auto merged = [](const Env& over, const Env& base) {
     Env env = over;
@@ -257,6 +258,11 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {{{"FLASHLITE_ENGINE_PROFILE", "1"}}, true, true, true},
       {{{"FLASHLITE_ENGINE_PROFILE", "range"}}, true, true, true},
       {{{"FLASHLITE_ENGINE_PDL", "0"}}, true, true, true},
+      // The streamed GEMV (one-row steps) adds its sums in another order: near ties only.
+      {{{"FLASHLITE_ENGINE_STREAM", "1"}}, false, true, true},
+      {{{"FLASHLITE_ENGINE_STREAM", "1"}, {"FLASHLITE_ENGINE_STREAM_STAGES", "2"}, {"FLASHLITE_ENGINE_STREAM_BLOCKS", "3"}},
+       false, true, true},
+      {{{"FLASHLITE_ENGINE_STREAM", "1"}, {"FLASHLITE_ENGINE_PDL", "0"}}, false, true, true},
       // Each switch alone on top of the baseline, against the baseline:
       {{{"FLASHLITE_ENGINE_SPLITK", "1"}}, false, false, false},
       {{{"FLASHLITE_ENGINE_SPLITK", "2"}}, false, false, false},
@@ -426,7 +432,9 @@ TEST(CudaEngine, SwitchValuesAreCheckedWhenTheModelIsBuilt) {
       {"FLASHLITE_ENGINE_PRELOAD", "big"},     {"FLASHLITE_ENGINE_PREFETCH", "-1"},
       {"FLASHLITE_ENGINE_PREFETCH", "four"},   {"FLASHLITE_ENGINE_PDL_TRIGGER", "lat"},
       {"FLASHLITE_ENGINE_DECODE_SPLITS", "-2"}, {"FLASHLITE_ENGINE_DECODE_SPLITS", "auto"},
-      {"FLASHLITE_ENGINE_PROFILE", "events"},  {"FLASHLITE_ENGINE_VERBOSE", "loud"}};
+      {"FLASHLITE_ENGINE_PROFILE", "events"},  {"FLASHLITE_ENGINE_VERBOSE", "loud"},
+      {"FLASHLITE_ENGINE_STREAM", "2"},        {"FLASHLITE_ENGINE_STREAM_STAGES", "1"},
+      {"FLASHLITE_ENGINE_STREAM_BLOCKS", "5"}};
   for (const auto& [name, value] : bad) {
     ScopedEnv env({{name, value}});
     eng::RuntimeOptions o;

@@ -3,7 +3,8 @@
 // the device argmax and top-k against the host sampler's rules, ties included. The opt-in GEMV variants of Round 3
 // (split-K, preload, late trigger; the fused RoPE + cache append and fused argmax epilogues) against the same float64
 // references and against the unfused path. Built only with CUDA; skips without a device. GemvBandwidth prints the
-// GEMV times at the Llama-3.2-1B shapes, default and variants (no assertion).
+// GEMV times at the Llama-3.2-1B shapes, default and variants (no assertion). The streamed GEMV (gemv_stream.cu)
+// against the same references, and the fused RoPE epilogue through it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -151,6 +152,88 @@ TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
   }
 }
 
+// The streamed GEMV (gemv_stream.cu; one row, k a multiple of 256, sm_90) against the same float64 reference, at
+// sizes that cut units and stages unevenly (a last unit with fewer rows, rows longer than a ring slot with a short
+// last stage, one output row, more units than a ring's worth per block so the counter hands out the rest), ring
+// depths and blocks per SM, and several launches back to back on the same counters (an accumulating epilogue adds
+// each; the counters must come back zero). Shapes it does not take fall back to the register kernel, checked too.
+TEST(EngineCudaOps, StreamedGemvMatchesFloat64) {
+  DEVICE_OR_SKIP();
+  std::mt19937 rng(23);
+  const bool sm90 = dt::device_compute_major() >= 9;
+  const std::vector<Case> cases = {
+      {ops::GemvIn::bf16, ops::GemvOut::add_f32, 1, 2048, 2048, false},
+      {ops::GemvIn::bf16, ops::GemvOut::add_f32, 1, 257, 8448, false},
+      {ops::GemvIn::bf16, ops::GemvOut::add_f32, 1, 1, 256, false},
+      {ops::GemvIn::bf16, ops::GemvOut::add_f32, 1, 1000, 14336, false},
+      {ops::GemvIn::rmsnorm, ops::GemvOut::bf16, 1, 301, 256, true},
+      {ops::GemvIn::rmsnorm, ops::GemvOut::bf16, 1, 3072, 2048, false},
+      {ops::GemvIn::rmsnorm, ops::GemvOut::swiglu_bf16, 1, 173, 512, false},
+      {ops::GemvIn::rmsnorm, ops::GemvOut::swiglu_bf16, 1, 8192, 2048, false},
+      {ops::GemvIn::rmsnorm, ops::GemvOut::swiglu_bf16, 1, 37, 8192, true},
+      // Not taken by the streamed kernel (two rows; k not a multiple of 256; an fp32 store): the register kernel.
+      {ops::GemvIn::bf16, ops::GemvOut::add_f32, 2, 130, 2048, false},
+      {ops::GemvIn::rmsnorm, ops::GemvOut::bf16, 1, 64, 264, false},
+      {ops::GemvIn::rmsnorm, ops::GemvOut::f32, 1, 77, 2048, false},
+  };
+  struct Variant {
+    int stages, blocks, launches;
+  };
+  const std::vector<Variant> variants = {{8, 1, 1}, {2, 1, 3}, {24, 2, 2}, {5, 4, 1}};
+  for (const Variant& v : variants) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE("in " + std::to_string(int(c.in)) + " epi " + std::to_string(int(c.epi)) + " rows " +
+                   std::to_string(c.rows) + " out " + std::to_string(c.out) + " k " + std::to_string(c.k) + " stages " +
+                   std::to_string(v.stages) + " blocks " + std::to_string(v.blocks) + " launches " +
+                   std::to_string(v.launches));
+      const int wrows = c.epi == ops::GemvOut::swiglu_bf16 ? 2 * c.out : c.out;
+      const int stream_rows = c.row_index ? 4 : c.rows;
+      const auto w = random_vec(size_t(wrows) * c.k, rng, -0.1f, 0.1f);
+      const auto x = random_vec(size_t(c.rows) * c.k, rng);
+      const auto xf = random_vec(size_t(stream_rows) * c.k, rng, -3.f, 3.f);
+      const auto g = random_vec(c.k, rng, 0.5f, 1.5f);
+      std::vector<int32_t> ri;
+      if (c.row_index) ri.push_back(2);
+      std::vector<float> y = random_vec(size_t(c.rows) * c.out, rng, -2.f, 2.f);
+      const std::vector<float> y0 = y;
+      ops::GemvParams p;
+      p.in = c.in;
+      p.epi = c.epi;
+      p.rows = c.rows;
+      p.out = c.out;
+      p.k = c.k;
+      p.eps = 1e-5f;
+      p.stream = true;
+      p.stream_stages = v.stages;
+      p.stream_blocks_per_sm = v.blocks;
+      uint32_t dummy[2];
+      ops::GemvParams probe = p;
+      probe.counters = dummy;  // gemv_stream_supported looks only at the shape, not at the counters
+      const bool streamed = c.rows == 1 && c.k % 256 == 0 && c.epi != ops::GemvOut::f32;
+      ASSERT_EQ(ops::gemv_stream_supported(probe), streamed && sm90);
+      const int launches = c.epi == ops::GemvOut::add_f32 ? v.launches : std::max(1, v.launches - 1);
+      dt::gemv(p, w, x, xf, g, ri, y, launches);
+      std::vector<double> want = reference(c, w, x, xf, g, ri, y0);
+      if (c.epi == ops::GemvOut::add_f32)
+        for (size_t i = 0; i < want.size(); ++i) want[i] = y0[i] + launches * (want[i] - y0[i]);
+      double rms = 0;
+      for (double wv : want) rms += wv * wv;
+      rms = std::sqrt(rms / want.size());
+      const bool b16 = c.epi == ops::GemvOut::bf16 || c.epi == ops::GemvOut::swiglu_bf16;
+      double worst = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(y[i])) << "element " << i << " unwritten or not finite";
+        const double tol = b16 ? 5e-3 * std::abs(want[i]) + 2e-3 * rms : 1e-3 * rms + 1e-5 * std::abs(want[i]);
+        worst = std::max(worst, std::abs(y[i] - want[i]) / tol);
+        ASSERT_LE(std::abs(y[i] - want[i]), tol) << "element " << i << " got " << y[i] << " want " << want[i];
+      }
+      std::printf("gemv %s in %d epi %d out %d k %d stages %d blocks %d launches %d: worst error / tolerance %.3f\n",
+                  streamed && sm90 ? "streamed" : "register", int(c.in), int(c.epi), c.out, c.k, v.stages, v.blocks,
+                  launches, worst);
+    }
+  }
+}
+
 // RoPE tables as the engine builds them (float64 math rounded once), theta 10000.
 void rope_tables(int positions, int head_dim, std::vector<float>& cs, std::vector<float>& sn) {
   const int half = head_dim / 2;
@@ -175,14 +258,20 @@ TEST(EngineCudaOps, FusedRopeAppendMatchesUnfusedAndFloat64) {
     bool interleaved;
     int rows, k;
     bool preload;
+    int stream_stages = 0;  // > 0: the streamed kernel (one row, k a multiple of 256), for the fused and unfused GEMV
   };
   const std::vector<RCase> cases = {{4, 2, 64, false, 1, 264, false}, {3, 1, 16, true, 3, 136, true},
                                     {2, 2, 8, false, 8, 520, false},  {5, 1, 32, true, 2, 64, true},
-                                    {32, 8, 64, false, 1, 2048, true}, {6, 3, 24, false, 5, 8, false}};
+                                    {32, 8, 64, false, 1, 2048, true}, {6, 3, 24, false, 5, 8, false},
+                                    {32, 8, 64, false, 1, 2048, false, 8}, {32, 8, 64, true, 1, 2048, false, 3},
+                                    {8, 2, 128, false, 1, 4096, false, 8},  {6, 3, 96, false, 1, 768, false, 4},
+                                    {3, 1, 16, true, 1, 256, false, 2},     {2, 2, 8, false, 1, 8192, false, 6}};
+  const bool sm90 = dt::device_compute_major() >= 9;
   for (const RCase& rc : cases) {
     SCOPED_TRACE("heads " + std::to_string(rc.heads) + "/" + std::to_string(rc.kv_heads) + " D " +
                  std::to_string(rc.head_dim) + (rc.interleaved ? " interleaved" : " half-split") + " rows " +
-                 std::to_string(rc.rows) + " k " + std::to_string(rc.k));
+                 std::to_string(rc.rows) + " k " + std::to_string(rc.k) + " stream stages " +
+                 std::to_string(rc.stream_stages));
     const int D = rc.head_dim, half = D / 2, kvd = rc.kv_heads * D, out = (rc.heads + 2 * rc.kv_heads) * D;
     const int positions = 300, cache_rows = 3 * rc.rows + 5;
     const auto w = random_vec(size_t(out) * rc.k, rng, -0.1f, 0.1f);
@@ -206,6 +295,15 @@ TEST(EngineCudaOps, FusedRopeAppendMatchesUnfusedAndFloat64) {
     p.rope.kv_heads = rc.kv_heads;
     p.rope.head_dim = D;
     p.rope.interleaved = rc.interleaved;
+    if (rc.stream_stages) {
+      p.stream = true;
+      p.stream_stages = rc.stream_stages;
+      ops::GemvParams probe = p;
+      uint32_t dummy[2];
+      probe.counters = dummy;
+      probe.epi = ops::GemvOut::rope_bf16;
+      ASSERT_EQ(ops::gemv_stream_supported(probe), sm90);
+    }
     std::vector<float> y1, k1, v1, y0, k0, v0;
     dt::gemv_rope(p, true, w, xf, g, cs, sn, pos, cache_row, cache_rows, y1, k1, v1);
     dt::gemv_rope(p, false, w, xf, g, cs, sn, pos, cache_row, cache_rows, y0, k0, v0);
@@ -266,8 +364,9 @@ TEST(EngineCudaOps, FusedRopeAppendMatchesUnfusedAndFloat64) {
         ASSERT_TRUE(std::isnan(v1[size_t(row) * kvd + i])) << "v cache row " << row << " written";
       }
     }
-    std::printf("fused rope+append heads %d/%d D %d %s rows %d k %d: %d/%d values bit-equal to the unfused path\n",
-                rc.heads, rc.kv_heads, D, rc.interleaved ? "interleaved" : "half-split", rc.rows, rc.k, exact, compared);
+    std::printf("fused rope+append heads %d/%d D %d %s rows %d k %d stream %d: %d/%d values bit-equal to the unfused path\n",
+                rc.heads, rc.kv_heads, D, rc.interleaved ? "interleaved" : "half-split", rc.rows, rc.k, rc.stream_stages,
+                exact, compared);
   }
 }
 
@@ -431,13 +530,15 @@ TEST(EngineCudaOps, GemvBandwidth) {
     const char* name;
     int split;  // 0: gemv_auto_split
     bool preload;
+    int stream_stages = 0;  // > 0: the streamed kernel with this many ring slots (where it takes the shape)
   };
-  const Variant variants[] = {{"default", 1, false}, {"split auto", 0, false}, {"split 2", 2, false},
-                              {"split 4", 4, false}, {"preload", 1, true},    {"split auto+preload", 0, true}};
+  const Variant variants[] = {{"default", 1, false},  {"split auto", 0, false}, {"split 2", 2, false},
+                              {"split 4", 4, false},  {"preload", 1, true},     {"split auto+preload", 0, true},
+                              {"stream 8", 1, false, 8}, {"stream 16", 1, false, 16}};
   for (int rows : {1, 2, 4, 8}) {
     for (const Shape& s : shapes) {
       for (const Variant& v : variants) {
-        if (rows > 1 && v.split != 1) continue;  // the variants at batch 1 only (time)
+        if (rows > 1 && (v.split != 1 || v.stream_stages)) continue;  // the variants at batch 1 only (time)
         ops::GemvParams p;
         p.in = s.in;
         p.epi = s.epi;
@@ -447,6 +548,8 @@ TEST(EngineCudaOps, GemvBandwidth) {
         p.eps = 1e-5f;
         p.split = v.split ? v.split : ops::gemv_auto_split(s.out, s.k);
         p.preload = v.preload;
+        p.stream = v.stream_stages > 0;
+        p.stream_stages = std::max(2, v.stream_stages);
         if (s.epi == ops::GemvOut::swiglu_bf16 && (v.split != 1)) continue;  // split does not apply
         const double us = dt::gemv_time_us(p, 20), us_stream = dt::gemv_stream_time_us(p, 20);
         const double bytes = double(s.weight_rows) * s.k * 2;
