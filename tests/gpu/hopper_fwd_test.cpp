@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/problem.h"
@@ -185,29 +187,47 @@ TEST(HopperFeatures, RepeatedCallsAgree) {
   }
 }
 
-// KNOWN BUG, reproducer (disabled until the fix lands; docs/perf-notes.md "Next steps"): with varlen the K/V tensor
-// maps end at the last sequence's end, so a sequence's partial last key tile is filled with the next sequence's rows.
-// Those keys are masked (P = 0), but 0 x Inf = NaN in P V: a non-finite value in the *next* sequence's V turns this
-// sequence's output into NaN. The mma.sync kernel zero-fills such rows and passes. Fix: the consumers zero the V rows
-// past the sequence end in shared memory (fence.proxy.async before the P V wgmma) on a tile with j0 + BC > sk.
-TEST(HopperFeatures, DISABLED_VarlenIgnoresNonFiniteValuesOfTheNextSequence) {
+// Varlen: the K/V tensor maps end at the last sequence's end, so a sequence's partial last key tile is filled with the
+// next sequence's rows. Their keys are masked (a select: a non-finite score there is overwritten), and the consumers
+// zero those V rows in shared memory before P V; without that, 0 x Inf = NaN in P V turned this sequence's output
+// into NaN (the mma.sync kernel zero-fills such rows when it loads them). Non-finite K or V values (+inf, -inf, NaN)
+// in the rows of the two sequences without queries, which only their predecessors' partial tiles can read:
+//   sequence 0 (q 200, k 300): its third key tile (rows 256..383, keys past 44 masked) crosses into sequences 1
+//     (poisoned) and 2; both query tiles visit it, the second only when causal;
+//   sequence 2 (q 100, k 100): its only tile (rows 350..477) crosses into sequence 3 (poisoned), the last: rows past
+//     the maps' end (extra NaN rows) are zero-filled by TMA itself.
+// The V cases fail without the zeroing; the K cases would fail if the mask became an additive bias.
+TEST(HopperFeatures, VarlenIgnoresNonFiniteValuesOfTheNextSequence) {
   FL_SKIP_UNLESS_HOPPER();
-  for (DType t : {DType::bf16, DType::f16}) {
-    Spec s = base(t, 128, 0, 0, 4, 2);
-    s.varlen_q = {100, 0};  // the second sequence has keys but no queries: its Inf can only leak
-    s.varlen_k = {100, 50};
-    Problem p(s, seed_of("varlen_next_inf"));
-    for (int64_t row = 100; row < 150; ++row)
-      for (int64_t h = 0; h < s.hkv; ++h)
-        for (int64_t c = 0; c < s.d; ++c) set4(p.args.v, 0, row, h, c, std::numeric_limits<float>::infinity());
-    const Result64 ref = reference64(p);
-    const Snapshot before = snapshot(p);
-    DeviceMirror m(p);
-    EXPECT_EQ(flashlite::forward_kernel_name(m.args).rfind("cuda_hopper_wgmma_", 0), 0u);
-    flashlite::forward(m.args);
-    m.copy_back();
-    expect_matches(p, ref, before, gpu_tolerance(s.dtype));
-  }
+  constexpr float kInf = std::numeric_limits<float>::infinity(), kNaN = std::numeric_limits<float>::quiet_NaN();
+  const float bad[3] = {kInf, -kInf, kNaN};
+  for (DType t : {DType::bf16, DType::f16})
+    for (int64_t d : {64, 128})
+      for (bool causal : {false, true})
+        for (char poisoned : {'v', 'k'}) {
+          const std::string name = std::string(dt_name(t)) + "_d" + std::to_string(d) + (causal ? "_causal" : "_full") +
+                                   "_poisoned_" + poisoned;
+          SCOPED_TRACE(name);
+          Spec s = base(t, d, 0, 0, 4, 2);
+          s.varlen_q = {200, 0, 100, 0};
+          s.varlen_k = {300, 50, 100, 60};
+          s.extra_rows = 3;
+          s.mask.causal = causal;
+          Problem p(s, seed_of("varlen_next_nonfinite_" + name));
+          const flashlite::TensorView& target = poisoned == 'v' ? p.args.v : p.args.k;
+          for (auto [r0, r1] : {std::pair<int64_t, int64_t>{300, 350}, std::pair<int64_t, int64_t>{450, 510}})
+            for (int64_t row = r0; row < r1; ++row)
+              for (int64_t h = 0; h < s.hkv; ++h)
+                for (int64_t c = 0; c < s.d; ++c) set4(target, 0, row, h, c, bad[(row + c) % 3]);
+          const Result64 ref = reference64(p);
+          const Snapshot before = snapshot(p);
+          DeviceMirror m(p);
+          ASSERT_EQ(flashlite::forward_kernel_name(m.args).rfind("cuda_hopper_wgmma_", 0), 0u)
+              << "picked " << flashlite::forward_kernel_name(m.args);
+          flashlite::forward(m.args);
+          m.copy_back();
+          expect_matches(p, ref, before, gpu_tolerance(s.dtype));
+        }
 }
 
 // ---------------------------------------------------------------- eligibility logic (no device needed)

@@ -10,9 +10,12 @@
 //     only after all 8 consumer warps arrived on its "empty" mbarrier, once their S (P V) wgmma has completed.
 //   warpgroups 1 and 2, consumers (setmaxnreg 240): 64 query rows each. Per key tile:
 //     S = Q K^T     wgmma m64n128k16, Q and K from shared memory through descriptors, fp32 accumulators
-//     mask         boundary tiles only, the per-row key intervals of row_mask.h
+//     mask         boundary tiles only, the per-row key intervals of row_mask.h (a select: S = -inf whatever Q K^T
+//                  was, so a NaN or Inf score of a masked key never reaches the softmax)
 //     softmax      online, in registers, log2 units (scale * log2 e folded into one FFMA per score), exp2
-//     O += P V     wgmma m64nDk16, P from registers (re-packed S accumulators), V from shared memory (N-major)
+//     O += P V     wgmma m64nDk16, P from registers (re-packed S accumulators), V from shared memory (N-major);
+//                  varlen: on the tile that crosses the sequence end, the V rows past the end (the next sequence's,
+//                  masked but 0 x Inf = NaN) are zeroed first (clear_v_tail)
 //   At the end the sink logit joins the denominator and O and the LSE are written straight from registers.
 // Three schedules of the consumer loop (template SCHED = FLASHLITE_FWD_HOPPER's value 1, 2 or 3):
 //   plain      one tile at a time: S, wait, softmax, P V, wait (the two consumer warpgroups overlap each other
@@ -157,6 +160,30 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
     const float mult = transform ? 1.f : p.scale_log2;
     const uint32_t q_wg = sQ + uint32_t(cw) * 64u * 128u;  // this warpgroup's Q rows
 
+    // Varlen: the K/V tensor maps end at the last sequence's end, not this one's, so the key tile that crosses this
+    // sequence's end (j0 < sk < j0 + BC) holds the next sequence's first rows. Their keys are masked (P = 0), but a
+    // non-finite V there would still give 0 x Inf = NaN in P V. On that tile only (v_tail; -1: none), after its V has
+    // landed and before the P V wgmma, the 256 consumer threads zero the V rows [sk - j0, BC) in shared memory.
+    // Padded batches and the last sequence need nothing: TMA zero-fills rows past a map's end.
+    // Layout: each 64-column block of a V stage is BC rows of 128 bytes (the TMA box; key r in row r, as the P V
+    // descriptors read it), and the 128-byte swizzle only permutes the 16-byte chunks within a row (chunk ^= r % 8),
+    // so keys [r0, BC) are bytes [128 r0, 128 BC) of every block. The stores are fenced into the async proxy (wgmma
+    // reads V through it), and both warpgroups meet on named barrier 3 before either issues its wgmma: each reads
+    // all BC rows. Both visit the same tiles, so both reach the barrier (in ping-pong, before the turn: no cycle with
+    // barriers 1 and 2). The producer cannot refill the stage meanwhile: it waits for all 8 warps' v_empty arrivals,
+    // each after that warp's wgmma.
+    const int v_tail = p.varlen != cuda_fwd::VarlenMode::padded && w.seq + 1 < p.batch && sk % BC != 0 ? sk / BC : -1;
+    const auto clear_v_tail = [&](int n, int st) {
+      if (__builtin_expect(kt.tile(n) != v_tail, 1)) return;
+#pragma unroll 1  // rare: kept small, off the hot loop's instruction footprint
+      for (int i = (sk % BC) * 8 + int(threadIdx.x) - 128; i < BC * 8; i += 256) {  // 16-byte chunk i of each block
+#pragma unroll
+        for (int c = 0; c < DB; ++c) st_shared_zero16(sV(st) + uint32_t(c) * Cfg::KV_BLOCK + uint32_t(i) * 16u);
+      }
+      fence_proxy_async_smem();
+      named_sync(3, 256);
+    };
+
     // S = Q K^T of the tile in stage st, issued and committed (not waited for). Q and K are K-major.
     const auto issue_s = [&](float (&s)[BC / 2], int st) {
       wgmma_fence();
@@ -207,7 +234,7 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int j = nj * 8 + 2 * t + e;
-              if (!((j >= lo && j <= hi) || j < se)) s[nj * 4 + 2 * r + e] = -INFINITY;
+              if (!((j >= lo && j <= hi) || j < se)) s[nj * 4 + 2 * r + e] = -INFINITY;  // a select, not an add
             }
         }
       }
@@ -264,6 +291,7 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
         if (lane == 0) mbar_arrive(k_empty(st));  // this warp no longer reads the K tile
         if (softmax(s, kt.tile(n) * BC, pk, alpha)) rescale(alpha);
         mbar_wait(v_full(st), ph);
+        clear_v_tail(n, st);
         pin_regs(o);
         issue_pv(pk, st);
         wgmma_wait<0>();
@@ -297,6 +325,7 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
         float alpha[2];
         mbar_wait(k_full(st), uint32_t((n / STAGES) & 1));
         mbar_wait(v_full(prev), uint32_t(((n - 1) / STAGES) & 1));
+        clear_v_tail(n - 1, prev);
         turn_begin();
         issue_s(s, st);
         issue_pv(p_prev, prev);
@@ -314,6 +343,7 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       const auto last_pv = [&](uint32_t (&p_last)[BC / 8][2]) {
         const int last = kt.count - 1, st = last % STAGES;
         mbar_wait(v_full(st), uint32_t((last / STAGES) & 1));
+        clear_v_tail(last, st);
         turn_begin();
         issue_pv(p_last, st);
         turn_end();

@@ -1,7 +1,7 @@
 #pragma once
-// The sm_90a instructions of the Hopper forward kernel besides wgmma itself: mbarriers (transaction counts),
-// TMA tile loads (cp.async.bulk.tensor) completing on an mbarrier, wgmma fences and groups, shared-memory matrix
-// descriptors, setmaxnreg. Compiled only for compute_90a (src/CMakeLists.txt).
+// The sm_90a instructions of the Hopper forward kernel besides wgmma itself: mbarriers (transaction counts), proxy
+// fences, shared-memory stores, TMA tile loads (cp.async.bulk.tensor) completing on an mbarrier, wgmma fences and
+// groups, shared-memory matrix descriptors, setmaxnreg. Compiled only for compute_90a (src/CMakeLists.txt).
 #include <cuda.h>  // CUtensorMap (a type only: the driver is reached through the runtime's entry-point query)
 
 #include <cstdint>
@@ -13,10 +13,15 @@ namespace flashlite::cuda_fwd_hopper {
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+// Orders this thread's earlier generic-proxy shared-memory accesses (st.shared, mbarrier.init) before later
+// async-proxy ones (TMA writes, wgmma operand reads); a barrier then extends that to the threads issuing them.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 // Makes the initialised barriers visible to the other threads and to the async proxy (TMA).
 __device__ __forceinline__ void mbar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  fence_proxy_async_smem();
 }
 // One arrival that also announces `bytes` of TMA transactions for the current phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
@@ -35,6 +40,14 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
+}
+
+// ------------------------------------------------------------------ shared-memory stores
+
+// 16 zero bytes at a 16-byte aligned shared-memory address (generic proxy: fence_proxy_async_smem before an async
+// reader).
+__device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
 }
 
 // ------------------------------------------------------------------ TMA
