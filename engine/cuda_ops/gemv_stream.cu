@@ -46,9 +46,16 @@ struct StreamPlan {
 };
 
 struct Meta {
-  int unit, range, f0, count;  // count 0: no more work
-  int last;                    // the unit's last stage
-  int pad[3];                  // 32 bytes: the barriers after the meta array stay 8-aligned
+  int unit, range, f0, count;  // count 0: no more work for the warp that reads it
+  int unit_stages;             // stages of the unit (both ranges)
+  int q;                       // the unit's index among the block's units (its part buffer: q % buffers)
+  int piece;                   // the stage's index within its range
+  int pad;                     // 32 bytes
+};
+
+constexpr int kMaxPieces = 8;  // stages per range (ranges of up to 64 KB)
+struct PartBuffer {
+  float v[2 * kMaxRangeRows][kMaxPieces];
 };
 
 struct RangeRows {
@@ -169,13 +176,16 @@ template <GemvOut OUT>
 __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const GemvParams p, const StreamPlan sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char smem[];
-  // Layout: ring slots | staged activation row (bf16) | part[2][2 * kMaxRangeRows][warps] | meta[stages] | full, empty barriers.
+  // Layout (stream_smem): ring slots | staged activation row (bf16) | part[buffers] | meta[stages] |
+  // owner[buffers], done[buffers] | full[stages], empty[stages] barriers.
+  const int nbuf = sp.stages + kConsumerWarps;
   uint4* ring = reinterpret_cast<uint4*>(smem);
   uint4* xs = reinterpret_cast<uint4*>(smem + size_t(sp.stages) * kSlotBytes);
-  float(*part)[2 * kMaxRangeRows][kConsumerWarps] =
-      reinterpret_cast<float(*)[2 * kMaxRangeRows][kConsumerWarps]>(smem + size_t(sp.stages) * kSlotBytes + sp.x_bytes);
-  Meta* meta = reinterpret_cast<Meta*>(reinterpret_cast<unsigned char*>(part) + sizeof(float) * 2 * 2 * kMaxRangeRows * kConsumerWarps);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(meta + sp.stages);
+  PartBuffer* part = reinterpret_cast<PartBuffer*>(smem + size_t(sp.stages) * kSlotBytes + sp.x_bytes);
+  Meta* meta = reinterpret_cast<Meta*>(part + nbuf);
+  int* owner = reinterpret_cast<int*>(meta + sp.stages);
+  int* done = owner + nbuf;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(done + nbuf);  // 2 nbuf ints: 8-byte aligned
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int kc = p.k >> 3;
   auto full = [&](int s) { return smem_addr(bars + s); };
@@ -185,37 +195,44 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const GemvPara
   if (threadIdx.x == 0) {
     for (int s = 0; s < sp.stages; ++s) {
       mbar_init(full(s), 1);
-      mbar_init(empty(s), kConsumerWarps);
+      mbar_init(empty(s), 1);  // the one consumer warp of the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  for (int i = threadIdx.x; i < 2 * 2 * kMaxRangeRows * kConsumerWarps; i += kThreads) (&part[0][0][0])[i] = 0.f;
+  for (int i = threadIdx.x; i < nbuf * int(sizeof(PartBuffer) / 4); i += kThreads) reinterpret_cast<float*>(part)[i] = 0.f;
+  for (int b = threadIdx.x; b < nbuf; b += kThreads) {
+    owner[b] = b;  // buffer b first serves the block's unit b, then b + nbuf, ...
+    done[b] = 0;
+  }
   __syncthreads();
 
-  if (warp == kConsumerWarps) {  // producer: claims units, streams their stages (weights need no wait)
+  if (warp == kConsumerWarps) {  // producer: streams the units' stages (weights need no wait)
     if (lane == 0) {
       const uint64_t policy = evict_first_policy();
       const uint4* W = static_cast<const uint4*>(p.w);
-      int i = 0;
-      auto next_slot = [&](int& s) {
-        s = i % sp.stages;
+      int i = 0, q = 0;  // stages and units issued by this block
+      auto next_slot = [&]() {
+        const int s = i % sp.stages;
         mbar_wait(empty(s), ((i / sp.stages) & 1) ^ 1);
         ++i;
+        return s;
       };
       auto issue = [&](int u) {
+        int stages = 0;
+        for (int range = 0; range < sp.ranges; ++range) stages += (range_rows(p, sp, u, range).count * kc + kSlotChunks - 1) / kSlotChunks;
         for (int range = 0; range < sp.ranges; ++range) {
           const RangeRows rr = range_rows(p, sp, u, range);
           const int total = rr.count * kc;
-          for (int f0 = 0; f0 < total; f0 += kSlotChunks) {
-            int s;
-            next_slot(s);
+          for (int f0 = 0, piece = 0; f0 < total; f0 += kSlotChunks, ++piece) {
+            const int s = next_slot();
             const int count = min(kSlotChunks, total - f0);
-            meta[s] = {u, range, f0, count, range == sp.ranges - 1 && f0 + kSlotChunks >= total, {}};
+            meta[s] = {u, range, f0, count, stages, q, piece, 0};
             mbar_arrive_expect_tx(full(s), uint32_t(count) * 16u);
             bulk_load(smem_addr(ring + size_t(s) * kSlotChunks), W + size_t(rr.row0) * kc + f0, uint32_t(count) * 16u,
                       full(s), policy);
           }
         }
+        ++q;
       };
       // Static units first (blockIdx.x + f * gridDim.x, about a ring's worth), issued before the wait: the weight
       // stream starts while the previous kernel runs. Then the rest from the counter, only after the wait: the
@@ -233,10 +250,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const GemvPara
         issue(int(u));
         u = nu;
       }
-      int s;
-      next_slot(s);
-      meta[s].count = 0;
-      mbar_arrive(full(s));
+      for (int w = 0; w < kConsumerWarps; ++w) {  // an end mark for each consumer warp
+        const int s = next_slot();
+        meta[s].count = 0;
+        mbar_arrive(full(s));
+      }
       // Every claim of this block is done; the last block to get here leaves the counter at zero for the next launch.
       __threadfence();
       if (atomicAdd(p.counters + 1, 1u) == gridDim.x - 1) {
@@ -273,38 +291,75 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const GemvPara
   }
   consumers_sync();
 
-  int buf = 0;
-  for (int i = 0;; ++i) {
+  // Warp w takes the block's stages w, w + 8, ...: a whole slot (up to 16 chunks per lane, loads independent), so
+  // the warps work on 8 stages at once. Row sums go to part[unit buffer][row][piece] (piece: the stage's index
+  // within its range; each (row, piece) written once); the warp that completes a unit's last stage adds the pieces in
+  // order (deterministic) and runs the epilogue.
+  for (int i = warp;; i += kConsumerWarps) {
     const int s = i % sp.stages;
     mbar_wait(full(s), (i / sp.stages) & 1);
     const Meta m = meta[s];
-    if (m.count == 0) break;
-    const uint4* ws = ring + size_t(s) * kSlotChunks;
-    // 32 consecutive chunks per warp: one weight row (kc and f0 are multiples of 32).
-    for (int e = threadIdx.x; e < m.count; e += kConsumers) {
-      const int f = m.f0 + e, row = f / kc, col = f - row * kc;
-      float v = dot8(ws[e], xs[col]);
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) part[buf][m.range * sp.n + row][warp] += v;
+    if (m.count == 0) {
+      if (lane == 0) mbar_arrive(empty(s));
+      break;
+    }
+    const int b = m.q % nbuf;
+    if (lane == 0) {  // the buffer's previous unit (q - nbuf) has finished its epilogue
+      while (*reinterpret_cast<volatile int*>(owner + b) != m.q) {
+      }
+      __threadfence_block();
     }
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty(s));
-    if (m.last) {
-      consumers_sync();  // every warp's sums of this unit are in part[buf]
-      // A row's sum is read by one thread, which clears it for the unit after next (that unit writes part[buf] only
-      // after the next unit's barrier); the epilogue reads exactly the rows the unit wrote.
-      float(*pb)[kConsumerWarps] = part[buf];
-      epilogue<OUT>(p, sp, m.unit, threadIdx.x, [&](int r) {
+    const uint4* ws = ring + size_t(s) * kSlotChunks;
+    // 32 consecutive chunks (one lane each) lie in one row: kc and f0 are multiples of 32. c0: the warp's column.
+    int row = m.f0 / kc, c0 = m.f0 - row * kc;
+    const int nj = m.count >> 5;
+    float acc = 0.f;
+    float* rows = part[b].v[m.range * sp.n];
+#pragma unroll
+    for (int j = 0; j < kSlotChunks / 32; ++j) {
+      if (j < nj) {
+        acc += dot8(ws[j * 32 + lane], xs[c0 + lane]);
+        c0 += 32;
+        if (c0 == kc || j == nj - 1) {  // the row ends here, or the stage does
+          float v = acc;
+          for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+          if (lane == 0) rows[row * kMaxPieces + m.piece] = v;
+          acc = 0.f;
+          if (c0 == kc) {
+            c0 = 0;
+            ++row;
+          }
+        }
+      }
+    }
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) {
+      __threadfence_block();
+      last = atomicAdd(done + b, 1) == m.unit_stages - 1;
+      if (last) __threadfence_block();
+    }
+    if (__shfl_sync(0xffffffffu, last, 0)) {
+      float(*pb)[kMaxPieces] = part[b].v;
+      epilogue<OUT>(p, sp, m.unit, lane, [&](int r) {  // lane r's rows: cleared for the buffer's next unit
         float v = 0.f;
 #pragma unroll
-        for (int w = 0; w < kConsumerWarps; ++w) {
-          v += pb[r][w];
-          pb[r][w] = 0.f;
+        for (int k = 0; k < kMaxPieces; ++k) {
+          v += pb[r][k];
+          pb[r][k] = 0.f;
         }
         return v;
       });
-      buf ^= 1;
+      __syncwarp();
+      if (lane == 0) {
+        done[b] = 0;
+        __threadfence_block();
+        *reinterpret_cast<volatile int*>(owner + b) = m.q + nbuf;
+      }
     }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty(s));
   }
 #else
   __trap();  // launched only where kernel_has_sm90_code (gemv_stream_supported)
@@ -359,6 +414,8 @@ bool plan_stream(const GemvParams& p, StreamPlan& sp) {
     sp.units = (p.rope.heads + 2 * p.rope.kv_heads) * sp.per_head;
   }
   sp.stages = p.stream_stages;
+  const int range_rows_max = sp.layout == Layout::rope_interleaved ? 2 * sp.n : sp.n;
+  if (size_t(range_rows_max) * row_bytes > size_t(kMaxPieces) * kSlotBytes) return false;  // pieces per range
   const int unit_bytes = sp.n * row_bytes * (sp.layout == Layout::rope_interleaved ? 2 : sp.ranges);
   sp.static_units = std::max(1, sp.stages * kSlotBytes / unit_bytes);
   sp.x_bytes = (p.k * 2 + 127) / 128 * 128;
@@ -366,8 +423,9 @@ bool plan_stream(const GemvParams& p, StreamPlan& sp) {
 }
 
 size_t stream_smem(const StreamPlan& sp) {
-  return size_t(sp.stages) * kSlotBytes + sp.x_bytes + sizeof(float) * 2 * 2 * kMaxRangeRows * kConsumerWarps +
-         (sizeof(Meta) * sp.stages + 7) / 8 * 8 + 2 * sizeof(uint64_t) * sp.stages;
+  const size_t nbuf = size_t(sp.stages) + kConsumerWarps;
+  return size_t(sp.stages) * kSlotBytes + sp.x_bytes + sizeof(PartBuffer) * nbuf + sizeof(Meta) * sp.stages +
+         2 * sizeof(int) * nbuf + 2 * sizeof(uint64_t) * sp.stages;
 }
 
 // The device's opt-in shared memory per block, less the kernel's static shared memory (1 KB is plenty).

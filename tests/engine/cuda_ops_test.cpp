@@ -301,6 +301,7 @@ TEST(EngineCudaOps, FusedRopeAppendMatchesUnfusedAndFloat64) {
       ops::GemvParams probe = p;
       uint32_t dummy[2];
       probe.counters = dummy;
+      probe.in = ops::GemvIn::rmsnorm;  // as gemv_rope runs it
       probe.epi = ops::GemvOut::rope_bf16;
       ASSERT_EQ(ops::gemv_stream_supported(probe), sm90);
     }
