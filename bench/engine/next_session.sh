@@ -56,9 +56,9 @@ cuobjdump -res-usage "$build/engine/CMakeFiles/flashlite_engine.dir/cuda_ops/gem
 
 status=0
 stamp "cuda_ops_test"
-timeout 150 "$build/tests/engine/flashlite_engine_cuda_ops_test" --gtest_filter="${OPS_FILTER:-*}" > "$LOGDIR/cuda_ops_test.log" 2>&1 || status=1
+timeout 150 stdbuf -oL "$build/tests/engine/flashlite_engine_cuda_ops_test" --gtest_filter="${OPS_FILTER:-*}" > "$LOGDIR/cuda_ops_test.log" 2>&1 || status=1
 stamp "cuda_model_test"
-timeout 150 "$build/tests/engine/flashlite_engine_cuda_model_test" --gtest_filter="${MODEL_FILTER:-*}" > "$LOGDIR/cuda_model_test.log" 2>&1 || status=1
+timeout 150 stdbuf -oL "$build/tests/engine/flashlite_engine_cuda_model_test" --gtest_filter="${MODEL_FILTER:-*}" > "$LOGDIR/cuda_model_test.log" 2>&1 || status=1
 { grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|error:|parts from|bit-equal|gemv .* us alone|vs float64" \
     "$LOGDIR/cuda_ops_test.log" "$LOGDIR/cuda_model_test.log"; } > "$OUT/tests.txt"
 tail -n 3 "$LOGDIR/cuda_ops_test.log" "$LOGDIR/cuda_model_test.log"

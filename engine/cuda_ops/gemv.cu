@@ -483,6 +483,8 @@ void gemv(const GemvParams& p, void* stream) {
     }
   }
   if (p.epi == GemvOut::f32_argmax && !p.argmax_keys) fail("gemv with the argmax epilogue needs argmax_keys");
+  if (p.stream && (p.stream_stages < 8 || p.stream_stages % 8 != 0))
+    fail("gemv stream_stages " + std::to_string(p.stream_stages) + "; expected a multiple of 8 (a ring slot per consumer warp)");
   if (p.out <= 0) return;
   if (p.stream && gemv_stream_supported(p)) return gemv_stream(p, stream);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);

@@ -392,7 +392,8 @@ int divisor_at_most(int of, int want) {
 }
 
 bool plan_stream(const GemvParams& p, StreamPlan& sp) {
-  if (p.rows != 1 || p.k % 256 != 0 || !p.counters || p.stream_stages < 2) return false;
+  // A slot is always read by the same consumer warp (s % 8): its full-barrier phases are then waited in order.
+  if (p.rows != 1 || p.k % 256 != 0 || !p.counters || p.stream_stages < 8 || p.stream_stages % 8 != 0) return false;
   const int row_bytes = p.k * 2;
   switch (p.epi) {
     case GemvOut::bf16:

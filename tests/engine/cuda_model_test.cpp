@@ -260,7 +260,7 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {{{"FLASHLITE_ENGINE_PDL", "0"}}, true, true, true},
       // The streamed GEMV (one-row steps) adds its sums in another order: near ties only.
       {{{"FLASHLITE_ENGINE_STREAM", "1"}}, false, true, true},
-      {{{"FLASHLITE_ENGINE_STREAM", "1"}, {"FLASHLITE_ENGINE_STREAM_STAGES", "2"}, {"FLASHLITE_ENGINE_STREAM_BLOCKS", "3"}},
+      {{{"FLASHLITE_ENGINE_STREAM", "1"}, {"FLASHLITE_ENGINE_STREAM_STAGES", "16"}, {"FLASHLITE_ENGINE_STREAM_BLOCKS", "3"}},
        false, true, true},
       {{{"FLASHLITE_ENGINE_STREAM", "1"}, {"FLASHLITE_ENGINE_PDL", "0"}}, false, true, true},
       // Each switch alone on top of the baseline, against the baseline:
@@ -433,7 +433,7 @@ TEST(CudaEngine, SwitchValuesAreCheckedWhenTheModelIsBuilt) {
       {"FLASHLITE_ENGINE_PREFETCH", "four"},   {"FLASHLITE_ENGINE_PDL_TRIGGER", "lat"},
       {"FLASHLITE_ENGINE_DECODE_SPLITS", "-2"}, {"FLASHLITE_ENGINE_DECODE_SPLITS", "auto"},
       {"FLASHLITE_ENGINE_PROFILE", "events"},  {"FLASHLITE_ENGINE_VERBOSE", "loud"},
-      {"FLASHLITE_ENGINE_STREAM", "2"},        {"FLASHLITE_ENGINE_STREAM_STAGES", "1"},
+      {"FLASHLITE_ENGINE_STREAM", "2"},        {"FLASHLITE_ENGINE_STREAM_STAGES", "4"},
       {"FLASHLITE_ENGINE_STREAM_BLOCKS", "5"}};
   for (const auto& [name, value] : bad) {
     ScopedEnv env({{name, value}});
