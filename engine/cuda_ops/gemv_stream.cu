@@ -27,7 +27,7 @@ namespace flashlite::engine::cuda_ops {
 namespace {
 
 constexpr int kConsumerWarps = 8, kConsumers = kConsumerWarps * 32, kThreads = kConsumers + 32;
-constexpr int kSlotBytes = 8192, kSlotChunks = kSlotBytes / 16;
+constexpr int kSlotBytes = 4096, kSlotChunks = kSlotBytes / 16;
 constexpr int kMaxRangeRows = 16;  // rows of one range of a unit
 constexpr int kConsumerBarrier = 1;
 
@@ -53,7 +53,7 @@ struct Meta {
   int pad;                     // 32 bytes
 };
 
-constexpr int kMaxPieces = 8;  // stages per range (ranges of up to 64 KB)
+constexpr int kMaxPieces = 8;  // stages per range (ranges of up to 32 KB)
 struct PartBuffer {
   float v[2 * kMaxRangeRows][kMaxPieces];
 };
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const GemvPara
   extern __shared__ __align__(128) unsigned char smem[];
   // Layout (stream_smem): ring slots | staged activation row (bf16) | part[buffers] | meta[stages] |
   // owner[buffers], done[buffers] | full[stages], empty[stages] barriers.
-  const int nbuf = sp.stages + kConsumerWarps;
+  const int nbuf = sp.stages / 2 + kConsumerWarps;
   uint4* ring = reinterpret_cast<uint4*>(smem);
   uint4* xs = reinterpret_cast<uint4*>(smem + size_t(sp.stages) * kSlotBytes);
   PartBuffer* part = reinterpret_cast<PartBuffer*>(smem + size_t(sp.stages) * kSlotBytes + sp.x_bytes);
@@ -424,7 +424,7 @@ bool plan_stream(const GemvParams& p, StreamPlan& sp) {
 }
 
 size_t stream_smem(const StreamPlan& sp) {
-  const size_t nbuf = size_t(sp.stages) + kConsumerWarps;
+  const size_t nbuf = size_t(sp.stages) / 2 + kConsumerWarps;
   return size_t(sp.stages) * kSlotBytes + sp.x_bytes + sizeof(PartBuffer) * nbuf + sizeof(Meta) * sp.stages +
          2 * sizeof(int) * nbuf + 2 * sizeof(uint64_t) * sp.stages;
 }
