@@ -112,7 +112,7 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "decode_splits_2": {"FLASHLITE_ENGINE_DECODE_SPLITS": "2"},
     "decode_splits_4": {"FLASHLITE_ENGINE_DECODE_SPLITS": "4"},
     "stream": {"FLASHLITE_ENGINE_STREAM": "1"},
-    "stream_16": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_STAGES": "16"},
+    "stream_8": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_STAGES": "8"},
     "stream_blocks_2": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_BLOCKS": "2"},
 }
 # Switches that act only on the fused GEMVs, i.e. on steps of <= 8 rows (kGemvMaxRows): at a larger batch a variant

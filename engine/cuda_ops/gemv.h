@@ -67,7 +67,7 @@ struct GemvParams {
   bool preload = false;    // first batch of weights into registers before griddepcontrol.wait
   bool late_trigger = false;
   bool stream = false;                // the streamed kernel where gemv_stream_supported (else the others)
-  int stream_stages = 32;             // its 4 KB ring slots, a multiple of 8 (slot s: consumer warp s % 8)
+  int stream_stages = 16;             // its 8 KB ring slots, a multiple of 8 (slot s: consumer warp s % 8)
   int stream_blocks_per_sm = 1;
   uint32_t* counters = nullptr;       // stream: (2) work counters of this call site, zero before the first launch
   GemvRope rope;                      // rope_bf16

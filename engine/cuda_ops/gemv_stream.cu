@@ -1,17 +1,21 @@
-// The streamed-weights GEMV (gemv.h, GemvParams::stream): one activation row, the weights brought into a ring of
-// shared-memory slots by the bulk-copy engine (cp.async.bulk, sm_90) instead of registers. Why: the register GEMV
-// fills the register file with its in-flight loads, so the next kernel's blocks cannot be resident before this one's
-// retire, and every GEMV starts its weight stream cold after griddepcontrol.wait. Here a block holds 256 + 32 threads
-// and ~80 KB of shared memory, so the next GEMV's block sits beside it and its producer fills the whole ring with
-// weights (which no predecessor writes) before the wait: the stream never stops at a kernel boundary.
+// The streamed-weights GEMV (gemv.h, GemvParams::stream; opt-in, FLASHLITE_ENGINE_STREAM): one activation row, the
+// weights brought into a ring of 8 KB shared-memory slots by the bulk-copy engine (cp.async.bulk, sm_90) instead of
+// registers. Why: the register GEMV fills the register file with its in-flight loads, so the next kernel's blocks
+// cannot be resident before this one's retire, and every GEMV starts its weight stream cold after
+// griddepcontrol.wait. Here a block holds 256 + 32 threads and its ring, and its producer issues the first ring's
+// worth of weights (which no predecessor writes) before the wait.
+// Status (docs/perf-notes.md, "Engine round 7"): correct in every test, but slower than the register kernel on the
+// H100 (steady state ~2.0 TB/s against 2.4-2.65 at the big shapes; engine 600-750 tok/s against 860), so not the
+// default; smaller slots were slower still, which points at a per-stage cost, not at the bytes in flight.
 //
 // Work comes in units of a few weight rows (~16 KB): a ring's worth per block by block index (issued before the
 // wait), the rest claimed from a counter (GemvParams::counters) after the wait, so blocks that share an SM or start
-// late balance out; the last block to finish zeroes the counter for the next launch. A unit is
-// one or two row ranges whose sums its epilogue combines: plain rows, a SwiGLU gate range and its up range, or the
-// RoPE pairs of one head (half-split: rows p.. and p + D/2..; interleaved: 2n adjacent rows). Each range is cut into
-// slot-sized stages; 8 consumer warps take 32 consecutive 16-byte chunks each (one row: k is a multiple of 256) and
-// add their warp sums into part[row][warp], which the unit's epilogue adds in warp order (deterministic).
+// late balance out; the last block to finish zeroes the counter for the next launch. A unit is one or two row ranges
+// whose sums its epilogue combines: plain rows, a SwiGLU gate range and its up range, or the RoPE pairs of one head
+// (half-split: rows p.. and p + D/2..; interleaved: 2n adjacent rows). Each range is cut into slot-sized stages.
+// Consumer warp w takes the block's stages w, w + 8, ... (slot s is always read by warp s % 8, so the ring is a
+// multiple of 8 slots); its row sums go to the unit's part buffer, one entry per (row, stage), and the warp that
+// completes the unit's last stage adds them in stage order (deterministic) and runs the epilogue.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -27,7 +31,7 @@ namespace flashlite::engine::cuda_ops {
 namespace {
 
 constexpr int kConsumerWarps = 8, kConsumers = kConsumerWarps * 32, kThreads = kConsumers + 32;
-constexpr int kSlotBytes = 4096, kSlotChunks = kSlotBytes / 16;
+constexpr int kSlotBytes = 8192, kSlotChunks = kSlotBytes / 16;
 constexpr int kMaxRangeRows = 16;  // rows of one range of a unit
 constexpr int kConsumerBarrier = 1;
 
@@ -40,7 +44,7 @@ struct StreamPlan {
   int ranges = 1;     // 1 or 2
   int units = 0;
   int per_head = 1;   // RoPE: units per head
-  int stages = 8;     // ring slots
+  int stages = 16;    // ring slots
   int static_units = 4;  // units per block assigned by block index (issued before the wait)
   int x_bytes = 0;    // staged activation row
 };
@@ -53,7 +57,7 @@ struct Meta {
   int pad;                     // 32 bytes
 };
 
-constexpr int kMaxPieces = 8;  // stages per range (ranges of up to 32 KB)
+constexpr int kMaxPieces = 8;  // stages per range (ranges of up to 64 KB)
 struct PartBuffer {
   float v[2 * kMaxRangeRows][kMaxPieces];
 };
@@ -178,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const GemvPara
   extern __shared__ __align__(128) unsigned char smem[];
   // Layout (stream_smem): ring slots | staged activation row (bf16) | part[buffers] | meta[stages] |
   // owner[buffers], done[buffers] | full[stages], empty[stages] barriers.
-  const int nbuf = sp.stages / 2 + kConsumerWarps;
+  const int nbuf = sp.stages + kConsumerWarps;
   uint4* ring = reinterpret_cast<uint4*>(smem);
   uint4* xs = reinterpret_cast<uint4*>(smem + size_t(sp.stages) * kSlotBytes);
   PartBuffer* part = reinterpret_cast<PartBuffer*>(smem + size_t(sp.stages) * kSlotBytes + sp.x_bytes);
@@ -424,7 +428,7 @@ bool plan_stream(const GemvParams& p, StreamPlan& sp) {
 }
 
 size_t stream_smem(const StreamPlan& sp) {
-  const size_t nbuf = size_t(sp.stages) / 2 + kConsumerWarps;
+  const size_t nbuf = size_t(sp.stages) + kConsumerWarps;
   return size_t(sp.stages) * kSlotBytes + sp.x_bytes + sizeof(PartBuffer) * nbuf + sizeof(Meta) * sp.stages +
          2 * sizeof(int) * nbuf + 2 * sizeof(uint64_t) * sp.stages;
 }

@@ -308,7 +308,7 @@ class LlamaCuda final : public LlamaModel {
   //   FLASHLITE_ENGINE_STREAM=0        (default; a flag) one-row QKV, O, gate/up and down GEMVs through the streamed
   //                                    kernel (gemv_stream.cu: bulk copies into a shared-memory ring, the first ring
   //                                    issued before griddepcontrol.wait; sm_90);
-  //   FLASHLITE_ENGINE_STREAM_STAGES=N its 4 KB ring slots: 32 (default) or 16;
+  //   FLASHLITE_ENGINE_STREAM_STAGES=N its 8 KB ring slots: 16 (default) or 8;
   //   FLASHLITE_ENGINE_STREAM_BLOCKS=N its blocks per SM, 1..4 (default 1);
   //   FLASHLITE_ENGINE_DECODE_SPLITS=N the decode plan's KV splits forced to N >= 1 (0, the default: flashlite's choice);
   //   FLASHLITE_ENGINE_PROFILE=1       (a flag, default off, or range) decode steps run eagerly, queued behind a flag,
@@ -333,7 +333,7 @@ class LlamaCuda final : public LlamaModel {
                                   "a number of lines >= 0");
     late_trigger_ = es::choice("FLASHLITE_ENGINE_PDL_TRIGGER", 0, {{"early", 0}, {"late", 1}}, "early or late") != 0;
     stream_gemv_ = es::flag("FLASHLITE_ENGINE_STREAM", false);
-    stream_stages_ = es::integer_in("FLASHLITE_ENGINE_STREAM_STAGES", 32, {16, 32}, "16 or 32");
+    stream_stages_ = es::integer_in("FLASHLITE_ENGINE_STREAM_STAGES", 16, {8, 16}, "8 or 16");
     stream_blocks_ = es::integer("FLASHLITE_ENGINE_STREAM_BLOCKS", 1, 1, 4, "1 to 4 blocks per SM");
     decode_splits_ = es::integer("FLASHLITE_ENGINE_DECODE_SPLITS", 0, 0, INT_MAX, "0 (automatic) or a split count >= 1");
     profile_ = Profile(es::choice("FLASHLITE_ENGINE_PROFILE", int(Profile::off),
@@ -495,7 +495,7 @@ class LlamaCuda final : public LlamaModel {
   int preload_ = 0;  // 0 off, 1 every GEMV, 2 QKV / O / down
   bool fuse_rope_ = false, fuse_argmax_ = false, late_trigger_ = false;
   bool stream_gemv_ = false;  // the streamed GEMV (one-row QKV, O, gate/up, down)
-  int stream_stages_ = 32, stream_blocks_ = 1;
+  int stream_stages_ = 16, stream_blocks_ = 1;
   DeviceBuffer stream_counters_;  // (layers, 4 GEMVs, 2) work counters of the streamed GEMV, zeroed once
   enum class Profile { off, events, range } profile_ = Profile::off;
   bool prof_active_ = false;
