@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from . import _C
+from . import _args
 
 BACKENDS = ("auto", "reference", "naive", "cpu", "cuda")
 
@@ -12,16 +13,6 @@ def _library(x, name="q"):
         return root
     raise TypeError(f"{name} is a {type(x).__module__}.{type(x).__name__}; expected a torch.Tensor, "
                     "numpy.ndarray or cupy.ndarray")
-
-
-def _window(window):
-    if window is None:
-        return -1, -1
-    try:
-        left, right = window
-        return int(left), int(right)
-    except (TypeError, ValueError):
-        raise TypeError(f"window is {window!r}; expected a pair (left, right) of ints, -1 = unlimited") from None
 
 
 def _int32_list(x, name):
@@ -49,11 +40,10 @@ def _lse_shape(q):
 
 
 def _options(causal, scale, window, sink_tokens, softcap, backend):
-    if not isinstance(backend, str):
-        raise TypeError(f"backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
-    left, right = _window(window)
-    return dict(causal=bool(causal), scale=None if scale is None else float(scale), window_left=left,
-                window_right=right, sink_tokens=int(sink_tokens), softcap=float(softcap), backend=backend)
+    causal, scale, left, right, sink_tokens, softcap, backend = _args.options(causal, scale, window, sink_tokens,
+                                                                              softcap, backend)
+    return dict(causal=causal, scale=scale, window_left=left, window_right=right, sink_tokens=sink_tokens,
+                softcap=softcap, backend=backend)
 
 
 def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens=0, sink_logits=None, softcap=0.0,

@@ -13,6 +13,7 @@ import torch
 from torch.utils import dlpack as _dlpack
 
 from . import _C
+from . import _args
 from ._api import _lse_shape
 
 Tensor = torch.Tensor
@@ -107,15 +108,9 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} is a {type(t).__name__}; expected a torch.Tensor (pass tensors of one library)")
-    if not isinstance(backend, str):
-        raise TypeError(f"backend is {backend!r}; expected one of auto, reference, naive, cpu, cuda")
-    if window is None:
-        window = (-1, -1)
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise TypeError(f"window is {window!r}; expected a pair (left, right) of ints, -1 = unlimited")
     args = (_as_tensor(sink_logits, "sink_logits"), _as_tensor(cu_seqlens_q, "cu_seqlens_q"),
-            _as_tensor(cu_seqlens_k, "cu_seqlens_k"), bool(causal), None if scale is None else float(scale),
-            int(window[0]), int(window[1]), int(sink_tokens), float(softcap), backend)
+            _as_tensor(cu_seqlens_k, "cu_seqlens_k"),
+            *_args.options(causal, scale, window, sink_tokens, softcap, backend))
     if _eager_ok(q, k, v, args[0]):  # the same kernel call without the custom-op dispatch (~60 us of host time)
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

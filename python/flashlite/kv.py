@@ -198,12 +198,12 @@ def append_kv(cache: KVCache, k, v, *, q=None, q_out=None, rope: Rope | None = N
 
 
 def _decode_call(q, cache, out, lse, causal, scale, window, sink_tokens, sink_logits, softcap, backend):
-    from ._api import _window
-    left, right = _window(window)
+    from ._args import options
+    causal, scale, left, right, sink_tokens, softcap, backend = options(causal, scale, window, sink_tokens, softcap,
+                                                                        backend)
     conv = _dl if cache.lib == "torch" else (lambda a: a)
-    return ((conv(q), cache._parts(), conv(out), conv(lse), conv(sink_logits), bool(causal),
-             None if scale is None else float(scale), left, right, int(sink_tokens), float(softcap), backend,
-             _stream(cache)))
+    return ((conv(q), cache._parts(), conv(out), conv(lse), conv(sink_logits), causal, scale, left, right, sink_tokens,
+             softcap, backend, _stream(cache)))
 
 
 def _outputs(q, cache, out, return_lse):

@@ -300,6 +300,11 @@ def test_empty_arrays_and_read_only_inputs():
         flashlite.KVCache(kc, vc, seq_lens=[2.7, 3])
     with pytest.raises(TypeError, match="cu_seqlens_q has entries of dtype float64"):
         flashlite.prefill(f32(1, 2, 4, 8), cache, cu_seqlens_q=[0, 1.5, 2])
+    # scalar options as strictly as flashlite.attention's
+    with pytest.raises(TypeError, match="causal is 'no'; expected True or False"):
+        flashlite.decode(q, cache, causal="no")
+    with pytest.raises(ValueError, match=r"window\[0\] \(left\) is -4294967296; expected a value within int32"):
+        flashlite.decode(q, cache, window=(-2**32, -1))
 
 
 def test_rope_inv_freq_matches_independent_rule():

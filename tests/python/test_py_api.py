@@ -125,6 +125,31 @@ def test_errors_arrive_as_python_exceptions():
         flashlite.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
 
 
+def test_scalar_arguments_are_checked_strictly():
+    """bool("no") is True and float("2") parses: causal, scale, window, sink_tokens and softcap take only their own
+    types, and ints past int32 are a ValueError naming the argument (not nanobind's unclear TypeError). numpy scalars
+    and the ints 0 / 1 for causal are accepted and mean what the Python values mean."""
+    rng = np.random.default_rng(10)
+    q, k, v = numpy_inputs(rng, 1, 8, 8, 2, 2, 16)
+    _expect(TypeError, "causal is 'no'; expected True or False", q, k, v, causal="no")
+    _expect(TypeError, "causal is 2; expected True or False", q, k, v, causal=2)
+    _expect(TypeError, "scale is '0.1'; expected a number", q, k, v, scale="0.1")
+    _expect(TypeError, "softcap is '1'; expected a number", q, k, v, softcap="1")
+    _expect(TypeError, r"window\[0\] \(left\) is 2.5; expected an int", q, k, v, window=(2.5, 0))
+    _expect(ValueError, r"window\[1\] \(right\) is 4294967296; expected a value within int32", q, k, v,
+            window=(-1, 2**32))
+    _expect(ValueError, "sink_tokens is 2147483648; expected a value within int32", q, k, v, sink_tokens=2**31)
+    _expect(TypeError, "sink_tokens is True; expected an int", q, k, v, sink_tokens=True)
+    want = flashlite.attention(q, k, v, causal=True, window=(4, 0), sink_tokens=1, scale=0.25, backend="cpu")
+    for causal in (1, np.bool_(True)):
+        got = flashlite.attention(q, k, v, causal=causal, window=(np.int64(4), np.int32(0)), sink_tokens=np.int16(1),
+                                  scale=np.float64(0.25), backend="cpu")
+        assert np.array_equal(got, want)
+    assert not np.array_equal(flashlite.attention(q, k, v, causal=0, backend="cpu"), want)
+    with pytest.raises(TypeError, match="causal is 'yes'"):
+        flashlite.kernel_name(q, k, v, causal="yes")
+
+
 def test_empty_arrays_are_accepted():
     """numpy gives arrays without elements all-zero strides: no query rows, no keys or no batch must not be refused
     as "head_dim stride 0"; rows without keys get zeros and LSE -inf."""

@@ -95,5 +95,9 @@ def test_errors_from_the_op():
         flashlite.attention(q, k.bfloat16(), v)
     with pytest.raises(ValueError, match="window_left is -3"):
         flashlite.attention(q, k, v, window=(-3, 0))
+    with pytest.raises(TypeError, match="causal is 'no'; expected True or False"):
+        flashlite.attention(q, k, v, causal="no")
+    with pytest.raises(ValueError, match="sink_tokens is 4294967296; expected a value within int32"):
+        flashlite.attention(q, k, v, sink_tokens=2**32)
     with pytest.raises(TypeError, match="expected a torch.Tensor"):
         flashlite.attention(q, np.zeros((1, 8, 2, 64), np.float32), v)
