@@ -31,9 +31,8 @@ namespace flashlite::engine::cuda_ops {
 namespace {
 
 constexpr int kConsumerWarps = 8, kConsumers = kConsumerWarps * 32, kThreads = kConsumers + 32;
-constexpr int kSlotBytes = 8192, kSlotChunks = kSlotBytes / 16;
+constexpr int kSlotBytes = 8192;
 constexpr int kMaxRangeRows = 16;  // rows of one range of a unit
-constexpr int kConsumerBarrier = 1;
 
 enum class Layout : int { plain, pair, rope_half, rope_interleaved };
 
@@ -66,6 +65,9 @@ struct RangeRows {
   int row0, count;
 };
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kSlotChunks = kSlotBytes / 16, kConsumerBarrier = 1;
+
 __device__ __forceinline__ RangeRows range_rows(const GemvParams& p, const StreamPlan& sp, int u, int range) {
   switch (sp.layout) {
     case Layout::plain:
@@ -84,7 +86,6 @@ __device__ __forceinline__ RangeRows range_rows(const GemvParams& p, const Strea
   }
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -121,8 +122,6 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"r"(kConsumerBarrier), "r"(kConsumers) : "memory");
 }
-#endif
-
 __device__ __forceinline__ float lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
@@ -136,6 +135,7 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
   acc = fmaf(hi(w.w), hi(x.w), acc);
   return acc;
 }
+
 
 // The unit's outputs from its row sums (sum(r): range-0 row r; sum(n + r): range-1 row r), thread t of the consumers.
 template <GemvOut OUT, class Sum>
@@ -175,6 +175,8 @@ __device__ __forceinline__ void epilogue(const GemvParams& p, const StreamPlan& 
     dst[d1] = y1;
   }
 }
+
+#endif
 
 template <GemvOut OUT>
 __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const GemvParams p, const StreamPlan sp) {
