@@ -24,6 +24,16 @@ LogitsOutput LlamaModel::forward_select(const std::vector<SequenceInput>& inputs
   return select_on_host(logits.data(), int(logits.size() / size_t(vocab)), request);
 }
 
+namespace {
+
+// The sampler's refusal for a row the host reduces (the greedy and top-k paths never reach Sampler::sample's check),
+// with the row named as the CUDA engine's device selection names it.
+void refuse_unsampleable(const float* row, int vocab, int r) {
+  if (std::string why = unsampleable(row, vocab, "logit"); !why.empty()) fail("logits row " + std::to_string(r) + ": " + why);
+}
+
+}  // namespace
+
 LogitsOutput LlamaModel::select_on_host(const float* logits, int rows, const LogitsRequest& request) {
   const int vocab = config().vocab_size;
   LogitsOutput out;
@@ -34,7 +44,10 @@ LogitsOutput LlamaModel::select_on_host(const float* logits, int rows, const Log
     out.logits = logits;
   } else if (request.kind == LogitsRequest::Kind::argmax) {
     select_ids_.resize(rows);
-    for (int r = 0; r < rows; ++r) select_ids_[r] = argmax(logits + size_t(r) * vocab, vocab);
+    for (int r = 0; r < rows; ++r) {
+      refuse_unsampleable(logits + size_t(r) * vocab, vocab, r);
+      select_ids_[r] = argmax(logits + size_t(r) * vocab, vocab);
+    }
     out.ids = select_ids_.data();
   } else {
     const int k = request.k;
@@ -44,6 +57,7 @@ LogitsOutput LlamaModel::select_on_host(const float* logits, int rows, const Log
     std::vector<std::pair<float, int>> cand(vocab);
     for (int r = 0; r < rows; ++r) {
       const float* row = logits + size_t(r) * vocab;
+      refuse_unsampleable(row, vocab, r);  // also keeps NaN out of partial_sort's ordering
       for (int i = 0; i < vocab; ++i) cand[i] = {row[i], i};
       std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), Sampler::before);
       for (int i = 0; i < k; ++i) {

@@ -16,11 +16,7 @@ void SamplingParams::validate() const {
   if (!(top_p > 0 && top_p <= 1)) fail("top_p is " + std::to_string(top_p) + "; expected a number in (0, 1]");
 }
 
-namespace {
-
-// A row the sampler can choose from: no NaN or +inf (a broken model or kernel, not a distribution) and at least one
-// finite logit (-inf alone masks every token). One pass; the failing index is looked up only on failure.
-void check_logits(const float* logits, int n, const char* what) {
+std::string unsampleable(const float* logits, int n, const char* what) {
   bool bad = false;
   float mx = -INFINITY;
   for (int i = 0; i < n; ++i) {
@@ -30,10 +26,17 @@ void check_logits(const float* logits, int n, const char* what) {
   if (bad) {
     int i = 0;
     while (logits[i] < INFINITY) ++i;
-    fail(std::string(what) + " " + std::to_string(i) + " is " + (std::isnan(logits[i]) ? "NaN" : "+inf") +
-         ": the model produced a non-finite logit; nothing can be sampled from this row");
+    return std::string(what) + " " + std::to_string(i) + " is " + (std::isnan(logits[i]) ? "NaN" : "+inf") +
+           ": the model produced a non-finite logit; nothing can be sampled from this row";
   }
-  if (n > 0 && mx == -INFINITY) fail(std::string("every ") + what + " is -inf: no token can be sampled");
+  if (n > 0 && mx == -INFINITY) return std::string("every ") + what + " is -inf: no token can be sampled";
+  return {};
+}
+
+namespace {
+
+void check_logits(const float* logits, int n, const char* what) {
+  if (std::string why = unsampleable(logits, n, what); !why.empty()) fail(why);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // Next-token choice from one row of logits: greedy (temperature 0), or temperature + top-k + top-p (nucleus)
 // sampling with a seeded, platform-independent RNG (xorshift64*), one stream per sequence.
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -38,5 +39,9 @@ class Sampler {
 };
 
 int argmax(const float* logits, int n);
+
+// Why no token can be sampled from this row, or empty: a NaN or +inf logit (a broken model or kernel, not a
+// distribution; the first one is named) or every logit -inf. `what` names an element ("logit"). One pass.
+std::string unsampleable(const float* logits, int n, const char* what);
 
 }  // namespace flashlite::engine

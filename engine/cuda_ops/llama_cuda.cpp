@@ -803,7 +803,12 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
   for (const SequenceInput& in : inputs) lengths_[in.slot] += int(in.tokens.size());
   if (request.kind == LogitsRequest::Kind::argmax) {
     select_ids_.resize(lrows);
-    for (int r = 0; r < lrows; ++r) select_ids_[r] = cuda_ops::argmax_key_index(keys_host_.as<uint64_t>()[r]);
+    for (int r = 0; r < lrows; ++r) {
+      const uint64_t key = keys_host_.as<uint64_t>()[r];
+      select_ids_[r] = cuda_ops::argmax_key_index(key);
+      if (std::string why = cuda_ops::argmax_key_problem(key); !why.empty())  // the host path's refusal (model.cpp)
+        fail("logits row " + std::to_string(r) + ": " + why);
+    }
     out.ids = select_ids_.data();
   } else if (request.kind == LogitsRequest::Kind::top_k) {
     out.k = request.k;

@@ -231,7 +231,7 @@ void gemv_rope(const GemvParams& shape, bool fused, const std::vector<float>& w,
 
 std::vector<int32_t> gemv_argmax(const GemvParams& shape, const std::vector<float>& w, const std::vector<float>& xf,
                                  const std::vector<float>& norm_w, const std::vector<int32_t>& row_index,
-                                 std::vector<float>& y) {
+                                 std::vector<float>& y, std::vector<uint64_t>* keys_out) {
   require_device();
   const auto wb = to_bf16(w), gb = to_bf16(norm_w);
   Dev dw(wb.data(), wb.size() * 2), dxf(xf.data(), xf.size() * 4), dg(gb.data(), gb.size() * 2),
@@ -263,16 +263,22 @@ std::vector<int32_t> gemv_argmax(const GemvParams& shape, const std::vector<floa
   check(cudaMemcpy(keys.data(), dkeys.p, keys.size() * 8, cudaMemcpyDeviceToHost), "download");
   std::vector<int32_t> ids(shape.rows);
   for (int r = 0; r < shape.rows; ++r) ids[r] = argmax_key_index(keys[r]);
+  if (keys_out) *keys_out = keys;
   return ids;
 }
 
-std::vector<int32_t> argmax_rows(const std::vector<float>& logits, int rows, int vocab) {
+std::vector<uint64_t> argmax_keys(const std::vector<float>& logits, int rows, int vocab) {
   require_device();
   Dev dl(logits.data(), logits.size() * 4), dk(size_t(rows) * 8);
   check(cudaMemset(dk.p, 0xff, size_t(rows) * 8), "poison");
   cuda_ops::argmax_rows(static_cast<uint64_t*>(dk.p), static_cast<const float*>(dl.p), rows, vocab, nullptr);
   std::vector<uint64_t> keys(rows);
   check(cudaMemcpy(keys.data(), dk.p, size_t(rows) * 8, cudaMemcpyDeviceToHost), "download");
+  return keys;
+}
+
+std::vector<int32_t> argmax_rows(const std::vector<float>& logits, int rows, int vocab) {
+  const std::vector<uint64_t> keys = argmax_keys(logits, rows, vocab);
   std::vector<int32_t> ids(rows);
   for (int r = 0; r < rows; ++r) ids[r] = argmax_key_index(keys[r]);
   return ids;

@@ -40,9 +40,10 @@ void gemv_rope(const GemvParams& shape, bool fused, const std::vector<float>& w,
 // engine does), then the gemv writes y (rows, out) fp32 and folds the argmax; returns each row's argmax index.
 std::vector<int32_t> gemv_argmax(const GemvParams& shape, const std::vector<float>& w, const std::vector<float>& xf,
                                  const std::vector<float>& norm_w, const std::vector<int32_t>& row_index,
-                                 std::vector<float>& y);
+                                 std::vector<float>& y, std::vector<uint64_t>* keys = nullptr);
 
 std::vector<int32_t> argmax_rows(const std::vector<float>& logits, int rows, int vocab);
+std::vector<uint64_t> argmax_keys(const std::vector<float>& logits, int rows, int vocab);  // the keys themselves
 void top_k_rows(const std::vector<float>& logits, int rows, int vocab, int k, std::vector<float>& values,
                 std::vector<int32_t>& ids);
 

@@ -512,4 +512,38 @@ TEST(CudaEngine, EmptyInputIsRefusedAndLeavesTheModelWorking) {
   std::filesystem::remove_all(dir);
 }
 
+// A model whose logits hold a NaN (LM-head row 7 of NaN): the GPU's greedy selection refuses the row with the host
+// sampler's words, with the argmax fused into the LM head (the default) and as its own kernel, where it used to pick
+// among the finite logits; sampling refuses it through the top-k candidates. The CPU engine says the same.
+TEST(CudaEngine, NonFiniteLogitsAreRefusedAsOnTheHost) {
+  const synth::Spec spec{"cuda_nan_logits", 256, 512, 2, 4, 2, 64, 300, "BF16", false, true, 0};
+  const auto dir = synth::fresh_dir(spec.name);
+  synth::write_checkpoint(dir, spec, 23);
+  eng::ModelWeights w = eng::load_checkpoint(dir.string());
+  float* head = eng::writable(w.lm_head);
+  for (int i = 0; i < spec.dim; ++i) head[size_t(7) * spec.dim + i] = std::nanf("");
+  const std::vector<std::vector<int>> prompt = {{1, 5, 9, 200, 17}};
+  eng::GenerationParams greedy;
+  greedy.max_new_tokens = 4;
+  eng::GenerationParams sampled = greedy;
+  sampled.sampling = eng::SamplingParams{0.9f, 20, 0.95f, 7};
+  eng::RuntimeOptions o;
+  for (const eng::GenerationParams* gp : {&greedy, &sampled}) {  // the host's argmax and top-k reductions
+    const auto cpu = eng::create_model(w, o, "cpu");
+    const std::string e = error_of([&] { eng::generate(*cpu, prompt, *gp); });
+    EXPECT_NE(e.find("logits row 0: logit 7 is NaN: the model produced a non-finite logit"), std::string::npos) << e;
+  }
+  for (const ScopedEnvVars& env : {ScopedEnvVars{}, ScopedEnvVars{{"FLASHLITE_ENGINE_FUSE_ARGMAX", "0"}}}) {
+    ScopedEnv scoped(env);
+    CUDA_MODEL_OR_SKIP(m, w, "bf16", 1);
+    const std::string e = error_of([&] { eng::generate(*m, prompt, greedy); });
+    EXPECT_NE(e.find("logits row 0: logit 7 is NaN: the model produced a non-finite logit"), std::string::npos)
+        << (env.empty() ? "fused argmax: " : "argmax kernel: ") << e;
+  }
+  CUDA_MODEL_OR_SKIP(m, w, "bf16", 1);
+  const std::string e = error_of([&] { eng::generate(*m, prompt, sampled); });
+  EXPECT_NE(e.find("is NaN"), std::string::npos) << e;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace

@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
+#include "engine/cuda_ops/select.h"
 #include "engine/cuda_ops/testing.h"
 #include "engine/sampler.h"
 
@@ -475,6 +477,60 @@ TEST(EngineCudaOps, DeviceArgmaxIsTheHostArgmax) {
       for (int r = 0; r < rows; ++r)
         EXPECT_EQ(got[r], flashlite::engine::argmax(logits->data() + size_t(r) * vocab, vocab)) << "vocab " << vocab << " row " << r;
     }
+  }
+}
+
+// Rows the host sampler refuses (a NaN or +inf logit, or every logit -inf) are recognisable from their argmax keys,
+// so the engine's greedy path refuses them too instead of choosing among the finite logits: a NaN (either sign) ranks
+// above +inf, the first NaN wins; the fused LM-head argmax (a weight row of NaN) shows the same.
+TEST(EngineCudaOps, ArgmaxKeysShowTheRowsTheSamplerRefuses) {
+  DEVICE_OR_SKIP();
+  std::mt19937 rng(31);
+  const int vocab = 1001, rows = 6;
+  std::vector<float> l = random_vec(size_t(rows) * vocab, rng, -20.f, 20.f);
+  auto at = [&](int r, int i) -> float& { return l[size_t(r) * vocab + i]; };
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  at(1, 17) = nan;
+  at(2, 900) = nan;
+  at(2, 5) = -nan;
+  at(3, 300) = inf;
+  for (int i = 0; i < vocab; ++i) at(4, i) = -inf;
+  at(5, 40) = inf;
+  at(5, 600) = nan;
+  const std::vector<uint64_t> keys = dt::argmax_keys(l, rows, vocab);
+  const struct {
+    int index;
+    const char* problem;  // empty: a row the sampler takes
+  } want[rows] = {{flashlite::engine::argmax(l.data(), vocab), ""},
+                  {17, "logit 17 is NaN"}, {5, "logit 5 is NaN"}, {300, "logit 300 is +inf"},
+                  {0, "every logit is -inf"}, {600, "logit 600 is NaN"}};
+  for (int r = 0; r < rows; ++r) {
+    SCOPED_TRACE("row " + std::to_string(r));
+    EXPECT_EQ(ops::argmax_key_index(keys[r]), want[r].index);
+    const std::string why = ops::argmax_key_problem(keys[r]);
+    EXPECT_EQ(why.rfind(want[r].problem, 0), 0u) << "'" << why << "'";
+    EXPECT_EQ(why.empty(), *want[r].problem == 0) << "'" << why << "'";
+    // The host's words for the same row; it names the first NaN or +inf by index, the keys the first NaN (row 5).
+    const std::string host = flashlite::engine::unsampleable(l.data() + size_t(r) * vocab, vocab, "logit");
+    if (r != 5) EXPECT_EQ(why, host);
+    else EXPECT_EQ(host.rfind("logit 40 is +inf", 0), 0u) << host;
+  }
+  // The LM-head GEMV's fused argmax: weight row 3 all NaN gives logit 3 NaN in every activation row.
+  const int out = 77, k = 64, arows = 2;
+  std::vector<float> w = random_vec(size_t(out) * k, rng, -0.1f, 0.1f);
+  for (int i = 0; i < k; ++i) w[size_t(3) * k + i] = nan;
+  const auto xf = random_vec(size_t(arows) * k, rng, -3.f, 3.f), g = random_vec(k, rng, 0.5f, 1.5f);
+  ops::GemvParams p;
+  p.rows = arows;
+  p.out = out;
+  p.k = k;
+  p.eps = 1e-5f;
+  std::vector<float> y;
+  std::vector<uint64_t> fused_keys;
+  const std::vector<int32_t> ids = dt::gemv_argmax(p, w, xf, g, {}, y, &fused_keys);
+  for (int r = 0; r < arows; ++r) {
+    EXPECT_EQ(ids[r], 3) << "row " << r;
+    EXPECT_EQ(ops::argmax_key_problem(fused_keys[r]).rfind("logit 3 is NaN", 0), 0u) << "row " << r;
   }
 }
 
