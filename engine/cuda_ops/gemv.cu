@@ -22,6 +22,22 @@ template <GemvOut OUT>
 __host__ __device__ constexpr int unroll() { return 8 / rows_per_warp<OUT>(); }
 constexpr size_t kMaxStagedBytes = 160 * 1024;
 
+// The staged rows' bytes this device takes: kMaxStagedBytes, less where its opt-in shared memory per block is smaller
+// (sm_86 / sm_89: ~99 KB), with 1 KB left for the kernels' static shared memory. Without a device: kMaxStagedBytes
+// (nothing launches then anyway).
+size_t max_staged_bytes() {
+  static const size_t bytes = [] {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || optin <= 0) {
+      cudaGetLastError();
+      return kMaxStagedBytes;
+    }
+    return std::min(kMaxStagedBytes, size_t(std::max(0, optin - 1024)));
+  }();
+  return bytes;
+}
+
 // Weights are read once: skip L1.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   uint4 v;
@@ -408,7 +424,7 @@ void launch(const GemvParams& p, cudaStream_t s) {
   if (smem > 48 * 1024) {
     static bool raised = false;  // once per instantiation (the limit is per kernel)
     if (!raised) {
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxStagedBytes));
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_staged_bytes()));
       raised = true;
     }
   }
@@ -465,7 +481,7 @@ int gemv_auto_split(int out, int k) {
 }
 
 bool gemv_supported(int rows, int k) {
-  return rows >= 1 && rows <= kGemvMaxRows && k > 0 && k % 8 == 0 && size_t(rows) * k * 2 <= kMaxStagedBytes;
+  return rows >= 1 && rows <= kGemvMaxRows && k > 0 && k % 8 == 0 && size_t(rows) * k * 2 <= max_staged_bytes();
 }
 
 void gemv(const GemvParams& p, void* stream) {

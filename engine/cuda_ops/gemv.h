@@ -79,7 +79,8 @@ struct GemvParams {
 // warps per SM); 1 for the O and QKV shapes of Llama-3.2-1B, 2 for down.
 int gemv_auto_split(int out, int k);
 
-// Whether gemv takes these sizes (k a multiple of 8, rows in range, the staged rows fit in shared memory).
+// Whether gemv takes these sizes (k a multiple of 8, rows in range, the staged rows fit in this device's shared
+// memory: 160 KB, less on GPUs with a smaller opt-in limit, where the engine then takes cuBLASLt).
 bool gemv_supported(int rows, int k);
 void gemv(const GemvParams& p, void* stream);
 
