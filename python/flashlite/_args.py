@@ -4,28 +4,35 @@ forgiving here: bool("no") is True, float("2") parses a string, and an int past 
 TypeError. Each check names the argument and the value."""
 from __future__ import annotations
 
-import numbers
-
 _INT32 = (-2**31, 2**31 - 1)
 
 
+def _numpy_kind(x):
+    """numpy scalar's dtype kind ('b', 'i', 'u', 'f', ...), else None; numpy is never imported here. Plain type
+    checks, no ABCs, so torch.compile evaluates them on its constants."""
+    return x.dtype.kind if type(x).__module__ == "numpy" and hasattr(x, "dtype") else None
+
+
 def _is_bool(x):
-    t = type(x)  # numpy's bool scalar (numpy.bool, numpy.bool_ before numpy 2) without importing numpy
-    return isinstance(x, bool) or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_"))
+    return isinstance(x, bool) or _numpy_kind(x) == "b"
+
+
+def _is_int(x):
+    return (isinstance(x, int) and not isinstance(x, bool)) or _numpy_kind(x) in ("i", "u")
 
 
 def causal_flag(x):
-    """bool, numpy.bool_, or the ints 0 and 1."""
+    """bool, numpy bool, or the ints 0 and 1."""
     if _is_bool(x):
         return bool(x)
-    if isinstance(x, numbers.Integral) and int(x) in (0, 1):
+    if _is_int(x) and int(x) in (0, 1):
         return bool(x)
     raise TypeError(f"causal is {x!r}; expected True or False")
 
 
 def int32_value(x, name):
     """An int (not a bool or a float) within int32."""
-    if _is_bool(x) or not isinstance(x, numbers.Integral):
+    if not _is_int(x):
         raise TypeError(f"{name} is {x!r}; expected an int")
     v = int(x)
     if not _INT32[0] <= v <= _INT32[1]:
@@ -35,7 +42,7 @@ def int32_value(x, name):
 
 def real_value(x, name):
     """A real number (not a string or a bool)."""
-    if _is_bool(x) or not isinstance(x, numbers.Real):
+    if not (_is_int(x) or isinstance(x, float) or _numpy_kind(x) == "f"):
         raise TypeError(f"{name} is {x!r}; expected a number")
     return float(x)
 
