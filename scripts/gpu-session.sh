@@ -36,7 +36,8 @@ has() { [[ ",$phases," == *",$1,"* ]]; }
 
 echo "== $(date +%T) gpu-check (budget $(left) s)"
 if has check; then
-  lim=$(( $(left) - 150 ))  # leaves room for the later phases
+  reserve=150; [ "$phases" = check ] && reserve=10  # room for the later phases, when there are any
+  lim=$(( $(left) - reserve ))
   if [ "$lim" -ge 60 ]; then
     timeout -s KILL "$lim" bash scripts/gpu-check.sh "$dest" --skip "attn,bench${SKIP_CHECK:+,$SKIP_CHECK}" \
       2>&1 | tail -40 || status=1
