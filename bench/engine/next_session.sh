@@ -11,7 +11,7 @@
 #      splits 1 / 2 / 4), with the JSON rewritten after every run.
 # Knobs (environment): OPS_FILTER / MODEL_FILTER (gtest filters), EVENT_PROFILES / NCU_PROFILES (a bash word list
 # of label|VARS specs, e.g. '"default|" "stream|$stream"'; $off and $stream name the switches-off and streamed sets),
-# E2E_BATCHES (default 1,16), E2E_VARIANTS (default all).
+# E2E_BATCHES (default 1,16), E2E_VARIANTS (default all), SKIP_EVENT=1 / SKIP_NCU=1 (leave those profiles out).
 # ../shared does not travel: first, on the dev machine,
 #   mkdir -p .carry/models && cp -r ../shared/models/stories260K ../shared/models/llama3-tokenizer .carry/models/
 # then run this with `.carry` in the run's carry list (and the GoogleTest/CLI11/PCRE2 prefixes .carry/deps,
@@ -72,6 +72,7 @@ stamp "event profiles"
 stream="FLASHLITE_ENGINE_STREAM=1"
 specs=("default|" "switches_off|$off" "default_batch16|")
 [ -n "${EVENT_PROFILES:-}" ] && eval "specs=($EVENT_PROFILES)"
+[ "${SKIP_EVENT:-0}" = 1 ] && specs=()
 for spec in "${specs[@]}"; do
   before 380 "event profile ${spec%%|*}" || continue
   label="${spec%%|*}"; vars="${spec#*|}"; b=1; [ "$label" = default_batch16 ] && b=16
@@ -84,6 +85,7 @@ done
 stamp "ncu profiles"
 specs=("default|" "switches_off|$off")
 [ -n "${NCU_PROFILES:-}" ] && eval "specs=($NCU_PROFILES)"
+[ "${SKIP_NCU:-0}" = 1 ] && specs=()
 for spec in "${specs[@]}"; do
   label="${spec%%|*}"; vars="${spec#*|}"
   before 330 "ncu profile $label" || continue
