@@ -49,9 +49,6 @@ struct DecodeParams {
   // Split > 1 on sm_90 with the splits launched as one cluster: merged in distributed shared memory instead
   // (cluster_merge.cuh; no partials in global memory, no combine kernel).
   bool cluster_merge = false;
-  // Caller's hint (DecodeArgs::l2_prefetch): ranges bulk-prefetched into L2 by the blocks, after their first tiles.
-  const char* l2_ahead[2] = {nullptr, nullptr};
-  uint64_t l2_ahead_bytes[2] = {0, 0};
 };
 
 }  // namespace flashlite::cuda_decode

@@ -238,10 +238,6 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   P.softcap = float(p.softcap);
   P.mask = p.mask;
   P.q_vec = aligned16(p.q, p.q_st);
-  for (int i = 0; i < 2; ++i) {
-    P.l2_ahead[i] = static_cast<const char*>(p.l2_prefetch.ptr[i]);
-    P.l2_ahead_bytes[i] = p.l2_prefetch.bytes[i];
-  }
 
   // Splits that fit one cluster merge there (no partials in global memory, no combine kernel). The plan's workspace
   // stays reserved either way (decode_workspace_bytes does not depend on the merge), so FLASHLITE_DECODE_CLUSTER
