@@ -52,12 +52,8 @@ int plan_splits(const DecodeProblem& p, int64_t bound, int forced, int64_t slots
   if (forced > 0) return std::min(forced, kDecodeMaxSplits);
   const int64_t rows = p.group() * p.q_len;
   const int64_t units = p.cache.batch * p.cache.kv_heads * ((rows + kDecodeRowsPerBlock - 1) / kDecodeRowsPerBlock);
-  const int64_t keys = decode_visible_keys_bound(p.mask, p.q_len, bound);
-  // Few (sequence, kv head) pairs: one deep block per SM, the splits of a pair one cluster (no combine kernel).
-  if (const int cluster = cuda_decode_deep_cluster(p, units); cluster >= 2) {
-    return choose_num_splits(units, keys, units * cluster, kDecodeTileKeys, cluster);
-  }
-  return choose_num_splits(units, keys, slots, kDecodeTileKeys, kDecodeMaxSplits);
+  return choose_num_splits(units, decode_visible_keys_bound(p.mask, p.q_len, bound), slots, kDecodeTileKeys,
+                           kDecodeMaxSplits);
 }
 #endif
 

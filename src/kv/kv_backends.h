@@ -55,13 +55,6 @@ std::string cuda_decode_kernel_name(const DecodeProblem& p, int num_splits = 0);
 // once per process: 1 / on (the default) or 0 / off (always the combine kernel); anything else is an error naming
 // the variable.
 int parse_decode_cluster_mode(const char* value);
-// A decode on/off switch's value (unset or empty: 1); any other value than the flag words throws, naming `name`.
-int parse_decode_switch(const char* name, const char* value);
-// The deep split kernel (sm_90, head_dim 128, FLASHLITE_DECODE_CLUSTER and FLASHLITE_DECODE_DEEP on; one block per
-// SM): the largest cluster size c (16, 8, 4, 2) such that `units` clusters of c of its blocks are resident at once,
-// i.e. the most splits a one-wave deep grid of `units` (sequence, kv head, row chunk) units allows; 0 if none or if
-// that grid would leave more than a tenth of the SMs idle.
-int cuda_decode_deep_cluster(const DecodeProblem& p, int64_t units);
 bool cuda_decode_merges_in_cluster(const DecodeProblem& p, int num_splits);
 #endif
 

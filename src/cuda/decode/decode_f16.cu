@@ -11,8 +11,7 @@ DecodeKernels decode_kernels_f16(int head_dim) {
             reinterpret_cast<const void*>(&decode_combine_kernel<__half, 64>), SplitCfg<64>::SMEM_BYTES};
   }
   return {reinterpret_cast<const void*>(&decode_split_kernel<__half, 128>),
-          reinterpret_cast<const void*>(&decode_combine_kernel<__half, 128>), SplitCfg<128>::SMEM_BYTES,
-          reinterpret_cast<const void*>(&decode_split_kernel<__half, 128, kDeepStages>), SplitCfg<128, kDeepStages>::SMEM_BYTES};
+          reinterpret_cast<const void*>(&decode_combine_kernel<__half, 128>), SplitCfg<128>::SMEM_BYTES};
 }
 
 }  // namespace flashlite::cuda_decode

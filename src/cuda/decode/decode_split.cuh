@@ -19,7 +19,6 @@
 #include <cuda_runtime.h>
 
 #include "cuda/decode/cluster_merge.cuh"
-#include "cuda/decode/decode_kernels.h"
 #include "cuda/decode/decode_params.h"
 #include "cuda/decode/decode_ptx.cuh"
 
@@ -28,18 +27,18 @@ namespace flashlite::cuda_decode {
 inline constexpr int kThreads = 128;
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kTileKeys = 64;
-inline constexpr int kStages = 3;  // two blocks per SM: 6 tiles of K/V in flight per SM (kDeepStages: one block)
+inline constexpr int kStages = 3;
 inline constexpr int kRowsPerBlock = 64;
-inline constexpr int kPidRing = 8;  // tiles of page ids in shared memory (written S tiles ahead of use: S + 2 needed)
+inline constexpr int kPidRing = 8;   // tiles of page ids in shared memory (written 3 tiles ahead of use: >= 4 needed)
+inline constexpr int kPidAhead = kStages;  // the page ids of tile t travel in tile t - 3's commit group
 
-// S: pipeline stages; the page ids of tile t travel in tile t - S's commit group.
-template <int D, int S = kStages>
+template <int D>
 struct SplitCfg {
   static constexpr int LD = D + 8;  // shared row stride (elements): a 16-byte pad makes ldmatrix conflict-free
   static constexpr int CPR = D / 8;  // 16-byte chunks per row
   static constexpr int TILE_BYTES = kTileKeys * LD * 2;
   static constexpr int STAGE_BYTES = 2 * TILE_BYTES;  // K tile, V tile
-  static constexpr int PIPE_BYTES = S * STAGE_BYTES;
+  static constexpr int PIPE_BYTES = kStages * STAGE_BYTES;
   // Paged: the page id of every key row of a tile, copied (cp.async) three tiles before the tile is issued; a ring of
   // kPidRing tiles after the pipeline buffers.
   static constexpr int PID_BYTES = kPidRing * kTileKeys * 4;
@@ -57,7 +56,7 @@ struct SplitCfg {
   static constexpr int CLUSTER_O_OFF = kWarps * MERGE_FLOATS * 4;
   static constexpr int CLUSTER_LSE_OFF = CLUSTER_O_OFF + kRowsPerBlock * D * 4;
   static_assert(CLUSTER_O_OFF % 16 == 0 && CLUSTER_LSE_OFF + kRowsPerBlock * 4 <= PIPE_BYTES, "cluster area fits");
-  static_assert(kPidRing > S + 1 && kTileKeys <= kThreads, "page-id ring: one row per copying thread");
+  static_assert(kPidRing > kPidAhead + 1 && kTileKeys <= kThreads, "page-id ring: one row per copying thread");
 };
 
 // The keys a sequence's rows can see as one virtual range [0, n_total): [0, n1) then [start2, start2 + n2).
@@ -84,10 +83,9 @@ __device__ __forceinline__ VirtualKeys virtual_keys(const MaskParams& m, int q_l
   return v;
 }
 
-template <class T, int D, int S = kStages>
-__global__ void __launch_bounds__(kThreads, S > kStages ? 1 : 2) decode_split_kernel(const __grid_constant__ DecodeParams p) {
-  using Cfg = SplitCfg<D, S>;
-  constexpr int kPidAhead = S;
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_constant__ DecodeParams p) {
+  using Cfg = SplitCfg<D>;
   constexpr int LD = Cfg::LD, CPR = Cfg::CPR, KD = Cfg::KD, ND = Cfg::ND;
   extern __shared__ __align__(128) unsigned char smem[];
   pdl_launch_dependents();  // the combine kernel may start launching; it waits for this grid's results
@@ -108,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, S > kStages ? 1 : 2) decode_split_ke
   const int keys_per_warp = kTileKeys / wn_count;
 
   const uint32_t s_base = smem_u32(smem);
-  const uint32_t sQ = s_base + uint32_t((S - 1) * Cfg::STAGE_BYTES);
+  const uint32_t sQ = s_base + uint32_t((kStages - 1) * Cfg::STAGE_BYTES);
   // Q rows (zeros past the block's rows) into the last stage's K tile, as its own commit group; issued before the
   // length is read so the two memory round trips overlap.
   {
@@ -190,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, S > kStages ? 1 : 2) decode_split_ke
 
   // One tile (n-th of this split) into its stage: 64 rows of K and V, 16-byte copies; keys past the range are zeros.
   auto issue = [&](int n) {
-    const uint32_t sK = s_base + uint32_t((n % S) * Cfg::STAGE_BYTES);
+    const uint32_t sK = s_base + uint32_t((n % kStages) * Cfg::STAGE_BYTES);
     const uint32_t sV = sK + Cfg::TILE_BYTES;
     const int vk0 = (t_begin + n) * kTileKeys;
     const int* pid_n = pid + (n % kPidRing) * kTileKeys;
@@ -226,14 +224,14 @@ __global__ void __launch_bounds__(kThreads, S > kStages ? 1 : 2) decode_split_ke
   };
 
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
+  for (int s = 0; s < kStages - 1; ++s) {
     if (s < n_tiles) issue(s);
     cp_async_commit();
   }
 
   // Q fragments (A operand) of this warp's 16 rows.
   uint32_t qf[KD][4];
-  cp_async_wait<S - 1>();
+  cp_async_wait<kStages - 1>();
   __syncthreads();
   {
     const uint32_t q_lane = sQ + uint32_t(((wm * 16 + (lane / 8 % 2) * 8 + lane % 8) * LD + (lane / 16) * 8) * 2);
@@ -263,12 +261,12 @@ __global__ void __launch_bounds__(kThreads, S > kStages ? 1 : 2) decode_split_ke
   for (int n = 0; n < n_tiles; ++n) {
     // Tile n + 2 goes out before waiting for tile n, so three tiles are in flight during the wait.
     __syncthreads();  // every warp is done with tile n - 1: its stage is free
-    if (n + S - 1 < n_tiles) issue(n + S - 1);
+    if (n + kStages - 1 < n_tiles) issue(n + kStages - 1);
     cp_async_commit();
-    cp_async_wait<S - 1>();
+    cp_async_wait<kStages - 1>();
     __syncthreads();  // tile n is in shared memory for all
 
-    const uint32_t stage = s_base + uint32_t((n % S) * Cfg::STAGE_BYTES);
+    const uint32_t stage = s_base + uint32_t((n % kStages) * Cfg::STAGE_BYTES);
     const int vt0 = (t_begin + n) * kTileKeys;
     // Fully visible tile: inside the range, within one interval, and the predicate true for every (row, key).
     bool full = vt0 + kTileKeys <= vkeys.n_total && (vt0 + kTileKeys <= vkeys.n1 || vt0 >= vkeys.n1);

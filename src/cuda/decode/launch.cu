@@ -4,7 +4,6 @@
 // (with a caller-provided workspace; without one, the per-call cudaMallocAsync/cudaFreeAsync are captured too).
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cstdint>
@@ -47,8 +46,6 @@ bool aligned16(const void* ptr, const Strides3& s) {
 struct KernelState {
   std::atomic<int> blocks_per_sm{0};    // 0: not prepared yet (stored last: the fields below are set by then)
   std::atomic<int> cluster_splits{0};   // largest cluster of split CTAs that fits the device (0: none)
-  std::atomic<int> deep_splits{0};      // the same for the deep kernel (0: none, or no deep kernel)
-  std::atomic<int> deep_active[5] = {};  // resident clusters of the deep kernel with 1 << i CTAs (i = 1..4)
   std::atomic<bool> sm90_code{false};   // sm_90 device and code with griddepcontrol / clusters (kernel_arch.h)
 };
 KernelState g_state[64][4];  // device x (dtype, head_dim) instance
@@ -67,30 +64,25 @@ int compute_capability(int dev) {
   return cc;
 }
 
-// How many clusters of c split CTAs can be resident at once (0 where that size is not supported).
-int active_clusters(const void* kernel, int smem_bytes, int c) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(c), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(c));
-  cfg.blockDim = dim3(kSplitThreads);
-  cfg.dynamicSmemBytes = size_t(smem_bytes);
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();  // an unsupported size is an answer here, not a sticky error
-    return 0;
-  }
-  return clusters;
-}
-
 // The largest cluster of split CTAs (kClusterMaxSplits down to 2) with at least one resident cluster on the device.
-int query_cluster_splits(const void* kernel, int smem_bytes) {
-  FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+int query_cluster_splits(const DecodeKernels& k) {
+  FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   for (int c = cuda_decode::kClusterMaxSplits; c >= 2; c /= 2) {
-    if (active_clusters(kernel, smem_bytes, c) >= 1) return c;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(c), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(c));
+    cfg.blockDim = dim3(kSplitThreads);
+    cfg.dynamicSmemBytes = size_t(k.split_smem_bytes);
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, k.split, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // an unsupported size is an answer here, not a sticky error
+    } else if (clusters >= 1) {
+      return c;
+    }
   }
   return 0;
 }
@@ -112,15 +104,7 @@ int prepare_kernel(int dev, const DecodeProblem& p, const DecodeKernels& k) {
   // griddepcontrol.wait is compiled out).
   const bool sm90 = compute_capability(dev) >= 90 && cuda::kernel_has_sm90_code(k.split);
   st.sm90_code.store(sm90);
-  st.cluster_splits.store(sm90 ? query_cluster_splits(k.split, k.split_smem_bytes) : 0);
-  if (sm90 && k.split_deep != nullptr) {
-    FL_CUDA_CHECK(cudaFuncSetAttribute(k.split_deep, cudaFuncAttributeMaxDynamicSharedMemorySize, k.split_deep_smem_bytes));
-    FL_CUDA_CHECK(cudaFuncSetAttribute(k.split_deep, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-    st.deep_splits.store(query_cluster_splits(k.split_deep, k.split_deep_smem_bytes));
-    for (int i = 1; (1 << i) <= cuda_decode::kClusterMaxSplits && i < 5; ++i) {
-      st.deep_active[i].store(active_clusters(k.split_deep, k.split_deep_smem_bytes, 1 << i));
-    }
-  }
+  st.cluster_splits.store(sm90 ? query_cluster_splits(k) : 0);
   st.blocks_per_sm.store(n);
   return n;
 }
@@ -129,12 +113,6 @@ const KernelState& state(int dev, const DecodeProblem& p) { return g_state[dev &
 
 int cluster_mode() {
   static const int mode = parse_decode_cluster_mode(std::getenv("FLASHLITE_DECODE_CLUSTER"));
-  return mode;
-}
-
-// FLASHLITE_DECODE_DEEP=0 keeps the two-blocks-per-SM kernel (and its planning) on the cluster path too.
-int deep_mode() {
-  static const int mode = parse_decode_switch("FLASHLITE_DECODE_DEEP", std::getenv("FLASHLITE_DECODE_DEEP"));
   return mode;
 }
 
@@ -164,43 +142,16 @@ bool merges_in_cluster(int dev, const DecodeProblem& p, int num_splits) {
   return blocks <= sm_count(dev);
 }
 
-// A cluster-merge grid (at most one block per SM) runs the deep kernel where there is one and its cluster fits.
-bool runs_deep(int dev, const DecodeProblem& p, const DecodeKernels& k, int num_splits) {
-  return k.split_deep != nullptr && deep_mode() == 1 && num_splits <= state(dev, p).deep_splits.load() &&
-         merges_in_cluster(dev, p, num_splits);
-}
-
 }  // namespace
 
-int parse_decode_switch(const char* name, const char* value) {
+int parse_decode_cluster_mode(const char* value) {
   if (value == nullptr || *value == '\0') return 1;
   std::string v(value);
   for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
   if (v == "0" || v == "off" || v == "false" || v == "no") return 0;
   if (v == "1" || v == "on" || v == "true" || v == "yes") return 1;
-  throw Error(ErrorKind::invalid_value, std::string(name) + "=" + value +
+  throw Error(ErrorKind::invalid_value, std::string("FLASHLITE_DECODE_CLUSTER=") + value +
                                             ": expected 0 (off, false, no) or 1 (the default; on, true, yes)");
-}
-
-int parse_decode_cluster_mode(const char* value) { return parse_decode_switch("FLASHLITE_DECODE_CLUSTER", value); }
-
-int cuda_decode_deep_cluster(const DecodeProblem& p, int64_t units) {
-  (void)cluster_mode(), (void)deep_mode();  // both switches are checked whenever a decode is planned
-  cuda::DeviceGuard guard(p.cache.device.index);
-  const int dev = p.cache.device.index;
-  const DecodeKernels k = kernels_for(p);
-  prepare_kernel(dev, p, k);
-  if (k.split_deep == nullptr || deep_mode() == 0 || cluster_mode() == 0) return 0;
-  const KernelState& st = state(dev, p);
-  const int most = std::min(st.deep_splits.load(), st.cluster_splits.load());
-  const int64_t sms = sm_count(dev);
-  for (int i = 4; i >= 1; --i) {
-    const int64_t blocks = (int64_t(1) << i) * units;
-    if ((1 << i) > most || st.deep_active[i].load() < units || blocks > sms) continue;
-    // One block per SM streams as two do only where nearly every SM has one (else the shallow grid, all SMs).
-    return blocks * 10 >= sms * 9 ? 1 << i : 0;
-  }
-  return 0;
 }
 
 bool cuda_decode_merges_in_cluster(const DecodeProblem& p, int num_splits) {
@@ -241,8 +192,6 @@ std::string cuda_decode_kernel_name(const DecodeProblem& p, int num_splits) {
   if (num_splits <= 0) return name;
   name += " (splits " + std::to_string(num_splits);
   if (num_splits > 1) name += cuda_decode_merges_in_cluster(p, num_splits) ? ", cluster merge" : ", combine kernel";
-  cuda::DeviceGuard guard(p.cache.device.index);
-  if (runs_deep(p.cache.device.index, p, kernels_for(p), num_splits)) name += ", " + std::to_string(cuda_decode::kDeepStages) + " stages";
   return name + ")";
 }
 
@@ -295,7 +244,6 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   // never changes what a caller must provide.
   const int cluster = merges_in_cluster(dev, p, num_splits) ? num_splits : 0;
   P.cluster_merge = cluster > 0;
-  const bool deep = runs_deep(dev, p, kern, num_splits);
 
   void* ws = workspace;
   const size_t need = decode_workspace_bytes(p, num_splits);
@@ -331,11 +279,11 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(num_splits), unsigned(c.kv_heads * P.row_chunks), unsigned(c.batch));
   cfg.blockDim = dim3(kSplitThreads);
-  cfg.dynamicSmemBytes = size_t(deep ? kern.split_deep_smem_bytes : kern.split_smem_bytes);
+  cfg.dynamicSmemBytes = size_t(kern.split_smem_bytes);
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = unsigned(n_attr);
-  FL_CUDA_CHECK(cudaLaunchKernelExC(&cfg, deep ? kern.split_deep : kern.split, args));
+  FL_CUDA_CHECK(cudaLaunchKernelExC(&cfg, kern.split, args));
   if (num_splits > 1 && !P.cluster_merge) {
     cfg.numAttrs = pdl ? 1 : 0;  // the combine kernel: programmatic dependent, no cluster
     const int64_t items = c.batch * c.kv_heads * int64_t(P.rows);
