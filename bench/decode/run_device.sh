@@ -3,7 +3,7 @@
 # suite (ctest -L kv), the benchmark (with the split sweep), the torch peers, compute-sanitizer (memcheck on small
 # cases, racecheck on one). Logs go to a tarball in $OUT, JSON next to it. Phases (comma list, default all):
 #   build,test,bench,sdpa,sanitize   and, not in the default: quick (main shapes only), ncu (Nsight Compute on a few
-#   shapes, NCU_RUNS="B:L:PAGE ...")
+#   shapes, NCU_RUNS="B:L:PAGE ..."), chain (launch_chain.cu: graphs of near-empty kernels shaped like the decode grids)
 #
 #   bash bench/decode/run_device.sh [phases] [source tarball]
 #
@@ -35,7 +35,7 @@ if has build; then
     -DCMAKE_PREFIX_PATH="$root/.carry/deps/usr" > "$logs/cmake.log" 2>&1 || { tail -30 "$logs/cmake.log"; exit 1; }
   start=$(date +%s)
   cmake --build "$build" -j"$(nproc)" --target flashlite_decode_gpu_test flashlite_kv_cpu_test flashlite_kv_errors_test \
-    flashlite_decode_bench > "$logs/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$logs/build.log" | head -60; exit 1; }
+    flashlite_decode_bench flashlite_launch_chain > "$logs/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$logs/build.log" | head -60; exit 1; }
   echo "built in $(( $(date +%s) - start )) s"
 fi
 
@@ -53,6 +53,11 @@ fi
 if has quick; then
   step "decode bench, main shapes"
   "$build/bin/flashlite_decode_bench" --quick --out "$dest/decode_quick.json" 2>&1 | tee "$logs/quick.log" | grep -E "^main|bandwidth"
+fi
+
+if has chain; then
+  step "launch chain (fixed cost floor)"
+  "$build/bin/flashlite_launch_chain" --out "$dest/launch_chain.json" 2>&1 | tee "$logs/chain.log"
 fi
 
 if has ncu; then
