@@ -34,6 +34,10 @@
 #include <vector>
 
 #include "flashlite/kv_cache.h"
+#if FLASHLITE_DECODE_TIMELINE
+#include "cuda/decode/decode_params.h"
+#include "kv/kv_backends.h"
+#endif
 
 namespace {
 
@@ -43,6 +47,36 @@ void ck(cudaError_t e, const char* what) {
     std::exit(1);
   }
 }
+
+#if FLASHLITE_DECODE_TIMELINE
+// --timeline (diagnostic builds): the split blocks' stamps of a graph's last two calls (launch.cu alternates slots).
+constexpr size_t kTimelineSlotBlocks = 8192;
+unsigned long long* g_timeline = nullptr;
+
+// Per stamp of the last call: median and max over its blocks, in us after the previous call's last block ended.
+void print_timeline(const char* label, int blocks, int calls) {
+  using flashlite::cuda_decode::kTimelineStamps;
+  std::vector<unsigned long long> h(2 * kTimelineSlotBlocks * kTimelineStamps);
+  ck(cudaMemcpy(h.data(), g_timeline, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost), "timeline");
+  const unsigned long long* last = h.data() + size_t((calls - 1) % 2) * kTimelineSlotBlocks * kTimelineStamps;
+  const unsigned long long* prev = h.data() + size_t((calls - 2) % 2) * kTimelineSlotBlocks * kTimelineStamps;
+  unsigned long long prev_end = 0;
+  for (int b = 0; b < blocks; ++b) prev_end = std::max(prev_end, prev[size_t(b) * kTimelineStamps + 6]);
+  std::printf("timeline %s (us after the previous call's last split block; median / max over %d blocks):", label, blocks);
+  const char* names[] = {"entry", "wait", "q", "tile0", "loop", "merged", "end"};
+  for (int k = 0; k < 7; ++k) {
+    std::vector<double> v;
+    for (int b = 0; b < blocks; ++b) {
+      const unsigned long long t = last[size_t(b) * kTimelineStamps + k];
+      if (t) v.push_back((double(t) - double(prev_end)) * 1e-3);
+    }
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::printf("  %s %.2f/%.2f", names[k], v[v.size() / 2], v.back());
+  }
+  std::printf("\n");
+}
+#endif
 
 // ---------------------------------------------------------------- device helpers
 
@@ -321,6 +355,12 @@ Result run_case(const Case& c, Flusher& fl, int reps, int forced_splits, bool ch
     const int n = std::max(copies, 8);
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
+#if FLASHLITE_DECODE_TIMELINE
+    if (g_timeline) {
+      ck(cudaMemset(g_timeline, 0, 2 * kTimelineSlotBlocks * flashlite::cuda_decode::kTimelineStamps * 8), "timeline clear");
+      flashlite::cuda_decode_set_timeline(g_timeline, kTimelineSlotBlocks);
+    }
+#endif
     bool ok = extras && cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
     if (ok) {
       for (int i = 0; i < n; ++i) {
@@ -344,6 +384,15 @@ Result run_case(const Case& c, Flusher& fl, int reps, int forced_splits, bool ch
       std::sort(gms.begin(), gms.end());
       r.us_graph = gms[gms.size() / 2] * 1e3 / n;
       r.graph_calls = n;
+#if FLASHLITE_DECODE_TIMELINE
+      if (g_timeline) {
+        const std::string label = "b" + std::to_string(c.batch) + " kv" + std::to_string(c.kv_len) +
+                                  (paged ? " paged" + std::to_string(c.page) : std::string(" contig")) + " graph " +
+                                  std::to_string(r.us_graph).substr(0, 5) + " us/call";
+        print_timeline(label.c_str(), int(std::min<int64_t>(int64_t(kTimelineSlotBlocks), int64_t(r.splits) * B * H)), n);
+        flashlite::cuda_decode_set_timeline(nullptr, 0);
+      }
+#endif
     } else if (extras) {
       std::fprintf(stderr, "graph capture failed: %s\n", cudaGetErrorString(cudaGetLastError()));
     }
@@ -410,6 +459,9 @@ int main(int argc, char** argv) {
     else if (a == "--sweep") sweep = true;
     else if (a == "--quick") quick = true;
     else if (a == "--no-bw") bw_on = false;
+#if FLASHLITE_DECODE_TIMELINE
+    else if (a == "--timeline") ck(cudaMalloc(&g_timeline, 2 * kTimelineSlotBlocks * flashlite::cuda_decode::kTimelineStamps * 8), "timeline");
+#endif
     else if (a == "--only" && i + 1 < argc) {
       const std::string list = argv[++i];
       for (size_t pos = 0; pos < list.size();) {

@@ -3,7 +3,9 @@
 # suite (ctest -L kv), the benchmark (with the split sweep), the torch peers, compute-sanitizer (memcheck on small
 # cases, racecheck on one). Logs go to a tarball in $OUT, JSON next to it. Phases (comma list, default all):
 #   build,test,bench,sdpa,sanitize   and, not in the default: quick (main shapes only), ncu (Nsight Compute on a few
-#   shapes, NCU_RUNS="B:L:PAGE ..."), chain (launch_chain.cu: graphs of near-empty kernels shaped like the decode grids)
+#   shapes, NCU_RUNS="B:L:PAGE ..."), chain (launch_chain.cu: graphs of near-empty kernels shaped like the decode grids),
+#   timeline (a second build with -DFLASHLITE_DECODE_TIMELINE=1: per-block %globaltimer stamps of graph-replayed calls,
+#   TIMELINE_RUNS="B:L:PAGE,...")
 #
 #   bash bench/decode/run_device.sh [phases] [source tarball]
 #
@@ -58,6 +60,19 @@ fi
 if has chain; then
   step "launch chain (fixed cost floor)"
   "$build/bin/flashlite_launch_chain" --out "$dest/launch_chain.json" 2>&1 | tee "$logs/chain.log"
+fi
+
+if has timeline; then
+  step "timeline build + run"
+  tl=/tmp/build-decode-timeline
+  cmake -S "$src" -B "$tl" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DFLASHLITE_BUILD_APPS=OFF -DFLASHLITE_BUILD_ENGINE=OFF -DFLASHLITE_DECODE_BENCH=ON -DFLASHLITE_BUILD_TESTS=OFF \
+    -DCMAKE_CUDA_FLAGS=-DFLASHLITE_DECODE_TIMELINE=1 -DCMAKE_CXX_FLAGS=-DFLASHLITE_DECODE_TIMELINE=1 \
+    -DCMAKE_PREFIX_PATH="$root/.carry/deps/usr" > "$logs/timeline_cmake.log" 2>&1 &&
+    cmake --build "$tl" -j"$(nproc)" --target flashlite_decode_bench > "$logs/timeline_build.log" 2>&1 ||
+    { grep -E "error|FAILED" -A3 "$logs/timeline_build.log" "$logs/timeline_cmake.log" | head -40; }
+  "$tl/bin/flashlite_decode_bench" --no-bw --timeline --only "${TIMELINE_RUNS:-1:1024:0,1:8192:0,1:32768:0,16:8192:0}" \
+    --out "$dest/decode_timeline.json" 2>&1 | tee "$logs/timeline.log" | grep -E "^timeline|^main"
 fi
 
 if has ncu; then

@@ -24,6 +24,19 @@
 
 namespace flashlite::cuda_decode {
 
+// Diagnostic timeline (decode_params.h): stamp k of this block, from thread 0. Compiled out by default.
+#if FLASHLITE_DECODE_TIMELINE
+__device__ __forceinline__ void timeline_stamp(const DecodeParams& p, int k) {
+  if (p.timeline == nullptr || threadIdx.x != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  const unsigned long long block = (uint64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  p.timeline[block * kTimelineStamps + k] = t;
+}
+#else
+__device__ __forceinline__ void timeline_stamp(const DecodeParams&, int) {}
+#endif
+
 inline constexpr int kThreads = 128;
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kTileKeys = 64;
@@ -88,8 +101,10 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   using Cfg = SplitCfg<D>;
   constexpr int LD = Cfg::LD, CPR = Cfg::CPR, KD = Cfg::KD, ND = Cfg::ND;
   extern __shared__ __align__(128) unsigned char smem[];
+  timeline_stamp(p, 0);
   pdl_launch_dependents();  // the combine kernel may start launching; it waits for this grid's results
   pdl_wait();       // launched as a programmatic dependent: q and the cache may be the previous kernel's output
+  timeline_stamp(p, 1);
 
   const int split = int(blockIdx.x);
   const int kvh = int(blockIdx.y) % p.kv_heads, rc = int(blockIdx.y) / p.kv_heads;
@@ -233,6 +248,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   uint32_t qf[KD][4];
   cp_async_wait<kStages - 1>();
   __syncthreads();
+  timeline_stamp(p, 2);  // q (and the length) landed, the first tiles issued
   {
     const uint32_t q_lane = sQ + uint32_t(((wm * 16 + (lane / 8 % 2) * 8 + lane % 8) * LD + (lane / 16) * 8) * 2);
 #pragma unroll
@@ -265,6 +281,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncthreads();  // tile n is in shared memory for all
+    if (n == 0) timeline_stamp(p, 3);
 
     const uint32_t stage = s_base + uint32_t((n % kStages) * Cfg::STAGE_BYTES);
     const int vt0 = (t_begin + n) * kTileKeys;
@@ -341,6 +358,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the pipeline buffers: they become the merge area
+  timeline_stamp(p, 4);
 
   l_run[0] = quad_sum(l_run[0]);
   l_run[1] = quad_sum(l_run[1]);
@@ -396,10 +414,13 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
         if (t4 == 0) st_shared_f32(lse_s + uint32_t(lr * 4), l > 0.f ? (m + __log2f(l)) * kLn2 : -INFINITY);
       }
     }
+    timeline_stamp(p, 5);
     cluster_merge<T, D, kThreads>(p, o_s, lse_s, b, kvh, r_base, r_blk);
+    timeline_stamp(p, 6);
     return;
   }
 
+  timeline_stamp(p, 5);
   // Write: final out / lse (one split) or the split's normalised partial and LSE.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -434,6 +455,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
       if (t4 == 0) p.part_lse[idx] = l > 0.f ? (m + __log2f(l)) * kLn2 : -INFINITY;
     }
   }
+  timeline_stamp(p, 6);
 }
 
 }  // namespace flashlite::cuda_decode

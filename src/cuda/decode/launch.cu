@@ -111,6 +111,11 @@ int prepare_kernel(int dev, const DecodeProblem& p, const DecodeKernels& k) {
 
 const KernelState& state(int dev, const DecodeProblem& p) { return g_state[dev & 63][instance_index(p)]; }
 
+#if FLASHLITE_DECODE_TIMELINE
+unsigned long long* g_timeline = nullptr;
+size_t g_timeline_slot = 0, g_timeline_calls = 0;
+#endif
+
 int cluster_mode() {
   static const int mode = parse_decode_cluster_mode(std::getenv("FLASHLITE_DECODE_CLUSTER"));
   return mode;
@@ -143,6 +148,14 @@ bool merges_in_cluster(int dev, const DecodeProblem& p, int num_splits) {
 }
 
 }  // namespace
+
+#if FLASHLITE_DECODE_TIMELINE
+void cuda_decode_set_timeline(unsigned long long* buffer, size_t slot_blocks) {
+  g_timeline = buffer;
+  g_timeline_slot = slot_blocks * cuda_decode::kTimelineStamps;
+  g_timeline_calls = 0;
+}
+#endif
 
 int parse_decode_cluster_mode(const char* value) {
   if (value == nullptr || *value == '\0') return 1;
@@ -238,6 +251,9 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   P.softcap = float(p.softcap);
   P.mask = p.mask;
   P.q_vec = aligned16(p.q, p.q_st);
+#if FLASHLITE_DECODE_TIMELINE
+  if (g_timeline) P.timeline = g_timeline + (g_timeline_calls++ % 2) * g_timeline_slot;
+#endif
 
   // Splits that fit one cluster merge there (no partials in global memory, no combine kernel). The plan's workspace
   // stays reserved either way (decode_workspace_bytes does not depend on the merge), so FLASHLITE_DECODE_CLUSTER
