@@ -2,6 +2,7 @@
 // against the device's measured read bandwidth (a large read-only reduction in the same process).
 //
 //   flashlite_decode_bench --out decode_raw.json [--reps 30] [--sweep] [--quick] [--only B:L:PAGE[:Q],...] [--no-bw]
+//                          [--max-copies N] [--timeline]
 //
 // --only runs just those cases (page 0 = contiguous; no recompute rows), e.g. under ncu; --no-bw skips the bandwidth
 // measurement (its percentages are then of 3.0 TB/s).
@@ -63,8 +64,8 @@ void print_timeline(const char* label, int blocks, int calls) {
   unsigned long long prev_end = 0;
   for (int b = 0; b < blocks; ++b) prev_end = std::max(prev_end, prev[size_t(b) * kTimelineStamps + 6]);
   std::printf("timeline %s (us after the previous call's last split block; median / max over %d blocks):", label, blocks);
-  const char* names[] = {"entry", "wait", "q", "tile0", "loop", "merged", "end"};
-  for (int k = 0; k < 7; ++k) {
+  const char* names[] = {"entry", "wait", "len", "q", "tile0", "loop", "merged", "end"};
+  for (int k : {0, 1, 7, 2, 3, 4, 5, 6}) {
     std::vector<double> v;
     for (int b = 0; b < blocks; ++b) {
       const unsigned long long t = last[size_t(b) * kTimelineStamps + k];
@@ -72,7 +73,7 @@ void print_timeline(const char* label, int blocks, int calls) {
     }
     if (v.empty()) continue;
     std::sort(v.begin(), v.end());
-    std::printf("  %s %.2f/%.2f", names[k], v[v.size() / 2], v.back());
+    std::printf("  %s %.2f/%.2f", names[k == 7 ? 2 : k < 2 ? k : k + 1], v[v.size() / 2], v.back());
   }
   std::printf("\n");
 }
@@ -165,6 +166,8 @@ struct Case {
   int hq = 32, hkv = 8, d = 128, q_len = 1;
 };
 
+int g_max_copies = 0;  // --max-copies N (0: the protocol's rotation)
+
 struct Result {
   double us_median = 0, us_min = 0, us_max = 0;  // rotated inputs
   double us_cold = 0;                            // after an L2 / TLB flush
@@ -195,7 +198,8 @@ Result run_case(const Case& c, Flusher& fl, int reps, int forced_splits, bool ch
   const int64_t pool = paged ? B * pages_per_seq : B;  // pages (or sequences) in the pool
   const int64_t slots = paged ? P : L;
   const size_t kv_elems = size_t(pool * slots * H * D);
-  const int copies = int(std::min<size_t>(64, std::max<size_t>(1, ((size_t(200) << 20) + 4 * kv_elems - 1) / (4 * kv_elems))));
+  int copies = int(std::min<size_t>(64, std::max<size_t>(1, ((size_t(200) << 20) + 4 * kv_elems - 1) / (4 * kv_elems))));
+  if (g_max_copies > 0) copies = std::min(copies, g_max_copies);  // --max-copies: diagnostics (L2 / TLB reach)
   std::vector<__nv_bfloat16*> ks, vs;
   for (int cp = 0; cp < copies; ++cp) {
     ks.push_back(dalloc<__nv_bfloat16>(kv_elems));
@@ -459,6 +463,7 @@ int main(int argc, char** argv) {
     else if (a == "--sweep") sweep = true;
     else if (a == "--quick") quick = true;
     else if (a == "--no-bw") bw_on = false;
+    else if (a == "--max-copies" && i + 1 < argc) g_max_copies = std::atoi(argv[++i]);
 #if FLASHLITE_DECODE_TIMELINE
     else if (a == "--timeline") ck(cudaMalloc(&g_timeline, 2 * kTimelineSlotBlocks * flashlite::cuda_decode::kTimelineStamps * 8), "timeline");
 #endif

@@ -26,15 +26,16 @@ namespace flashlite::cuda_decode {
 
 // Diagnostic timeline (decode_params.h): stamp k of this block, from thread 0. Compiled out by default.
 #if FLASHLITE_DECODE_TIMELINE
-__device__ __forceinline__ void timeline_stamp(const DecodeParams& p, int k) {
+// dep: a value the stamp waits for (the timer is read only once it has arrived).
+__device__ __forceinline__ void timeline_stamp(const DecodeParams& p, int k, int dep = 0) {
   if (p.timeline == nullptr || threadIdx.x != 0) return;
   unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(dep));
   const unsigned long long block = (uint64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
   p.timeline[block * kTimelineStamps + k] = t;
 }
 #else
-__device__ __forceinline__ void timeline_stamp(const DecodeParams&, int) {}
+__device__ __forceinline__ void timeline_stamp(const DecodeParams&, int, int = 0) {}
 #endif
 
 inline constexpr int kThreads = 128;
@@ -169,6 +170,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   const int per_split = (total_tiles + p.num_splits - 1) / p.num_splits;
   const int t_begin = split * per_split;
   const int n_tiles = max(0, min(t_begin + per_split, total_tiles) - t_begin);
+  timeline_stamp(p, 7, n_tiles);  // the length arrived
 
   // Row addresses: this thread's 16-byte chunk of head kvh; the contiguous layout adds b's stride here once.
   const int ch = tid % CPR;
