@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <string>
 
-#include "delayed_store.h"
 #include "kv/kv_backends.h"
 #include "kv_gpu_util.h"
 #include "kv_test_util.h"
@@ -590,54 +589,6 @@ TEST(GpuKv, SplitsMergeInAClusterOrTheCombineKernel) {
       flashlite::decode(dd.args);
       dd.download();
       expect_decode_matches(p, out_before);
-    }
-  }
-}
-
-// The split kernel reads the length before griddepcontrol.wait (speculatively) and again after it; a predecessor that
-// changes the length while the decode's blocks already run must get the new length's result (the tiles issued from
-// the old one thrown away). The predecessor lets its dependents launch at once, spins 50 us, then writes the device
-// length (contiguous: seq_lens[b]; paged: last_page_len[b]); the host index and the reference have the new length.
-// Without programmatic dependent launch (before sm_90) the blocks start after it and the test proves less.
-TEST(GpuKv, LengthChangedByThePredecessorDuringTheWait) {
-  SKIP_WITHOUT_GPU();
-  for (const bool paged : {false, true}) {
-    for (const int splits : {0, 3}) {  // planned (b1: the cluster merge on sm_90) and a forced combine-kernel split
-      SCOPED_TRACE(std::string(paged ? "paged16" : "contiguous") + " splits " + std::to_string(splits));
-      CacheSpec cs;
-      cs.paged = paged;
-      cs.page_size = 16;
-      cs.kv_heads = 8;
-      cs.head_dim = 128;
-      cs.dtype = DType::bf16;
-      cs.lens = {3000, 1000};
-      DecodeSpec ds;
-      ds.q_heads = 32;
-      ds.q_len = 1;
-      ds.opt.causal = true;
-      HostCache cache(cs, paged ? 91 : 92);
-      DecodeProblem p(cache, ds, paged ? 93 : 94);
-      const std::vector<uint8_t> out_before = p.outbuf.bytes;
-      DeviceCache dc(cache);
-      DeviceDecode dd(p, dc);
-      const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, -1, splits);
-      dd.args.plan = &plan;
-      cudaStream_t stream;
-      ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-      dd.args.stream = stream;
-      // The device copy starts shorter (sequence 0: 3000 -> 2993, inside its last page) than what the host index,
-      // the plan and the reference say; the predecessor writes the real value.
-      int* word = static_cast<int*>(paged ? dc.last.p : dc.seq_lens.p);
-      const int real = paged ? cache.last[0] : cache.seq_lens[0];
-      const int stale = real - 7;
-      ASSERT_GT(stale, 0);
-      ck(cudaMemcpy(word, &stale, sizeof(int), cudaMemcpyHostToDevice), "stale length");
-      ck(kvtest::launch_delayed_store(word, real, 50, stream), "delayed store");
-      flashlite::decode(dd.args);
-      ck(cudaStreamSynchronize(stream), "decode");
-      dd.download();
-      expect_decode_matches(p, out_before);
-      cudaStreamDestroy(stream);
     }
   }
 }

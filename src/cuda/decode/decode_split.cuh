@@ -104,28 +104,12 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   extern __shared__ __align__(128) unsigned char smem[];
   timeline_stamp(p, 0);
   pdl_launch_dependents();  // the combine kernel may start launching; it waits for this grid's results
-  const int b = int(blockIdx.z);
-  // The sequence length (paged: its first page's index entry and length), through L2 (no L1 line that could go
-  // stale). Read once before the wait, speculatively: the predecessor may still be writing it, so it is read again
-  // after the wait and the tiles issued from the first value are thrown away if the two differ (never in a decode
-  // loop, where lengths change between steps, not during one). The length's round trip then overlaps the wait.
-  auto read_length = [&](int& L, int& page_base) {
-    if (p.paged) {
-      page_base = __ldcg(p.indptr + b);
-      const int pages = __ldcg(p.indptr + b + 1) - page_base;
-      L = pages == 0 ? 0 : (pages - 1) * p.page_size + __ldcg(p.last_page_len + b);
-    } else {
-      page_base = 0;
-      L = __ldcg(p.seq_lens + b);
-    }
-  };
-  int L, page_base;
-  read_length(L, page_base);
   pdl_wait();       // launched as a programmatic dependent: q and the cache may be the previous kernel's output
   timeline_stamp(p, 1);
 
   const int split = int(blockIdx.x);
   const int kvh = int(blockIdx.y) % p.kv_heads, rc = int(blockIdx.y) / p.kv_heads;
+  const int b = int(blockIdx.z);
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates
 
@@ -172,21 +156,20 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
     }
   }
 
-  // The length again, now that the predecessor is done (checked after the first tiles are issued).
-  int L_check, page_base_check;
-  read_length(L_check, page_base_check);
-
-  // The keys to visit (a function of the length).
-  VirtualKeys vkeys;
-  int t_begin = 0, n_tiles = 0;
-  auto plan_keys = [&] {
-    vkeys = virtual_keys(p.mask, p.q_len, L);
-    const int total_tiles = (vkeys.n_total + kTileKeys - 1) / kTileKeys;
-    const int per_split = (total_tiles + p.num_splits - 1) / p.num_splits;
-    t_begin = split * per_split;
-    n_tiles = max(0, min(t_begin + per_split, total_tiles) - t_begin);
-  };
-  plan_keys();
+  // Sequence length and the keys to visit.
+  int L, page_base = 0;
+  if (p.paged) {
+    page_base = p.indptr[b];
+    const int pages = p.indptr[b + 1] - page_base;
+    L = pages == 0 ? 0 : (pages - 1) * p.page_size + p.last_page_len[b];
+  } else {
+    L = p.seq_lens[b];
+  }
+  const VirtualKeys vkeys = virtual_keys(p.mask, p.q_len, L);
+  const int total_tiles = (vkeys.n_total + kTileKeys - 1) / kTileKeys;
+  const int per_split = (total_tiles + p.num_splits - 1) / p.num_splits;
+  const int t_begin = split * per_split;
+  const int n_tiles = max(0, min(t_begin + per_split, total_tiles) - t_begin);
   timeline_stamp(p, 7, n_tiles);  // the length arrived
 
   // Row addresses: this thread's 16-byte chunk of head kvh; the contiguous layout adds b's stride here once.
@@ -212,6 +195,13 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
       st_shared_4(dst, 0u);
     }
   };
+#pragma unroll
+  for (int t = 0; t < kPidAhead; ++t) copy_pids(t);
+  cp_async_commit();  // group: Q rows and the first tiles' page ids
+  if (p.paged) {
+    cp_async_wait<0>();
+    __syncthreads();
+  }
 
   // One tile (n-th of this split) into its stage: 64 rows of K and V, 16-byte copies; keys past the range are zeros.
   auto issue = [&](int n) {
@@ -250,29 +240,10 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
     copy_pids(n + kPidAhead);
   };
 
-  // The first page ids (the same commit group as Q rows the first time), then the first kStages - 1 tiles.
-  auto prologue = [&] {
 #pragma unroll
-    for (int t = 0; t < kPidAhead; ++t) copy_pids(t);
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) issue(s);
     cp_async_commit();
-    if (p.paged) {
-      cp_async_wait<0>();
-      __syncthreads();
-    }
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < n_tiles) issue(s);
-      cp_async_commit();
-    }
-  };
-  prologue();
-  // A length that changed during the wait (the predecessor wrote it): drop the tiles in flight and start over.
-  if (__syncthreads_or(L_check != L || page_base_check != page_base)) {
-    cp_async_wait<0>();
-    __syncthreads();
-    L = L_check, page_base = page_base_check;
-    plan_keys();
-    prologue();
   }
 
   // Q fragments (A operand) of this warp's 16 rows.
