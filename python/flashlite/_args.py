@@ -4,26 +4,47 @@ forgiving here: bool("no") is True, float("2") parses a string, and an int past 
 TypeError. Each check names the argument and the value."""
 from __future__ import annotations
 
+import operator
+
 _INT32 = (-2**31, 2**31 - 1)
 
 
 def _numpy_kind(x):
-    """numpy scalar's dtype kind ('b', 'i', 'u', 'f', ...), else None; numpy is never imported here. Plain type
-    checks, no ABCs, so torch.compile evaluates them on its constants."""
+    """numpy scalar's or array's dtype kind ('b', 'i', 'u', 'f', ...), else None; numpy is never imported here. Plain
+    type checks, no ABCs, so torch.compile evaluates them on its constants."""
     return x.dtype.kind if type(x).__module__ == "numpy" and hasattr(x, "dtype") else None
 
 
+def _zero_dim(x):
+    """A scalar or a 0-d array / tensor (numpy, torch, cupy: anything with ndim 0); plain numbers have no ndim."""
+    return getattr(x, "ndim", 0) == 0
+
+
 def _is_bool(x):
-    return isinstance(x, bool) or _numpy_kind(x) == "b"
+    if isinstance(x, bool) or _numpy_kind(x) == "b":
+        return True
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and str(dtype) in ("bool", "torch.bool")
 
 
 def _is_int(x):
-    return (isinstance(x, int) and not isinstance(x, bool)) or _numpy_kind(x) in ("i", "u")
+    """int, numpy integer (scalar or 0-d array), or a 0-d integer tensor (operator.index takes it, not a float)."""
+    if _is_bool(x) or isinstance(x, (str, bytes)) or not _zero_dim(x):
+        return False
+    if isinstance(x, int) or _numpy_kind(x) in ("i", "u"):
+        return True
+    if _numpy_kind(x) is None and hasattr(x, "__index__"):
+        try:
+            operator.index(x)
+            return True
+        except TypeError:
+            return False
+    return False
 
 
 def causal_flag(x):
-    """bool, numpy bool, or the ints 0 and 1."""
-    if _is_bool(x):
+    """bool, numpy bool (or 0-d bool array / tensor), or the ints 0 and 1."""
+    if _is_bool(x) and _zero_dim(x):
         return bool(x)
     if _is_int(x) and int(x) in (0, 1):
         return bool(x)
@@ -41,17 +62,30 @@ def int32_value(x, name):
 
 
 def real_value(x, name):
-    """A real number (not a string or a bool)."""
-    if not (_is_int(x) or isinstance(x, float) or _numpy_kind(x) == "f"):
+    """A real number: int, float, numpy integer / float (scalar or 0-d array), or a 0-d tensor of a real dtype (torch,
+    cupy: through float()); not a string, a bool, a complex or an array of more than one value."""
+    if isinstance(x, (str, bytes)) or _is_bool(x) or not _zero_dim(x):
         raise TypeError(f"{name} is {x!r}; expected a number")
-    return float(x)
+    if _is_int(x) or isinstance(x, float) or _numpy_kind(x) == "f":
+        return float(x)
+    if _numpy_kind(x) is None and hasattr(x, "__float__") and "complex" not in str(getattr(x, "dtype", "")):
+        try:
+            return float(x)
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(f"{name} is {x!r}; expected a number")
 
 
 def window_pair(window):
-    """(left, right) ints, -1 = unlimited; None = (-1, -1)."""
+    """(left, right) ints, -1 = unlimited; None = (-1, -1). Any sequence of two ints: tuple, list, numpy array,
+    tensor."""
     if window is None:
         return -1, -1
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
+    try:
+        ok = not isinstance(window, (str, bytes, dict)) and len(window) == 2
+    except TypeError:  # no len(): a number, a 0-d array
+        ok = False
+    if not ok:
         raise TypeError(f"window is {window!r}; expected a pair (left, right) of ints, -1 = unlimited")
     return int32_value(window[0], "window[0] (left)"), int32_value(window[1], "window[1] (right)")
 

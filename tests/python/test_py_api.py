@@ -150,6 +150,39 @@ def test_scalar_arguments_are_checked_strictly():
         flashlite.kernel_name(q, k, v, causal="yes")
 
 
+def test_scalar_arguments_accept_arrays_and_zero_dim_values():
+    """The strict checks still take what numpy / torch code passes: window as any pair (numpy array, list), scale and
+    softcap as 0-d arrays or tensors and other real numbers (Fraction); they refuse arrays of more than one value,
+    complex numbers and bools, naming the argument."""
+    import fractions
+    rng = np.random.default_rng(11)
+    q, k, v = numpy_inputs(rng, 1, 8, 8, 2, 2, 16)
+    want = flashlite.attention(q, k, v, causal=True, window=(3, 0), sink_tokens=1, scale=0.125, softcap=2.0,
+                               backend="cpu")
+    for window in (np.array([3, 0]), [3, 0], (np.int32(3), np.array(0))):
+        for scale in (np.array(0.125), np.float32(0.125), fractions.Fraction(1, 8)):
+            got = flashlite.attention(q, k, v, causal=np.array(True), window=window, sink_tokens=np.array(1),
+                                      scale=scale, softcap=np.array(2.0), backend="cpu")
+            assert np.array_equal(got, want), (window, scale)
+    assert not np.array_equal(flashlite.attention(q, k, v, causal=True, window=np.array([2, 0]), sink_tokens=1,
+                                                  scale=0.125, softcap=2.0, backend="cpu"), want)
+    _expect(TypeError, "window is array\\(\\[1, 2, 3\\]\\); expected a pair", q, k, v, window=np.array([1, 2, 3]))
+    _expect(TypeError, "window is array\\(5\\); expected a pair", q, k, v, window=np.array(5))
+    _expect(TypeError, "window is 'ab'; expected a pair", q, k, v, window="ab")
+    _expect(TypeError, r"window\[0\] \(left\) is .*2\.0.*; expected an int", q, k, v, window=np.array([2.0, 0.0]))
+    _expect(TypeError, "scale is array\\(\\[0.1\\]\\); expected a number", q, k, v, scale=np.array([0.1]))
+    _expect(TypeError, "scale is .*True.*; expected a number", q, k, v, scale=np.bool_(True))
+    _expect(TypeError, "softcap is .*1j.*; expected a number", q, k, v, softcap=np.complex64(1j))
+    _expect(TypeError, "causal is array", q, k, v, causal=np.array([True, False]))
+    torch = pytest.importorskip("torch")
+    got = flashlite.attention(q, k, v, causal=torch.tensor(True), window=torch.tensor([3, 0]),
+                              sink_tokens=torch.tensor(1), scale=torch.tensor(0.125), softcap=torch.tensor(2.0),
+                              backend="cpu")
+    assert np.array_equal(got, want)
+    _expect(TypeError, "sink_tokens is tensor\\(1.5000\\); expected an int", q, k, v, sink_tokens=torch.tensor(1.5))
+    _expect(TypeError, "scale is tensor\\(True\\); expected a number", q, k, v, scale=torch.tensor(True))
+
+
 def test_empty_arrays_are_accepted():
     """numpy gives arrays without elements all-zero strides: no query rows, no keys or no batch must not be refused
     as "head_dim stride 0"; rows without keys get zeros and LSE -inf."""
