@@ -480,14 +480,15 @@ int gemv_auto_split(int out, int k) {
   return s;
 }
 
-bool gemv_supported(int rows, int k) {
-  return rows >= 1 && rows <= kGemvMaxRows && k > 0 && k % 8 == 0 && size_t(rows) * k * 2 <= max_staged_bytes();
+bool gemv_supported(int rows, int k, bool staged) {
+  return rows >= 1 && rows <= kGemvMaxRows && k > 0 && k % 8 == 0 && (!staged || size_t(rows) * k * 2 <= max_staged_bytes());
 }
 
 void gemv(const GemvParams& p, void* stream) {
-  if (!gemv_supported(p.rows, p.k)) {
+  if (!gemv_supported(p.rows, p.k, p.in == GemvIn::rmsnorm)) {
     fail("gemv with " + std::to_string(p.rows) + " rows and k = " + std::to_string(p.k) + "; expected 1.." +
-         std::to_string(kGemvMaxRows) + " rows and k a multiple of 8");
+         std::to_string(kGemvMaxRows) + " rows, k a multiple of 8 and, with the RMSNorm prologue, rows x k x 2 bytes "
+         "within " + std::to_string(max_staged_bytes()) + " bytes of shared memory");
   }
   if (p.split != 1 && p.split != 2 && p.split != 4 && p.split != 8) fail("gemv split " + std::to_string(p.split) + "; expected 1, 2, 4 or 8");
   if (p.epi == GemvOut::rope_bf16) {

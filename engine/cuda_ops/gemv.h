@@ -79,9 +79,10 @@ struct GemvParams {
 // warps per SM); 1 for the O and QKV shapes of Llama-3.2-1B, 2 for down.
 int gemv_auto_split(int out, int k);
 
-// Whether gemv takes these sizes (k a multiple of 8, rows in range, the staged rows fit in this device's shared
-// memory: 160 KB, less on GPUs with a smaller opt-in limit, where the engine then takes cuBLASLt).
-bool gemv_supported(int rows, int k);
+// Whether gemv takes these sizes: k a multiple of 8, rows in range, and for a staged input (the RMSNorm prologue,
+// GemvIn::rmsnorm: rows x k bf16 in shared memory) the staged rows within this device's shared memory (160 KB, less
+// on GPUs with a smaller opt-in limit, where the engine then takes cuBLASLt). A bf16 input stages nothing.
+bool gemv_supported(int rows, int k, bool staged);
 void gemv(const GemvParams& p, void* stream);
 
 // Whether p (with p.stream) takes the streamed kernel on this device; gemv falls back to the others where not.

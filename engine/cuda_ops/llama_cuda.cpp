@@ -445,10 +445,11 @@ class LlamaCuda final : public LlamaModel {
     return p;
   }
 
-  // Whether a forward over `rows` rows takes the fused GEMVs (every reduction length they see fits).
+  // Whether a forward over `rows` rows takes the fused GEMVs (every reduction length they see fits; only the
+  // RMSNorm-prologue ones, k = dim, stage their input in shared memory).
   bool use_gemv(int rows) const {
-    return gemv_on_ && cuda_ops::gemv_supported(rows, c_.dim) && cuda_ops::gemv_supported(rows, c_.q_dim()) &&
-           cuda_ops::gemv_supported(rows, c_.hidden_dim);
+    return gemv_on_ && cuda_ops::gemv_supported(rows, c_.dim, true) && cuda_ops::gemv_supported(rows, c_.q_dim(), false) &&
+           cuda_ops::gemv_supported(rows, c_.hidden_dim, false);
   }
 
   void ensure_scratch(int rows, int logit_rows) {

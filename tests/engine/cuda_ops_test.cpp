@@ -443,11 +443,16 @@ TEST(EngineCudaOps, FusedArgmaxIsTheHostArgmaxOfItsLogits) {
 }
 
 TEST(EngineCudaOps, GemvRejectsUnsupportedSizes) {
-  EXPECT_FALSE(ops::gemv_supported(0, 64));
-  EXPECT_FALSE(ops::gemv_supported(ops::kGemvMaxRows + 1, 64));
-  EXPECT_FALSE(ops::gemv_supported(1, 100));  // not a multiple of 8
-  EXPECT_TRUE(ops::gemv_supported(1, 2048));
-  EXPECT_TRUE(ops::gemv_supported(8, 8192));
+  for (const bool staged : {false, true}) {
+    EXPECT_FALSE(ops::gemv_supported(0, 64, staged));
+    EXPECT_FALSE(ops::gemv_supported(ops::kGemvMaxRows + 1, 64, staged));
+    EXPECT_FALSE(ops::gemv_supported(1, 100, staged));  // not a multiple of 8
+    EXPECT_TRUE(ops::gemv_supported(1, 2048, staged));
+    EXPECT_TRUE(ops::gemv_supported(8, 4096, staged));  // 64 KB staged: within every device's shared memory
+  }
+  // Only a staged (RMSNorm) input is bounded by shared memory: 8 rows of k = 2^16 are 1 MB of bf16.
+  EXPECT_TRUE(ops::gemv_supported(8, 1 << 16, false));
+  EXPECT_FALSE(ops::gemv_supported(8, 1 << 16, true));
 }
 
 // Logits with many exact ties: values on a coarse grid, and the row maximum repeated at several places.
