@@ -422,9 +422,13 @@ void launch(const GemvParams& p, cudaStream_t s) {
   }();
   const size_t smem = IN == GemvIn::rmsnorm ? size_t(p.rows) * p.k * 2 : 0;
   if (smem > 48 * 1024) {
-    static bool raised = false;  // once per instantiation (the limit is per kernel)
+    static bool raised = false;  // once per instantiation (the limit is per kernel), once it succeeded
     if (!raised) {
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_staged_bytes()));
+      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_staged_bytes()));
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        fail_runtime(std::string("the gemv's shared-memory limit could not be raised: ") + cudaGetErrorString(e));
+      }
       raised = true;
     }
   }

@@ -346,7 +346,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const GemvPara
       last = atomicAdd(done + b, 1) == m.unit_stages - 1;
       if (last) __threadfence_block();
     }
-    if (__shfl_sync(0xffffffffu, last, 0)) {
+    const bool is_last = __shfl_sync(0xffffffffu, last, 0);
+    __syncwarp();  // orders the other lanes' reads of the partial buffer after lane 0's acquire fence
+    if (is_last) {
       float(*pb)[kMaxPieces] = part[b].v;
       epilogue<OUT>(p, sp, m.unit, lane, [&](int r) {  // lane r's rows: cleared for the buffer's next unit
         float v = 0.f;
@@ -379,13 +381,28 @@ void launch_stream(const GemvParams& p, const StreamPlan& sp, size_t smem, cudaS
   auto* kernel = gemv_stream_kernel<OUT>;
   static bool raised = false;  // once per instantiation: the opt-in limit, which gemv_stream_supported checked against
   if (!raised) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic_smem());
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic_smem());
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail_runtime(std::string("the streamed gemv's shared-memory limit could not be raised: ") + cudaGetErrorString(e));
+    }
     raised = true;
+  }
+  // Resident blocks per SM at this ring size (queried once per instantiation and size, on the first, eager step:
+  // nothing but the launch happens under capture); STREAM_BLOCKS asks for up to that many.
+  static size_t queried_smem = ~size_t(0);
+  static int per_sm = 1;
+  if (smem != queried_smem) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess || per_sm < 1) {
+      (void)cudaGetLastError();
+      per_sm = 1;
+    }
+    queried_smem = smem;
   }
   int dev = 0, sms = 1;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const int blocks = std::max(1, std::min(sp.units, sms * std::max(1, p.stream_blocks_per_sm)));
+  const int blocks = std::max(1, std::min(sp.units, sms * std::clamp(p.stream_blocks_per_sm, 1, per_sm)));
   const cudaError_t e = launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, s, p, sp);
   if (e != cudaSuccess) fail_runtime(std::string("CUDA launch of the streamed gemv failed: ") + cudaGetErrorString(e));
 }

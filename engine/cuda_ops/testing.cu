@@ -77,7 +77,8 @@ bool device_available() {
 }
 
 void gemv(const GemvParams& shape, const std::vector<float>& w, const std::vector<float>& x, const std::vector<float>& xf,
-          const std::vector<float>& norm_w, const std::vector<int32_t>& row_index, std::vector<float>& y, int launches) {
+          const std::vector<float>& norm_w, const std::vector<int32_t>& row_index, std::vector<float>& y, int launches,
+          bool own_stream) {
   require_device();
   const auto wb = to_bf16(w), xb = to_bf16(x), gb = to_bf16(norm_w);
   Dev dw(wb.data(), wb.size() * 2), dx(xb.data(), xb.size() * 2), dxf(xf.data(), xf.size() * 4),
@@ -99,8 +100,11 @@ void gemv(const GemvParams& shape, const std::vector<float>& w, const std::vecto
   p.row_index = row_index.empty() ? nullptr : static_cast<const int32_t*>(dri.p);
   p.y = dy.p;
   const Counters counters(p);
-  for (int i = 0; i < launches; ++i) cuda_ops::gemv(p, nullptr);  // back to back: a launch may start before the last ends
-  check(cudaDeviceSynchronize(), "gemv");
+  cudaStream_t stream = nullptr;
+  if (own_stream) check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  for (int i = 0; i < launches; ++i) cuda_ops::gemv(p, stream);  // back to back: a launch may start before the last ends
+  check(own_stream ? cudaStreamSynchronize(stream) : cudaDeviceSynchronize(), "gemv");
+  if (own_stream) cudaStreamDestroy(stream);
   counters.expect_zero();
   if (b16) {
     std::vector<__nv_bfloat16> out(ny);

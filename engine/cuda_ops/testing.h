@@ -16,10 +16,10 @@ int device_compute_major();  // 0 without a device
 // way up (pass values already representable to compare exactly); xf is fp32 (stream rows as row_index needs);
 // y holds (rows, out) and is read first where the epilogue accumulates. `launches` back-to-back launches (the
 // accumulating epilogue adds that many times); with shape.stream, fresh zeroed counters are passed and must come back
-// zero (else Error).
+// zero (else Error). own_stream: on a stream created for the call (non-blocking) instead of the legacy default one.
 void gemv(const GemvParams& shape, const std::vector<float>& w, const std::vector<float>& x, const std::vector<float>& xf,
           const std::vector<float>& norm_w, const std::vector<int32_t>& row_index, std::vector<float>& y,
-          int launches = 1);
+          int launches = 1, bool own_stream = false);
 
 // Median microseconds of `iters` launches of gemv at these sizes on random data (no check; for the record).
 double gemv_time_us(const GemvParams& shape, int iters);

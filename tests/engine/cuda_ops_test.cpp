@@ -81,6 +81,47 @@ std::vector<double> reference(const Case& c, const std::vector<float>& w, const 
   return y;
 }
 
+// One case on random data through dt::gemv (p: its modes; sizes and epilogue from c), `launches` times back to back
+// (an accumulating epilogue adds each; optionally on a created stream), against the float64 reference: every element
+// written, finite and within the tolerance. Returns the worst error / tolerance.
+double expect_gemv_matches(const Case& c, ops::GemvParams p, std::mt19937& rng, int stream_rows,
+                           const std::vector<int32_t>& ri, int launches = 1, bool own_stream = false) {
+  const int wrows = c.epi == ops::GemvOut::swiglu_bf16 ? 2 * c.out : c.out;
+  const auto w = random_vec(size_t(wrows) * c.k, rng, -0.1f, 0.1f);
+  const auto x = random_vec(size_t(c.rows) * c.k, rng);
+  const auto xf = random_vec(size_t(stream_rows) * c.k, rng, -3.f, 3.f);
+  const auto g = random_vec(c.k, rng, 0.5f, 1.5f);
+  std::vector<float> y = random_vec(size_t(c.rows) * c.out, rng, -2.f, 2.f);
+  const std::vector<float> y0 = y;
+  p.in = c.in;
+  p.epi = c.epi;
+  p.rows = c.rows;
+  p.out = c.out;
+  p.k = c.k;
+  p.eps = 1e-5f;
+  dt::gemv(p, w, x, xf, g, ri, y, launches, own_stream);
+  std::vector<double> want = reference(c, w, x, xf, g, ri, y0);
+  if (c.epi == ops::GemvOut::add_f32)
+    for (size_t i = 0; i < want.size(); ++i) want[i] = y0[i] + launches * (want[i] - y0[i]);
+  double rms = 0;
+  for (double v : want) rms += v * v;
+  rms = std::sqrt(rms / want.size());
+  const bool b16 = c.epi == ops::GemvOut::bf16 || c.epi == ops::GemvOut::swiglu_bf16;
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(y[i])) << "element " << i << " unwritten or not finite";
+    // bf16 outputs: one rounding (2^-9 relative) plus accumulation order; fp32: accumulation order and the rare
+    // one-ulp difference of a staged bf16 input.
+    const double tol = b16 ? 5e-3 * std::abs(want[i]) + 2e-3 * rms : 1e-3 * rms + 1e-5 * std::abs(want[i]);
+    worst = std::max(worst, std::abs(y[i] - want[i]) / tol);
+    if (!(std::abs(y[i] - want[i]) <= tol)) {
+      ADD_FAILURE() << "element " << i << " got " << y[i] << " want " << want[i];
+      break;
+    }
+  }
+  return worst;
+}
+
 TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
   DEVICE_OR_SKIP();
   std::mt19937 rng(11);
@@ -112,42 +153,15 @@ TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
       SCOPED_TRACE("in " + std::to_string(int(c.in)) + " epi " + std::to_string(int(c.epi)) + " rows " +
                    std::to_string(c.rows) + " out " + std::to_string(c.out) + " k " + std::to_string(c.k) + " split " +
                    std::to_string(v.split) + " preload " + std::to_string(v.preload) + " late " + std::to_string(v.late));
-      const int wrows = c.epi == ops::GemvOut::swiglu_bf16 ? 2 * c.out : c.out;
       const int stream_rows = c.row_index ? c.rows + 3 : c.rows;
-      const auto w = random_vec(size_t(wrows) * c.k, rng, -0.1f, 0.1f);
-      const auto x = random_vec(size_t(c.rows) * c.k, rng);
-      const auto xf = random_vec(size_t(stream_rows) * c.k, rng, -3.f, 3.f);
-      const auto g = random_vec(c.k, rng, 0.5f, 1.5f);
       std::vector<int32_t> ri;
       if (c.row_index)
         for (int r = 0; r < c.rows; ++r) ri.push_back((r * 5 + 2) % stream_rows);
-      std::vector<float> y = random_vec(size_t(c.rows) * c.out, rng, -2.f, 2.f);
-      const std::vector<float> y0 = y;
       ops::GemvParams p;
-      p.in = c.in;
-      p.epi = c.epi;
-      p.rows = c.rows;
-      p.out = c.out;
-      p.k = c.k;
-      p.eps = 1e-5f;
       p.split = v.split;
       p.preload = v.preload;
       p.late_trigger = v.late;
-      dt::gemv(p, w, x, xf, g, ri, y);
-      const std::vector<double> want = reference(c, w, x, xf, g, ri, y0);
-      double rms = 0;
-      for (double v : want) rms += v * v;
-      rms = std::sqrt(rms / want.size());
-      const bool b16 = c.epi == ops::GemvOut::bf16 || c.epi == ops::GemvOut::swiglu_bf16;
-      double worst = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(y[i])) << "element " << i << " unwritten or not finite";
-        // bf16 outputs: one rounding (2^-9 relative) plus accumulation order; fp32: accumulation order and the rare
-        // one-ulp difference of a staged bf16 input.
-        const double tol = b16 ? 5e-3 * std::abs(want[i]) + 2e-3 * rms : 1e-3 * rms + 1e-5 * std::abs(want[i]);
-        worst = std::max(worst, std::abs(y[i] - want[i]) / tol);
-        ASSERT_LE(std::abs(y[i] - want[i]), tol) << "element " << i << " got " << y[i] << " want " << want[i];
-      }
+      const double worst = expect_gemv_matches(c, p, rng, stream_rows, ri);
       std::printf("gemv in %d epi %d rows %d out %d k %d split %d preload %d late %d: worst error / tolerance %.3f\n",
                   int(c.in), int(c.epi), c.rows, c.out, c.k, v.split, int(v.preload), int(v.late), worst);
     }
@@ -180,31 +194,24 @@ TEST(EngineCudaOps, StreamedGemvMatchesFloat64) {
   };
   struct Variant {
     int stages, blocks, launches;
+    bool own_stream = false;  // on a created (non-blocking) stream instead of the legacy default one
   };
-  const std::vector<Variant> variants = {{8, 1, 1}, {16, 1, 3}, {16, 2, 2}, {8, 4, 1}};
+  const std::vector<Variant> variants = {{8, 1, 1}, {16, 1, 3}, {16, 2, 2}, {8, 4, 1}, {16, 1, 2, true}};
   for (const Variant& v : variants) {
     for (const Case& c : cases) {
       SCOPED_TRACE("in " + std::to_string(int(c.in)) + " epi " + std::to_string(int(c.epi)) + " rows " +
                    std::to_string(c.rows) + " out " + std::to_string(c.out) + " k " + std::to_string(c.k) + " stages " +
                    std::to_string(v.stages) + " blocks " + std::to_string(v.blocks) + " launches " +
-                   std::to_string(v.launches));
-      const int wrows = c.epi == ops::GemvOut::swiglu_bf16 ? 2 * c.out : c.out;
+                   std::to_string(v.launches) + (v.own_stream ? " on a created stream" : ""));
       const int stream_rows = c.row_index ? 4 : c.rows;
-      const auto w = random_vec(size_t(wrows) * c.k, rng, -0.1f, 0.1f);
-      const auto x = random_vec(size_t(c.rows) * c.k, rng);
-      const auto xf = random_vec(size_t(stream_rows) * c.k, rng, -3.f, 3.f);
-      const auto g = random_vec(c.k, rng, 0.5f, 1.5f);
       std::vector<int32_t> ri;
       if (c.row_index) ri.push_back(2);
-      std::vector<float> y = random_vec(size_t(c.rows) * c.out, rng, -2.f, 2.f);
-      const std::vector<float> y0 = y;
       ops::GemvParams p;
       p.in = c.in;
       p.epi = c.epi;
       p.rows = c.rows;
       p.out = c.out;
       p.k = c.k;
-      p.eps = 1e-5f;
       p.stream = true;
       p.stream_stages = v.stages;
       p.stream_blocks_per_sm = v.blocks;
@@ -214,21 +221,7 @@ TEST(EngineCudaOps, StreamedGemvMatchesFloat64) {
       const bool streamed = c.rows == 1 && c.k % 256 == 0 && c.epi != ops::GemvOut::f32;
       ASSERT_EQ(ops::gemv_stream_supported(probe), streamed && sm90);
       const int launches = c.epi == ops::GemvOut::add_f32 ? v.launches : std::max(1, v.launches - 1);
-      dt::gemv(p, w, x, xf, g, ri, y, launches);
-      std::vector<double> want = reference(c, w, x, xf, g, ri, y0);
-      if (c.epi == ops::GemvOut::add_f32)
-        for (size_t i = 0; i < want.size(); ++i) want[i] = y0[i] + launches * (want[i] - y0[i]);
-      double rms = 0;
-      for (double wv : want) rms += wv * wv;
-      rms = std::sqrt(rms / want.size());
-      const bool b16 = c.epi == ops::GemvOut::bf16 || c.epi == ops::GemvOut::swiglu_bf16;
-      double worst = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(y[i])) << "element " << i << " unwritten or not finite";
-        const double tol = b16 ? 5e-3 * std::abs(want[i]) + 2e-3 * rms : 1e-3 * rms + 1e-5 * std::abs(want[i]);
-        worst = std::max(worst, std::abs(y[i] - want[i]) / tol);
-        ASSERT_LE(std::abs(y[i] - want[i]), tol) << "element " << i << " got " << y[i] << " want " << want[i];
-      }
+      const double worst = expect_gemv_matches(c, p, rng, stream_rows, ri, launches, v.own_stream);
       std::printf("gemv %s in %d epi %d out %d k %d stages %d blocks %d launches %d: worst error / tolerance %.3f\n",
                   streamed && sm90 ? "streamed" : "register", int(c.in), int(c.epi), c.out, c.k, v.stages, v.blocks,
                   launches, worst);
