@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "engine/cuda_ops/bf16_dot.cuh"
 #include "engine/cuda_ops/gemv.h"
 #include "engine/cuda_ops/pdl.cuh"
 #include "engine/cuda_ops/select_keys.cuh"
@@ -45,22 +46,6 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
-}
-
-// bf16 pairs in a 32-bit word: element 2i in the low half. A bf16 is the top half of the fp32 with the same value.
-__device__ __forceinline__ float lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
-
-__device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc) {
-  acc = fmaf(lo(w.x), lo(x.x), acc);
-  acc = fmaf(hi(w.x), hi(x.x), acc);
-  acc = fmaf(lo(w.y), lo(x.y), acc);
-  acc = fmaf(hi(w.y), hi(x.y), acc);
-  acc = fmaf(lo(w.z), lo(x.z), acc);
-  acc = fmaf(hi(w.z), hi(x.z), acc);
-  acc = fmaf(lo(w.w), lo(x.w), acc);
-  acc = fmaf(hi(w.w), hi(x.w), acc);
-  return acc;
 }
 
 // The activation rows a GEMV multiplies (after pdl_wait: x is the previous kernel's output): RMSNorm'd rows staged in

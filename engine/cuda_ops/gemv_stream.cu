@@ -22,9 +22,11 @@
 #include <algorithm>
 #include <string>
 
+#include "engine/cuda_ops/bf16_dot.cuh"
 #include "engine/cuda_ops/gemv.h"
 #include "engine/cuda_ops/pdl.cuh"
 #include "engine/errors.h"
+#include "src/cuda/common/mbarrier.cuh"
 
 namespace flashlite::engine::cuda_ops {
 
@@ -87,25 +89,10 @@ __device__ __forceinline__ RangeRows range_rows(const GemvParams& p, const Strea
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
+using ::flashlite::cuda::mbar_arrive;  // src/cuda/common/mbarrier.cuh
+using ::flashlite::cuda::mbar_arrive_expect_tx;
+using ::flashlite::cuda::mbar_init;
+using ::flashlite::cuda::mbar_wait;
 // `bytes` (a multiple of 16) from global `src` to shared `dst`, completing on `bar`; the lines marked evict-first in
 // L2 (weights are read once per step).
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, uint64_t policy) {
@@ -121,19 +108,6 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
 }
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"r"(kConsumerBarrier), "r"(kConsumers) : "memory");
-}
-__device__ __forceinline__ float lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
-__device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
-  float acc = lo(w.x) * lo(x.x);
-  acc = fmaf(hi(w.x), hi(x.x), acc);
-  acc = fmaf(lo(w.y), lo(x.y), acc);
-  acc = fmaf(hi(w.y), hi(x.y), acc);
-  acc = fmaf(lo(w.z), lo(x.z), acc);
-  acc = fmaf(hi(w.z), hi(x.z), acc);
-  acc = fmaf(lo(w.w), lo(x.w), acc);
-  acc = fmaf(hi(w.w), hi(x.w), acc);
-  return acc;
 }
 
 

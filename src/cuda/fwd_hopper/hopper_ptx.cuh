@@ -6,13 +6,17 @@
 
 #include <cstdint>
 
+#include "cuda/common/mbarrier.cuh"
+
 namespace flashlite::cuda_fwd_hopper {
 
 // ------------------------------------------------------------------ mbarrier
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
+using ::flashlite::cuda::mbar_arrive;  // init, arrive (expect_tx), parity wait: src/cuda/common/mbarrier.cuh
+using ::flashlite::cuda::mbar_arrive_expect_tx;
+using ::flashlite::cuda::mbar_init;
+using ::flashlite::cuda::mbar_wait;
+
 // Orders this thread's earlier generic-proxy shared-memory accesses (st.shared, mbarrier.init) before later
 // async-proxy ones (TMA writes, wgmma operand reads); a barrier then extends that to the threads issuing them.
 __device__ __forceinline__ void fence_proxy_async_smem() {
@@ -22,24 +26,6 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 __device__ __forceinline__ void mbar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   fence_proxy_async_smem();
-}
-// One arrival that also announces `bytes` of TMA transactions for the current phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Blocks until the phase with the given parity has completed (a fresh barrier counts parity 1 as completed).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
 }
 
 // ------------------------------------------------------------------ shared-memory stores
