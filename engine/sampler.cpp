@@ -16,20 +16,24 @@ void SamplingParams::validate() const {
   if (!(top_p > 0 && top_p <= 1)) fail("top_p is " + std::to_string(top_p) + "; expected a number in (0, 1]");
 }
 
-std::string unsampleable(const float* logits, int n, const char* what) {
-  bool bad = false;
-  float mx = -INFINITY;
+std::string unsampleable(const float* logits, int n, const char* what, const int32_t* ids) {
+  int64_t nan_id = -1, inf_id = -1;  // the lowest ids of a NaN and of a +inf
+  bool all_neg_inf = n > 0;
   for (int i = 0; i < n; ++i) {
-    bad |= !(logits[i] < INFINITY);  // NaN or +inf
-    mx = std::max(mx, logits[i]);
+    const float v = logits[i];
+    const int64_t id = ids ? ids[i] : i;
+    if (std::isnan(v)) {
+      if (nan_id < 0 || id < nan_id) nan_id = id;
+    } else if (v == INFINITY) {
+      if (inf_id < 0 || id < inf_id) inf_id = id;
+    }
+    all_neg_inf &= v == -INFINITY;
   }
-  if (bad) {
-    int i = 0;
-    while (logits[i] < INFINITY) ++i;
-    return std::string(what) + " " + std::to_string(i) + " is " + (std::isnan(logits[i]) ? "NaN" : "+inf") +
+  if (nan_id >= 0 || inf_id >= 0) {
+    return std::string(what) + " " + std::to_string(nan_id >= 0 ? nan_id : inf_id) + " is " + (nan_id >= 0 ? "NaN" : "+inf") +
            ": the model produced a non-finite logit; nothing can be sampled from this row";
   }
-  if (n > 0 && mx == -INFINITY) return std::string("every ") + what + " is -inf: no token can be sampled";
+  if (all_neg_inf) return std::string("every ") + what + " is -inf: no token can be sampled";
   return {};
 }
 
@@ -110,7 +114,8 @@ int Sampler::sample(const float* logits, int vocab) {
 
 int Sampler::sample_top_k(const float* values, const int32_t* ids, int k) {
   if (k <= 0) fail("sample_top_k got " + std::to_string(k) + " candidates; expected at least one");
-  check_logits(values, k, "top-k candidate logit");
+  // Named by vocabulary id, as the full-row paths name them (the candidates hold a row's lowest-id NaN / +inf).
+  if (std::string why = unsampleable(values, k, "logit", ids); !why.empty()) fail(why);
   cand_.resize(k);
   for (int i = 0; i < k; ++i) cand_[i] = {values[i], ids[i]};
   // The full sort of the k-set gives the partial sort's prefix exactly: `before` is a total order (ids are distinct).

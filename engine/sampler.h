@@ -41,7 +41,9 @@ class Sampler {
 int argmax(const float* logits, int n);
 
 // Why no token can be sampled from this row, or empty: a NaN or +inf logit (a broken model or kernel, not a
-// distribution; the first one is named) or every logit -inf. `what` names an element ("logit"). One pass.
-std::string unsampleable(const float* logits, int n, const char* what);
+// distribution) or every logit -inf. Named as every selection path names it (the device argmax key ranks NaN above
+// +inf, then the lowest id): the lowest-id NaN if there is one, else the lowest-id +inf. `what` names an element
+// ("logit"); ids: the elements' vocabulary ids (top-k candidates, in any order), else their indices. One pass.
+std::string unsampleable(const float* logits, int n, const char* what, const int32_t* ids = nullptr);
 
 }  // namespace flashlite::engine

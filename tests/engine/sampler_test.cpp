@@ -187,4 +187,27 @@ TEST(Sampler, NonFiniteRowsAreErrors) {
   }
 }
 
+// Every selection path names a refused row the same way: the lowest-id NaN if any, else the lowest-id +inf; top-k
+// candidates (in any order) by their vocabulary ids, not their slots.
+TEST(Sampler, RefusalsNameTheLowestIdNaNThenInf) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  std::vector<float> row = random_logits(100, 5);
+  row[12] = inf, row[40] = nan, row[70] = nan;
+  EXPECT_EQ(eng::unsampleable(row.data(), 100, "logit").rfind("logit 40 is NaN", 0), 0u);
+  row[40] = 1.f, row[70] = 1.f;
+  row[90] = inf;
+  EXPECT_EQ(eng::unsampleable(row.data(), 100, "logit").rfind("logit 12 is +inf", 0), 0u);
+  const std::vector<float> values{2.f, nan, inf, nan, 1.f};
+  const std::vector<int32_t> ids{4, 900, 3, 77, 1};
+  eng::Sampler s({0.8f, 5, 1.f, 1}, 0);
+  try {
+    (void)s.sample_top_k(values.data(), ids.data(), 5);
+    ADD_FAILURE() << "candidates with NaN were sampled";
+  } catch (const flashlite::Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("logit 77 is NaN", 0), 0u) << e.what();
+  }
+  const std::vector<float> masked(4, -inf);
+  EXPECT_EQ(eng::unsampleable(masked.data(), 4, "logit", ids.data()), "every logit is -inf: no token can be sampled");
+}
+
 }  // namespace
