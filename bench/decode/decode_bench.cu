@@ -75,7 +75,11 @@ void print_timeline(const char* label, int blocks, int calls) {
     std::sort(v.begin(), v.end());
     std::printf("  %s %.2f/%.2f", names[k == 7 ? 2 : k < 2 ? k : k + 1], v[v.size() / 2], v.back());
   }
-  std::printf("\n");
+  std::vector<unsigned long long> sms;
+  for (int b = 0; b < blocks; ++b)
+    if (last[size_t(b) * kTimelineStamps + 8]) sms.push_back(last[size_t(b) * kTimelineStamps + 8]);
+  std::sort(sms.begin(), sms.end());
+  std::printf("  on %zu SMs\n", size_t(std::unique(sms.begin(), sms.end()) - sms.begin()));
 }
 #endif
 

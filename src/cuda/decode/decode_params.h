@@ -56,7 +56,7 @@ struct DecodeParams {
 #endif
 };
 #if FLASHLITE_DECODE_TIMELINE
-inline constexpr int kTimelineStamps = 8;
+inline constexpr int kTimelineStamps = 9;  // 0..7: times; 8: the SM the block ran on (%smid)
 #endif
 
 }  // namespace flashlite::cuda_decode

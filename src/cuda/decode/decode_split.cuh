@@ -33,6 +33,11 @@ __device__ __forceinline__ void timeline_stamp(const DecodeParams& p, int k, int
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(dep));
   const unsigned long long block = (uint64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
   p.timeline[block * kTimelineStamps + k] = t;
+  if (k == 0) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    p.timeline[block * kTimelineStamps + 8] = smid + 1;  // 0 = no block
+  }
 }
 #else
 __device__ __forceinline__ void timeline_stamp(const DecodeParams&, int, int = 0) {}
