@@ -88,6 +88,22 @@ void capture_and_check(const Spec& s, const std::string& name) {
   cudaGraphDestroy(graph);
 }
 
+// Kernel attributes (the shared-memory opt-in above 48 KB) belong to the CUDA context: after cudaDeviceReset the
+// forward kernels must set them again instead of failing with "invalid argument". fp16 / bf16 D 128 and D 64 (the
+// Hopper kernel on sm_90, the mma kernel before) and fp32 D 128 (the SIMT kernel), each against float64 before and
+// after the reset.
+TEST(FusedFeatures, KernelsRunAgainAfterCudaDeviceReset) {
+  FL_SKIP_WITHOUT_GPU();
+  const std::vector<Spec> specs = {small_spec(DType::f16, 128), small_spec(DType::bf16, 64), small_spec(DType::f32, 128)};
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      SCOPED_TRACE((round ? "after the reset, spec " : "before the reset, spec ") + std::to_string(i));
+      run_and_check(specs[i], "reset" + std::to_string(i));
+    }
+    if (round == 0) cuda_check(cudaDeviceReset(), "cudaDeviceReset");
+  }
+}
+
 TEST(FusedFeatures, PaddedCallCapturesInCudaGraph) {
   FL_SKIP_WITHOUT_GPU();
   capture_and_check(small_spec(DType::bf16, 64), "graph_padded");

@@ -593,6 +593,27 @@ TEST(GpuKv, SplitsMergeInAClusterOrTheCombineKernel) {
   }
 }
 
+// The decode kernels' attributes (shared-memory opt-in, carveout) belong to the CUDA context: after cudaDeviceReset
+// they are set again. A cluster-merge case and a combine-kernel case (bf16 D 128, fp16 D 64), before and after.
+TEST(GpuKv, DecodeRunsAgainAfterCudaDeviceReset) {
+  SKIP_WITHOUT_GPU();
+  std::vector<GpuCase> cases;
+  for (const GpuCase& c : gpu_cases()) {
+    if (c.name == "contig_bfloat16_d128_hq16_hkv4_q1_cluster" || c.name == "contig_float16_d64_hq32_hkv4_q2_padded" ||
+        c.name == "splits17") {
+      cases.push_back(c);
+    }
+  }
+  ASSERT_EQ(cases.size(), 3u) << "the case names went stale";
+  for (int round = 0; round < 2; ++round) {
+    for (const GpuCase& c : cases) {
+      SCOPED_TRACE(std::string(round ? "after the reset: " : "before the reset: ") + c.name);
+      run_grid_case(c);
+    }
+    if (round == 0) ck(cudaDeviceReset(), "cudaDeviceReset");
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ CUDA-only errors
 
 TEST(GpuKv, CudaSpecificErrors) {

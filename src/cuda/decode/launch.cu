@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cuda/common/check.h"
+#include "cuda/common/context_cache.h"
 #include "cuda/common/kernel_arch.h"
 #include "cuda/decode/cluster_merge.cuh"
 #include "cuda/decode/decode_kernels.h"
@@ -47,6 +48,7 @@ struct KernelState {
   std::atomic<int> blocks_per_sm{0};    // 0: not prepared yet (stored last: the fields below are set by then)
   std::atomic<int> cluster_splits{0};   // largest cluster of split CTAs that fits the device (0: none)
   std::atomic<bool> sm90_code{false};   // sm_90 device and code with griddepcontrol / clusters (kernel_arch.h)
+  std::atomic<uint64_t> context{0};     // the context the attributes were set in (cudaDeviceReset makes a new one)
 };
 KernelState g_state[64][4];  // device x (dtype, head_dim) instance
 std::atomic<int> g_sms[64], g_cc[64];
@@ -91,7 +93,7 @@ int query_cluster_splits(const DecodeKernels& k) {
 int prepare_kernel(int dev, const DecodeProblem& p, const DecodeKernels& k) {
   KernelState& st = g_state[dev & 63][instance_index(p)];
   int n = st.blocks_per_sm.load();
-  if (n > 0) return n;
+  if (n > 0 && st.context.load() == cuda::current_context_id()) return n;
   (void)compute_capability(dev);  // cached now: nothing but launches happen later (e.g. inside a graph capture)
   FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributeMaxDynamicSharedMemorySize, k.split_smem_bytes));
   // Both kernels ask for the same L1 / shared split, so the SMs need no reconfiguration between them (the combine
@@ -105,6 +107,7 @@ int prepare_kernel(int dev, const DecodeProblem& p, const DecodeKernels& k) {
   const bool sm90 = compute_capability(dev) >= 90 && cuda::kernel_has_sm90_code(k.split);
   st.sm90_code.store(sm90);
   st.cluster_splits.store(sm90 ? query_cluster_splits(k) : 0);
+  st.context.store(cuda::current_context_id());
   st.blocks_per_sm.store(n);
   return n;
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/problem.h"
+#include "cuda/common/context_cache.h"
 #include "cuda/fwd/fwd_params.h"
 #include "flashlite/errors.h"
 
@@ -71,19 +72,18 @@ void launch_fwd_mma_cache_f16(MmaConfig c, const FwdParams& p, cudaStream_t stre
 void launch_fwd_mma_cache_bf16(MmaConfig c, const FwdParams& p, cudaStream_t stream);
 int simt_f32_block_rows();
 
-// Raises a kernel's dynamic shared-memory limit once per device (bit per device in `done`).
+// Raises a kernel's dynamic shared-memory limit once per device and context (again after a cudaDeviceReset).
 template <class Kernel>
-void ensure_smem_optin(Kernel* kernel, int bytes, std::atomic<uint64_t>& done) {
+void ensure_smem_optin(Kernel* kernel, int bytes, cuda::PerContextFlag& done) {
   int dev = 0;
   cudaGetDevice(&dev);
-  const uint64_t bit = uint64_t(1) << (dev & 63);
-  if (done.load(std::memory_order_relaxed) & bit) return;
+  if (done.done(dev)) return;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (e != cudaSuccess) {
     throw Error(ErrorKind::runtime, "fused attention: cannot reserve " + std::to_string(bytes) +
                                         " bytes of shared memory per block: " + cudaGetErrorString(e));
   }
-  done.fetch_or(bit, std::memory_order_relaxed);
+  done.mark(dev);
 }
 
 }  // namespace flashlite::cuda_fwd

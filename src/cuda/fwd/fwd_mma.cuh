@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
 // Launches one instantiation. grid: one block per (query tile, sequence, head).
 template <class T, class Cfg, bool CACHE = false>
 void launch_fwd_mma(const FwdParams& p, cudaStream_t stream) {
-  static std::atomic<uint64_t> configured{0};
+  static cuda::PerContextFlag configured;
   if constexpr (Cfg::SMEM_BYTES > 48 * 1024) {
     ensure_smem_optin(fwd_mma_kernel<T, Cfg, CACHE>, Cfg::SMEM_BYTES, configured);
   }

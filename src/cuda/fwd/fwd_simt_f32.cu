@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_simt_f32_kernel(const __grid_
 template <int D>
 void launch_d(const FwdParams& p, cudaStream_t stream) {
   constexpr int bytes = SimtSmem<D>::BYTES;
-  static std::atomic<uint64_t> configured{0};
+  static cuda::PerContextFlag configured;
   if constexpr (bytes > 48 * 1024) ensure_smem_optin(fwd_simt_f32_kernel<D>, bytes, configured);
   const int64_t blocks = int64_t(p.q_tiles) * p.q_heads * p.batch;
   fwd_simt_f32_kernel<D><<<unsigned(blocks), kWarps * 32, bytes, stream>>>(p);

@@ -32,6 +32,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "cuda/common/context_cache.h"
 #include "cuda/fwd/fwd_common.cuh"
 #include "cuda/fwd/row_mask.h"
 #include "cuda/fwd_hopper/hopper_ptx.cuh"
@@ -400,15 +401,15 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
   }
 }
 
-// Raises the kernel's dynamic shared-memory limit once per device (bit per device in `done`); false on failure.
+// Raises the kernel's dynamic shared-memory limit once per device and context (again after a cudaDeviceReset);
+// false on failure.
 template <class Kernel>
-bool hopper_smem_optin(Kernel* kernel, int bytes, std::atomic<uint64_t>& done) {
+bool hopper_smem_optin(Kernel* kernel, int bytes, ::flashlite::cuda::PerContextFlag& done) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  const uint64_t bit = uint64_t(1) << (dev & 63);
-  if (done.load(std::memory_order_relaxed) & bit) return true;
+  if (done.done(dev)) return true;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return false;
-  done.fetch_or(bit, std::memory_order_relaxed);
+  done.mark(dev);
   return true;
 }
 
@@ -416,7 +417,7 @@ bool hopper_smem_optin(Kernel* kernel, int bytes, std::atomic<uint64_t>& done) {
 // (wgmma_<dtype>_d<D>.cu); launch_hopper.cu only refers to them. Returns the launch error, if any.
 template <class T, int D, int SCHED>
 cudaError_t launch_hopper_variant(const HopperParams& hp, cudaStream_t stream) {
-  static std::atomic<uint64_t> configured{0};
+  static ::flashlite::cuda::PerContextFlag configured;
   constexpr int smem = int(HopperTile<D>::SMEM_BYTES);
   if (!hopper_smem_optin(fwd_hopper_kernel<T, D, SCHED>, smem, configured)) return cudaGetLastError();
   const int64_t blocks = int64_t(hp.f.q_tiles) * hp.f.q_heads * hp.f.batch;
