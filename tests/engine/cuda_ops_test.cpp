@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 
 #include "engine/cuda_ops/select.h"
 #include "engine/cuda_ops/testing.h"
@@ -48,6 +49,22 @@ struct Case {
   int rows, out, k;
   bool row_index;
 };
+
+// p with the case's sizes and epilogue (its modes as given).
+ops::GemvParams shaped(const Case& c, ops::GemvParams p = {}) {
+  p.in = c.in;
+  p.epi = c.epi;
+  p.rows = c.rows;
+  p.out = c.out;
+  p.k = c.k;
+  return p;
+}
+
+// "in I epi E rows R out O k K", the start of a case's trace.
+std::string case_name(const Case& c) {
+  return "in " + std::to_string(int(c.in)) + " epi " + std::to_string(int(c.epi)) + " rows " + std::to_string(c.rows) +
+         " out " + std::to_string(c.out) + " k " + std::to_string(c.k);
+}
 
 // float64 reference of gemv on the bf16-rounded operands; the normed input is rounded to bf16 as the kernel stages it.
 std::vector<double> reference(const Case& c, const std::vector<float>& w, const std::vector<float>& x,
@@ -93,11 +110,7 @@ double expect_gemv_matches(const Case& c, ops::GemvParams p, std::mt19937& rng, 
   const auto g = random_vec(c.k, rng, 0.5f, 1.5f);
   std::vector<float> y = random_vec(size_t(c.rows) * c.out, rng, -2.f, 2.f);
   const std::vector<float> y0 = y;
-  p.in = c.in;
-  p.epi = c.epi;
-  p.rows = c.rows;
-  p.out = c.out;
-  p.k = c.k;
+  p = shaped(c, p);
   p.eps = 1e-5f;
   dt::gemv(p, w, x, xf, g, ri, y, launches, own_stream);
   std::vector<double> want = reference(c, w, x, xf, g, ri, y0);
@@ -150,9 +163,8 @@ TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
   all.push_back({ops::GemvIn::rmsnorm, ops::GemvOut::f32, 1, 77, 4104, true});
   for (const Variant& v : variants) {
     for (const Case& c : all) {
-      SCOPED_TRACE("in " + std::to_string(int(c.in)) + " epi " + std::to_string(int(c.epi)) + " rows " +
-                   std::to_string(c.rows) + " out " + std::to_string(c.out) + " k " + std::to_string(c.k) + " split " +
-                   std::to_string(v.split) + " preload " + std::to_string(v.preload) + " late " + std::to_string(v.late));
+      SCOPED_TRACE(case_name(c) + " split " + std::to_string(v.split) + " preload " + std::to_string(v.preload) +
+                   " late " + std::to_string(v.late));
       const int stream_rows = c.row_index ? c.rows + 3 : c.rows;
       std::vector<int32_t> ri;
       if (c.row_index)
@@ -199,19 +211,12 @@ TEST(EngineCudaOps, StreamedGemvMatchesFloat64) {
   const std::vector<Variant> variants = {{8, 1, 1}, {16, 1, 3}, {16, 2, 2}, {8, 4, 1}, {16, 1, 2, true}};
   for (const Variant& v : variants) {
     for (const Case& c : cases) {
-      SCOPED_TRACE("in " + std::to_string(int(c.in)) + " epi " + std::to_string(int(c.epi)) + " rows " +
-                   std::to_string(c.rows) + " out " + std::to_string(c.out) + " k " + std::to_string(c.k) + " stages " +
-                   std::to_string(v.stages) + " blocks " + std::to_string(v.blocks) + " launches " +
-                   std::to_string(v.launches) + (v.own_stream ? " on a created stream" : ""));
+      SCOPED_TRACE(case_name(c) + " stages " + std::to_string(v.stages) + " blocks " + std::to_string(v.blocks) +
+                   " launches " + std::to_string(v.launches) + (v.own_stream ? " on a created stream" : ""));
       const int stream_rows = c.row_index ? 4 : c.rows;
       std::vector<int32_t> ri;
       if (c.row_index) ri.push_back(2);
-      ops::GemvParams p;
-      p.in = c.in;
-      p.epi = c.epi;
-      p.rows = c.rows;
-      p.out = c.out;
-      p.k = c.k;
+      ops::GemvParams p = shaped(c);
       p.stream = true;
       p.stream_stages = v.stages;
       p.stream_blocks_per_sm = v.blocks;
