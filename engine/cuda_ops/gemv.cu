@@ -4,23 +4,16 @@
 #include <algorithm>
 #include <string>
 
-#include "engine/cuda_ops/bf16_dot.cuh"
 #include "engine/cuda_ops/gemv.h"
+#include "engine/cuda_ops/gemv_device.cuh"
 #include "engine/cuda_ops/pdl.cuh"
-#include "engine/cuda_ops/select_keys.cuh"
 #include "engine/errors.h"
 
 namespace flashlite::engine::cuda_ops {
 
 namespace {
 
-constexpr int kWarps = 8, kThreads = kWarps * 32;
-// Weight rows a warp streams together: one (more warps for the short O / down / QKV matrices), two for SwiGLU (a
-// gate row and its up row). Loads in flight per lane: 8 x 16 bytes either way (4 KB per warp).
-template <GemvOut OUT>
-__host__ __device__ constexpr int rows_per_warp() { return OUT == GemvOut::swiglu_bf16 ? 2 : 1; }
-template <GemvOut OUT>
-__host__ __device__ constexpr int unroll() { return 8 / rows_per_warp<OUT>(); }
+using namespace gemv_device;
 constexpr size_t kMaxStagedBytes = 160 * 1024;
 
 // The staged rows' bytes this device takes: kMaxStagedBytes, less where its opt-in shared memory per block is smaller
@@ -37,136 +30,6 @@ size_t max_staged_bytes() {
     return std::min(kMaxStagedBytes, size_t(std::max(0, optin - 1024)));
   }();
   return bytes;
-}
-
-// Weights are read once: skip L1.
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-// The activation rows a GEMV multiplies (after pdl_wait: x is the previous kernel's output): RMSNorm'd rows staged in
-// shared memory as bf16 (fp32 math), or the bf16 input itself; rows past p.rows repeat the last one (never stored).
-template <int R, GemvIn IN>
-__device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* staged, const uint4* (&xrow)[R], int lane,
-                                                int warp, int kc) {
-  if constexpr (IN == GemvIn::rmsnorm) {
-    __shared__ float inv[R];
-    for (int r = warp; r < p.rows; r += kWarps) {
-      const float4* xr = reinterpret_cast<const float4*>(p.xf + size_t(p.row_index ? p.row_index[r] : r) * p.k);
-      float ss = 0.f;
-      for (int i = lane; i < p.k / 4; i += 32) {
-        const float4 v = xr[i];
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      }
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      if (lane == 0) inv[r] = rsqrtf(ss / p.k + p.eps);
-    }
-    __syncthreads();
-    __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(staged);
-    const __nv_bfloat16* g = static_cast<const __nv_bfloat16*>(p.norm_w);
-    for (int r = 0; r < p.rows; ++r) {
-      const float* xr = p.xf + size_t(p.row_index ? p.row_index[r] : r) * p.k;
-      for (int i = threadIdx.x; i < p.k; i += kThreads)
-        st[size_t(r) * p.k + i] = __float2bfloat16(xr[i] * inv[r] * __bfloat162float(g[i]));
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < R; ++r) xrow[r] = staged + size_t(min(r, p.rows - 1)) * kc;
-  } else {
-#pragma unroll
-    for (int r = 0; r < R; ++r) xrow[r] = static_cast<const uint4*>(p.x) + size_t(min(r, p.rows - 1)) * kc;
-  }
-}
-
-// acc[j][r] += weight row j . activation row r over one batch of loads (wv: kUnroll chunks 32 apart from c0; chunks
-// at or past c_end are not there).
-template <int R, int NW, int kUnroll>
-__device__ __forceinline__ void dot_batch(float (&acc)[NW][R], const uint4 (&wv)[kUnroll][NW], const uint4* const (&xrow)[R],
-                                          int c0, int c_end) {
-#pragma unroll
-  for (int t = 0; t < kUnroll; ++t) {
-    const int c = c0 + 32 * t;
-    if (c < c_end) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const uint4 xv = xrow[r][c];
-#pragma unroll
-        for (int j = 0; j < NW; ++j) acc[j][r] = dot8(wv[t][j], xv, acc[j][r]);
-      }
-    }
-  }
-}
-
-// Each lane's partial sums added across the warp.
-template <int R, int NW>
-__device__ __forceinline__ void warp_sum(float (&acc)[NW][R]) {
-#pragma unroll
-  for (int j = 0; j < NW; ++j)
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc[j][r] += __shfl_xor_sync(0xffffffffu, acc[j][r], o);
-}
-
-// Output column j of the warp (element `at` of y) for activation row r: stored (bf16 / fp32), added to the fp32
-// residual stream, or SwiGLU of the gate (column j) and its up row (column j + NW / 2).
-template <GemvOut OUT, int NW, int R>
-__device__ __forceinline__ void store_column(const GemvParams& p, const float (&acc)[NW][R], int j, int r, size_t at) {
-  const float v = acc[j][r];
-  if constexpr (OUT == GemvOut::bf16) {
-    static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v);
-  } else if constexpr (OUT == GemvOut::f32 || OUT == GemvOut::f32_argmax) {
-    static_cast<float*>(p.y)[at] = v;
-  } else if constexpr (OUT == GemvOut::add_f32) {
-    static_cast<float*>(p.y)[at] += v;
-  } else {
-    const float up = acc[j + NW / 2][r];
-    static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v / (1.f + __expf(-v)) * up);
-  }
-}
-
-// The warp's U output columns from u0 for every activation row, stored (lane 0 of the warp); each(j, r, u) runs
-// after column j of row r is stored (the variant kernel's argmax keeps its best key there).
-template <GemvOut OUT, int U, int NW, int R, class Each>
-__device__ __forceinline__ void store_group(const GemvParams& p, const float (&acc)[NW][R], int u0, Each each) {
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (r >= p.rows) break;
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const int u = u0 + j;
-      if (u >= p.out) break;
-      store_column<OUT>(p, acc, j, r, size_t(r) * p.out + u);
-      each(j, r, u);
-    }
-  }
-}
-
-// Which weight row warp `w` of tile `t` owns in the fused-RoPE layout: a tile is 8 rows of one head forming 4 rotation
-// pairs; the warp's partner (the other element of its pair) is warp w ^ 4 (half-split) or w ^ 1 (interleaved).
-struct RopeSlot {
-  int row, head, d, pair;  // weight row, head, element within the head, pair index i (cos/sin column)
-  bool second;             // the pair's second element (i + D/2, or 2i + 1)
-};
-__device__ __forceinline__ RopeSlot rope_slot(const GemvRope& rp, int tile, int w) {
-  const int D = rp.head_dim, per_head = D / 8, h = tile / per_head, part = tile % per_head;
-  RopeSlot s;
-  s.head = h;
-  if (rp.interleaved) {
-    s.pair = part * 4 + (w >> 1);
-    s.second = w & 1;
-    s.d = 2 * s.pair + (w & 1);
-  } else {
-    s.pair = part * 4 + (w & 3);
-    s.second = w >> 2;
-    s.d = s.pair + (w >> 2) * (D / 2);
-  }
-  s.row = h * D + s.d;
-  return s;
 }
 
 // R: activation rows the kernel is unrolled for (p.rows <= R; rows beyond p.rows repeat the last one, unstored).
@@ -288,9 +151,9 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
   const uint4* xrow[R];
   activation_rows<R, IN>(p, staged, xrow, lane, warp, kc);
 
-  uint64_t best[kArgmax ? R : 1];  // f32_argmax: this warp's largest key per activation row so far
+  uint64_t best[R];  // f32_argmax: this warp's largest key per activation row so far
 #pragma unroll
-  for (int r = 0; r < (kArgmax ? R : 1); ++r) best[r] = 0;
+  for (int r = 0; r < R; ++r) best[r] = 0;
   // Tiles are uniform across the block (the barriers of split-K and fused RoPE sit inside); warps whose group is
   // past the end idle through them.
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -314,79 +177,10 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
       warp_sum(acc);
     }
     preloaded = false;  // a lane with no chunk in its first tile never consumed its (empty) batch
-    if constexpr (kRope) {
-      // Round as the unfused path stores q/k/v in bf16, rotate pairs across warps, route q / k / v.
-      if (lane == 0 && active) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) part[warp][0][r] = __bfloat162float(__float2bfloat16(acc[0][r]));
-      }
-      __syncthreads();
-      if (lane == 0 && active) {
-        const GemvRope& rp = p.rope;
-        const RopeSlot sl = rope_slot(rp, tile, warp);
-        const int partner = rp.interleaved ? warp ^ 1 : warp ^ 4, D = rp.head_dim, half = D / 2;
-        const int kvd = rp.kv_heads * D;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          if (r >= p.rows) break;
-          const float self = part[warp][0][r], other = part[partner][0][r];
-          if (sl.head >= rp.heads + rp.kv_heads) {  // v: copied as is
-            static_cast<__nv_bfloat16*>(rp.v_cache)[size_t(rp.cache_row[r]) * kvd + (sl.head - rp.heads - rp.kv_heads) * D + sl.d] =
-                __float2bfloat16(self);
-            continue;
-          }
-          const float c = rp.cos[size_t(rp.pos[r]) * half + sl.pair], s = rp.sin[size_t(rp.pos[r]) * half + sl.pair];
-          const float x0 = sl.second ? other : self, x1 = sl.second ? self : other;
-          const __nv_bfloat16 y = __float2bfloat16(sl.second ? x0 * s + x1 * c : x0 * c - x1 * s);
-          if (sl.head < rp.heads) static_cast<__nv_bfloat16*>(p.y)[size_t(r) * p.out + sl.row] = y;
-          else static_cast<__nv_bfloat16*>(rp.k_cache)[size_t(rp.cache_row[r]) * kvd + (sl.head - rp.heads) * D + sl.d] = y;
-        }
-      }
-      __syncthreads();  // part is rewritten by the next tile
-      continue;
-    } else {
-      if (S > 1) {  // uniform across the block
-        if (lane == 0 && active) {
-#pragma unroll
-          for (int j = 0; j < NW; ++j)
-#pragma unroll
-            for (int r = 0; r < R; ++r) part[warp][j][r] = acc[j][r];
-        }
-        __syncthreads();
-        if (sub == 0 && active) {  // fixed order: slice 0, 1, ...
-#pragma unroll
-          for (int j = 0; j < NW; ++j)
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-              float v = part[warp][j][r];
-              for (int q = 1; q < S; ++q) v += part[warp + q][j][r];
-              acc[j][r] = v;
-            }
-        }
-        __syncthreads();
-      }
-      if (lane == 0 && active && sub == 0) {
-        store_group<OUT, U>(p, acc, u0, [&](int j, int r, int u) {
-          if constexpr (kArgmax) best[r] = max(best[r], argmax_key(acc[j][r], u));
-        });
-      }
-    }
+    finish_tile<R, OUT>(p, acc, part, best, tile, warp, lane, active, S, sub, u0);
   }
   if (late_trigger) pdl_launch_dependents();
-  if constexpr (kArgmax) {
-    // One atomicMax per block and row (keys are unique, max is order-independent: the result is deterministic).
-    __shared__ unsigned long long block_best[kWarps][R];
-    if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) block_best[warp][r] = best[r];
-    }
-    __syncthreads();
-    if (threadIdx.x < R && int(threadIdx.x) < p.rows) {
-      unsigned long long m = 0;
-      for (int w = 0; w < kWarps; ++w) m = max(m, block_best[w][threadIdx.x]);
-      if (m) atomicMax(reinterpret_cast<unsigned long long*>(p.argmax_keys) + threadIdx.x, m);
-    }
-  }
+  if constexpr (kArgmax) fold_argmax<R>(p, best, warp, lane);
 }
 
 int sm_count() {
@@ -491,8 +285,11 @@ void gemv(const GemvParams& p, void* stream) {
   if (p.epi == GemvOut::f32_argmax && !p.argmax_keys) fail("gemv with the argmax epilogue needs argmax_keys");
   if (p.stream && (p.stream_stages < 8 || p.stream_stages % 8 != 0))
     fail("gemv stream_stages " + std::to_string(p.stream_stages) + "; expected a multiple of 8 (a ring slot per consumer warp)");
+  if (p.pipe_stages != 0 && (p.pipe_stages < 2 || p.pipe_stages > 6))
+    fail("gemv pipe_stages " + std::to_string(p.pipe_stages) + "; expected 0 (off) or 2..6 slots per warp");
   if (p.out <= 0) return;
   if (p.stream && gemv_stream_supported(p)) return gemv_stream(p, stream);
+  if (p.pipe_stages > 0 && gemv_pipe_supported(p)) return gemv_pipe(p, stream);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // The combinations the engine uses: QKV, gate/up + SwiGLU and the LM head read the normed stream; O and down add.
   if (p.in == GemvIn::rmsnorm && p.epi == GemvOut::bf16) launch_rows<GemvIn::rmsnorm, GemvOut::bf16>(p, s);
