@@ -127,6 +127,7 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
   // way: the head of its first rows towards L2 (a bounded amount: prefetching whole rows while the previous GEMV
   // streams evicts them again) and/or (preload) its first batch into registers. Weights are never written by a
   // predecessor, so neither needs the wait.
+  gemv_stamp(p, 0);
   if (!late_trigger) pdl_launch_dependents();
   bool preloaded = false;
   if (blockIdx.x < tiles) {
@@ -150,6 +151,7 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
   pdl_wait();
   const uint4* xrow[R];
   activation_rows<R, IN>(p, staged, xrow, lane, warp, kc);
+  gemv_stamp(p, 1);
 
   uint64_t best[R];  // f32_argmax: this warp's largest key per activation row so far
 #pragma unroll
@@ -181,6 +183,7 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
   }
   if (late_trigger) pdl_launch_dependents();
   if constexpr (kArgmax) fold_argmax<R>(p, best, warp, lane);
+  gemv_stamp(p, 2);
 }
 
 int sm_count() {

@@ -78,6 +78,9 @@ struct GemvParams {
   int pipe_blocks_per_sm = 1;         // its blocks per SM at most (fewer where shared memory does not hold them)
   GemvRope rope;                      // rope_bf16
   uint64_t* argmax_keys = nullptr;    // f32_argmax: (rows), zeroed before the launch
+  // Diagnostic builds only (-DFLASHLITE_DECODE_TIMELINE=1; FLASHLITE_ENGINE_TIMELINE): the register kernels' thread 0
+  // of each block writes %globaltimer at its start, after the wait and prologue, and at its end: (blocks, 3) words.
+  unsigned long long* timeline = nullptr;
 };
 
 // The split the engine's FLASHLITE_ENGINE_SPLITK=1 picks: the largest power of two <= 8 that keeps every warp at

@@ -150,6 +150,22 @@ __device__ __forceinline__ RopeSlot rope_slot(const GemvRope& rp, int tile, int 
   return s;
 }
 
+// Diagnostic builds (gemv.h, GemvParams::timeline): stamp k (0 start, 1 after the wait and prologue, 2 end) of this
+// block; the end stamp waits for the whole block. Compiled out by default.
+__device__ __forceinline__ void gemv_stamp(const GemvParams& p, int k) {
+#if FLASHLITE_DECODE_TIMELINE
+  if (p.timeline == nullptr) return;
+  if (k == 2) __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    p.timeline[size_t(blockIdx.x) * 3 + k] = t;
+  }
+#else
+  (void)p, (void)k;
+#endif
+}
+
 // The end of one block-uniform tile of the variant and pipelined kernels, after each active warp's sums (acc) are
 // warp-reduced: the fused RoPE rotation and cache append, or split-K's fixed-order sum of the row's slices, then the
 // stores (lane 0) and, for f32_argmax, the warp's best key per row. Every warp of the block calls it for every tile

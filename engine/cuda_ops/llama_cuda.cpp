@@ -21,6 +21,14 @@
 #include "engine/cuda_ops/select.h"
 #include "engine/errors.h"
 #include "flashlite/kv_cache.h"
+#if FLASHLITE_DECODE_TIMELINE
+#include <vector>
+
+// cuda_decode_set_timeline (src/kv/kv_backends.h, diagnostic builds); its stamps are kTimelineStamps = 9 words a block.
+namespace flashlite {
+void cuda_decode_set_timeline(unsigned long long* buffer, size_t slot_blocks, size_t slots);
+}
+#endif
 
 namespace flashlite::engine {
 
@@ -139,6 +147,10 @@ class LlamaCuda final : public LlamaModel {
       k_cache_[l]->reserve(kv_bytes, "the K cache");
       v_cache_[l]->reserve(kv_bytes, "the V cache");
     }
+    if (timeline_on_) {
+      timeline_.reserve(timeline_words() * 8, "the timeline");
+      cuda_check(cudaMemset(timeline_.ptr, 0, timeline_.bytes), "zeroing the timeline");
+    }
     if (stream_gemv_) {
       stream_counters_.reserve(size_t(c_.n_layers) * 4 * 2 * sizeof(uint32_t), "the streamed GEMV's counters");
       cuda_check(cudaMemset(stream_counters_.ptr, 0, stream_counters_.bytes), "zeroing the streamed GEMV's counters");
@@ -149,6 +161,7 @@ class LlamaCuda final : public LlamaModel {
   }
 
   ~LlamaCuda() override {
+    print_timeline();
     for (auto& [rows, g] : graphs_)
       if (g.exec) cudaGraphExecDestroy(g.exec);
     for (cudaEvent_t e : prof_events_) cudaEventDestroy(e);
@@ -345,6 +358,10 @@ class LlamaCuda final : public LlamaModel {
     profile_ = Profile(es::choice("FLASHLITE_ENGINE_PROFILE", int(Profile::off),
                                   es::flag_names(int(Profile::off), int(Profile::events), {{"range", int(Profile::range)}}),
                                   "a flag (0, off, false, no; 1, on, true, yes: events) or range"));
+    timeline_on_ = es::flag("FLASHLITE_ENGINE_TIMELINE", false);
+#if !FLASHLITE_DECODE_TIMELINE
+    if (timeline_on_) fail("FLASHLITE_ENGINE_TIMELINE=1 needs a diagnostic build (-DFLASHLITE_DECODE_TIMELINE=1)");
+#endif
     const bool verbose = es::flag("FLASHLITE_ENGINE_VERBOSE", false);
     if (verbose || late_trigger_ || decode_splits_ || stream_gemv_ || pipe_stages_ || profile_ != Profile::off) {
       auto env = [](const char* name) -> std::string {
@@ -509,6 +526,89 @@ class LlamaCuda final : public LlamaModel {
   bool stream_gemv_ = false;  // the streamed GEMV (one-row QKV, O, gate/up, down)
   int stream_stages_ = 16, stream_blocks_ = 1;
   int pipe_stages_ = 0, pipe_blocks_ = 1;  // the pipelined GEMV (0: off)
+  // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step, printed when
+  // the model is destroyed: the decode kernels' (layers x kTimelineBlocks x kTimelineStamps), then the GEMVs'
+  // ((layers x 4 + 1) x kTimelineBlocks x 3: QKV, O, gate/up, down of each layer, the LM head).
+  static constexpr size_t kTimelineBlocks = 1024;
+  bool timeline_on_ = false;
+  DeviceBuffer timeline_;
+  size_t timeline_words() const { return size_t(c_.n_layers) * kTimelineBlocks * 9 + (size_t(c_.n_layers) * 4 + 1) * kTimelineBlocks * 3; }
+  unsigned long long* gemv_timeline(int l, int site) const {
+    if (!timeline_on_) return nullptr;
+    return timeline_.as<unsigned long long>() + size_t(c_.n_layers) * kTimelineBlocks * 9 +
+           (size_t(l) * 4 + site) * kTimelineBlocks * 3;
+  }
+  void print_timeline() {
+#if FLASHLITE_DECODE_TIMELINE
+    if (!timeline_on_ || !timeline_.ptr) return;
+    std::vector<unsigned long long> h(timeline_words());
+    if (cudaDeviceSynchronize() != cudaSuccess ||
+        cudaMemcpy(h.data(), timeline_.ptr, h.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      std::fprintf(stderr, "timeline: copy failed\n");
+      return;
+    }
+    const unsigned long long* dec = h.data();
+    const unsigned long long* gv = h.data() + size_t(c_.n_layers) * kTimelineBlocks * 9;
+    // (min, median, max) of stamp k over the blocks that wrote one, in ns.
+    auto stats = [](const unsigned long long* base, int words, int k, int count_stamp) {
+      std::vector<unsigned long long> v;
+      for (size_t b = 0; b < kTimelineBlocks; ++b)
+        if (base[b * words + count_stamp] && base[b * words + k]) v.push_back(base[b * words + k]);
+      std::sort(v.begin(), v.end());
+      struct S { double lo, med, hi; int n; };
+      if (v.empty()) return S{0, 0, 0, 0};
+      return S{double(v.front()), double(v[v.size() / 2]), double(v.back()), int(v.size())};
+    };
+    const char* names[4] = {"qkv", "o", "gate/up", "down"};
+    std::fprintf(stderr, "timeline of the last decode step (us from layer l's QKV first start; per kernel: first start / "
+                         "median after wait / last end; attention also: length, q+issue, first tile, loop end, partials "
+                         "(medians))\n");
+    double sums[10] = {0};
+    int counted = 0;
+    for (int l = 0; l < c_.n_layers; ++l) {
+      const auto q = stats(gv + (size_t(l) * 4 + 0) * kTimelineBlocks * 3, 3, 0, 0);
+      const double t0 = q.lo;
+      auto us = [&](double t) { return (t - t0) / 1e3; };
+      std::string line = "  layer " + std::to_string(l) + ":";
+      char buf[256];
+      double ends[5] = {0}, waits[5] = {0};
+      for (int k = 0; k < 5; ++k) {
+        if (k == 1) {
+          const unsigned long long* d = dec + size_t(l) * kTimelineBlocks * 9;
+          const auto s0 = stats(d, 9, 0, 8), s1 = stats(d, 9, 1, 8), s6 = stats(d, 9, 6, 8);
+          const auto s7 = stats(d, 9, 7, 8), s2 = stats(d, 9, 2, 8), s3 = stats(d, 9, 3, 8), s4 = stats(d, 9, 4, 8),
+                     s5 = stats(d, 9, 5, 8);
+          std::snprintf(buf, sizeof buf, " | attn(%d) %.2f / %.2f / %.2f [len %.2f q %.2f tile %.2f loop %.2f part %.2f]",
+                        s0.n, us(s0.lo), us(s1.med), us(s6.hi), us(s7.med), us(s2.med), us(s3.med), us(s4.med), us(s5.med));
+          waits[k] = s1.med, ends[k] = s6.hi;
+        } else {
+          const int site = k == 0 ? 0 : k - 1;
+          const unsigned long long* g = gv + (size_t(l) * 4 + site) * kTimelineBlocks * 3;
+          const auto s0 = stats(g, 3, 0, 0), s1 = stats(g, 3, 1, 0), s2 = stats(g, 3, 2, 0);
+          std::snprintf(buf, sizeof buf, " | %s(%d) %.2f / %.2f / %.2f", names[site], s0.n, us(s0.lo), us(s1.med), us(s2.hi));
+          waits[k] = s1.med, ends[k] = s2.hi;
+        }
+        line += buf;
+      }
+      std::fprintf(stderr, "%s\n", line.c_str());
+      if (l > 0) {  // per kernel: previous end -> median wait, median wait -> last end
+        ++counted;
+        for (int k = 0; k < 5; ++k) {
+          const double prev_end = k == 0 ? 0 : ends[k - 1];
+          if (k > 0) sums[2 * k] += (waits[k] - prev_end) / 1e3;
+          sums[2 * k + 1] += (ends[k] - waits[k]) / 1e3;
+        }
+      }
+    }
+    if (counted) {
+      std::fprintf(stderr, "  mean over layers 1..: ");
+      const char* kn[5] = {"qkv", "attn", "o", "gate/up", "down"};
+      for (int k = 0; k < 5; ++k)
+        std::fprintf(stderr, "%s gap %.2f run %.2f%s", kn[k], k ? sums[2 * k] / counted : 0.0, sums[2 * k + 1] / counted,
+                     k < 4 ? " | " : "\n");
+    }
+#endif
+  }
   DeviceBuffer stream_counters_;  // (layers, 4 GEMVs, 2) work counters of the streamed GEMV, zeroed once
   enum class Profile { off, events, range } profile_ = Profile::off;
   bool prof_active_ = false;
@@ -632,6 +732,9 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
   const bool fused_rope = gemv && fuse_rope_;
   const bool fused_argmax = gemv && fuse_argmax_ && request.kind == LogitsRequest::Kind::argmax && lrows <= 256;
   auto mark = [&](const char* name) { profile_mark(name); };
+#if FLASHLITE_DECODE_TIMELINE
+  if (timeline_on_ && batched_decode) cuda_decode_set_timeline(timeline_.as<unsigned long long>(), kTimelineBlocks, size_t(c_.n_layers));
+#endif
   auto compute = [&] {
     mark("start");
     cuda_ops::embed(x_.as<float>(), embedding_.ptr, step_in(0), rows, dim, elem_, s,
@@ -653,6 +756,7 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
         p.rope.head_dim = c_.head_dim;
         p.rope.interleaved = c_.rope_style == RopeStyle::interleaved;
         p.preload = preload_ != 0;
+        p.timeline = gemv_timeline(l, 0);
         cuda_ops::gemv(streamed(p, l, 0), s);
         mark("qkv+rope");
       } else if (gemv) {  // qkv = rmsnorm(x) Wqkv^T
@@ -693,12 +797,17 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
       }
       mark("attention");
       if (gemv) {  // x += att Wo^T; h = swiglu(rmsnorm(x) W13^T); x += h W2^T
-        cuda_ops::gemv(streamed(added_gemv(L.wo.ptr, dim, qd, att_.ptr, rows), l, 1), s);
+        cuda_ops::GemvParams po = added_gemv(L.wo.ptr, dim, qd, att_.ptr, rows);
+        po.timeline = gemv_timeline(l, 1);
+        cuda_ops::gemv(streamed(po, l, 1), s);
         mark("o");
-        cuda_ops::gemv(streamed(normed_gemv(L.w13.ptr, hid, L.rms_ffn.ptr, nullptr, rows, cuda_ops::GemvOut::swiglu_bf16,
-                                            hb_.ptr), l, 2), s);
+        cuda_ops::GemvParams pg = normed_gemv(L.w13.ptr, hid, L.rms_ffn.ptr, nullptr, rows, cuda_ops::GemvOut::swiglu_bf16, hb_.ptr);
+        pg.timeline = gemv_timeline(l, 2);
+        cuda_ops::gemv(streamed(pg, l, 2), s);
         mark("gate_up");
-        cuda_ops::gemv(streamed(added_gemv(L.w2.ptr, dim, hid, hb_.ptr, rows), l, 3), s);
+        cuda_ops::GemvParams pd = added_gemv(L.w2.ptr, dim, hid, hb_.ptr, rows);
+        pd.timeline = gemv_timeline(l, 3);
+        cuda_ops::gemv(streamed(pd, l, 3), s);
         mark("down");
         continue;
       }

@@ -56,9 +56,10 @@ std::string cuda_decode_kernel_name(const DecodeProblem& p, int num_splits = 0);
 // the variable.
 int parse_decode_cluster_mode(const char* value);
 #if FLASHLITE_DECODE_TIMELINE
-// Diagnostic builds: later decode launches stamp their split blocks' timelines into `buffer` (device memory, two
-// slots of slot_blocks x kTimelineStamps words, alternating per launch, so a graph's last two calls stay); null = off.
-void cuda_decode_set_timeline(unsigned long long* buffer, size_t slot_blocks);
+// Diagnostic builds: later decode launches stamp their split blocks' timelines into `buffer` (device memory, `slots`
+// slots of slot_blocks x kTimelineStamps words, taken in turn per launch from slot 0, so a graph's last `slots`
+// calls stay); null = off.
+void cuda_decode_set_timeline(unsigned long long* buffer, size_t slot_blocks, size_t slots = 2);
 #endif
 bool cuda_decode_merges_in_cluster(const DecodeProblem& p, int num_splits);
 #endif

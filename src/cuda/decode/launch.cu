@@ -116,7 +116,7 @@ const KernelState& state(int dev, const DecodeProblem& p) { return g_state[dev &
 
 #if FLASHLITE_DECODE_TIMELINE
 unsigned long long* g_timeline = nullptr;
-size_t g_timeline_slot = 0, g_timeline_calls = 0;
+size_t g_timeline_slot = 0, g_timeline_calls = 0, g_timeline_slots = 2;
 #endif
 
 int cluster_mode() {
@@ -153,10 +153,11 @@ bool merges_in_cluster(int dev, const DecodeProblem& p, int num_splits) {
 }  // namespace
 
 #if FLASHLITE_DECODE_TIMELINE
-void cuda_decode_set_timeline(unsigned long long* buffer, size_t slot_blocks) {
+void cuda_decode_set_timeline(unsigned long long* buffer, size_t slot_blocks, size_t slots) {
   g_timeline = buffer;
   g_timeline_slot = slot_blocks * cuda_decode::kTimelineStamps;
   g_timeline_calls = 0;
+  g_timeline_slots = slots > 0 ? slots : 1;
 }
 #endif
 
@@ -255,7 +256,7 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   P.mask = p.mask;
   P.q_vec = aligned16(p.q, p.q_st);
 #if FLASHLITE_DECODE_TIMELINE
-  if (g_timeline) P.timeline = g_timeline + (g_timeline_calls++ % 2) * g_timeline_slot;
+  if (g_timeline) P.timeline = g_timeline + (g_timeline_calls++ % g_timeline_slots) * g_timeline_slot;
 #endif
 
   // Splits that fit one cluster merge there (no partials in global memory, no combine kernel). The plan's workspace
