@@ -31,33 +31,78 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 
 // The activation rows a GEMV multiplies (after pdl_wait: x is the previous kernel's output): RMSNorm'd rows staged in
 // shared memory as bf16 (fp32 math), or the bf16 input itself; rows past p.rows repeat the last one (never stored).
+// The RMSNorm prologue sits on the step's critical path (measured with the engine timeline: ~4 us when one warp
+// summed a row with a dependent load per iteration), so the whole block loads: thread t takes the 8-element chunks
+// t, t + kThreads, ... of every row with all rows' loads issued before any math (one L2 round trip up to k = 2048),
+// then one block reduction; the second pass re-reads its own chunks (L1) and the norm weight as 16-byte vectors.
 template <int R, GemvIn IN>
 __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* staged, const uint4* (&xrow)[R], int lane,
                                                 int warp, int kc) {
   if constexpr (IN == GemvIn::rmsnorm) {
+    __shared__ float red[kWarps][R];
     __shared__ float inv[R];
-    for (int r = warp; r < p.rows; r += kWarps) {
-      const float4* xr = reinterpret_cast<const float4*>(p.xf + size_t(p.row_index ? p.row_index[r] : r) * p.k);
-      float ss = 0.f;
-      for (int i = lane; i < p.k / 4; i += 32) {
-        const float4 v = xr[i];
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    const float4* xr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int rr = min(r, p.rows - 1);
+      xr[r] = reinterpret_cast<const float4*>(p.xf + size_t(p.row_index ? p.row_index[rr] : rr) * p.k);
+    }
+    float ss[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) ss[r] = 0.f;
+    for (int c = threadIdx.x; c < kc; c += kThreads) {
+      float4 a[R], b[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r < p.rows) a[r] = xr[r][2 * c], b[r] = xr[r][2 * c + 1];
       }
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      if (lane == 0) inv[r] = rsqrtf(ss / p.k + p.eps);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r < p.rows) {
+          ss[r] += a[r].x * a[r].x + a[r].y * a[r].y + a[r].z * a[r].z + a[r].w * a[r].w;
+          ss[r] += b[r].x * b[r].x + b[r].y * b[r].y + b[r].z * b[r].z + b[r].w * b[r].w;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      for (int o = 16; o > 0; o >>= 1) ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], o);
+      if (lane == 0) red[warp][r] = ss[r];
     }
     __syncthreads();
-    __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(staged);
-    const __nv_bfloat16* g = static_cast<const __nv_bfloat16*>(p.norm_w);
-    for (int r = 0; r < p.rows; ++r) {
-      const float* xr = p.xf + size_t(p.row_index ? p.row_index[r] : r) * p.k;
-      for (int i = threadIdx.x; i < p.k; i += kThreads)
-        st[size_t(r) * p.k + i] = __float2bfloat16(xr[i] * inv[r] * __bfloat162float(g[i]));
+    if (int(threadIdx.x) < R) {
+      float s = 0.f;
+      for (int w = 0; w < kWarps; ++w) s += red[w][threadIdx.x];
+      inv[threadIdx.x] = rsqrtf(s / p.k + p.eps);
+    }
+    __syncthreads();
+    const bool g_vec = (reinterpret_cast<uintptr_t>(p.norm_w) & 15) == 0;
+    for (int c = threadIdx.x; c < kc; c += kThreads) {
+      union {
+        uint4 v;
+        __nv_bfloat16 h[8];
+      } g, y;
+      if (g_vec) {
+        g.v = static_cast<const uint4*>(p.norm_w)[c];
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) g.h[e] = static_cast<const __nv_bfloat16*>(p.norm_w)[8 * c + e];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r >= p.rows) break;
+        const float4 a = xr[r][2 * c], b = xr[r][2 * c + 1];
+        const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) y.h[e] = __float2bfloat16(x[e] * inv[r] * __bfloat162float(g.h[e]));
+        staged[size_t(r) * kc + c] = y.v;
+      }
     }
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < R; ++r) xrow[r] = staged + size_t(min(r, p.rows - 1)) * kc;
   } else {
+    (void)lane, (void)warp;
 #pragma unroll
     for (int r = 0; r < R; ++r) xrow[r] = static_cast<const uint4*>(p.x) + size_t(min(r, p.rows - 1)) * kc;
   }
