@@ -130,6 +130,9 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
   gemv_stamp(p, 0);
   if (!late_trigger) pdl_launch_dependents();
   bool preloaded = false;
+  // preload_after_x: the first batch is issued after the wait, right behind the RMSNorm prologue's activation loads
+  // (a batch issued before the wait is still in flight then and queues those loads behind it).
+  const bool preload_after = preload && p.preload_after_x && IN == GemvIn::rmsnorm;
   if (blockIdx.x < tiles) {
     const int first = group_of(blockIdx.x);
     if (first < groups) {
@@ -142,7 +145,7 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
           for (int line = lane; line < min(p.prefetch_lines, (c_end - c_begin + 7) / 8); line += 32)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[j] + c_begin + line * 8));
       }
-      if (preload) {
+      if (preload && !preload_after) {
         load_batch(wr, c_begin + lane);
         preloaded = true;
       }
@@ -150,7 +153,16 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
   }
   pdl_wait();
   const uint4* xrow[R];
-  activation_rows<R, IN>(p, staged, xrow, lane, warp, kc);
+  activation_rows<R, IN>(p, staged, xrow, lane, warp, kc, [&] {
+    if (!preload_after || blockIdx.x >= tiles) return;
+    const int first = group_of(blockIdx.x);  // recomputed: nothing stays live through the prologue
+    if (first >= groups) return;
+    const uint4* wr[NW];
+#pragma unroll
+    for (int j = 0; j < NW; ++j) wr[j] = weight_row(first, j);
+    load_batch(wr, c_begin + lane);
+    preloaded = true;
+  });
   gemv_stamp(p, 1);
 
   uint64_t best[R];  // f32_argmax: this warp's largest key per activation row so far

@@ -69,6 +69,7 @@ struct GemvParams {
   int prefetch_lines = 0;  // 128-byte lines of each of its first rows a warp prefetches to L2 before griddepcontrol.wait
   int split = 1;           // warps per output row (1, 2, 4, 8; bf16 / f32 / add_f32 / f32_argmax epilogues only)
   bool preload = false;    // first batch of weights into registers before griddepcontrol.wait
+  bool preload_after_x = false;  // with preload and the RMSNorm prologue: that batch after the wait, behind the x loads
   bool late_trigger = false;
   bool stream = false;                // the streamed kernel where gemv_stream_supported (else the others)
   int stream_stages = 16;             // its 8 KB ring slots, a multiple of 8 (slot s: consumer warp s % 8)

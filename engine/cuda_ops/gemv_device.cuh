@@ -35,9 +35,14 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 // summed a row with a dependent load per iteration), so the whole block loads: thread t takes the 8-element chunks
 // t, t + kThreads, ... of every row with all rows' loads issued before any math (one L2 round trip up to k = 2048),
 // then one block reduction; the second pass re-reads its own chunks (L1) and the norm weight as 16-byte vectors.
-template <int R, GemvIn IN>
+// after_issue() runs once the prologue's loads are issued, before their values are used (the variant kernel issues
+// its first weight batch there).
+struct NoIssue {
+  __device__ void operator()() const {}
+};
+template <int R, GemvIn IN, class AfterIssue = NoIssue>
 __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* staged, const uint4* (&xrow)[R], int lane,
-                                                int warp, int kc) {
+                                                int warp, int kc, AfterIssue after_issue = {}) {
   if constexpr (IN == GemvIn::rmsnorm) {
     __shared__ float red[kWarps][R];
     __shared__ float inv[R];
@@ -56,6 +61,7 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
       for (int r = 0; r < R; ++r) {
         if (r < p.rows) a[r] = xr[r][2 * c], b[r] = xr[r][2 * c + 1];
       }
+      if (c == int(threadIdx.x)) after_issue();
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (r < p.rows) {
@@ -103,6 +109,7 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
     for (int r = 0; r < R; ++r) xrow[r] = staged + size_t(min(r, p.rows - 1)) * kc;
   } else {
     (void)lane, (void)warp;
+    after_issue();
 #pragma unroll
     for (int r = 0; r < R; ++r) xrow[r] = static_cast<const uint4*>(p.x) + size_t(min(r, p.rows - 1)) * kc;
   }

@@ -314,6 +314,8 @@ class LlamaCuda final : public LlamaModel {
   //                                    before griddepcontrol.wait;
   //                          =small    only the QKV, O and down GEMVs (gate/up and the LM head keep the default
   //                                    kernel: 4 blocks per SM where a preloading RMSNorm GEMV holds 3);
+  //                          =after    every GEMV, but the RMSNorm ones (QKV, gate/up, LM head) issue theirs after
+  //                                    the wait, behind the prologue's activation loads;
   //   FLASHLITE_ENGINE_PREFETCH=N      N >= 0 weight lines per row prefetched into L2 before the wait (default 0 with
   //                                    preload on, 4 with it off);
   //   FLASHLITE_ENGINE_PDL_TRIGGER=late  GEMVs let their dependents launch after their main loop, not at their start
@@ -343,8 +345,8 @@ class LlamaCuda final : public LlamaModel {
     splitk_ = es::integer_in("FLASHLITE_ENGINE_SPLITK", 1, {0, 1, 2, 4, 8}, "0, 1 (automatic), 2, 4 or 8");
     fuse_rope_ = es::flag("FLASHLITE_ENGINE_FUSE_ROPE", true) && c_.head_dim % 8 == 0;
     fuse_argmax_ = es::flag("FLASHLITE_ENGINE_FUSE_ARGMAX", true);
-    preload_ = es::choice("FLASHLITE_ENGINE_PRELOAD", 1, es::flag_names(0, 1, {{"small", 2}}),
-                          "a flag (0, off, false, no; 1, on, true, yes) or small");
+    preload_ = es::choice("FLASHLITE_ENGINE_PRELOAD", 1, es::flag_names(0, 1, {{"small", 2}, {"after", 3}}),
+                          "a flag (0, off, false, no; 1, on, true, yes), small or after");
     // Lines per weight row prefetched before the wait.
     prefetch_lines_ = es::integer("FLASHLITE_ENGINE_PREFETCH", preload_ == 1 ? 0 : 4, 0, INT_MAX,
                                   "a number of lines >= 0");
@@ -437,7 +439,8 @@ class LlamaCuda final : public LlamaModel {
     p.epi = epi;
     p.y = y;
     p.prefetch_lines = prefetch_lines_;
-    p.preload = preload_ == 1;  // QKV sets its own (preload=small)
+    p.preload = preload_ == 1 || preload_ == 3;  // QKV sets its own (preload=small)
+    p.preload_after_x = preload_ == 3;
     p.late_trigger = late_trigger_;
     p.pipe_stages = pipe_stages_;
     p.pipe_blocks_per_sm = pipe_blocks_;

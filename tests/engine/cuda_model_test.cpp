@@ -266,6 +266,8 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {{{"FLASHLITE_ENGINE_STREAM", "1"}, {"FLASHLITE_ENGINE_PDL", "0"}}, false, true, true},
       // The pipelined GEMV (one-row steps): the variant kernel's sums in its order, so the default's tokens exactly.
       {{{"FLASHLITE_ENGINE_PIPE", "3"}}, true, true, true},
+      // The first batch issued behind the RMSNorm loads: the same sums, the default's tokens exactly.
+      {{{"FLASHLITE_ENGINE_PRELOAD", "after"}}, true, true, true},
       {{{"FLASHLITE_ENGINE_PIPE", "2"}, {"FLASHLITE_ENGINE_PIPE_BLOCKS", "3"}}, true, true, true},
       {{{"FLASHLITE_ENGINE_PIPE", "6"}, {"FLASHLITE_ENGINE_PDL", "0"}}, true, true, true},
       // Each switch alone on top of the baseline, against the baseline:
@@ -384,9 +386,10 @@ TEST(EngineSwitches, IntegersAreWholeDecimalNumbersInTheirRange) {
 }
 
 TEST(EngineSwitches, EnumerationsTakeExactlyTheirNames) {
-  // FLASHLITE_ENGINE_PRELOAD's shape: a flag or small.
-  const auto preload = es::flag_names(0, 1, {{"small", 2}});
+  // FLASHLITE_ENGINE_PRELOAD's shape: a flag, small or after.
+  const auto preload = es::flag_names(0, 1, {{"small", 2}, {"after", 3}});
   EXPECT_EQ(es::parse_choice("PL", "small", 1, preload, "p"), 2);
+  EXPECT_EQ(es::parse_choice("PL", "After", 1, preload, "p"), 3);
   EXPECT_EQ(es::parse_choice("PL", "SMALL", 1, preload, "p"), 2);
   EXPECT_EQ(es::parse_choice("PL", "0", 1, preload, "p"), 0);
   EXPECT_EQ(es::parse_choice("PL", "false", 1, preload, "p"), 0);
