@@ -31,10 +31,11 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 
 // The activation rows a GEMV multiplies (after pdl_wait: x is the previous kernel's output): RMSNorm'd rows staged in
 // shared memory as bf16 (fp32 math), or the bf16 input itself; rows past p.rows repeat the last one (never stored).
-// The RMSNorm prologue sits on the step's critical path (measured with the engine timeline: ~4 us when one warp
-// summed a row with a dependent load per iteration), so the whole block loads: thread t takes the 8-element chunks
-// t, t + kThreads, ... of every row with all rows' loads issued before any math (one L2 round trip up to k = 2048),
-// then one block reduction; the second pass re-reads its own chunks (L1) and the norm weight as 16-byte vectors.
+// The RMSNorm prologue sits on the step's critical path twice per layer (the engine timeline: ~4 us from the previous
+// GEMV's end when one warp summed a row with a dependent load per iteration), so the whole block loads: thread t
+// takes the 8-element chunks t, t + kThreads, ... of every row with all rows' loads issued before any math, then one
+// block reduction. Up to 2 rows and k <= 8 x kThreads (one chunk a thread) x and the norm weight come in one round
+// trip and x stays in registers; otherwise a second pass re-reads the thread's own chunks (L1).
 // after_issue() runs once the prologue's loads are issued, before their values are used (the variant kernel issues
 // its first weight batch there).
 struct NoIssue {
@@ -51,6 +52,67 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
     for (int r = 0; r < R; ++r) {
       const int rr = min(r, p.rows - 1);
       xr[r] = reinterpret_cast<const float4*>(p.xf + size_t(p.row_index ? p.row_index[rr] : rr) * p.k);
+    }
+    const bool g_vec = (reinterpret_cast<uintptr_t>(p.norm_w) & 15) == 0;
+    union Chunk {
+      uint4 v;
+      __nv_bfloat16 h[8];
+    };
+    auto load_g = [&](int c) {
+      Chunk g;
+      if (g_vec) {
+        g.v = static_cast<const uint4*>(p.norm_w)[c];
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) g.h[e] = static_cast<const __nv_bfloat16*>(p.norm_w)[8 * c + e];
+      }
+      return g;
+    };
+    if constexpr (R <= 2) {
+      if (kc <= kThreads) {
+        // At most one chunk per thread (k <= 2048): x and the norm weight in one round trip, x kept in registers,
+        // one barrier for the reduction (every thread adds the warps' sums in the same order) and one for staged.
+        const int c = threadIdx.x;
+        const bool mine = c < kc;
+        float4 a[R], b[R];
+        Chunk g;
+        if (mine) {
+          g = load_g(c);
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+            if (r < p.rows) a[r] = xr[r][2 * c], b[r] = xr[r][2 * c + 1];
+        }
+        after_issue();
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float ss = 0.f;
+          if (mine && r < p.rows) {
+            ss += a[r].x * a[r].x + a[r].y * a[r].y + a[r].z * a[r].z + a[r].w * a[r].w;
+            ss += b[r].x * b[r].x + b[r].y * b[r].y + b[r].z * b[r].z + b[r].w * b[r].w;
+          }
+          for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+          if (lane == 0) red[warp][r] = ss;
+        }
+        __syncthreads();
+        if (mine) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (r >= p.rows) break;
+            float s = 0.f;
+            for (int w = 0; w < kWarps; ++w) s += red[w][r];
+            const float iv = rsqrtf(s / p.k + p.eps);
+            const float x[8] = {a[r].x, a[r].y, a[r].z, a[r].w, b[r].x, b[r].y, b[r].z, b[r].w};
+            Chunk y;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) y.h[e] = __float2bfloat16(x[e] * iv * __bfloat162float(g.h[e]));
+            staged[size_t(r) * kc + c] = y.v;
+          }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < R; ++r) xrow[r] = staged + size_t(min(r, p.rows - 1)) * kc;
+        return;
+      }
     }
     float ss[R];
 #pragma unroll
@@ -82,18 +144,9 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
       inv[threadIdx.x] = rsqrtf(s / p.k + p.eps);
     }
     __syncthreads();
-    const bool g_vec = (reinterpret_cast<uintptr_t>(p.norm_w) & 15) == 0;
     for (int c = threadIdx.x; c < kc; c += kThreads) {
-      union {
-        uint4 v;
-        __nv_bfloat16 h[8];
-      } g, y;
-      if (g_vec) {
-        g.v = static_cast<const uint4*>(p.norm_w)[c];
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) g.h[e] = static_cast<const __nv_bfloat16*>(p.norm_w)[8 * c + e];
-      }
+      const Chunk g = load_g(c);
+      Chunk y;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (r >= p.rows) break;
