@@ -152,6 +152,7 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
     }
   }
   pdl_wait();
+  gemv_stamp(p, 3);
   const uint4* xrow[R];
   activation_rows<R, IN>(p, staged, xrow, lane, warp, kc, [&] {
     if (!preload_after || blockIdx.x >= tiles) return;

@@ -80,7 +80,8 @@ struct GemvParams {
   GemvRope rope;                      // rope_bf16
   uint64_t* argmax_keys = nullptr;    // f32_argmax: (rows), zeroed before the launch
   // Diagnostic builds only (-DFLASHLITE_DECODE_TIMELINE=1; FLASHLITE_ENGINE_TIMELINE): the register kernels' thread 0
-  // of each block writes %globaltimer at its start, after the wait and prologue, and at its end: (blocks, 3) words.
+  // of each block writes %globaltimer at its start, after the wait and prologue, at its end and right after the wait:
+  // (blocks, 4) words.
   unsigned long long* timeline = nullptr;
 };
 

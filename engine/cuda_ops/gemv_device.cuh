@@ -255,8 +255,8 @@ __device__ __forceinline__ RopeSlot rope_slot(const GemvRope& rp, int tile, int 
   return s;
 }
 
-// Diagnostic builds (gemv.h, GemvParams::timeline): stamp k (0 start, 1 after the wait and prologue, 2 end) of this
-// block; the end stamp waits for the whole block. Compiled out by default.
+// Diagnostic builds (gemv.h, GemvParams::timeline): stamp k (0 start, 1 after the wait and prologue, 2 end, 3 right
+// after the wait) of this block; the end stamp waits for the whole block. Compiled out by default.
 __device__ __forceinline__ void gemv_stamp(const GemvParams& p, int k) {
 #if FLASHLITE_DECODE_TIMELINE
   if (p.timeline == nullptr) return;
@@ -264,7 +264,7 @@ __device__ __forceinline__ void gemv_stamp(const GemvParams& p, int k) {
   if (threadIdx.x == 0) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    p.timeline[size_t(blockIdx.x) * 3 + k] = t;
+    p.timeline[size_t(blockIdx.x) * 4 + k] = t;
   }
 #else
   (void)p, (void)k;

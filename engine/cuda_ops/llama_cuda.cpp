@@ -531,15 +531,15 @@ class LlamaCuda final : public LlamaModel {
   int pipe_stages_ = 0, pipe_blocks_ = 1;  // the pipelined GEMV (0: off)
   // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step, printed when
   // the model is destroyed: the decode kernels' (layers x kTimelineBlocks x kTimelineStamps), then the GEMVs'
-  // ((layers x 4 + 1) x kTimelineBlocks x 3: QKV, O, gate/up, down of each layer, the LM head).
+  // ((layers x 4 + 1) x kTimelineBlocks x 4: QKV, O, gate/up, down of each layer, the LM head).
   static constexpr size_t kTimelineBlocks = 1024;
   bool timeline_on_ = false;
   DeviceBuffer timeline_;
-  size_t timeline_words() const { return size_t(c_.n_layers) * kTimelineBlocks * 9 + (size_t(c_.n_layers) * 4 + 1) * kTimelineBlocks * 3; }
+  size_t timeline_words() const { return size_t(c_.n_layers) * kTimelineBlocks * 9 + (size_t(c_.n_layers) * 4 + 1) * kTimelineBlocks * 4; }
   unsigned long long* gemv_timeline(int l, int site) const {
     if (!timeline_on_) return nullptr;
     return timeline_.as<unsigned long long>() + size_t(c_.n_layers) * kTimelineBlocks * 9 +
-           (size_t(l) * 4 + site) * kTimelineBlocks * 3;
+           (size_t(l) * 4 + site) * kTimelineBlocks * 4;
   }
   void print_timeline() {
 #if FLASHLITE_DECODE_TIMELINE
@@ -566,15 +566,15 @@ class LlamaCuda final : public LlamaModel {
     std::fprintf(stderr, "timeline of the last decode step (us from layer l's QKV first start; per kernel: first start / "
                          "median after wait / last end; attention also: length, q+issue, first tile, loop end, partials "
                          "(medians))\n");
-    double sums[10] = {0};
+    double sums[10] = {0}, prologue[5] = {0};
     int counted = 0;
     for (int l = 0; l < c_.n_layers; ++l) {
-      const auto q = stats(gv + (size_t(l) * 4 + 0) * kTimelineBlocks * 3, 3, 0, 0);
+      const auto q = stats(gv + (size_t(l) * 4 + 0) * kTimelineBlocks * 4, 4, 0, 0);
       const double t0 = q.lo;
       auto us = [&](double t) { return (t - t0) / 1e3; };
       std::string line = "  layer " + std::to_string(l) + ":";
       char buf[256];
-      double ends[5] = {0}, waits[5] = {0};
+      double ends[5] = {0}, waits[5] = {0}, waited[5] = {0};
       for (int k = 0; k < 5; ++k) {
         if (k == 1) {
           const unsigned long long* d = dec + size_t(l) * kTimelineBlocks * 9;
@@ -586,9 +586,11 @@ class LlamaCuda final : public LlamaModel {
           waits[k] = s1.med, ends[k] = s6.hi;
         } else {
           const int site = k == 0 ? 0 : k - 1;
-          const unsigned long long* g = gv + (size_t(l) * 4 + site) * kTimelineBlocks * 3;
-          const auto s0 = stats(g, 3, 0, 0), s1 = stats(g, 3, 1, 0), s2 = stats(g, 3, 2, 0);
-          std::snprintf(buf, sizeof buf, " | %s(%d) %.2f / %.2f / %.2f", names[site], s0.n, us(s0.lo), us(s1.med), us(s2.hi));
+          const unsigned long long* g = gv + (size_t(l) * 4 + site) * kTimelineBlocks * 4;
+          const auto s0 = stats(g, 4, 0, 0), s1 = stats(g, 4, 1, 0), s2 = stats(g, 4, 2, 0), s3 = stats(g, 4, 3, 0);
+          std::snprintf(buf, sizeof buf, " | %s(%d) %.2f / %.2f [waited %.2f] / %.2f", names[site], s0.n, us(s0.lo),
+                        us(s1.med), us(s3.med), us(s2.hi));
+          waited[k] = s3.med;
           waits[k] = s1.med, ends[k] = s2.hi;
         }
         line += buf;
@@ -600,6 +602,7 @@ class LlamaCuda final : public LlamaModel {
           const double prev_end = k == 0 ? 0 : ends[k - 1];
           if (k > 0) sums[2 * k] += (waits[k] - prev_end) / 1e3;
           sums[2 * k + 1] += (ends[k] - waits[k]) / 1e3;
+          if (k > 0 && waited[k] > 0) prologue[k] += (waits[k] - waited[k]) / 1e3;
         }
       }
     }
@@ -607,8 +610,8 @@ class LlamaCuda final : public LlamaModel {
       std::fprintf(stderr, "  mean over layers 1..: ");
       const char* kn[5] = {"qkv", "attn", "o", "gate/up", "down"};
       for (int k = 0; k < 5; ++k)
-        std::fprintf(stderr, "%s gap %.2f run %.2f%s", kn[k], k ? sums[2 * k] / counted : 0.0, sums[2 * k + 1] / counted,
-                     k < 4 ? " | " : "\n");
+        std::fprintf(stderr, "%s gap %.2f (prologue %.2f) run %.2f%s", kn[k], k ? sums[2 * k] / counted : 0.0,
+                     prologue[k] / counted, sums[2 * k + 1] / counted, k < 4 ? " | " : "\n");
     }
 #endif
   }
