@@ -113,9 +113,6 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "preload_off_prefetch_16": {"FLASHLITE_ENGINE_PRELOAD": "0", "FLASHLITE_ENGINE_PREFETCH": "16"},
     "preload_off_prefetch_32": {"FLASHLITE_ENGINE_PRELOAD": "0", "FLASHLITE_ENGINE_PREFETCH": "32"},
     "prefetch_16": {"FLASHLITE_ENGINE_PREFETCH": "16"},
-    "x_copies_4": {"FLASHLITE_ENGINE_X_COPIES": "4"},
-    "x_copies_8": {"FLASHLITE_ENGINE_X_COPIES": "8"},
-    "x_copies_16": {"FLASHLITE_ENGINE_X_COPIES": "16"},
     "splitk_off": {"FLASHLITE_ENGINE_SPLITK": "0"},
     "decode_splits_1": {"FLASHLITE_ENGINE_DECODE_SPLITS": "1"},
     "decode_splits_2": {"FLASHLITE_ENGINE_DECODE_SPLITS": "2"},
@@ -138,7 +135,7 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
 GEMV_ONLY_SWITCHES = {"FLASHLITE_ENGINE_SPLITK", "FLASHLITE_ENGINE_FUSE_ROPE", "FLASHLITE_ENGINE_FUSE_ARGMAX",
                       "FLASHLITE_ENGINE_PRELOAD", "FLASHLITE_ENGINE_PDL_TRIGGER", "FLASHLITE_ENGINE_PREFETCH",
                       "FLASHLITE_ENGINE_STREAM", "FLASHLITE_ENGINE_STREAM_STAGES", "FLASHLITE_ENGINE_STREAM_BLOCKS",
-                      "FLASHLITE_ENGINE_PIPE", "FLASHLITE_ENGINE_PIPE_BLOCKS", "FLASHLITE_ENGINE_X_COPIES"}
+                      "FLASHLITE_ENGINE_PIPE", "FLASHLITE_ENGINE_PIPE_BLOCKS"}
 GEMV_MAX_ROWS = 8
 
 

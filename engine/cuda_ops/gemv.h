@@ -35,7 +35,6 @@
 namespace flashlite::engine::cuda_ops {
 
 constexpr int kGemvMaxRows = 8;
-constexpr int kGemvMaxCopies = 16;
 
 enum class GemvIn { bf16, rmsnorm };
 enum class GemvOut { bf16, f32, add_f32, swiglu_bf16, rope_bf16, f32_argmax };
@@ -72,15 +71,6 @@ struct GemvParams {
   bool preload = false;    // first batch of weights into registers before griddepcontrol.wait
   bool preload_after_x = false;  // with preload and the RMSNorm prologue: that batch after the wait, behind the x loads
   bool late_trigger = false;
-  // Copies of the residual stream, so that the hundreds of blocks of an RMSNorm GEMV do not all read the same few
-  // lines of L2 at once (each block's prologue reads the whole row right after the wait): block b reads copy
-  // b % x_copies of xf (x_copy_stride floats apart) and of norm_w (norm_copy_stride elements apart); an add_f32
-  // epilogue (O, down) writes its new value to copies 1 .. y_copies - 1 of y as well (y_copy_stride floats apart).
-  // 1..kGemvMaxCopies; 1 = no copies.
-  int x_copies = 1;
-  size_t x_copy_stride = 0, norm_copy_stride = 0;
-  int y_copies = 1;
-  size_t y_copy_stride = 0;
   bool stream = false;                // the streamed kernel where gemv_stream_supported (else the others)
   int stream_stages = 16;             // its 8 KB ring slots, a multiple of 8 (slot s: consumer warp s % 8)
   int stream_blocks_per_sm = 1;

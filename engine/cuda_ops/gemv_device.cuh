@@ -47,16 +47,13 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
   if constexpr (IN == GemvIn::rmsnorm) {
     __shared__ float red[kWarps][R];
     __shared__ float inv[R];
-    const int copy = p.x_copies > 1 ? int(blockIdx.x) % p.x_copies : 0;
-    const float* xf = p.xf + copy * p.x_copy_stride;
-    const __nv_bfloat16* norm_w = static_cast<const __nv_bfloat16*>(p.norm_w) + copy * p.norm_copy_stride;
     const float4* xr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int rr = min(r, p.rows - 1);
-      xr[r] = reinterpret_cast<const float4*>(xf + size_t(p.row_index ? p.row_index[rr] : rr) * p.k);
+      xr[r] = reinterpret_cast<const float4*>(p.xf + size_t(p.row_index ? p.row_index[rr] : rr) * p.k);
     }
-    const bool g_vec = (reinterpret_cast<uintptr_t>(norm_w) & 15) == 0;
+    const bool g_vec = (reinterpret_cast<uintptr_t>(p.norm_w) & 15) == 0;
     union Chunk {
       uint4 v;
       __nv_bfloat16 h[8];
@@ -64,10 +61,10 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
     auto load_g = [&](int c) {
       Chunk g;
       if (g_vec) {
-        g.v = reinterpret_cast<const uint4*>(norm_w)[c];
+        g.v = static_cast<const uint4*>(p.norm_w)[c];
       } else {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) g.h[e] = norm_w[8 * c + e];
+        for (int e = 0; e < 8; ++e) g.h[e] = static_cast<const __nv_bfloat16*>(p.norm_w)[8 * c + e];
       }
       return g;
     };
@@ -211,10 +208,7 @@ __device__ __forceinline__ void store_column(const GemvParams& p, const float (&
   } else if constexpr (OUT == GemvOut::f32 || OUT == GemvOut::f32_argmax) {
     static_cast<float*>(p.y)[at] = v;
   } else if constexpr (OUT == GemvOut::add_f32) {
-    float* y = static_cast<float*>(p.y);
-    const float sum = y[at] + v;
-    y[at] = sum;
-    for (int c = 1; c < p.y_copies; ++c) y[c * p.y_copy_stride + at] = sum;
+    static_cast<float*>(p.y)[at] += v;
   } else {
     const float up = acc[j + NW / 2][r];
     static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v / (1.f + __expf(-v)) * up);

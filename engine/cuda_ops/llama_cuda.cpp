@@ -203,25 +203,19 @@ class LlamaCuda final : public LlamaModel {
     cuda_ops::upload(dst.ptr, src, n, elem_);
   }
 
-  // A norm weight as x_copies_ back-to-back copies (the RMSNorm GEMVs' blocks read copy b % x_copies_).
-  void upload_norm(DeviceBuffer& dst, const float* src, size_t n, const char* what) {
-    dst.reserve(n * esize() * x_copies_, what);
-    for (int c = 0; c < x_copies_; ++c) cuda_ops::upload(static_cast<char*>(dst.ptr) + c * n * esize(), src, n, elem_);
-  }
-
   void upload_weights(const ModelWeights& w) {
     const size_t dim = c_.dim, hid = c_.hidden_dim, qd = c_.q_dim(), kvd = c_.kv_dim(), vocab = c_.vocab_size;
     upload(embedding_, w.embedding, vocab * dim, "the embedding");
-    upload_norm(rms_final_, w.rms_final, dim, "the final norm");
+    upload(rms_final_, w.rms_final, dim, "the final norm");
     if (!c_.tie_embeddings) upload(lm_head_, w.lm_head, vocab * dim, "the LM head");
     layers_.resize(c_.n_layers);
     for (int l = 0; l < c_.n_layers; ++l) {
       Layer& L = layers_[l];
       const LayerWeights& s = w.layers[l];
-      upload_norm(L.rms_att, s.rms_att, dim, "a norm");
+      upload(L.rms_att, s.rms_att, dim, "a norm");
       upload(L.wqkv, s.wqkv, (qd + 2 * kvd) * dim, "wqkv");
       upload(L.wo, s.wo, dim * qd, "wo");
-      upload_norm(L.rms_ffn, s.rms_ffn, dim, "a norm");
+      upload(L.rms_ffn, s.rms_ffn, dim, "a norm");
       upload(L.w13, s.w13, 2 * hid * dim, "w13");
       upload(L.w2, s.w2, dim * hid, "w2");
     }
@@ -335,9 +329,6 @@ class LlamaCuda final : public LlamaModel {
   //                                    lane's loads land in N = 2..6 shared-memory slots of 4 KB per warp, N - 1 of
   //                                    them issued before griddepcontrol.wait);
   //   FLASHLITE_ENGINE_PIPE_BLOCKS=N   its blocks per SM at most, 1..4 (default 1);
-  //   FLASHLITE_ENGINE_X_COPIES=N      (default 1) copies of the residual stream (written by the O and down GEMVs) and
-  //                                    of the norm weights, 1..16, so the RMSNorm GEMVs' blocks spread their
-  //                                    prologue reads over N sets of L2 lines;
   //   FLASHLITE_ENGINE_DECODE_SPLITS=N the decode plan's KV splits forced to N >= 1 (0, the default: flashlite's choice);
   //   FLASHLITE_ENGINE_PROFILE=1       (a flag, default off, or range) decode steps run eagerly, queued behind a flag,
   //                                    with an event after each kernel group: per-kernel times on stderr every 16
@@ -365,7 +356,6 @@ class LlamaCuda final : public LlamaModel {
     stream_blocks_ = es::integer("FLASHLITE_ENGINE_STREAM_BLOCKS", 1, 1, 4, "1 to 4 blocks per SM");
     pipe_stages_ = es::integer_in("FLASHLITE_ENGINE_PIPE", 0, {0, 2, 3, 4, 5, 6}, "0 (off) or 2..6 slots per warp");
     pipe_blocks_ = es::integer("FLASHLITE_ENGINE_PIPE_BLOCKS", 1, 1, 4, "1 to 4 blocks per SM");
-    x_copies_ = es::integer("FLASHLITE_ENGINE_X_COPIES", 1, 1, cuda_ops::kGemvMaxCopies, "1 to 16 copies");
     decode_splits_ = es::integer("FLASHLITE_ENGINE_DECODE_SPLITS", 0, 0, INT_MAX, "0 (automatic) or a split count >= 1");
     profile_ = Profile(es::choice("FLASHLITE_ENGINE_PROFILE", int(Profile::off),
                                   es::flag_names(int(Profile::off), int(Profile::events), {{"range", int(Profile::range)}}),
@@ -454,9 +444,6 @@ class LlamaCuda final : public LlamaModel {
     p.late_trigger = late_trigger_;
     p.pipe_stages = pipe_stages_;
     p.pipe_blocks_per_sm = pipe_blocks_;
-    p.x_copies = x_copies_;
-    p.x_copy_stride = x_copy_stride();
-    p.norm_copy_stride = size_t(c_.dim);
     return p;
   }
   // The streamed kernel for GEMV `site` (0 QKV, 1 O, 2 gate/up, 3 down) of layer l, where enabled (gemv falls back
@@ -486,8 +473,6 @@ class LlamaCuda final : public LlamaModel {
     p.split = splitk_ == 1 ? cuda_ops::gemv_auto_split(out, k) : std::max(1, splitk_);
     p.pipe_stages = pipe_stages_;
     p.pipe_blocks_per_sm = pipe_blocks_;
-    p.y_copies = x_copies_;
-    p.y_copy_stride = x_copy_stride();
     return p;
   }
 
@@ -500,7 +485,7 @@ class LlamaCuda final : public LlamaModel {
 
   void ensure_scratch(int rows, int logit_rows) {
     const size_t r = size_t(rows), e = esize();
-    x_.reserve(r * c_.dim * 4 * x_copies_, "activations");  // the stream and its copies (FLASHLITE_ENGINE_X_COPIES)
+    x_.reserve(r * c_.dim * 4, "activations");
     xb_.reserve(r * c_.dim * e, "activations");
     qkv_.reserve(r * (c_.q_dim() + 2 * c_.kv_dim()) * e, "activations");
     att_.reserve(r * c_.q_dim() * e, "activations");
@@ -544,8 +529,6 @@ class LlamaCuda final : public LlamaModel {
   bool stream_gemv_ = false;  // the streamed GEMV (one-row QKV, O, gate/up, down)
   int stream_stages_ = 16, stream_blocks_ = 1;
   int pipe_stages_ = 0, pipe_blocks_ = 1;  // the pipelined GEMV (0: off)
-  int x_copies_ = 1;                       // copies of the residual stream and the norm weights (gemv.h)
-  size_t x_copy_stride() const { return x_.bytes / 4 / size_t(x_copies_); }
   // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step, printed when
   // the model is destroyed: the decode kernels' (layers x kTimelineBlocks x kTimelineStamps), then the GEMVs'
   // ((layers x 4 + 1) x kTimelineBlocks x 4: QKV, O, gate/up, down of each layer, the LM head).
@@ -779,14 +762,12 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
         p.rope.head_dim = c_.head_dim;
         p.rope.interleaved = c_.rope_style == RopeStyle::interleaved;
         p.preload = preload_ != 0;
-        if (l == 0) p.x_copies = 1;  // the embedding wrote only the stream itself
         p.timeline = gemv_timeline(l, 0);
         cuda_ops::gemv(streamed(p, l, 0), s);
         mark("qkv+rope");
       } else if (gemv) {  // qkv = rmsnorm(x) Wqkv^T
         cuda_ops::GemvParams p = normed_gemv(L.wqkv.ptr, qkv_w, L.rms_att.ptr, nullptr, rows, cuda_ops::GemvOut::bf16, qkv_.ptr);
         p.preload = preload_ != 0;
-        if (l == 0) p.x_copies = 1;  // the embedding wrote only the stream itself
         cuda_ops::gemv(streamed(p, l, 0), s);
         mark("qkv");
       } else {

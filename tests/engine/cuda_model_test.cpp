@@ -220,7 +220,7 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {"FLASHLITE_ENGINE_PDL_TRIGGER", ""}, {"FLASHLITE_ENGINE_DECODE_SPLITS", ""}, {"FLASHLITE_ENGINE_PROFILE", ""},
       {"FLASHLITE_ENGINE_GRAPH", ""},    {"FLASHLITE_ENGINE_GEMV", ""},        {"FLASHLITE_ENGINE_STREAM", ""},
       {"FLASHLITE_ENGINE_STREAM_STAGES", ""}, {"FLASHLITE_ENGINE_STREAM_BLOCKS", ""}, {"FLASHLITE_ENGINE_PIPE", ""},
-      {"FLASHLITE_ENGINE_PIPE_BLOCKS", ""}, {"FLASHLITE_ENGINE_X_COPIES", ""}};
+      {"FLASHLITE_ENGINE_PIPE_BLOCKS", ""}};
   // `over` with the entries of `base` it does not set.
   const auto merged = [](const Env& over, const Env& base) {
     Env env = over;
@@ -268,9 +268,6 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {{{"FLASHLITE_ENGINE_PIPE", "3"}}, true, true, true},
       // The first batch issued behind the RMSNorm loads: the same sums, the default's tokens exactly.
       {{{"FLASHLITE_ENGINE_PRELOAD", "after"}}, true, true, true},
-      // Copies of the residual stream: the same values read from elsewhere, the default's tokens exactly.
-      {{{"FLASHLITE_ENGINE_X_COPIES", "4"}}, true, true, true},
-      {{{"FLASHLITE_ENGINE_X_COPIES", "16"}, {"FLASHLITE_ENGINE_STREAM", "1"}}, false, true, true},
       {{{"FLASHLITE_ENGINE_PIPE", "2"}, {"FLASHLITE_ENGINE_PIPE_BLOCKS", "3"}}, true, true, true},
       {{{"FLASHLITE_ENGINE_PIPE", "6"}, {"FLASHLITE_ENGINE_PDL", "0"}}, true, true, true},
       // Each switch alone on top of the baseline, against the baseline:
@@ -446,8 +443,7 @@ TEST(CudaEngine, SwitchValuesAreCheckedWhenTheModelIsBuilt) {
       {"FLASHLITE_ENGINE_PROFILE", "events"},  {"FLASHLITE_ENGINE_VERBOSE", "loud"},
       {"FLASHLITE_ENGINE_STREAM", "2"},        {"FLASHLITE_ENGINE_STREAM_STAGES", "4"},
       {"FLASHLITE_ENGINE_STREAM_BLOCKS", "5"}, {"FLASHLITE_ENGINE_PIPE", "1"},
-      {"FLASHLITE_ENGINE_PIPE", "7"},          {"FLASHLITE_ENGINE_PIPE_BLOCKS", "0"},
-      {"FLASHLITE_ENGINE_X_COPIES", "0"},      {"FLASHLITE_ENGINE_X_COPIES", "17"}};
+      {"FLASHLITE_ENGINE_PIPE", "7"},          {"FLASHLITE_ENGINE_PIPE_BLOCKS", "0"}};
   for (const auto& [name, value] : bad) {
     ScopedEnv env({{name, value}});
     eng::RuntimeOptions o;
