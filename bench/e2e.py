@@ -122,20 +122,13 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "stream": {"FLASHLITE_ENGINE_STREAM": "1"},
     "stream_8": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_STAGES": "8"},
     "stream_blocks_2": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_BLOCKS": "2"},
-    "pipe_3": {"FLASHLITE_ENGINE_PIPE": "3"},
-    "pipe_4": {"FLASHLITE_ENGINE_PIPE": "4"},
-    "pipe_6": {"FLASHLITE_ENGINE_PIPE": "6"},
-    "pipe_2_blocks_2": {"FLASHLITE_ENGINE_PIPE": "2", "FLASHLITE_ENGINE_PIPE_BLOCKS": "2"},
-    "pipe_3_blocks_2": {"FLASHLITE_ENGINE_PIPE": "3", "FLASHLITE_ENGINE_PIPE_BLOCKS": "2"},
-    "pipe_2_blocks_3": {"FLASHLITE_ENGINE_PIPE": "2", "FLASHLITE_ENGINE_PIPE_BLOCKS": "3"},
 }
 # Switches that act only on the fused GEMVs, i.e. on steps of <= 8 rows (kGemvMaxRows): at a larger batch a variant
 # made of these alone runs the default's kernels, so --variants skips those rows (recorded as skipped) instead of
 # spending three engine processes on a copy of the default row.
 GEMV_ONLY_SWITCHES = {"FLASHLITE_ENGINE_SPLITK", "FLASHLITE_ENGINE_FUSE_ROPE", "FLASHLITE_ENGINE_FUSE_ARGMAX",
                       "FLASHLITE_ENGINE_PRELOAD", "FLASHLITE_ENGINE_PDL_TRIGGER", "FLASHLITE_ENGINE_PREFETCH",
-                      "FLASHLITE_ENGINE_STREAM", "FLASHLITE_ENGINE_STREAM_STAGES", "FLASHLITE_ENGINE_STREAM_BLOCKS",
-                      "FLASHLITE_ENGINE_PIPE", "FLASHLITE_ENGINE_PIPE_BLOCKS"}
+                      "FLASHLITE_ENGINE_STREAM", "FLASHLITE_ENGINE_STREAM_STAGES", "FLASHLITE_ENGINE_STREAM_BLOCKS"}
 GEMV_MAX_ROWS = 8
 
 

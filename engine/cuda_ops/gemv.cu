@@ -301,11 +301,8 @@ void gemv(const GemvParams& p, void* stream) {
   if (p.epi == GemvOut::f32_argmax && !p.argmax_keys) fail("gemv with the argmax epilogue needs argmax_keys");
   if (p.stream && (p.stream_stages < 8 || p.stream_stages % 8 != 0))
     fail("gemv stream_stages " + std::to_string(p.stream_stages) + "; expected a multiple of 8 (a ring slot per consumer warp)");
-  if (p.pipe_stages != 0 && (p.pipe_stages < 2 || p.pipe_stages > 6))
-    fail("gemv pipe_stages " + std::to_string(p.pipe_stages) + "; expected 0 (off) or 2..6 slots per warp");
   if (p.out <= 0) return;
   if (p.stream && gemv_stream_supported(p)) return gemv_stream(p, stream);
-  if (p.pipe_stages > 0 && gemv_pipe_supported(p)) return gemv_pipe(p, stream);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // The combinations the engine uses: QKV, gate/up + SwiGLU and the LM head read the normed stream; O and down add.
   if (p.in == GemvIn::rmsnorm && p.epi == GemvOut::bf16) launch_rows<GemvIn::rmsnorm, GemvOut::bf16>(p, s);

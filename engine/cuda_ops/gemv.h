@@ -24,11 +24,7 @@
 //   stream           (one row, sm_90, k a multiple of 256; bf16, add_f32, swiglu_bf16 and rope_bf16 epilogues)
 //                    gemv_stream.cu: the weights stream through a ring of shared-memory slots filled by bulk copies,
 //                    the first ring's worth before griddepcontrol.wait, so a GEMV's stream starts while its
-//                    predecessor still runs; needs `counters` (2 words per call site, zeroed once, left zeroed);
-//   pipe_stages      (one row; every epilogue, split-K included) gemv_pipe.cu: the register kernel's work split with
-//                    each lane's loads landing in a per-warp ring of shared-memory slots (cp.async) instead of
-//                    registers, so a block is small in registers and the next GEMV's blocks can be resident beside it
-//                    and issue their first slots before their griddepcontrol.wait.
+//                    predecessor still runs; needs `counters` (2 words per call site, zeroed once, left zeroed).
 #include <cstddef>
 #include <cstdint>
 
@@ -75,8 +71,6 @@ struct GemvParams {
   int stream_stages = 16;             // its 8 KB ring slots, a multiple of 8 (slot s: consumer warp s % 8)
   int stream_blocks_per_sm = 1;
   uint32_t* counters = nullptr;       // stream: (2) work counters of this call site, zero before the first launch
-  int pipe_stages = 0;                // > 0: the pipelined kernel (2..6 slots of 4 KB per warp) where gemv_pipe_supported
-  int pipe_blocks_per_sm = 1;         // its blocks per SM at most (fewer where shared memory does not hold them)
   GemvRope rope;                      // rope_bf16
   uint64_t* argmax_keys = nullptr;    // f32_argmax: (rows), zeroed before the launch
   // Diagnostic builds only (-DFLASHLITE_DECODE_TIMELINE=1; FLASHLITE_ENGINE_TIMELINE): the register kernels' thread 0
@@ -99,10 +93,5 @@ void gemv(const GemvParams& p, void* stream);
 // Whether p (with p.stream) takes the streamed kernel on this device; gemv falls back to the others where not.
 bool gemv_stream_supported(const GemvParams& p);
 void gemv_stream(const GemvParams& p, void* stream);
-
-// Whether p (with p.pipe_stages) takes the pipelined kernel on this device: one row, 2..6 stages whose ring (and
-// staged row) fit the device's shared memory per block; gemv falls back to the others where not.
-bool gemv_pipe_supported(const GemvParams& p);
-void gemv_pipe(const GemvParams& p, void* stream);
 
 }  // namespace flashlite::engine::cuda_ops

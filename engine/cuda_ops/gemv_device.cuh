@@ -1,5 +1,5 @@
 #pragma once
-// Device code shared by the register GEMVs (gemv.cu) and the pipelined one (gemv_pipe.cu): the block shape, loads,
+// Device code of the register GEMVs (gemv.cu: the default kernel and the variant kernel): the block shape, loads,
 // the RMSNorm prologue, the dot products and the tile epilogue (split-K, fused RoPE + cache append, stores, argmax).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -271,7 +271,7 @@ __device__ __forceinline__ void gemv_stamp(const GemvParams& p, int k) {
 #endif
 }
 
-// The end of one block-uniform tile of the variant and pipelined kernels, after each active warp's sums (acc) are
+// The end of one block-uniform tile of the variant kernel, after each active warp's sums (acc) are
 // warp-reduced: the fused RoPE rotation and cache append, or split-K's fixed-order sum of the row's slices, then the
 // stores (lane 0) and, for f32_argmax, the warp's best key per row. Every warp of the block calls it for every tile
 // (its barriers); `part` is the block's shared scratch.

@@ -325,10 +325,6 @@ class LlamaCuda final : public LlamaModel {
   //                                    issued before griddepcontrol.wait; sm_90);
   //   FLASHLITE_ENGINE_STREAM_STAGES=N its 8 KB ring slots: 16 (default) or 8;
   //   FLASHLITE_ENGINE_STREAM_BLOCKS=N its blocks per SM, 1..4 (default 1);
-  //   FLASHLITE_ENGINE_PIPE=N          (default 0: off) one-row GEMVs through the pipelined kernel (gemv_pipe.cu: each
-  //                                    lane's loads land in N = 2..6 shared-memory slots of 4 KB per warp, N - 1 of
-  //                                    them issued before griddepcontrol.wait);
-  //   FLASHLITE_ENGINE_PIPE_BLOCKS=N   its blocks per SM at most, 1..4 (default 1);
   //   FLASHLITE_ENGINE_DECODE_SPLITS=N the decode plan's KV splits forced to N >= 1 (0, the default: flashlite's choice);
   //   FLASHLITE_ENGINE_PROFILE=1       (a flag, default off, or range) decode steps run eagerly, queued behind a flag,
   //                                    with an event after each kernel group: per-kernel times on stderr every 16
@@ -354,8 +350,6 @@ class LlamaCuda final : public LlamaModel {
     stream_gemv_ = es::flag("FLASHLITE_ENGINE_STREAM", false);
     stream_stages_ = es::integer_in("FLASHLITE_ENGINE_STREAM_STAGES", 16, {8, 16}, "8 or 16");
     stream_blocks_ = es::integer("FLASHLITE_ENGINE_STREAM_BLOCKS", 1, 1, 4, "1 to 4 blocks per SM");
-    pipe_stages_ = es::integer_in("FLASHLITE_ENGINE_PIPE", 0, {0, 2, 3, 4, 5, 6}, "0 (off) or 2..6 slots per warp");
-    pipe_blocks_ = es::integer("FLASHLITE_ENGINE_PIPE_BLOCKS", 1, 1, 4, "1 to 4 blocks per SM");
     decode_splits_ = es::integer("FLASHLITE_ENGINE_DECODE_SPLITS", 0, 0, INT_MAX, "0 (automatic) or a split count >= 1");
     profile_ = Profile(es::choice("FLASHLITE_ENGINE_PROFILE", int(Profile::off),
                                   es::flag_names(int(Profile::off), int(Profile::events), {{"range", int(Profile::range)}}),
@@ -365,7 +359,7 @@ class LlamaCuda final : public LlamaModel {
     if (timeline_on_) fail("FLASHLITE_ENGINE_TIMELINE=1 needs a diagnostic build (-DFLASHLITE_DECODE_TIMELINE=1)");
 #endif
     const bool verbose = es::flag("FLASHLITE_ENGINE_VERBOSE", false);
-    if (verbose || late_trigger_ || decode_splits_ || stream_gemv_ || pipe_stages_ || profile_ != Profile::off) {
+    if (verbose || late_trigger_ || decode_splits_ || stream_gemv_ || profile_ != Profile::off) {
       auto env = [](const char* name) -> std::string {
         const char* v = std::getenv(name);
         return v ? v : "";
@@ -373,11 +367,10 @@ class LlamaCuda final : public LlamaModel {
       const std::string pr = env("FLASHLITE_ENGINE_PROFILE"), pdl = env("FLASHLITE_ENGINE_PDL");
       std::fprintf(stderr,
                    "flashlite engine variants: splitk %d, fuse_rope %d, fuse_argmax %d, preload %d, pdl_trigger %s, "
-                   "decode_splits %d, profile %s, gemv %d, pdl env %s, prefetch %d, stream %d (stages %d, blocks %d), "
-                   "pipe %d (blocks %d)\n",
+                   "decode_splits %d, profile %s, gemv %d, pdl env %s, prefetch %d, stream %d (stages %d, blocks %d)\n",
                    splitk_, int(fuse_rope_), int(fuse_argmax_), int(preload_), late_trigger_ ? "late" : "early",
                    decode_splits_, pr.empty() ? "off" : pr.c_str(), int(gemv_on_), pdl.empty() ? "default" : pdl.c_str(),
-                   prefetch_lines_, int(stream_gemv_), stream_stages_, stream_blocks_, pipe_stages_, pipe_blocks_);
+                   prefetch_lines_, int(stream_gemv_), stream_stages_, stream_blocks_);
     }
   }
 
@@ -442,8 +435,6 @@ class LlamaCuda final : public LlamaModel {
     p.preload = preload_ == 1 || preload_ == 3;  // QKV sets its own (preload=small)
     p.preload_after_x = preload_ == 3;
     p.late_trigger = late_trigger_;
-    p.pipe_stages = pipe_stages_;
-    p.pipe_blocks_per_sm = pipe_blocks_;
     return p;
   }
   // The streamed kernel for GEMV `site` (0 QKV, 1 O, 2 gate/up, 3 down) of layer l, where enabled (gemv falls back
@@ -471,8 +462,6 @@ class LlamaCuda final : public LlamaModel {
     p.preload = preload_ != 0;
     p.late_trigger = late_trigger_;
     p.split = splitk_ == 1 ? cuda_ops::gemv_auto_split(out, k) : std::max(1, splitk_);
-    p.pipe_stages = pipe_stages_;
-    p.pipe_blocks_per_sm = pipe_blocks_;
     return p;
   }
 
@@ -528,7 +517,6 @@ class LlamaCuda final : public LlamaModel {
   bool fuse_rope_ = false, fuse_argmax_ = false, late_trigger_ = false;
   bool stream_gemv_ = false;  // the streamed GEMV (one-row QKV, O, gate/up, down)
   int stream_stages_ = 16, stream_blocks_ = 1;
-  int pipe_stages_ = 0, pipe_blocks_ = 1;  // the pipelined GEMV (0: off)
   // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step, printed when
   // the model is destroyed: the decode kernels' (layers x kTimelineBlocks x kTimelineStamps), then the GEMVs'
   // ((layers x 4 + 1) x kTimelineBlocks x 4: QKV, O, gate/up, down of each layer, the LM head).

@@ -251,61 +251,6 @@ TEST(EngineCudaOps, StreamedGemvMatchesFloat64) {
   }
 }
 
-// The pipelined GEMV (gemv_pipe.cu; one row, any epilogue here but the fused ones, which have their own tests below)
-// against the same float64 reference: ring depths 2..6, one to four blocks per SM (so a block walks several tiles
-// and its ring carries batches across tiles), split-K slices that end inside a batch or hold no chunk at all, rows
-// shorter than one batch, several launches back to back. Shapes it does not take (two rows) use the others.
-TEST(EngineCudaOps, PipelinedGemvMatchesFloat64) {
-  DEVICE_OR_SKIP();
-  std::mt19937 rng(29);
-  const std::vector<Case> cases = {
-      {ops::GemvIn::rmsnorm, ops::GemvOut::bf16, 1, 3072, 2048, false},
-      {ops::GemvIn::rmsnorm, ops::GemvOut::bf16, 1, 301, 264, true},
-      {ops::GemvIn::rmsnorm, ops::GemvOut::swiglu_bf16, 1, 8192, 2048, false},
-      {ops::GemvIn::rmsnorm, ops::GemvOut::swiglu_bf16, 1, 173, 520, false},
-      {ops::GemvIn::rmsnorm, ops::GemvOut::f32, 1, 5003, 136, true},
-      {ops::GemvIn::bf16, ops::GemvOut::add_f32, 1, 2048, 8192, false},
-      {ops::GemvIn::bf16, ops::GemvOut::add_f32, 1, 257, 1032, false},
-      {ops::GemvIn::bf16, ops::GemvOut::add_f32, 1, 1, 8, false},
-      {ops::GemvIn::bf16, ops::GemvOut::add_f32, 2, 130, 2048, false},  // two rows: not pipelined
-  };
-  struct Variant {
-    int stages, blocks, split, launches;
-  };
-  const std::vector<Variant> variants = {{2, 1, 1, 1}, {3, 2, 2, 2}, {4, 1, 4, 1}, {6, 1, 1, 2}, {5, 4, 8, 1}, {3, 3, 1, 3}};
-  for (const Variant& v : variants) {
-    for (const Case& c : cases) {
-      SCOPED_TRACE(case_name(c) + " stages " + std::to_string(v.stages) + " blocks " + std::to_string(v.blocks) +
-                   " split " + std::to_string(v.split) + " launches " + std::to_string(v.launches));
-      const int stream_rows = c.row_index ? 4 : c.rows;
-      std::vector<int32_t> ri;
-      if (c.row_index) ri.push_back(2);
-      ops::GemvParams p = shaped(c);
-      p.pipe_stages = v.stages;
-      p.pipe_blocks_per_sm = v.blocks;
-      p.split = v.split;
-      ASSERT_EQ(ops::gemv_pipe_supported(p), c.rows == 1);
-      const int launches = c.epi == ops::GemvOut::add_f32 ? v.launches : 1;
-      const double worst = expect_gemv_matches(c, p, rng, stream_rows, ri, launches, v.launches == 2);
-      std::printf("gemv pipe in %d epi %d rows %d out %d k %d stages %d blocks %d split %d: worst error / tolerance %.3f\n",
-                  int(c.in), int(c.epi), c.rows, c.out, c.k, v.stages, v.blocks, v.split, worst);
-    }
-  }
-  // A ring depth outside 2..6 is refused before anything runs.
-  for (const int stages : {1, 7, -2}) {
-    ops::GemvParams bad = shaped({ops::GemvIn::bf16, ops::GemvOut::add_f32, 1, 8, 256, false});
-    bad.pipe_stages = stages;
-    std::vector<float> y(8, 0.f);
-    try {
-      dt::gemv(bad, std::vector<float>(8 * 256, 0.f), std::vector<float>(256, 0.f), {}, std::vector<float>(256, 1.f), {}, y);
-      ADD_FAILURE() << "pipe_stages " << stages << " was accepted";
-    } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find("pipe_stages " + std::to_string(stages) + "; expected 0 (off) or 2..6"),
-                std::string::npos) << e.what();
-    }
-  }
-}
-
 // RoPE tables as the engine builds them (float64 math rounded once), theta 10000.
 void rope_tables(int positions, int head_dim, std::vector<float>& cs, std::vector<float>& sn) {
   const int half = head_dim / 2;
@@ -331,22 +276,19 @@ TEST(EngineCudaOps, FusedRopeAppendMatchesUnfusedAndFloat64) {
     int rows, k;
     bool preload;
     int stream_stages = 0;  // > 0: the streamed kernel (one row, k a multiple of 256), for the fused and unfused GEMV
-    int pipe_stages = 0;    // > 0: the pipelined kernel (one row), for both
   };
   const std::vector<RCase> cases = {{4, 2, 64, false, 1, 264, false}, {3, 1, 16, true, 3, 136, true},
                                     {2, 2, 8, false, 8, 520, false},  {5, 1, 32, true, 2, 64, true},
                                     {32, 8, 64, false, 1, 2048, true}, {6, 3, 24, false, 5, 8, false},
                                     {32, 8, 64, false, 1, 2048, false, 8}, {32, 8, 64, true, 1, 2048, false, 16},
                                     {8, 2, 128, false, 1, 4096, false, 8},  {6, 3, 96, false, 1, 768, false, 16},
-                                    {3, 1, 16, true, 1, 256, false, 8},     {2, 2, 8, false, 1, 8192, false, 16},
-                                    {32, 8, 64, false, 1, 2048, false, 0, 3}, {32, 8, 64, true, 1, 2048, false, 0, 6},
-                                    {6, 3, 24, false, 1, 8, false, 0, 2},     {8, 2, 128, false, 1, 4104, false, 0, 4}};
+                                    {3, 1, 16, true, 1, 256, false, 8},     {2, 2, 8, false, 1, 8192, false, 16}};
   const bool sm90 = dt::device_compute_major() >= 9;
   for (const RCase& rc : cases) {
     SCOPED_TRACE("heads " + std::to_string(rc.heads) + "/" + std::to_string(rc.kv_heads) + " D " +
                  std::to_string(rc.head_dim) + (rc.interleaved ? " interleaved" : " half-split") + " rows " +
                  std::to_string(rc.rows) + " k " + std::to_string(rc.k) + " stream stages " +
-                 std::to_string(rc.stream_stages) + " pipe stages " + std::to_string(rc.pipe_stages));
+                 std::to_string(rc.stream_stages));
     const int D = rc.head_dim, half = D / 2, kvd = rc.kv_heads * D, out = (rc.heads + 2 * rc.kv_heads) * D;
     const int positions = 300, cache_rows = 3 * rc.rows + 5;
     const auto w = random_vec(size_t(out) * rc.k, rng, -0.1f, 0.1f);
@@ -366,7 +308,6 @@ TEST(EngineCudaOps, FusedRopeAppendMatchesUnfusedAndFloat64) {
     p.k = rc.k;
     p.eps = 1e-5f;
     p.preload = rc.preload;
-    p.pipe_stages = rc.pipe_stages;
     p.rope.heads = rc.heads;
     p.rope.kv_heads = rc.kv_heads;
     p.rope.head_dim = D;
@@ -441,9 +382,9 @@ TEST(EngineCudaOps, FusedRopeAppendMatchesUnfusedAndFloat64) {
         ASSERT_TRUE(std::isnan(v1[size_t(row) * kvd + i])) << "v cache row " << row << " written";
       }
     }
-    std::printf("fused rope+append heads %d/%d D %d %s rows %d k %d stream %d pipe %d: %d/%d values bit-equal to the "
-                "unfused path\n", rc.heads, rc.kv_heads, D, rc.interleaved ? "interleaved" : "half-split", rc.rows, rc.k,
-                rc.stream_stages, rc.pipe_stages, exact, compared);
+    std::printf("fused rope+append heads %d/%d D %d %s rows %d k %d stream %d: %d/%d values bit-equal to the unfused path\n",
+                rc.heads, rc.kv_heads, D, rc.interleaved ? "interleaved" : "half-split", rc.rows, rc.k, rc.stream_stages,
+                exact, compared);
   }
 }
 
@@ -455,15 +396,12 @@ TEST(EngineCudaOps, FusedArgmaxIsTheHostArgmaxOfItsLogits) {
   struct ACase {
     int rows, out, k;
     bool row_index, tie, preload;
-    int pipe_stages = 0;  // > 0: the pipelined kernel (one row)
   };
   const std::vector<ACase> cases = {{1, 1001, 64, false, false, false}, {3, 5003, 136, true, true, true},
                                     {8, 257, 8, true, true, false},      {1, 128256, 64, false, true, true},
-                                    {2, 1, 264, false, false, false},    {5, 40000, 24, false, false, true},
-                                    {1, 128256, 64, true, true, false, 3}, {1, 1001, 2048, false, false, false, 5}};
+                                    {2, 1, 264, false, false, false},    {5, 40000, 24, false, false, true}};
   for (const ACase& ac : cases) {
-    SCOPED_TRACE("rows " + std::to_string(ac.rows) + " out " + std::to_string(ac.out) + " k " + std::to_string(ac.k) +
-                 " pipe stages " + std::to_string(ac.pipe_stages));
+    SCOPED_TRACE("rows " + std::to_string(ac.rows) + " out " + std::to_string(ac.out) + " k " + std::to_string(ac.k));
     const int stream_rows = ac.row_index ? ac.rows + 3 : ac.rows;
     auto w = random_vec(size_t(ac.out) * ac.k, rng, -0.1f, 0.1f);
     // Positive activations (positive stream and norm weights) so an all-0.1 row is the maximum; three copies of it
@@ -482,7 +420,6 @@ TEST(EngineCudaOps, FusedArgmaxIsTheHostArgmaxOfItsLogits) {
     p.k = ac.k;
     p.eps = 1e-5f;
     p.preload = ac.preload;
-    p.pipe_stages = ac.pipe_stages;
     std::vector<float> y;
     const std::vector<int32_t> ids = dt::gemv_argmax(p, w, xf, g, ri, y);
     const Case c{ops::GemvIn::rmsnorm, ops::GemvOut::f32, ac.rows, ac.out, ac.k, ac.row_index};
@@ -670,18 +607,14 @@ TEST(EngineCudaOps, GemvBandwidth) {
     int split;  // 0: gemv_auto_split
     bool preload;
     int stream_stages = 0;  // > 0: the streamed kernel with this many ring slots (where it takes the shape)
-    int pipe_stages = 0, pipe_blocks = 1;  // > 0: the pipelined kernel (one row)
   };
   const Variant variants[] = {{"default", 1, false},  {"split auto", 0, false}, {"split 2", 2, false},
                               {"split 4", 4, false},  {"preload", 1, true},     {"split auto+preload", 0, true},
-                              {"stream 8", 1, false, 8}, {"stream 16", 1, false, 16},
-                              {"pipe 3 x1", 0, false, 0, 3, 1}, {"pipe 4 x1", 0, false, 0, 4, 1},
-                              {"pipe 6 x1", 0, false, 0, 6, 1}, {"pipe 3 x2", 0, false, 0, 3, 2},
-                              {"pipe 2 x2", 0, false, 0, 2, 2}, {"pipe 2 x3", 0, false, 0, 2, 3}};
+                              {"stream 8", 1, false, 8}, {"stream 16", 1, false, 16}};
   for (int rows : {1, 2, 4, 8}) {
     for (const Shape& s : shapes) {
       for (const Variant& v : variants) {
-        if (rows > 1 && (v.split != 1 || v.stream_stages || v.pipe_stages)) continue;  // the variants at batch 1 only (time)
+        if (rows > 1 && (v.split != 1 || v.stream_stages)) continue;  // the variants at batch 1 only (time)
         ops::GemvParams p;
         p.in = s.in;
         p.epi = s.epi;
@@ -693,9 +626,7 @@ TEST(EngineCudaOps, GemvBandwidth) {
         p.preload = v.preload;
         p.stream = v.stream_stages > 0;
         p.stream_stages = std::max(2, v.stream_stages);
-        p.pipe_stages = v.pipe_stages;
-        p.pipe_blocks_per_sm = v.pipe_blocks;
-        if (s.epi == ops::GemvOut::swiglu_bf16 && v.split != 1 && v.pipe_stages == 0) continue;  // split does not apply
+        if (s.epi == ops::GemvOut::swiglu_bf16 && (v.split != 1)) continue;  // split does not apply
         const double us = dt::gemv_time_us(p, 20), us_stream = dt::gemv_stream_time_us(p, 20);
         const double bytes = double(s.weight_rows) * s.k * 2;
         std::printf("gemv %-15s rows %d %-19s split %d: %8.1f us alone %7.1f GB/s | %8.1f us in a stream %7.1f GB/s "
