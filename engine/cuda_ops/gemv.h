@@ -31,6 +31,7 @@
 namespace flashlite::engine::cuda_ops {
 
 constexpr int kGemvMaxRows = 8;
+constexpr int kGemvTimelineStamps = 5;  // diagnostic builds: timeline words per block (GemvParams::timeline)
 
 enum class GemvIn { bf16, rmsnorm };
 enum class GemvOut { bf16, f32, add_f32, swiglu_bf16, rope_bf16, f32_argmax };
@@ -74,8 +75,8 @@ struct GemvParams {
   GemvRope rope;                      // rope_bf16
   uint64_t* argmax_keys = nullptr;    // f32_argmax: (rows), zeroed before the launch
   // Diagnostic builds only (-DFLASHLITE_DECODE_TIMELINE=1; FLASHLITE_ENGINE_TIMELINE): the register kernels' thread 0
-  // of each block writes %globaltimer at its start, after the wait and prologue, at its end and right after the wait:
-  // (blocks, 4) words.
+  // of each block writes %globaltimer at its start, after the wait and prologue, at its end, right after the wait and
+  // once its prologue loads have arrived: (blocks, kGemvTimelineStamps) words.
   unsigned long long* timeline = nullptr;
 };
 

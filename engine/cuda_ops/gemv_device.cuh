@@ -29,6 +29,23 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   return v;
 }
 
+// Diagnostic builds (gemv.h, GemvParams::timeline): stamp k (0 start, 1 after the wait and prologue, 2 end, 3 right
+// after the wait, 4 once thread 0's prologue loads have arrived) of this block; the end stamp waits for the whole
+// block. Compiled out by default.
+__device__ __forceinline__ void gemv_stamp(const GemvParams& p, int k, float dep = 0.f) {
+#if FLASHLITE_DECODE_TIMELINE
+  if (p.timeline == nullptr) return;
+  if (k == 2) __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "f"(dep));  // read once `dep` has arrived
+    p.timeline[size_t(blockIdx.x) * kGemvTimelineStamps + k] = t;
+  }
+#else
+  (void)p, (void)k, (void)dep;
+#endif
+}
+
 // The activation rows a GEMV multiplies (after pdl_wait: x is the previous kernel's output): RMSNorm'd rows staged in
 // shared memory as bf16 (fp32 math), or the bf16 input itself; rows past p.rows repeat the last one (never stored).
 // The RMSNorm prologue sits on the step's critical path twice per layer (the engine timeline: ~4 us from the previous
@@ -90,6 +107,7 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
             ss += a[r].x * a[r].x + a[r].y * a[r].y + a[r].z * a[r].z + a[r].w * a[r].w;
             ss += b[r].x * b[r].x + b[r].y * b[r].y + b[r].z * b[r].z + b[r].w * b[r].w;
           }
+          if (r == 0) gemv_stamp(p, 4, ss + float(g.h[0]));
           for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
           if (lane == 0) red[warp][r] = ss;
         }
@@ -253,22 +271,6 @@ __device__ __forceinline__ RopeSlot rope_slot(const GemvRope& rp, int tile, int 
   }
   s.row = h * D + s.d;
   return s;
-}
-
-// Diagnostic builds (gemv.h, GemvParams::timeline): stamp k (0 start, 1 after the wait and prologue, 2 end, 3 right
-// after the wait) of this block; the end stamp waits for the whole block. Compiled out by default.
-__device__ __forceinline__ void gemv_stamp(const GemvParams& p, int k) {
-#if FLASHLITE_DECODE_TIMELINE
-  if (p.timeline == nullptr) return;
-  if (k == 2) __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    p.timeline[size_t(blockIdx.x) * 4 + k] = t;
-  }
-#else
-  (void)p, (void)k;
-#endif
 }
 
 // The end of one block-uniform tile of the variant kernel, after each active warp's sums (acc) are

@@ -519,15 +519,15 @@ class LlamaCuda final : public LlamaModel {
   int stream_stages_ = 16, stream_blocks_ = 1;
   // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step, printed when
   // the model is destroyed: the decode kernels' (layers x kTimelineBlocks x kTimelineStamps), then the GEMVs'
-  // ((layers x 4 + 1) x kTimelineBlocks x 4: QKV, O, gate/up, down of each layer, the LM head).
+  // ((layers x 4 + 1) x kTimelineBlocks x kGemvTimelineStamps: QKV, O, gate/up, down of each layer, the LM head).
   static constexpr size_t kTimelineBlocks = 1024;
   bool timeline_on_ = false;
   DeviceBuffer timeline_;
-  size_t timeline_words() const { return size_t(c_.n_layers) * kTimelineBlocks * 9 + (size_t(c_.n_layers) * 4 + 1) * kTimelineBlocks * 4; }
+  size_t timeline_words() const { return size_t(c_.n_layers) * kTimelineBlocks * 9 + (size_t(c_.n_layers) * 4 + 1) * kTimelineBlocks * cuda_ops::kGemvTimelineStamps; }
   unsigned long long* gemv_timeline(int l, int site) const {
     if (!timeline_on_) return nullptr;
     return timeline_.as<unsigned long long>() + size_t(c_.n_layers) * kTimelineBlocks * 9 +
-           (size_t(l) * 4 + site) * kTimelineBlocks * 4;
+           (size_t(l) * 4 + site) * kTimelineBlocks * cuda_ops::kGemvTimelineStamps;
   }
   void print_timeline() {
 #if FLASHLITE_DECODE_TIMELINE
@@ -557,7 +557,8 @@ class LlamaCuda final : public LlamaModel {
     double sums[10] = {0}, prologue[5] = {0};
     int counted = 0;
     for (int l = 0; l < c_.n_layers; ++l) {
-      const auto q = stats(gv + (size_t(l) * 4 + 0) * kTimelineBlocks * 4, 4, 0, 0);
+      constexpr int W = cuda_ops::kGemvTimelineStamps;
+      const auto q = stats(gv + (size_t(l) * 4 + 0) * kTimelineBlocks * W, W, 0, 0);
       const double t0 = q.lo;
       auto us = [&](double t) { return (t - t0) / 1e3; };
       std::string line = "  layer " + std::to_string(l) + ":";
@@ -574,10 +575,11 @@ class LlamaCuda final : public LlamaModel {
           waits[k] = s1.med, ends[k] = s6.hi;
         } else {
           const int site = k == 0 ? 0 : k - 1;
-          const unsigned long long* g = gv + (size_t(l) * 4 + site) * kTimelineBlocks * 4;
-          const auto s0 = stats(g, 4, 0, 0), s1 = stats(g, 4, 1, 0), s2 = stats(g, 4, 2, 0), s3 = stats(g, 4, 3, 0);
-          std::snprintf(buf, sizeof buf, " | %s(%d) %.2f / %.2f [waited %.2f] / %.2f", names[site], s0.n, us(s0.lo),
-                        us(s1.med), us(s3.med), us(s2.hi));
+          const unsigned long long* g = gv + (size_t(l) * 4 + site) * kTimelineBlocks * W;
+          const auto s0 = stats(g, W, 0, 0), s1 = stats(g, W, 1, 0), s2 = stats(g, W, 2, 0), s3 = stats(g, W, 3, 0),
+                     s4 = stats(g, W, 4, 0);
+          std::snprintf(buf, sizeof buf, " | %s(%d) %.2f / %.2f [waited %.2f x %.2f] / %.2f", names[site], s0.n,
+                        us(s0.lo), us(s1.med), us(s3.med), s4.n ? us(s4.med) : 0.0, us(s2.hi));
           waited[k] = s3.med;
           waits[k] = s1.med, ends[k] = s2.hi;
         }
