@@ -58,9 +58,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvParams p) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + line * 8));
     }
   }
+  const NormPre pre = norm_preload<R, IN>(p, kc);
   pdl_wait();
   const uint4* xrow[R];
-  activation_rows<R, IN>(p, staged, xrow, lane, warp, kc);
+  activation_rows<R, IN>(p, staged, xrow, lane, warp, kc, pre);
 
   for (int grp = blockIdx.x * kWarps + warp; grp < groups; grp += gridDim.x * kWarps) {
     const int u0 = grp * U;
@@ -151,10 +152,11 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
       }
     }
   }
+  const NormPre pre = norm_preload<R, IN>(p, kc);
   pdl_wait();
   gemv_stamp(p, 3);
   const uint4* xrow[R];
-  activation_rows<R, IN>(p, staged, xrow, lane, warp, kc, [&] {
+  activation_rows<R, IN>(p, staged, xrow, lane, warp, kc, pre, [&] {
     if (!preload_after || blockIdx.x >= tiles) return;
     const int first = group_of(blockIdx.x);  // recomputed: nothing stays live through the prologue
     if (first >= groups) return;

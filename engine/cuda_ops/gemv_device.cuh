@@ -46,13 +46,44 @@ __device__ __forceinline__ void gemv_stamp(const GemvParams& p, int k, float dep
 #endif
 }
 
+// GemvParams::norm_early (opt-in, not yet run on a GPU): the norm weight's chunk of this thread for the
+// one-round-trip RMSNorm prologue below (up to 2 rows, k <= 8 x kThreads), loaded before griddepcontrol.wait: it is
+// a weight (no predecessor writes it), and after the wait it is likely a DRAM miss (the step's weight stream evicts
+// it from L2): the timeline measured x + norm weight arriving 1.5-2 us after the wait.
+struct NormPre {
+  uint4 g;
+};
+template <int R, GemvIn IN>
+__device__ __forceinline__ NormPre norm_preload(const GemvParams& p, int kc) {
+  NormPre pre{};
+  if (!p.norm_early) return pre;
+  if constexpr (IN == GemvIn::rmsnorm && R <= 2) {
+    const int c = threadIdx.x;
+    if (kc <= kThreads && c < kc) {
+      if ((reinterpret_cast<uintptr_t>(p.norm_w) & 15) == 0) {
+        pre.g = static_cast<const uint4*>(p.norm_w)[c];
+      } else {
+        union {
+          uint4 v;
+          __nv_bfloat16 h[8];
+        } g;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) g.h[e] = static_cast<const __nv_bfloat16*>(p.norm_w)[8 * c + e];
+        pre.g = g.v;
+      }
+    }
+  }
+  return pre;
+}
+
 // The activation rows a GEMV multiplies (after pdl_wait: x is the previous kernel's output): RMSNorm'd rows staged in
 // shared memory as bf16 (fp32 math), or the bf16 input itself; rows past p.rows repeat the last one (never stored).
 // The RMSNorm prologue sits on the step's critical path twice per layer (the engine timeline: ~4 us from the previous
 // GEMV's end when one warp summed a row with a dependent load per iteration), so the whole block loads: thread t
 // takes the 8-element chunks t, t + kThreads, ... of every row with all rows' loads issued before any math, then one
 // block reduction. Up to 2 rows and k <= 8 x kThreads (one chunk a thread) x and the norm weight come in one round
-// trip and x stays in registers; otherwise a second pass re-reads the thread's own chunks (L1).
+// trip (with norm_early the weight was loaded before the wait) and x stays in registers; otherwise a second pass
+// re-reads the thread's own chunks (L1) and loads the norm weight.
 // after_issue() runs once the prologue's loads are issued, before their values are used (the variant kernel issues
 // its first weight batch there).
 struct NoIssue {
@@ -60,7 +91,7 @@ struct NoIssue {
 };
 template <int R, GemvIn IN, class AfterIssue = NoIssue>
 __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* staged, const uint4* (&xrow)[R], int lane,
-                                                int warp, int kc, AfterIssue after_issue = {}) {
+                                                int warp, int kc, const NormPre& pre, AfterIssue after_issue = {}) {
   if constexpr (IN == GemvIn::rmsnorm) {
     __shared__ float red[kWarps][R];
     __shared__ float inv[R];
@@ -93,8 +124,9 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
         const bool mine = c < kc;
         float4 a[R], b[R];
         Chunk g;
+        g.v = pre.g;  // norm_preload: before the wait (GemvParams::norm_early)
         if (mine) {
-          g = load_g(c);
+          if (!p.norm_early) g = load_g(c);
 #pragma unroll
           for (int r = 0; r < R; ++r)
             if (r < p.rows) a[r] = xr[r][2 * c], b[r] = xr[r][2 * c + 1];
@@ -107,7 +139,7 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
             ss += a[r].x * a[r].x + a[r].y * a[r].y + a[r].z * a[r].z + a[r].w * a[r].w;
             ss += b[r].x * b[r].x + b[r].y * b[r].y + b[r].z * b[r].z + b[r].w * b[r].w;
           }
-          if (r == 0) gemv_stamp(p, 4, ss + float(g.h[0]));
+          if (r == 0) gemv_stamp(p, 4, ss);
           for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
           if (lane == 0) red[warp][r] = ss;
         }

@@ -318,6 +318,8 @@ class LlamaCuda final : public LlamaModel {
   //                                    the wait, behind the prologue's activation loads;
   //   FLASHLITE_ENGINE_PREFETCH=N      N >= 0 weight lines per row prefetched into L2 before the wait (default 0 with
   //                                    preload on, 4 with it off);
+  //   FLASHLITE_ENGINE_NORM_EARLY=0    (default; a flag) the RMSNorm GEMVs load their norm weight before the wait
+  //                                    (round 9's next step; not yet run on a GPU);
   //   FLASHLITE_ENGINE_PDL_TRIGGER=late  GEMVs let their dependents launch after their main loop, not at their start
   //                          =early    (default) at their start;
   //   FLASHLITE_ENGINE_STREAM=0        (default; a flag) one-row QKV, O, gate/up and down GEMVs through the streamed
@@ -347,6 +349,7 @@ class LlamaCuda final : public LlamaModel {
     prefetch_lines_ = es::integer("FLASHLITE_ENGINE_PREFETCH", preload_ == 1 ? 0 : 4, 0, INT_MAX,
                                   "a number of lines >= 0");
     late_trigger_ = es::choice("FLASHLITE_ENGINE_PDL_TRIGGER", 0, {{"early", 0}, {"late", 1}}, "early or late") != 0;
+    norm_early_ = es::flag("FLASHLITE_ENGINE_NORM_EARLY", false);
     stream_gemv_ = es::flag("FLASHLITE_ENGINE_STREAM", false);
     stream_stages_ = es::integer_in("FLASHLITE_ENGINE_STREAM_STAGES", 16, {8, 16}, "8 or 16");
     stream_blocks_ = es::integer("FLASHLITE_ENGINE_STREAM_BLOCKS", 1, 1, 4, "1 to 4 blocks per SM");
@@ -434,6 +437,7 @@ class LlamaCuda final : public LlamaModel {
     p.prefetch_lines = prefetch_lines_;
     p.preload = preload_ == 1 || preload_ == 3;  // QKV sets its own (preload=small)
     p.preload_after_x = preload_ == 3;
+    p.norm_early = norm_early_;
     p.late_trigger = late_trigger_;
     return p;
   }
@@ -517,6 +521,7 @@ class LlamaCuda final : public LlamaModel {
   bool fuse_rope_ = false, fuse_argmax_ = false, late_trigger_ = false;
   bool stream_gemv_ = false;  // the streamed GEMV (one-row QKV, O, gate/up, down)
   int stream_stages_ = 16, stream_blocks_ = 1;
+  bool norm_early_ = false;  // FLASHLITE_ENGINE_NORM_EARLY
   // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step, printed when
   // the model is destroyed: the decode kernels' (layers x kTimelineBlocks x kTimelineStamps), then the GEMVs'
   // ((layers x 4 + 1) x kTimelineBlocks x kGemvTimelineStamps: QKV, O, gate/up, down of each layer, the LM head).

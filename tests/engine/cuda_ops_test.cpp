@@ -153,9 +153,11 @@ TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
   struct Variant {
     int split;
     bool preload, late, after = false;  // after: the preloaded batch issued behind the RMSNorm prologue's loads
+    bool norm_early = false;            // the norm weight loaded before the wait
   };
   const std::vector<Variant> variants = {{1, false, false}, {1, true, true}, {2, false, false}, {4, true, false},
-                                         {8, false, true}, {2, true, true}, {1, true, false, true}, {2, true, true, true}};
+                                         {8, false, true}, {2, true, true}, {1, true, false, true}, {2, true, true, true},
+                                         {1, true, false, false, true}, {2, false, true, true, true}};
   std::vector<Case> all = cases;
   // Odd sizes for the split: fewer chunks than warps x lanes, a slice boundary inside a batch, one output row.
   all.push_back({ops::GemvIn::bf16, ops::GemvOut::add_f32, 2, 1, 1032, false});
@@ -164,7 +166,8 @@ TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
   for (const Variant& v : variants) {
     for (const Case& c : all) {
       SCOPED_TRACE(case_name(c) + " split " + std::to_string(v.split) + " preload " + std::to_string(v.preload) +
-                   " late " + std::to_string(v.late) + " after " + std::to_string(v.after));
+                   " late " + std::to_string(v.late) + " after " + std::to_string(v.after) + " norm early " +
+                   std::to_string(v.norm_early));
       const int stream_rows = c.row_index ? c.rows + 3 : c.rows;
       std::vector<int32_t> ri;
       if (c.row_index)
@@ -174,6 +177,7 @@ TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
       p.preload = v.preload;
       p.late_trigger = v.late;
       p.preload_after_x = v.after;
+      p.norm_early = v.norm_early;
       const double worst = expect_gemv_matches(c, p, rng, stream_rows, ri);
       std::printf("gemv in %d epi %d rows %d out %d k %d split %d preload %d late %d: worst error / tolerance %.3f\n",
                   int(c.in), int(c.epi), c.rows, c.out, c.k, v.split, int(v.preload), int(v.late), worst);
