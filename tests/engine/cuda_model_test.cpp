@@ -220,7 +220,7 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {"FLASHLITE_ENGINE_PDL_TRIGGER", ""}, {"FLASHLITE_ENGINE_DECODE_SPLITS", ""}, {"FLASHLITE_ENGINE_PROFILE", ""},
       {"FLASHLITE_ENGINE_GRAPH", ""},    {"FLASHLITE_ENGINE_GEMV", ""},        {"FLASHLITE_ENGINE_STREAM", ""},
       {"FLASHLITE_ENGINE_STREAM_STAGES", ""}, {"FLASHLITE_ENGINE_STREAM_BLOCKS", ""},
-      {"FLASHLITE_ENGINE_NORM_EARLY", ""}};
+      {"FLASHLITE_ENGINE_NORM_EARLY", ""}, {"FLASHLITE_ENGINE_TIMELINE", ""}};
   // `over` with the entries of `base` it does not set.
   const auto merged = [](const Env& over, const Env& base) {
     Env env = over;
@@ -440,7 +440,8 @@ TEST(CudaEngine, SwitchValuesAreCheckedWhenTheModelIsBuilt) {
       {"FLASHLITE_ENGINE_DECODE_SPLITS", "-2"}, {"FLASHLITE_ENGINE_DECODE_SPLITS", "auto"},
       {"FLASHLITE_ENGINE_PROFILE", "events"},  {"FLASHLITE_ENGINE_VERBOSE", "loud"},
       {"FLASHLITE_ENGINE_STREAM", "2"},        {"FLASHLITE_ENGINE_STREAM_STAGES", "4"},
-      {"FLASHLITE_ENGINE_STREAM_BLOCKS", "5"}, {"FLASHLITE_ENGINE_NORM_EARLY", "early"}};
+      {"FLASHLITE_ENGINE_STREAM_BLOCKS", "5"}, {"FLASHLITE_ENGINE_NORM_EARLY", "early"},
+      {"FLASHLITE_ENGINE_TIMELINE", "maybe"}};
   for (const auto& [name, value] : bad) {
     ScopedEnv env({{name, value}});
     eng::RuntimeOptions o;
@@ -448,6 +449,15 @@ TEST(CudaEngine, SwitchValuesAreCheckedWhenTheModelIsBuilt) {
     const std::string e = error_of([&] { eng::create_model(w, o, "cuda"); });
     EXPECT_NE(e.find(name + "=" + value + "; expected"), std::string::npos) << name << "=" << value << ": " << e;
   }
+#if !FLASHLITE_DECODE_TIMELINE
+  {  // the timeline exists only in diagnostic builds: asked for elsewhere, the model says so instead of ignoring it
+    ScopedEnv env({{std::string("FLASHLITE_ENGINE_TIMELINE"), std::string("1")}});
+    eng::RuntimeOptions o;
+    o.precision = "bf16";
+    const std::string e = error_of([&] { eng::create_model(w, o, "cuda"); });
+    EXPECT_NE(e.find("FLASHLITE_ENGINE_TIMELINE=1 needs a diagnostic build"), std::string::npos) << e;
+  }
+#endif
   eng::GenerationParams gp;
   gp.max_new_tokens = 12;
   const std::vector<int> prompt = {1, 5, 9, 200, 17};
