@@ -46,6 +46,18 @@ __device__ __forceinline__ void gemv_stamp(const GemvParams& p, int k, float dep
 #endif
 }
 
+// Chunk c (8 elements) of the norm weight, as 16 bytes where it is 16-byte aligned.
+__device__ __forceinline__ uint4 norm_chunk(const GemvParams& p, int c) {
+  if ((reinterpret_cast<uintptr_t>(p.norm_w) & 15) == 0) return static_cast<const uint4*>(p.norm_w)[c];
+  union {
+    uint4 v;
+    __nv_bfloat16 h[8];
+  } g;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) g.h[e] = static_cast<const __nv_bfloat16*>(p.norm_w)[8 * c + e];
+  return g.v;
+}
+
 // GemvParams::norm_early (opt-in, not yet run on a GPU): the norm weight's chunk of this thread for the
 // one-round-trip RMSNorm prologue below (up to 2 rows, k <= 8 x kThreads), loaded before griddepcontrol.wait: it is
 // a weight (no predecessor writes it), and after the wait it is likely a DRAM miss (the step's weight stream evicts
@@ -56,22 +68,8 @@ struct NormPre {
 template <int R, GemvIn IN>
 __device__ __forceinline__ NormPre norm_preload(const GemvParams& p, int kc) {
   NormPre pre{};
-  if (!p.norm_early) return pre;
   if constexpr (IN == GemvIn::rmsnorm && R <= 2) {
-    const int c = threadIdx.x;
-    if (kc <= kThreads && c < kc) {
-      if ((reinterpret_cast<uintptr_t>(p.norm_w) & 15) == 0) {
-        pre.g = static_cast<const uint4*>(p.norm_w)[c];
-      } else {
-        union {
-          uint4 v;
-          __nv_bfloat16 h[8];
-        } g;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) g.h[e] = static_cast<const __nv_bfloat16*>(p.norm_w)[8 * c + e];
-        pre.g = g.v;
-      }
-    }
+    if (p.norm_early && kc <= kThreads && int(threadIdx.x) < kc) pre.g = norm_chunk(p, threadIdx.x);
   }
   return pre;
 }
@@ -101,20 +99,9 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
       const int rr = min(r, p.rows - 1);
       xr[r] = reinterpret_cast<const float4*>(p.xf + size_t(p.row_index ? p.row_index[rr] : rr) * p.k);
     }
-    const bool g_vec = (reinterpret_cast<uintptr_t>(p.norm_w) & 15) == 0;
     union Chunk {
       uint4 v;
       __nv_bfloat16 h[8];
-    };
-    auto load_g = [&](int c) {
-      Chunk g;
-      if (g_vec) {
-        g.v = static_cast<const uint4*>(p.norm_w)[c];
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) g.h[e] = static_cast<const __nv_bfloat16*>(p.norm_w)[8 * c + e];
-      }
-      return g;
     };
     if constexpr (R <= 2) {
       if (kc <= kThreads) {
@@ -126,7 +113,7 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
         Chunk g;
         g.v = pre.g;  // norm_preload: before the wait (GemvParams::norm_early)
         if (mine) {
-          if (!p.norm_early) g = load_g(c);
+          if (!p.norm_early) g.v = norm_chunk(p, c);
 #pragma unroll
           for (int r = 0; r < R; ++r)
             if (r < p.rows) a[r] = xr[r][2 * c], b[r] = xr[r][2 * c + 1];
@@ -195,7 +182,8 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
     }
     __syncthreads();
     for (int c = threadIdx.x; c < kc; c += kThreads) {
-      const Chunk g = load_g(c);
+      Chunk g;
+      g.v = norm_chunk(p, c);
       Chunk y;
 #pragma unroll
       for (int r = 0; r < R; ++r) {

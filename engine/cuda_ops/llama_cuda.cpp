@@ -13,22 +13,17 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "engine/cuda_ops/env_switch.h"
 #include "engine/cuda_ops/gemm.h"
 #include "engine/cuda_ops/gemv.h"
 #include "engine/cuda_ops/ops.h"
 #include "engine/cuda_ops/select.h"
+#include "engine/cuda_ops/step_timeline.h"
 #include "engine/errors.h"
 #include "flashlite/kv_cache.h"
-#if FLASHLITE_DECODE_TIMELINE
-#include <vector>
-
-// cuda_decode_set_timeline (src/kv/kv_backends.h, diagnostic builds); its stamps are kTimelineStamps = 9 words a block.
-namespace flashlite {
-void cuda_decode_set_timeline(unsigned long long* buffer, size_t slot_blocks, size_t slots);
-}
-#endif
+#include "src/cuda/decode/decode_timeline.h"
 
 namespace flashlite::engine {
 
@@ -148,7 +143,8 @@ class LlamaCuda final : public LlamaModel {
       v_cache_[l]->reserve(kv_bytes, "the V cache");
     }
     if (timeline_on_) {
-      timeline_.reserve(timeline_words() * 8, "the timeline");
+      timeline_layout_.layers = c_.n_layers;
+      timeline_.reserve(timeline_layout_.words() * 8, "the timeline");
       cuda_check(cudaMemset(timeline_.ptr, 0, timeline_.bytes), "zeroing the timeline");
     }
     if (stream_gemv_) {
@@ -522,93 +518,23 @@ class LlamaCuda final : public LlamaModel {
   bool stream_gemv_ = false;  // the streamed GEMV (one-row QKV, O, gate/up, down)
   int stream_stages_ = 16, stream_blocks_ = 1;
   bool norm_early_ = false;  // FLASHLITE_ENGINE_NORM_EARLY
-  // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step, printed when
-  // the model is destroyed: the decode kernels' (layers x kTimelineBlocks x kTimelineStamps), then the GEMVs'
-  // ((layers x 4 + 1) x kTimelineBlocks x kGemvTimelineStamps: QKV, O, gate/up, down of each layer, the LM head).
-  static constexpr size_t kTimelineBlocks = 1024;
+  // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step (layout:
+  // step_timeline.h), printed when the model is destroyed.
   bool timeline_on_ = false;
+  cuda_ops::StepTimeline timeline_layout_;
   DeviceBuffer timeline_;
-  size_t timeline_words() const { return size_t(c_.n_layers) * kTimelineBlocks * 9 + (size_t(c_.n_layers) * 4 + 1) * kTimelineBlocks * cuda_ops::kGemvTimelineStamps; }
   unsigned long long* gemv_timeline(int l, int site) const {
-    if (!timeline_on_) return nullptr;
-    return timeline_.as<unsigned long long>() + size_t(c_.n_layers) * kTimelineBlocks * 9 +
-           (size_t(l) * 4 + site) * kTimelineBlocks * cuda_ops::kGemvTimelineStamps;
+    return timeline_on_ ? timeline_.as<unsigned long long>() + timeline_layout_.gemv_offset(l, site) : nullptr;
   }
   void print_timeline() {
-#if FLASHLITE_DECODE_TIMELINE
     if (!timeline_on_ || !timeline_.ptr) return;
-    std::vector<unsigned long long> h(timeline_words());
+    std::vector<unsigned long long> h(timeline_layout_.words());
     if (cudaDeviceSynchronize() != cudaSuccess ||
         cudaMemcpy(h.data(), timeline_.ptr, h.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
       std::fprintf(stderr, "timeline: copy failed\n");
       return;
     }
-    const unsigned long long* dec = h.data();
-    const unsigned long long* gv = h.data() + size_t(c_.n_layers) * kTimelineBlocks * 9;
-    // (min, median, max) of stamp k over the blocks that wrote one, in ns.
-    auto stats = [](const unsigned long long* base, int words, int k, int count_stamp) {
-      std::vector<unsigned long long> v;
-      for (size_t b = 0; b < kTimelineBlocks; ++b)
-        if (base[b * words + count_stamp] && base[b * words + k]) v.push_back(base[b * words + k]);
-      std::sort(v.begin(), v.end());
-      struct S { double lo, med, hi; int n; };
-      if (v.empty()) return S{0, 0, 0, 0};
-      return S{double(v.front()), double(v[v.size() / 2]), double(v.back()), int(v.size())};
-    };
-    const char* names[4] = {"qkv", "o", "gate/up", "down"};
-    std::fprintf(stderr, "timeline of the last decode step (us from layer l's QKV first start; per kernel: first start / "
-                         "median after wait / last end; attention also: length, q+issue, first tile, loop end, partials "
-                         "(medians))\n");
-    double sums[10] = {0}, prologue[5] = {0};
-    int counted = 0;
-    for (int l = 0; l < c_.n_layers; ++l) {
-      constexpr int W = cuda_ops::kGemvTimelineStamps;
-      const auto q = stats(gv + (size_t(l) * 4 + 0) * kTimelineBlocks * W, W, 0, 0);
-      const double t0 = q.lo;
-      auto us = [&](double t) { return (t - t0) / 1e3; };
-      std::string line = "  layer " + std::to_string(l) + ":";
-      char buf[256];
-      double ends[5] = {0}, waits[5] = {0}, waited[5] = {0};
-      for (int k = 0; k < 5; ++k) {
-        if (k == 1) {
-          const unsigned long long* d = dec + size_t(l) * kTimelineBlocks * 9;
-          const auto s0 = stats(d, 9, 0, 8), s1 = stats(d, 9, 1, 8), s6 = stats(d, 9, 6, 8);
-          const auto s7 = stats(d, 9, 7, 8), s2 = stats(d, 9, 2, 8), s3 = stats(d, 9, 3, 8), s4 = stats(d, 9, 4, 8),
-                     s5 = stats(d, 9, 5, 8);
-          std::snprintf(buf, sizeof buf, " | attn(%d) %.2f / %.2f / %.2f [len %.2f q %.2f tile %.2f loop %.2f part %.2f]",
-                        s0.n, us(s0.lo), us(s1.med), us(s6.hi), us(s7.med), us(s2.med), us(s3.med), us(s4.med), us(s5.med));
-          waits[k] = s1.med, ends[k] = s6.hi;
-        } else {
-          const int site = k == 0 ? 0 : k - 1;
-          const unsigned long long* g = gv + (size_t(l) * 4 + site) * kTimelineBlocks * W;
-          const auto s0 = stats(g, W, 0, 0), s1 = stats(g, W, 1, 0), s2 = stats(g, W, 2, 0), s3 = stats(g, W, 3, 0),
-                     s4 = stats(g, W, 4, 0);
-          std::snprintf(buf, sizeof buf, " | %s(%d) %.2f / %.2f [waited %.2f x %.2f] / %.2f", names[site], s0.n,
-                        us(s0.lo), us(s1.med), us(s3.med), s4.n ? us(s4.med) : 0.0, us(s2.hi));
-          waited[k] = s3.med;
-          waits[k] = s1.med, ends[k] = s2.hi;
-        }
-        line += buf;
-      }
-      std::fprintf(stderr, "%s\n", line.c_str());
-      if (l > 0) {  // per kernel: previous end -> median wait, median wait -> last end
-        ++counted;
-        for (int k = 0; k < 5; ++k) {
-          const double prev_end = k == 0 ? 0 : ends[k - 1];
-          if (k > 0) sums[2 * k] += (waits[k] - prev_end) / 1e3;
-          sums[2 * k + 1] += (ends[k] - waits[k]) / 1e3;
-          if (k > 0 && waited[k] > 0) prologue[k] += (waits[k] - waited[k]) / 1e3;
-        }
-      }
-    }
-    if (counted) {
-      std::fprintf(stderr, "  mean over layers 1..: ");
-      const char* kn[5] = {"qkv", "attn", "o", "gate/up", "down"};
-      for (int k = 0; k < 5; ++k)
-        std::fprintf(stderr, "%s gap %.2f (prologue %.2f) run %.2f%s", kn[k], k ? sums[2 * k] / counted : 0.0,
-                     prologue[k] / counted, sums[2 * k + 1] / counted, k < 4 ? " | " : "\n");
-    }
-#endif
+    cuda_ops::print_step_timeline(timeline_layout_, h.data(), stderr);
   }
   DeviceBuffer stream_counters_;  // (layers, 4 GEMVs, 2) work counters of the streamed GEMV, zeroed once
   enum class Profile { off, events, range } profile_ = Profile::off;
@@ -734,7 +660,9 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
   const bool fused_argmax = gemv && fuse_argmax_ && request.kind == LogitsRequest::Kind::argmax && lrows <= 256;
   auto mark = [&](const char* name) { profile_mark(name); };
 #if FLASHLITE_DECODE_TIMELINE
-  if (timeline_on_ && batched_decode) cuda_decode_set_timeline(timeline_.as<unsigned long long>(), kTimelineBlocks, size_t(c_.n_layers));
+  if (timeline_on_ && batched_decode) {  // layer l's decode launch stamps slot l
+    cuda_decode_set_timeline(timeline_.as<unsigned long long>(), cuda_ops::StepTimeline::kBlocks, size_t(c_.n_layers));
+  }
 #endif
   auto compute = [&] {
     mark("start");

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/decode/decode_timeline.h"  // cuda_decode_set_timeline (diagnostic builds)
 #include "kv/kv_problem.h"
 
 namespace flashlite {
@@ -55,12 +56,6 @@ std::string cuda_decode_kernel_name(const DecodeProblem& p, int num_splits = 0);
 // once per process: 1 / on (the default) or 0 / off (always the combine kernel); anything else is an error naming
 // the variable.
 int parse_decode_cluster_mode(const char* value);
-#if FLASHLITE_DECODE_TIMELINE
-// Diagnostic builds: later decode launches stamp their split blocks' timelines into `buffer` (device memory, `slots`
-// slots of slot_blocks x kTimelineStamps words, taken in turn per launch from slot 0, so a graph's last `slots`
-// calls stay); null = off.
-void cuda_decode_set_timeline(unsigned long long* buffer, size_t slot_blocks, size_t slots = 2);
-#endif
 bool cuda_decode_merges_in_cluster(const DecodeProblem& p, int num_splits);
 #endif
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/mask.h"
+#include "cuda/decode/decode_timeline.h"  // kTimelineStamps
 
 namespace flashlite::cuda_decode {
 
@@ -55,8 +56,5 @@ struct DecodeParams {
   unsigned long long* timeline = nullptr;
 #endif
 };
-#if FLASHLITE_DECODE_TIMELINE
-inline constexpr int kTimelineStamps = 9;  // 0..7: times; 8: the SM the block ran on (%smid)
-#endif
 
 }  // namespace flashlite::cuda_decode
