@@ -107,7 +107,8 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "late_trigger": {"FLASHLITE_ENGINE_PDL_TRIGGER": "late"},
     "late_trigger_pdl_off": {"FLASHLITE_ENGINE_PDL_TRIGGER": "late", "FLASHLITE_ENGINE_PDL": "0"},
     "preload_small": {"FLASHLITE_ENGINE_PRELOAD": "small"},
-    "norm_early": {"FLASHLITE_ENGINE_NORM_EARLY": "1"},
+    "evict_first": {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST": "1"},
+    "norm_late": {"FLASHLITE_ENGINE_NORM_EARLY": "0"},
     "preload_after": {"FLASHLITE_ENGINE_PRELOAD": "after"},
     "preload_after_prefetch_16": {"FLASHLITE_ENGINE_PRELOAD": "after", "FLASHLITE_ENGINE_PREFETCH": "16"},
     "preload_off": {"FLASHLITE_ENGINE_PRELOAD": "0"},
@@ -130,7 +131,7 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
 GEMV_ONLY_SWITCHES = {"FLASHLITE_ENGINE_SPLITK", "FLASHLITE_ENGINE_FUSE_ROPE", "FLASHLITE_ENGINE_FUSE_ARGMAX",
                       "FLASHLITE_ENGINE_PRELOAD", "FLASHLITE_ENGINE_PDL_TRIGGER", "FLASHLITE_ENGINE_PREFETCH",
                       "FLASHLITE_ENGINE_STREAM", "FLASHLITE_ENGINE_STREAM_STAGES", "FLASHLITE_ENGINE_STREAM_BLOCKS",
-                      "FLASHLITE_ENGINE_NORM_EARLY"}
+                      "FLASHLITE_ENGINE_NORM_EARLY", "FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST"}
 GEMV_MAX_ROWS = 8
 
 

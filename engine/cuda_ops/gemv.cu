@@ -42,6 +42,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvParams p) {
   constexpr int U = OUT == GemvOut::swiglu_bf16 ? NW / 2 : NW;  // output columns per warp
   const uint4* W = static_cast<const uint4*>(p.w);
   const int groups = (p.out + U - 1) / U;
+  const uint64_t pol = weight_policy(p);
   // Weight rows of output group `grp`, row j of the warp (past the end: the last row again, never stored).
   auto weight_row = [&](int grp, int j) {
     const int u = min(grp * U + j % U, p.out - 1);
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvParams p) {
 #pragma unroll
       for (int t = 0; t < kUnroll; ++t)
 #pragma unroll
-        for (int j = 0; j < NW; ++j) wv[t][j] = c0 + 32 * t < kc ? load_stream(wr[j] + c0 + 32 * t) : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < NW; ++j) wv[t][j] = c0 + 32 * t < kc ? load_stream(wr[j] + c0 + 32 * t, pol) : make_uint4(0, 0, 0, 0);
       dot_batch(acc, wv, xrow, c0, kc);
     }
     warp_sum(acc);
@@ -117,12 +118,13 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
     const int u = min(grp * U + j % U, p.out - 1);
     return W + size_t(j < U ? u : p.out + u) * kc;
   };
+  const uint64_t pol = weight_policy(p);
   uint4 wv[kUnroll][NW];  // one batch of loads: all issued before any math
   auto load_batch = [&](const uint4* const* wr, int c0) {
 #pragma unroll
     for (int t = 0; t < kUnroll; ++t)
 #pragma unroll
-      for (int j = 0; j < NW; ++j) wv[t][j] = c0 + 32 * t < c_end ? load_stream(wr[j] + c0 + 32 * t) : make_uint4(0, 0, 0, 0);
+      for (int j = 0; j < NW; ++j) wv[t][j] = c0 + 32 * t < c_end ? load_stream(wr[j] + c0 + 32 * t, pol) : make_uint4(0, 0, 0, 0);
   };
   // Before waiting for the previous kernel: let the next one launch, and start this warp's first weights on their
   // way: the head of its first rows towards L2 (a bounded amount: prefetching whole rows while the previous GEMV

@@ -314,8 +314,11 @@ class LlamaCuda final : public LlamaModel {
   //                                    the wait, behind the prologue's activation loads;
   //   FLASHLITE_ENGINE_PREFETCH=N      N >= 0 weight lines per row prefetched into L2 before the wait (default 0 with
   //                                    preload on, 4 with it off);
-  //   FLASHLITE_ENGINE_NORM_EARLY=0    (default; a flag) the RMSNorm GEMVs load their norm weight before the wait
-  //                                    (round 9's next step; not yet run on a GPU);
+  //   FLASHLITE_ENGINE_NORM_EARLY=1    (default; a flag) the RMSNorm GEMVs load their norm weight before the wait
+  //                                    (a weight: read once per step, so a DRAM miss; =0 loads it after, beside x);
+  //   FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST=0 (default; a flag) =1: the GEMVs' weight loads marked evict-first in L2,
+  //                                    so the weights (read once per step) leave the KV cache, activations, norm
+  //                                    weights and kernel code in L2;
   //   FLASHLITE_ENGINE_PDL_TRIGGER=late  GEMVs let their dependents launch after their main loop, not at their start
   //                          =early    (default) at their start;
   //   FLASHLITE_ENGINE_STREAM=0        (default; a flag) one-row QKV, O, gate/up and down GEMVs through the streamed
@@ -345,7 +348,8 @@ class LlamaCuda final : public LlamaModel {
     prefetch_lines_ = es::integer("FLASHLITE_ENGINE_PREFETCH", preload_ == 1 ? 0 : 4, 0, INT_MAX,
                                   "a number of lines >= 0");
     late_trigger_ = es::choice("FLASHLITE_ENGINE_PDL_TRIGGER", 0, {{"early", 0}, {"late", 1}}, "early or late") != 0;
-    norm_early_ = es::flag("FLASHLITE_ENGINE_NORM_EARLY", false);
+    norm_early_ = es::flag("FLASHLITE_ENGINE_NORM_EARLY", true);
+    weight_evict_first_ = es::flag("FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", false);
     stream_gemv_ = es::flag("FLASHLITE_ENGINE_STREAM", false);
     stream_stages_ = es::integer_in("FLASHLITE_ENGINE_STREAM_STAGES", 16, {8, 16}, "8 or 16");
     stream_blocks_ = es::integer("FLASHLITE_ENGINE_STREAM_BLOCKS", 1, 1, 4, "1 to 4 blocks per SM");
@@ -366,10 +370,12 @@ class LlamaCuda final : public LlamaModel {
       const std::string pr = env("FLASHLITE_ENGINE_PROFILE"), pdl = env("FLASHLITE_ENGINE_PDL");
       std::fprintf(stderr,
                    "flashlite engine variants: splitk %d, fuse_rope %d, fuse_argmax %d, preload %d, pdl_trigger %s, "
-                   "decode_splits %d, profile %s, gemv %d, pdl env %s, prefetch %d, stream %d (stages %d, blocks %d)\n",
+                   "decode_splits %d, profile %s, gemv %d, pdl env %s, prefetch %d, stream %d (stages %d, blocks %d), "
+                   "norm_early %d, weight_evict_first %d\n",
                    splitk_, int(fuse_rope_), int(fuse_argmax_), int(preload_), late_trigger_ ? "late" : "early",
                    decode_splits_, pr.empty() ? "off" : pr.c_str(), int(gemv_on_), pdl.empty() ? "default" : pdl.c_str(),
-                   prefetch_lines_, int(stream_gemv_), stream_stages_, stream_blocks_);
+                   prefetch_lines_, int(stream_gemv_), stream_stages_, stream_blocks_, int(norm_early_),
+                   int(weight_evict_first_));
     }
   }
 
@@ -434,6 +440,7 @@ class LlamaCuda final : public LlamaModel {
     p.preload = preload_ == 1 || preload_ == 3;  // QKV sets its own (preload=small)
     p.preload_after_x = preload_ == 3;
     p.norm_early = norm_early_;
+    p.weight_evict_first = weight_evict_first_;
     p.late_trigger = late_trigger_;
     return p;
   }
@@ -460,6 +467,7 @@ class LlamaCuda final : public LlamaModel {
     p.y = x_.as<float>();
     p.prefetch_lines = prefetch_lines_;
     p.preload = preload_ != 0;
+    p.weight_evict_first = weight_evict_first_;
     p.late_trigger = late_trigger_;
     p.split = splitk_ == 1 ? cuda_ops::gemv_auto_split(out, k) : std::max(1, splitk_);
     return p;
@@ -517,7 +525,8 @@ class LlamaCuda final : public LlamaModel {
   bool fuse_rope_ = false, fuse_argmax_ = false, late_trigger_ = false;
   bool stream_gemv_ = false;  // the streamed GEMV (one-row QKV, O, gate/up, down)
   int stream_stages_ = 16, stream_blocks_ = 1;
-  bool norm_early_ = false;  // FLASHLITE_ENGINE_NORM_EARLY
+  bool norm_early_ = true;  // FLASHLITE_ENGINE_NORM_EARLY
+  bool weight_evict_first_ = false;  // FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST
   // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step (layout:
   // step_timeline.h), printed when the model is destroyed.
   bool timeline_on_ = false;

@@ -220,7 +220,8 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {"FLASHLITE_ENGINE_PDL_TRIGGER", ""}, {"FLASHLITE_ENGINE_DECODE_SPLITS", ""}, {"FLASHLITE_ENGINE_PROFILE", ""},
       {"FLASHLITE_ENGINE_GRAPH", ""},    {"FLASHLITE_ENGINE_GEMV", ""},        {"FLASHLITE_ENGINE_STREAM", ""},
       {"FLASHLITE_ENGINE_STREAM_STAGES", ""}, {"FLASHLITE_ENGINE_STREAM_BLOCKS", ""},
-      {"FLASHLITE_ENGINE_NORM_EARLY", ""}, {"FLASHLITE_ENGINE_TIMELINE", ""}};
+      {"FLASHLITE_ENGINE_NORM_EARLY", ""}, {"FLASHLITE_ENGINE_TIMELINE", ""},
+      {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", ""}};
   // `over` with the entries of `base` it does not set.
   const auto merged = [](const Env& over, const Env& base) {
     Env env = over;
@@ -266,8 +267,10 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {{{"FLASHLITE_ENGINE_STREAM", "1"}, {"FLASHLITE_ENGINE_PDL", "0"}}, false, true, true},
       // The first batch issued behind the RMSNorm loads: the same sums, the default's tokens exactly.
       {{{"FLASHLITE_ENGINE_PRELOAD", "after"}}, true, true, true},
-      // The norm weight loaded before the wait: the same values, the default's tokens exactly.
-      {{{"FLASHLITE_ENGINE_NORM_EARLY", "1"}}, true, true, true},
+      // The norm weight loaded after the wait (the default loads it before): the same values, the default's tokens.
+      {{{"FLASHLITE_ENGINE_NORM_EARLY", "0"}}, true, true, true},
+      // The weights marked evict-first in L2: a cache hint, the default's tokens exactly.
+      {{{"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "1"}}, true, true, true},
       // Each switch alone on top of the baseline, against the baseline:
       {{{"FLASHLITE_ENGINE_SPLITK", "1"}}, false, false, false},
       {{{"FLASHLITE_ENGINE_SPLITK", "2"}}, false, false, false},
@@ -441,7 +444,7 @@ TEST(CudaEngine, SwitchValuesAreCheckedWhenTheModelIsBuilt) {
       {"FLASHLITE_ENGINE_PROFILE", "events"},  {"FLASHLITE_ENGINE_VERBOSE", "loud"},
       {"FLASHLITE_ENGINE_STREAM", "2"},        {"FLASHLITE_ENGINE_STREAM_STAGES", "4"},
       {"FLASHLITE_ENGINE_STREAM_BLOCKS", "5"}, {"FLASHLITE_ENGINE_NORM_EARLY", "early"},
-      {"FLASHLITE_ENGINE_TIMELINE", "maybe"}};
+      {"FLASHLITE_ENGINE_TIMELINE", "maybe"},  {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "first"}};
   for (const auto& [name, value] : bad) {
     ScopedEnv env({{name, value}});
     eng::RuntimeOptions o;
