@@ -316,9 +316,9 @@ class LlamaCuda final : public LlamaModel {
   //                                    preload on, 4 with it off);
   //   FLASHLITE_ENGINE_NORM_EARLY=1    (default; a flag) the RMSNorm GEMVs load their norm weight before the wait
   //                                    (a weight: read once per step, so a DRAM miss; =0 loads it after, beside x);
-  //   FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST=0 (default; a flag) =1: the GEMVs' weight loads marked evict-first in L2,
-  //                                    so the weights (read once per step) leave the KV cache, activations, norm
-  //                                    weights and kernel code in L2;
+  //   FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST=1 (default; a flag) the GEMVs' weight loads marked evict-first in L2, so
+  //                                    the weights (read once per step) leave the KV cache, activations, norm
+  //                                    weights and kernel code in L2 (=0: the default policy);
   //   FLASHLITE_ENGINE_PDL_TRIGGER=late  GEMVs let their dependents launch after their main loop, not at their start
   //                          =early    (default) at their start;
   //   FLASHLITE_ENGINE_STREAM=0        (default; a flag) one-row QKV, O, gate/up and down GEMVs through the streamed
@@ -349,7 +349,7 @@ class LlamaCuda final : public LlamaModel {
                                   "a number of lines >= 0");
     late_trigger_ = es::choice("FLASHLITE_ENGINE_PDL_TRIGGER", 0, {{"early", 0}, {"late", 1}}, "early or late") != 0;
     norm_early_ = es::flag("FLASHLITE_ENGINE_NORM_EARLY", true);
-    weight_evict_first_ = es::flag("FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", false);
+    weight_evict_first_ = es::flag("FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", true);
     stream_gemv_ = es::flag("FLASHLITE_ENGINE_STREAM", false);
     stream_stages_ = es::integer_in("FLASHLITE_ENGINE_STREAM_STAGES", 16, {8, 16}, "8 or 16");
     stream_blocks_ = es::integer("FLASHLITE_ENGINE_STREAM_BLOCKS", 1, 1, 4, "1 to 4 blocks per SM");
@@ -526,7 +526,7 @@ class LlamaCuda final : public LlamaModel {
   bool stream_gemv_ = false;  // the streamed GEMV (one-row QKV, O, gate/up, down)
   int stream_stages_ = 16, stream_blocks_ = 1;
   bool norm_early_ = true;  // FLASHLITE_ENGINE_NORM_EARLY
-  bool weight_evict_first_ = false;  // FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST
+  bool weight_evict_first_ = true;  // FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST
   // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step (layout:
   // step_timeline.h), printed when the model is destroyed.
   bool timeline_on_ = false;

@@ -269,8 +269,8 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {{{"FLASHLITE_ENGINE_PRELOAD", "after"}}, true, true, true},
       // The norm weight loaded after the wait (the default loads it before): the same values, the default's tokens.
       {{{"FLASHLITE_ENGINE_NORM_EARLY", "0"}}, true, true, true},
-      // The weights marked evict-first in L2: a cache hint, the default's tokens exactly.
-      {{{"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "1"}}, true, true, true},
+      // The weights' default L2 policy (the default marks them evict-first): a cache hint, the same tokens exactly.
+      {{{"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "0"}}, true, true, true},
       // Each switch alone on top of the baseline, against the baseline:
       {{{"FLASHLITE_ENGINE_SPLITK", "1"}}, false, false, false},
       {{{"FLASHLITE_ENGINE_SPLITK", "2"}}, false, false, false},
