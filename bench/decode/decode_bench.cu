@@ -64,8 +64,8 @@ void print_timeline(const char* label, int blocks, int calls) {
   unsigned long long prev_end = 0;
   for (int b = 0; b < blocks; ++b) prev_end = std::max(prev_end, prev[size_t(b) * kTimelineStamps + 6]);
   std::printf("timeline %s (us after the previous call's last split block; median / max over %d blocks):", label, blocks);
-  const char* names[] = {"entry", "wait", "len", "q", "tile0", "loop", "merged", "end"};
-  for (int k : {0, 1, 7, 2, 3, 4, 5, 6}) {
+  const char* names[] = {"entry", "wait", "len", "q", "tile0", "loop", "merged", "end", "cluster_barrier", "cluster_merged"};
+  for (int k : {0, 1, 7, 2, 3, 4, 5, 9, 10, 6}) {
     std::vector<double> v;
     for (int b = 0; b < blocks; ++b) {
       const unsigned long long t = last[size_t(b) * kTimelineStamps + k];
@@ -73,7 +73,7 @@ void print_timeline(const char* label, int blocks, int calls) {
     }
     if (v.empty()) continue;
     std::sort(v.begin(), v.end());
-    std::printf("  %s %.2f/%.2f", names[k == 7 ? 2 : k < 2 ? k : k + 1], v[v.size() / 2], v.back());
+    std::printf("  %s %.2f/%.2f", names[k == 7 ? 2 : k < 2 ? k : k >= 9 ? k - 1 : k + 1], v[v.size() / 2], v.back());
   }
   std::vector<unsigned long long> sms;
   for (int b = 0; b < blocks; ++b)

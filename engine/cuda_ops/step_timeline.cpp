@@ -39,7 +39,7 @@ void print_step_timeline(const StepTimeline& t, const unsigned long long* host, 
   const char* names[5] = {"qkv", "attn", "o", "gate/up", "down"};
   std::fprintf(out, "timeline of the last decode step (us from layer l's QKV first start; per kernel: first start / "
                     "median after wait / last end; attention also: length, q+issue, first tile, loop end, partials "
-                    "(medians), the same stamps' latest block and the median end)\n");
+                    "(medians), the same stamps' latest block, the cluster merge's first barrier and merge (median / latest) and the median end)\n");
   double gap[5] = {0}, run[5] = {0}, prologue[5] = {0};
   int counted = 0;
   for (int l = 0; l < t.layers; ++l) {
@@ -56,10 +56,11 @@ void print_step_timeline(const StepTimeline& t, const unsigned long long* host, 
         const Spread s0 = s(0), s1 = s(1), s6 = s(6);
         std::snprintf(buf, sizeof buf,
                       " | attn(%d) %.2f / %.2f / %.2f [len %.2f q %.2f tile %.2f loop %.2f part %.2f; last block: start "
-                      "%.2f wait %.2f len %.2f q %.2f tile %.2f loop %.2f part %.2f; median end %.2f]",
+                      "%.2f wait %.2f len %.2f q %.2f tile %.2f loop %.2f part %.2f; cluster barrier %.2f / %.2f, merged %.2f "
+                      "/ %.2f; median end %.2f]",
                       s0.n, us(s0.lo), us(s1.med), us(s6.hi), us(s(7).med), us(s(2).med), us(s(3).med), us(s(4).med),
                       us(s(5).med), us(s0.hi), us(s1.hi), us(s(7).hi), us(s(2).hi), us(s(3).hi), us(s(4).hi),
-                      us(s(5).hi), us(s6.med));
+                      us(s(5).hi), us(s(9).med), us(s(9).hi), us(s(10).med), us(s(10).hi), us(s6.med));
         waits[k] = s1.med, ends[k] = s6.hi;
       } else {  // a GEMV: 0 start, 1 after the wait and prologue, 2 end, 3 after the wait, 4 prologue loads arrived
         const unsigned long long* g = host + t.gemv_offset(l, k == 0 ? 0 : k - 1);

@@ -48,15 +48,17 @@ __device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
 
 // Called by every thread of every CTA of the cluster, after the partial of this CTA's rows (r_base .. r_base + r_blk)
 // is in shared memory: o_s = (kRowsPerBlock, D) fp32 normalised rows, lse_s = (kRowsPerBlock) natural-log LSEs.
-template <class T, int D, int kThreads>
+// stamp(k): the diagnostic timeline's stamps 9 (after the first barrier) and 10 (merged, before the second).
+template <class T, int D, int kThreads, class Stamp>
 __device__ __forceinline__ void cluster_merge(const DecodeParams& p, uint32_t o_s, uint32_t lse_s, int b, int kvh,
-                                              int r_base, int r_blk) {
+                                              int r_base, int r_blk, Stamp&& stamp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int C4 = D / 4;  // 4-column items per row
   const int S = p.num_splits;
   const int rank = int(cluster_ctarank());
   const int tid = int(threadIdx.x);
   cluster_sync_all();  // every CTA's partial is written (release / acquire: visible to the whole cluster)
+  stamp(9);
   for (int it = rank + S * tid; it < r_blk * C4; it += S * kThreads) {
     const int lr = it / C4, c4 = it % C4;
     float ls[kClusterMaxSplits];
@@ -104,9 +106,10 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, uint32_t o_
     out[3] = from_f32<T>(acc.w);
     if (p.lse && c4 == 0) p.lse[b * p.lse_sb + head * p.lse_sh + i * p.lse_ss] = lse;
   }
+  stamp(10);
   cluster_sync_all();  // no CTA leaves (freeing its shared memory) while another may still read it
 #else
-  (void)p, (void)o_s, (void)lse_s, (void)b, (void)kvh, (void)r_base, (void)r_blk;
+  (void)p, (void)o_s, (void)lse_s, (void)b, (void)kvh, (void)r_base, (void)r_blk, (void)stamp;
   __trap();  // launch.cu merges in a cluster only on sm_90+
 #endif
 }

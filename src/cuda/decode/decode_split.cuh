@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
       }
     }
     timeline_stamp(p, 5);
-    cluster_merge<T, D, kThreads>(p, o_s, lse_s, b, kvh, r_base, r_blk);
+    cluster_merge<T, D, kThreads>(p, o_s, lse_s, b, kvh, r_base, r_blk, [&](int k) { timeline_stamp(p, k); });
     timeline_stamp(p, 6);
     return;
   }

@@ -6,7 +6,7 @@
 namespace flashlite {
 
 namespace cuda_decode {
-inline constexpr int kTimelineStamps = 9;  // words per split block: 0..7 times, 8 the SM it ran on (%smid + 1)
+inline constexpr int kTimelineStamps = 11;  // words per split block: 0..7, 9, 10 times, 8 the SM it ran on (%smid + 1)
 }  // namespace cuda_decode
 
 #if FLASHLITE_DECODE_TIMELINE
