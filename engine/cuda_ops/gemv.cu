@@ -34,7 +34,7 @@ size_t max_staged_bytes() {
 
 // R: activation rows the kernel is unrolled for (p.rows <= R; rows beyond p.rows repeat the last one, unstored).
 template <int R, GemvIn IN, GemvOut OUT>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ GemvParams p) {
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvParams p) {
   extern __shared__ uint4 staged[];  // rmsnorm: (rows, k) bf16
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int kc = p.k >> 3;  // 16-byte chunks per row
@@ -60,7 +60,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
     }
   }
   const NormPre pre = norm_preload<R, IN>(p, kc);
-  if (p.touch_params) touch_params(p);
   pdl_wait();
   const uint4* xrow[R];
   activation_rows<R, IN>(p, staged, xrow, lane, warp, kc, pre);
@@ -96,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
 // launch sizes the grid from the occupancy this gives.
 // P: the preload compiled in (p.preload is then honoured); without it the RMSNorm variants fit 64 registers too.
 template <int R, GemvIn IN, GemvOut OUT, bool P>
-__global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !P) ? 64 : 80) gemv_variant_kernel(const __grid_constant__ GemvParams p) {
+__global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !P) ? 64 : 80) gemv_variant_kernel(const GemvParams p) {
   extern __shared__ uint4 staged[];  // rmsnorm: (rows, k) bf16
   constexpr bool kRope = OUT == GemvOut::rope_bf16, kArgmax = OUT == GemvOut::f32_argmax;
   constexpr int NW = rows_per_warp<OUT>(), kUnroll = unroll<OUT>();
@@ -156,7 +155,6 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
     }
   }
   const NormPre pre = norm_preload<R, IN>(p, kc);
-  if (p.touch_params) touch_params(p);
   pdl_wait();
   gemv_stamp(p, 3);
   const uint4* xrow[R];

@@ -68,7 +68,6 @@ struct GemvParams {
   bool preload = false;    // first batch of weights into registers before griddepcontrol.wait
   bool preload_after_x = false;  // with preload and the RMSNorm prologue: that batch after the wait, behind the x loads
   bool weight_evict_first = false;  // the weight loads marked evict-first in L2 (read once per step)
-  bool touch_params = false;  // the parameters' constant-cache lines touched before the wait (pdl.cuh)
   bool norm_early = false;  // RMSNorm prologue (<= 2 rows, k <= 2048): the norm weight loaded before the wait
   bool late_trigger = false;
   bool stream = false;                // the streamed kernel where gemv_stream_supported (else the others)

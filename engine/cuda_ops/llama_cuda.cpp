@@ -319,9 +319,6 @@ class LlamaCuda final : public LlamaModel {
   //   FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST=1 (default; a flag) the GEMVs' weight loads marked evict-first in L2, so
   //                                    the weights (read once per step) leave the KV cache, activations, norm
   //                                    weights and kernel code in L2 (=0: the default policy);
-  //   FLASHLITE_ENGINE_TOUCH_PARAMS=1  (default; a flag) the GEMVs touch their parameters' constant-cache lines
-  //                                    before the wait (cold at every launch; pdl.cuh); FLASHLITE_DECODE_TOUCH_PARAMS
-  //                                    does the same for the decode kernel;
   //   FLASHLITE_ENGINE_PDL_TRIGGER=late  GEMVs let their dependents launch after their main loop, not at their start
   //                          =early    (default) at their start;
   //   FLASHLITE_ENGINE_STREAM=0        (default; a flag) one-row QKV, O, gate/up and down GEMVs through the streamed
@@ -353,7 +350,6 @@ class LlamaCuda final : public LlamaModel {
     late_trigger_ = es::choice("FLASHLITE_ENGINE_PDL_TRIGGER", 0, {{"early", 0}, {"late", 1}}, "early or late") != 0;
     norm_early_ = es::flag("FLASHLITE_ENGINE_NORM_EARLY", true);
     weight_evict_first_ = es::flag("FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", true);
-    touch_params_ = es::flag("FLASHLITE_ENGINE_TOUCH_PARAMS", true);
     stream_gemv_ = es::flag("FLASHLITE_ENGINE_STREAM", false);
     stream_stages_ = es::integer_in("FLASHLITE_ENGINE_STREAM_STAGES", 16, {8, 16}, "8 or 16");
     stream_blocks_ = es::integer("FLASHLITE_ENGINE_STREAM_BLOCKS", 1, 1, 4, "1 to 4 blocks per SM");
@@ -445,7 +441,6 @@ class LlamaCuda final : public LlamaModel {
     p.preload_after_x = preload_ == 3;
     p.norm_early = norm_early_;
     p.weight_evict_first = weight_evict_first_;
-    p.touch_params = touch_params_;
     p.late_trigger = late_trigger_;
     return p;
   }
@@ -473,7 +468,6 @@ class LlamaCuda final : public LlamaModel {
     p.prefetch_lines = prefetch_lines_;
     p.preload = preload_ != 0;
     p.weight_evict_first = weight_evict_first_;
-    p.touch_params = touch_params_;
     p.late_trigger = late_trigger_;
     p.split = splitk_ == 1 ? cuda_ops::gemv_auto_split(out, k) : std::max(1, splitk_);
     return p;
@@ -533,7 +527,6 @@ class LlamaCuda final : public LlamaModel {
   int stream_stages_ = 16, stream_blocks_ = 1;
   bool norm_early_ = true;  // FLASHLITE_ENGINE_NORM_EARLY
   bool weight_evict_first_ = true;  // FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST
-  bool touch_params_ = true;  // FLASHLITE_ENGINE_TOUCH_PARAMS
   // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step (layout:
   // step_timeline.h), printed when the model is destroyed.
   bool timeline_on_ = false;

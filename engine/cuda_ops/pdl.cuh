@@ -13,7 +13,6 @@ namespace flashlite::engine::cuda_ops {
 
 using ::flashlite::cuda::pdl_launch_dependents;  // device side: src/cuda/common/pdl.cuh
 using ::flashlite::cuda::pdl_wait;
-using ::flashlite::cuda::touch_params;
 
 // Whether to launch as programmatic dependents: compute capability >= 9 and FLASHLITE_ENGINE_PDL not off (a flag,
 // env_switch.h; default on; read once per process, a value that is no flag throws here and on the next call again).

@@ -17,17 +17,4 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// Kernel parameters are read through the constant cache, and their lines are cold at every launch (each launch, and
-// each node of a graph, has its own parameter buffer): a kernel whose phases first touch a field after the wait pays
-// an L2 round trip there, in its critical path. Touching one word per 64 bytes of `p` before pdl_wait takes those
-// misses while the predecessor still runs. `p` must be a __grid_constant__ parameter (its address is taken).
-template <class P>
-__device__ __forceinline__ void touch_params(const P& p) {
-  const unsigned* w = reinterpret_cast<const unsigned*>(&p);
-  unsigned acc = 0;
-#pragma unroll
-  for (int i = 0; i < int(sizeof(P) / 4); i += 16) acc ^= w[i];
-  asm volatile("" ::"r"(acc));
-}
-
 }  // namespace flashlite::cuda

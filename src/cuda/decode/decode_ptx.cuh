@@ -129,6 +129,5 @@ __device__ __forceinline__ float warp_sum(float x) {
 // Programmatic dependent launch: src/cuda/common/pdl.cuh.
 using ::flashlite::cuda::pdl_launch_dependents;
 using ::flashlite::cuda::pdl_wait;
-using ::flashlite::cuda::touch_params;
 
 }  // namespace flashlite::cuda_decode

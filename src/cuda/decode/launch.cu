@@ -141,15 +141,6 @@ bool use_pdl(int dev, const DecodeProblem& p) {
   return !off && state(dev, p).sm90_code.load();
 }
 
-// FLASHLITE_DECODE_TOUCH_PARAMS=0: the split kernel does not touch its parameters before the wait (an A/B switch).
-bool touch_params_on() {
-  static const bool off = [] {
-    const char* e = std::getenv("FLASHLITE_DECODE_TOUCH_PARAMS");
-    return e != nullptr && e[0] == '0';
-  }();
-  return !off;
-}
-
 // The merge of num_splits splits runs in a cluster (after prepare_kernel). Measured on the H100 (perf-notes,
 // "Decode, round 6"): the cluster merge wins where the grid is at most one block per SM (batch 1: 8 kv heads x <= 16
 // splits) and loses at two (the engine at batch 16: 2 splits x 128 pairs).
@@ -273,7 +264,6 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   // never changes what a caller must provide.
   const int cluster = merges_in_cluster(dev, p, num_splits) ? num_splits : 0;
   P.cluster_merge = cluster > 0;
-  P.touch_params = touch_params_on();
 
   void* ws = workspace;
   const size_t need = decode_workspace_bytes(p, num_splits);
