@@ -26,6 +26,7 @@ bin="$build/bin/flashlite"
 FLASHLITE_ENGINE_PROFILE=range timeout "${NCU_TIMEOUT:-240}" ncu --profile-from-start off --clock-control none \
   --cache-control none -k "regex:${NCU_KERNELS:-decode_split|gemv}" -c "${NCU_COUNT:-6}" \
   --section WarpStateStats --section SchedulerStats --section Occupancy --section SpeedOfLight --section LaunchStats \
+  --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
   "$bin" generate --model "$ckpt" --device cuda --prompt-tokens 512 --batch 1 --max-tokens 12 --ignore-eos --json \
   > "$OUT/ncu_stalls.txt" 2> "$OUT/ncu_stalls.err"
 echo "ncu exited $?"
