@@ -125,10 +125,6 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "stream": {"FLASHLITE_ENGINE_STREAM": "1"},
     "stream_8": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_STAGES": "8"},
     "stream_blocks_2": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_BLOCKS": "2"},
-    "l2_ahead_4": {"FLASHLITE_ENGINE_L2_AHEAD_MB": "4"},
-    "l2_ahead_8": {"FLASHLITE_ENGINE_L2_AHEAD_MB": "8"},
-    "l2_ahead_16": {"FLASHLITE_ENGINE_L2_AHEAD_MB": "16"},
-    "l2_ahead_24": {"FLASHLITE_ENGINE_L2_AHEAD_MB": "24"},
 }
 # Switches that act only on the fused GEMVs, i.e. on steps of <= 8 rows (kGemvMaxRows): at a larger batch a variant
 # made of these alone runs the default's kernels, so --variants skips those rows (recorded as skipped) instead of
@@ -136,7 +132,7 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
 GEMV_ONLY_SWITCHES = {"FLASHLITE_ENGINE_SPLITK", "FLASHLITE_ENGINE_FUSE_ROPE", "FLASHLITE_ENGINE_FUSE_ARGMAX",
                       "FLASHLITE_ENGINE_PRELOAD", "FLASHLITE_ENGINE_PDL_TRIGGER", "FLASHLITE_ENGINE_PREFETCH",
                       "FLASHLITE_ENGINE_STREAM", "FLASHLITE_ENGINE_STREAM_STAGES", "FLASHLITE_ENGINE_STREAM_BLOCKS",
-                      "FLASHLITE_ENGINE_NORM_EARLY", "FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "FLASHLITE_ENGINE_L2_AHEAD_MB"}
+                      "FLASHLITE_ENGINE_NORM_EARLY", "FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST"}
 GEMV_MAX_ROWS = 8
 
 

@@ -327,9 +327,6 @@ class LlamaCuda final : public LlamaModel {
   //   FLASHLITE_ENGINE_STREAM_STAGES=N its 8 KB ring slots: 16 (default) or 8;
   //   FLASHLITE_ENGINE_STREAM_BLOCKS=N its blocks per SM, 1..4 (default 1);
   //   FLASHLITE_ENGINE_DECODE_SPLITS=N the decode plan's KV splits forced to N >= 1 (0, the default: flashlite's choice);
-  //   FLASHLITE_ENGINE_L2_AHEAD_MB=N   (default 0) few-row steps: the attention kernel bulk-prefetches the first N MB of
-  //                                    the layer's gate/up weights into L2 while it is latency-bound (DecodeArgs::
-  //                                    l2_prefetch);
   //   FLASHLITE_ENGINE_PROFILE=1       (a flag, default off, or range) decode steps run eagerly, queued behind a flag,
   //                                    with an event after each kernel group: per-kernel times on stderr every 16
   //                                    steps per batch size;
@@ -357,7 +354,6 @@ class LlamaCuda final : public LlamaModel {
     stream_stages_ = es::integer_in("FLASHLITE_ENGINE_STREAM_STAGES", 16, {8, 16}, "8 or 16");
     stream_blocks_ = es::integer("FLASHLITE_ENGINE_STREAM_BLOCKS", 1, 1, 4, "1 to 4 blocks per SM");
     decode_splits_ = es::integer("FLASHLITE_ENGINE_DECODE_SPLITS", 0, 0, INT_MAX, "0 (automatic) or a split count >= 1");
-    l2_ahead_bytes_ = size_t(es::integer("FLASHLITE_ENGINE_L2_AHEAD_MB", 0, 0, 64, "0 (off) to 64 megabytes")) << 20;
     profile_ = Profile(es::choice("FLASHLITE_ENGINE_PROFILE", int(Profile::off),
                                   es::flag_names(int(Profile::off), int(Profile::events), {{"range", int(Profile::range)}}),
                                   "a flag (0, off, false, no; 1, on, true, yes: events) or range"));
@@ -366,7 +362,7 @@ class LlamaCuda final : public LlamaModel {
     if (timeline_on_) fail("FLASHLITE_ENGINE_TIMELINE=1 needs a diagnostic build (-DFLASHLITE_DECODE_TIMELINE=1)");
 #endif
     const bool verbose = es::flag("FLASHLITE_ENGINE_VERBOSE", false);
-    if (verbose || late_trigger_ || decode_splits_ || stream_gemv_ || l2_ahead_bytes_ || profile_ != Profile::off) {
+    if (verbose || late_trigger_ || decode_splits_ || stream_gemv_ || profile_ != Profile::off) {
       auto env = [](const char* name) -> std::string {
         const char* v = std::getenv(name);
         return v ? v : "";
@@ -375,11 +371,11 @@ class LlamaCuda final : public LlamaModel {
       std::fprintf(stderr,
                    "flashlite engine variants: splitk %d, fuse_rope %d, fuse_argmax %d, preload %d, pdl_trigger %s, "
                    "decode_splits %d, profile %s, gemv %d, pdl env %s, prefetch %d, stream %d (stages %d, blocks %d), "
-                   "norm_early %d, weight_evict_first %d, l2_ahead %zu MB\n",
+                   "norm_early %d, weight_evict_first %d\n",
                    splitk_, int(fuse_rope_), int(fuse_argmax_), int(preload_), late_trigger_ ? "late" : "early",
                    decode_splits_, pr.empty() ? "off" : pr.c_str(), int(gemv_on_), pdl.empty() ? "default" : pdl.c_str(),
                    prefetch_lines_, int(stream_gemv_), stream_stages_, stream_blocks_, int(norm_early_),
-                   int(weight_evict_first_), l2_ahead_bytes_ >> 20);
+                   int(weight_evict_first_));
     }
   }
 
@@ -525,7 +521,6 @@ class LlamaCuda final : public LlamaModel {
   int prefetch_lines_ = 0;
   // Round-3 variants (read_variant_switches).
   int splitk_ = 0, decode_splits_ = 0;
-  size_t l2_ahead_bytes_ = 0;  // FLASHLITE_ENGINE_L2_AHEAD_MB: gate/up weights the attention prefetches into L2
   int preload_ = 0;  // 0 off, 1 every GEMV, 2 QKV / O / down
   bool fuse_rope_ = false, fuse_argmax_ = false, late_trigger_ = false;
   bool stream_gemv_ = false;  // the streamed GEMV (one-row QKV, O, gate/up, down)
@@ -731,16 +726,7 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
         mark("rope");
       }
       if (batched_decode) {
-        DecodeArgs da = decode_args(l, rows, lens_after.data(), &plan);
-        if (gemv && l2_ahead_bytes_ > 0) {
-          // While the attention is latency-bound, DRAM is idle: pull the head of this layer's gate/up weights (the
-          // rows the GEMV's first tiles read: gate rows 0..n and their up rows) toward L2.
-          const size_t row_bytes = size_t(dim) * 2, n = std::min(l2_ahead_bytes_ / 2 / row_bytes, size_t(hid));
-          da.l2_prefetch.ptr[0] = L.w13.ptr;
-          da.l2_prefetch.ptr[1] = static_cast<const char*>(L.w13.ptr) + size_t(hid) * row_bytes;
-          da.l2_prefetch.bytes[0] = da.l2_prefetch.bytes[1] = n * row_bytes;
-        }
-        flashlite::decode(da);
+        flashlite::decode(decode_args(l, rows, lens_after.data(), &plan));
       } else {
         for (size_t q = 0; q < inputs.size(); ++q) {
           const int n = int(inputs[q].tokens.size());

@@ -114,14 +114,6 @@ struct DecodeArgs {
   const DecodePlan* plan = nullptr;  // null: planned here from the current host lengths
   void* workspace = nullptr;         // >= plan->workspace_bytes on the cache's device; null: allocated per call
   size_t workspace_bytes = 0;        // (cudaMallocAsync/cudaFreeAsync on the stream)
-  // Optional hint (CUDA, sm_90; ignored elsewhere): up to two ranges of device memory the caller reads next (e.g.
-  // an inference step's next weights). The split kernel pulls them toward L2 (bulk prefetch, nothing is written)
-  // after issuing its own first K/V tiles, so a latency-bound decode leaves DRAM less idle. Pointers 16-byte aligned,
-  // sizes multiples of 16 bytes, memory the caller may read; results never depend on it.
-  struct L2Prefetch {
-    const void* ptr[2] = {nullptr, nullptr};
-    size_t bytes[2] = {0, 0};
-  } l2_prefetch;
 };
 
 // max_kv_len: the bound the plan must serve (e.g. the cache capacity for a graph replayed over many steps);

@@ -83,7 +83,6 @@ struct DecodeProblem {
   double scale = 1.0;
   double softcap = 0.0;
   MaskParams mask;
-  DecodeArgs::L2Prefetch l2_prefetch;  // checked: aligned, sizes multiples of 16 (an empty range has bytes 0)
 
   int64_t group() const { return q_heads / cache.kv_heads; }
 };

@@ -426,15 +426,6 @@ DecodeProblem validate_decode(const DecodeArgs& a, bool stand_ins) {
     p.lse_sh = a.lse.strides[1];
     p.lse_ss = a.lse.strides[2];
   }
-  for (int i = 0; i < 2; ++i) {
-    const void* ptr = a.l2_prefetch.ptr[i];
-    const size_t bytes = a.l2_prefetch.bytes[i];
-    const std::string name = "l2_prefetch range " + to_string(i);
-    if (bytes > 0 && ptr == nullptr) fail(name + " has " + to_string(bytes) + " bytes but no pointer");
-    if (bytes % 16 != 0) fail(name + " has " + to_string(bytes) + " bytes; expected a multiple of 16");
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) fail(name + " starts at an address that is not 16-byte aligned");
-    if (bytes > 0) p.l2_prefetch.ptr[i] = ptr, p.l2_prefetch.bytes[i] = bytes;
-  }
   // Outputs must not meet the inputs (or each other).
   if (stand_ins) return p;
   for (auto [w, wn] : {std::pair{&a.out, "out"}, {&a.lse, "lse"}}) {

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <stdexcept>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -99,7 +98,6 @@ struct GpuCase {
   DecodeSpec dec;
   int splits = 0;        // 0: planned
   bool cluster = false;  // splits chosen at run time: the most a one-block-per-SM grid allows (the cluster merge)
-  bool l2_hint = false;  // DecodeArgs::l2_prefetch set (two ranges of a device buffer that must stay unchanged)
 };
 
 bool push_on() {  // FLASHLITE_DECODE_CLUSTER_PUSH not 0 (the cluster merge's push variant)
@@ -206,19 +204,6 @@ std::vector<GpuCase> gpu_cases() {
   masked("long65536_paged256_q4", [](GpuCase& c) {
     c.cache.page_size = 256, c.cache.kv_heads = 8, c.dec.q_heads = 32, c.dec.q_len = 4, c.cache.lens = {65536, 33};
   });
-  // The caller's L2 hint changes no result and writes nothing: cluster merge, combine kernel, paged, long.
-  for (const char* name : {"contig_bfloat16_d64_hq8_hkv8_q1_cluster", "contig_bfloat16_d128_hq16_hkv4_q1", "splits17",
-                           "paged17_splits17", "long65536_contig", "window_sinks"}) {
-    const size_t n = v.size();
-    for (size_t i = 0; i < n; ++i) {
-      if (v[i].name != name) continue;
-      GpuCase c = v[i];
-      c.l2_hint = true;
-      c.name += "_l2_hint";
-      v.push_back(c);
-    }
-    if (v.size() == n) throw std::logic_error(std::string("no decode case named ") + name);  // the list went stale
-  }
   // The masks' edge cases again through the cluster merge (their planned splits give two blocks per SM: combine).
   const size_t n_cases = v.size();
   for (size_t i = 0; i < n_cases; ++i) {
@@ -254,15 +239,6 @@ void run_grid_case(const GpuCase& tc) {
     plan = flashlite::plan_decode(dd.args, -1, splits);
     dd.args.plan = &plan;
   }
-  // The hint's memory: 3 MB + 16 bytes of a pattern (range 0 all of it, range 1 an odd tail), unchanged after the call.
-  const size_t hint_bytes = (3u << 20) + 16;
-  void* hint = nullptr;
-  if (tc.l2_hint) {
-    ASSERT_EQ(cudaMalloc(&hint, hint_bytes), cudaSuccess);
-    ASSERT_EQ(cudaMemset(hint, 0x5a, hint_bytes), cudaSuccess);
-    dd.args.l2_prefetch.ptr[0] = hint, dd.args.l2_prefetch.bytes[0] = hint_bytes;
-    dd.args.l2_prefetch.ptr[1] = static_cast<char*>(hint) + 4096, dd.args.l2_prefetch.bytes[1] = 100000;
-  }
   const std::string name = flashlite::decode_kernel_name(dd.args);
   if (tc.cluster) {
     EXPECT_EQ(name.find("cluster merge") != std::string::npos, expect_cluster) << name;
@@ -272,12 +248,6 @@ void run_grid_case(const GpuCase& tc) {
   expect_decode_matches(p, out_before);
   dc.download_kv();
   EXPECT_TRUE(cache.kbuf.bytes == k_before) << "decode wrote to the cache";
-  if (hint) {
-    std::vector<uint8_t> back(hint_bytes);
-    ASSERT_EQ(cudaMemcpy(back.data(), hint, hint_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](uint8_t b) { return b == 0x5a; })) << "the hinted memory changed";
-    cudaFree(hint);
-  }
   std::printf("  kernel: %s\n", name.c_str());
 }
 

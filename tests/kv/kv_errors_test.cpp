@@ -114,11 +114,6 @@ std::vector<BadDecode> bad_decodes() {
       {"backend_naive", false, [](KvFixture& s) { s.dec.args.backend = Backend::naive; }, V, {"backend 'naive' is not available"}},
       {"backend_cuda_on_cpu", false, [](KvFixture& s) { s.dec.args.backend = Backend::cuda; }, V, {"backend 'cuda' needs a CUDA cache"}},
       {"sink_logits_shape", false, [](KvFixture& s) { s.dec.args.options.sink_logits = s.dec.args.lse; }, V, {"sink_logits has shape"}},
-      {"l2_prefetch_size", false, [](KvFixture& s) { s.dec.args.l2_prefetch.ptr[1] = s.q.data(), s.dec.args.l2_prefetch.bytes[1] = 24; }, V,
-       {"l2_prefetch range 1 has 24 bytes", "multiple of 16"}},
-      {"l2_prefetch_misaligned", false, [](KvFixture& s) { s.dec.args.l2_prefetch.ptr[0] = static_cast<char*>(s.q.data()) + 4, s.dec.args.l2_prefetch.bytes[0] = 32; }, V,
-       {"l2_prefetch range 0", "not 16-byte aligned"}},
-      {"l2_prefetch_null", false, [](KvFixture& s) { s.dec.args.l2_prefetch.bytes[0] = 64; }, V, {"l2_prefetch range 0 has 64 bytes but no pointer"}},
   };
 }
 

@@ -59,9 +59,6 @@ struct DecodeParams {
   // every split block writes %globaltimer at kTimelineStamps points, (block, stamp) row-major; null = off.
   unsigned long long* timeline = nullptr;
 #endif
-  // Caller's hint (DecodeArgs::l2_prefetch): ranges bulk-prefetched into L2 by the blocks, after their first tiles.
-  const char* l2_ahead[2] = {nullptr, nullptr};
-  uint64_t l2_ahead_bytes[2] = {0, 0};
 };
 
 }  // namespace flashlite::cuda_decode

@@ -29,15 +29,6 @@ __device__ __forceinline__ void cp_async_16_l2_256(uint32_t dst, const void* src
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// bytes (a multiple of 16, 16-byte aligned src) of global memory toward L2; nothing waits for it (sm_90; a no-op
-// before).
-__device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#else
-  (void)src, (void)bytes;
-#endif
-}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

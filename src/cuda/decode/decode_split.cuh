@@ -258,18 +258,6 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
     if (s < n_tiles) issue(s);
     cp_async_commit();
   }
-  // The caller's L2 hint, behind this block's own first tiles in the memory queues: chunks spread over the grid.
-  if (p.l2_ahead_bytes[0] + p.l2_ahead_bytes[1] > 0) {
-    constexpr uint64_t kChunk = 32 * 1024;
-    const uint64_t blocks = uint64_t(gridDim.x) * gridDim.y * gridDim.z;
-    const uint64_t me = (uint64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    for (int r = 0; r < 2; ++r) {
-      const uint64_t bytes = p.l2_ahead_bytes[r];
-      for (uint64_t c = me + blocks * uint64_t(tid); c * kChunk < bytes; c += blocks * kThreads) {
-        prefetch_l2_bulk(p.l2_ahead[r] + c * kChunk, uint32_t(min(kChunk, bytes - c * kChunk)));
-      }
-    }
-  }
 
   // Q fragments (A operand) of this warp's 16 rows.
   uint32_t qf[KD][4];

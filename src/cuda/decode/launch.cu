@@ -289,10 +289,6 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
 #if FLASHLITE_DECODE_TIMELINE
   if (g_timeline) P.timeline = g_timeline + (g_timeline_calls++ % g_timeline_slots) * g_timeline_slot;
 #endif
-  for (int i = 0; i < 2; ++i) {
-    P.l2_ahead[i] = static_cast<const char*>(p.l2_prefetch.ptr[i]);
-    P.l2_ahead_bytes[i] = p.l2_prefetch.bytes[i];
-  }
 
   // Splits that fit one cluster merge there (no partials in global memory, no combine kernel). The plan's workspace
   // stays reserved either way (decode_workspace_bytes does not depend on the merge), so FLASHLITE_DECODE_CLUSTER
