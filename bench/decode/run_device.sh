@@ -2,7 +2,7 @@
 # One call on the GPU machine for the decode path: build (sm_90a) the KV tests and the decode bench, run the kv test
 # suite (ctest -L kv), the benchmark (with the split sweep), the torch peers, compute-sanitizer (memcheck on small
 # cases, racecheck on one). Logs go to a tarball in $OUT, JSON next to it. Phases (comma list, default all):
-#   build,test,bench,sdpa,sanitize   and, not in the default: quick (main shapes, push and pull cluster merges), ncu (Nsight Compute on a few
+#   build,test,bench,sdpa,sanitize   and, not in the default: quick (main shapes only), ncu (Nsight Compute on a few
 #   shapes, NCU_RUNS="B:L:PAGE ..."), chain (launch_chain.cu: graphs of near-empty kernels shaped like the decode grids),
 #   timeline (a second build with -DFLASHLITE_DECODE_TIMELINE=1: per-block %globaltimer stamps of graph-replayed calls,
 #   TIMELINE_RUNS="B:L:PAGE,...")
@@ -55,9 +55,6 @@ fi
 if has quick; then
   step "decode bench, main shapes"
   "$build/bin/flashlite_decode_bench" --quick --out "$dest/decode_quick.json" 2>&1 | tee "$logs/quick.log" | grep -E "^main|bandwidth"
-  echo "cluster merge's pull variant (FLASHLITE_DECODE_CLUSTER_PUSH=0):"
-  FLASHLITE_DECODE_CLUSTER_PUSH=0 "$build/bin/flashlite_decode_bench" --quick --out "$dest/decode_quick_pull.json" 2>&1 \
-    | tee "$logs/quick_pull.log" | grep -E "^main"
 fi
 
 if has chain; then

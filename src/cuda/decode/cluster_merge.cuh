@@ -7,11 +7,6 @@
 // combine kernel (its launch, the split grid's drain and flush, and its L2 round trips) with two barriers and one
 // round of DSMEM loads. Same arithmetic as the combine kernel (combine.cuh): natural-log LSEs, the sink logit in
 // the denominator only.
-//
-// Push variant (DecodeParams::cluster_push, where the S partials of a block's rows fit kPushMaxBytes): each CTA
-// stores its partial straight into a receive area of CTA 0 (fire-and-forget DSMEM stores), arrives on the cluster
-// barrier with release semantics, and only CTA 0 merges, from its own shared memory: one barrier and local loads
-// on the critical path instead of two barriers and a round of remote loads.
 #include <cuda_runtime.h>
 
 #include "cuda/decode/decode_params.h"
@@ -20,12 +15,6 @@
 namespace flashlite::cuda_decode {
 
 inline constexpr int kClusterMaxSplits = 16;  // the largest cluster sm_90 launches (non-portable size)
-inline constexpr int kPushMaxBytes = 48 * 1024;  // the push variant's receive area at most (extra dynamic smem)
-
-// Bytes of the push variant's receive area: `splits` partials of `rows` rows (fp32 O rows, then the LSEs).
-__host__ __device__ constexpr int push_recv_bytes(int splits, int rows, int head_dim) {
-  return splits * rows * (head_dim + 1) * 4;
-}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void cluster_sync_all() {
@@ -47,17 +36,6 @@ __device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
   asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
   return v;
 }
-// Split-phase cluster barrier (the push variant): arrive without ordering (the "started" phase), wait, and the
-// release / acquire pair that publishes the pushed partials.
-__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
-__device__ __forceinline__ void st_cluster_f32(uint32_t addr, float a) {
-  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(a) : "memory");
-}
-__device__ __forceinline__ void st_cluster_f32x2(uint32_t addr, float a, float b) {
-  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
-}
 __device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
   float4 v;
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
@@ -67,46 +45,6 @@ __device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
   return v;
 }
 #endif
-
-// One (row, 4-column) item of the merge: the S partials' LSEs `ls` and columns `po` into out (and lse).
-template <class T, int D>
-__device__ __forceinline__ void merge_item(const DecodeParams& p, const float (&ls)[kClusterMaxSplits],
-                                           const float4 (&po)[kClusterMaxSplits], int S, int b, int kvh, int gr,
-                                           int c4) {
-  const int i = gr / p.group, head = kvh * p.group + gr % p.group;
-  float mx = -INFINITY;
-#pragma unroll
-  for (int s = 0; s < kClusterMaxSplits; ++s) {
-    if (s < S) mx = fmaxf(mx, ls[s]);
-  }
-  const float sink = p.sink_logits ? p.sink_logits[head] : -INFINITY;
-  const float m = fmaxf(mx, sink);
-  float lse = -INFINITY;
-  if (m != -INFINITY) {
-    float total = sink == -INFINITY ? 0.f : __expf(sink - m);
-#pragma unroll
-    for (int s = 0; s < kClusterMaxSplits; ++s) {
-      if (s < S && ls[s] != -INFINITY) total += __expf(ls[s] - m);
-    }
-    lse = m + __logf(total);
-  }
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (mx != -INFINITY) {
-#pragma unroll
-    for (int s = 0; s < kClusterMaxSplits; ++s) {
-      if (s < S && ls[s] != -INFINITY) {
-        const float w = __expf(ls[s] - lse);
-        acc.x += w * po[s].x, acc.y += w * po[s].y, acc.z += w * po[s].z, acc.w += w * po[s].w;
-      }
-    }
-  }
-  T* out = static_cast<T*>(p.out) + b * p.o_sb + i * p.o_ss + head * p.o_sh + c4 * 4;
-  out[0] = from_f32<T>(acc.x);
-  out[1] = from_f32<T>(acc.y);
-  out[2] = from_f32<T>(acc.z);
-  out[3] = from_f32<T>(acc.w);
-  if (p.lse && c4 == 0) p.lse[b * p.lse_sb + head * p.lse_sh + i * p.lse_ss] = lse;
-}
 
 // Called by every thread of every CTA of the cluster, after the partial of this CTA's rows (r_base .. r_base + r_blk)
 // is in shared memory: o_s = (kRowsPerBlock, D) fp32 normalised rows, lse_s = (kRowsPerBlock) natural-log LSEs.
@@ -133,48 +71,46 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, uint32_t o_
         po[s] = ld_cluster_f32x4(map_to_rank(o_s + uint32_t((lr * D + c4 * 4) * 4), uint32_t(s)));
       }
     }
-    merge_item<T, D>(p, ls, po, S, b, kvh, r_base + lr, c4);
+    const int gr = r_base + lr;
+    const int i = gr / p.group, head = kvh * p.group + gr % p.group;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kClusterMaxSplits; ++s) {
+      if (s < S) mx = fmaxf(mx, ls[s]);
+    }
+    const float sink = p.sink_logits ? p.sink_logits[head] : -INFINITY;
+    const float m = fmaxf(mx, sink);
+    float lse = -INFINITY;
+    if (m != -INFINITY) {
+      float total = sink == -INFINITY ? 0.f : __expf(sink - m);
+#pragma unroll
+      for (int s = 0; s < kClusterMaxSplits; ++s) {
+        if (s < S && ls[s] != -INFINITY) total += __expf(ls[s] - m);
+      }
+      lse = m + __logf(total);
+    }
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int s = 0; s < kClusterMaxSplits; ++s) {
+        if (s < S && ls[s] != -INFINITY) {
+          const float w = __expf(ls[s] - lse);
+          acc.x += w * po[s].x, acc.y += w * po[s].y, acc.z += w * po[s].z, acc.w += w * po[s].w;
+        }
+      }
+    }
+    T* out = static_cast<T*>(p.out) + b * p.o_sb + i * p.o_ss + head * p.o_sh + c4 * 4;
+    out[0] = from_f32<T>(acc.x);
+    out[1] = from_f32<T>(acc.y);
+    out[2] = from_f32<T>(acc.z);
+    out[3] = from_f32<T>(acc.w);
+    if (p.lse && c4 == 0) p.lse[b * p.lse_sb + head * p.lse_sh + i * p.lse_ss] = lse;
   }
   stamp(10);
   cluster_sync_all();  // no CTA leaves (freeing its shared memory) while another may still read it
 #else
   (void)p, (void)o_s, (void)lse_s, (void)b, (void)kvh, (void)r_base, (void)r_blk, (void)stamp;
   __trap();  // launch.cu merges in a cluster only on sm_90+
-#endif
-}
-
-// The push variant's merge, called by every thread of every CTA of the cluster once this CTA's partial rows are stored
-// (st.shared::cluster) into CTA 0's receive area `recv` (the same shared-memory offset in every CTA): S partials of
-// r_cap rows, (S, r_cap, D) fp32 O rows then (S, r_cap) LSEs. The release / acquire barrier publishes them; CTA 0
-// alone merges, from its own shared memory; the others leave (nothing reads their shared memory).
-template <class T, int D, int kThreads, class Stamp>
-__device__ __forceinline__ void cluster_push_merge(const DecodeParams& p, const float* recv, int r_cap, int b, int kvh,
-                                                   int r_base, int r_blk, Stamp&& stamp) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int C4 = D / 4;
-  const int S = p.num_splits;
-  cluster_arrive_release();
-  cluster_wait_acquire();
-  stamp(9);
-  if (cluster_ctarank() != 0) return;
-  const float* recv_lse = recv + S * r_cap * D;
-  for (int it = int(threadIdx.x); it < r_blk * C4; it += kThreads) {
-    const int lr = it / C4, c4 = it % C4;
-    float ls[kClusterMaxSplits];
-    float4 po[kClusterMaxSplits];
-#pragma unroll
-    for (int s = 0; s < kClusterMaxSplits; ++s) {
-      if (s < S) {
-        ls[s] = recv_lse[s * r_cap + lr];
-        po[s] = *reinterpret_cast<const float4*>(recv + (s * r_cap + lr) * D + c4 * 4);
-      }
-    }
-    merge_item<T, D>(p, ls, po, S, b, kvh, r_base + lr, c4);
-  }
-  stamp(10);
-#else
-  (void)p, (void)recv, (void)r_cap, (void)b, (void)kvh, (void)r_base, (void)r_blk, (void)stamp;
-  __trap();
 #endif
 }
 

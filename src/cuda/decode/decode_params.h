@@ -50,10 +50,6 @@ struct DecodeParams {
   // Split > 1 on sm_90 with the splits launched as one cluster: merged in distributed shared memory instead
   // (cluster_merge.cuh; no partials in global memory, no combine kernel).
   bool cluster_merge = false;
-  // With cluster_merge: the partials pushed into CTA 0's receive area (after SplitCfg::SMEM_BYTES in the dynamic
-  // shared memory, push_recv_bytes(num_splits, push_rows, D) more) and merged there (cluster_merge.cuh).
-  bool cluster_push = false;
-  int push_rows = 0;  // rows per partial in the receive area: min(rows, kRowsPerBlock)
 #if FLASHLITE_DECODE_TIMELINE
   // Diagnostic builds only (-DFLASHLITE_DECODE_TIMELINE=1, bench/decode/run_device.sh phase "timeline"): thread 0 of
   // every split block writes %globaltimer at kTimelineStamps points, (block, stamp) row-major; null = off.

@@ -108,11 +108,6 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   constexpr int LD = Cfg::LD, CPR = Cfg::CPR, KD = Cfg::KD, ND = Cfg::ND;
   extern __shared__ __align__(128) unsigned char smem[];
   timeline_stamp(p, 0);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The push merge's "started" phase: before any CTA stores into CTA 0's shared memory, every CTA of the cluster has
-  // begun (waited on right before the first remote store, long complete by then).
-  if (p.cluster_push) cluster_arrive_relaxed();
-#endif
   // The dependents (the combine kernel, or the next kernel of a caller's chain) are let launch only once this
   // block's first tile has landed (below): a dependent that starts streaming its own inputs (an engine's next GEMV
   // preloads megabytes of weights) would otherwise queue this kernel's few latency-bound loads behind its traffic
@@ -418,17 +413,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   }
 
   if (p.cluster_merge) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // This CTA's normalised partial rows and LSEs: into its own shared memory (pull merge), or pushed into CTA 0's
-    // receive area at slot `rank` (a shared::cta address is a shared::cluster address of this CTA, so one store
-    // path serves both).
-    uint32_t o_s = s_base + uint32_t(Cfg::CLUSTER_O_OFF), lse_s = s_base + uint32_t(Cfg::CLUSTER_LSE_OFF);
-    if (p.cluster_push) {
-      cluster_wait_acquire();  // the "started" phase: CTA 0 runs, its shared memory exists
-      const uint32_t rank = cluster_ctarank(), recv0 = map_to_rank(s_base + uint32_t(Cfg::SMEM_BYTES), 0);
-      o_s = recv0 + rank * uint32_t(p.push_rows * D * 4);
-      lse_s = recv0 + uint32_t((p.num_splits * p.push_rows * D + int(rank) * p.push_rows) * 4);
-    }
+    const uint32_t o_s = s_base + uint32_t(Cfg::CLUSTER_O_OFF), lse_s = s_base + uint32_t(Cfg::CLUSTER_LSE_OFF);
     if (wn == 0) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -438,23 +423,14 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
         const float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
         for (int dn = 0; dn < ND; ++dn) {
-          st_cluster_f32x2(o_s + uint32_t((lr * D + dn * 8 + 2 * t4) * 4), o[dn][2 * h] * inv, o[dn][2 * h + 1] * inv);
+          st_shared_f32x2(o_s + uint32_t((lr * D + dn * 8 + 2 * t4) * 4), o[dn][2 * h] * inv, o[dn][2 * h + 1] * inv);
         }
-        if (t4 == 0) st_cluster_f32(lse_s + uint32_t(lr * 4), l > 0.f ? (m + __log2f(l)) * kLn2 : -INFINITY);
+        if (t4 == 0) st_shared_f32(lse_s + uint32_t(lr * 4), l > 0.f ? (m + __log2f(l)) * kLn2 : -INFINITY);
       }
     }
     timeline_stamp(p, 5);
-    const auto stamp = [&](int k) { timeline_stamp(p, k); };
-    if (p.cluster_push) {
-      cluster_push_merge<T, D, kThreads>(p, reinterpret_cast<const float*>(smem + Cfg::SMEM_BYTES), p.push_rows, b,
-                                         kvh, r_base, r_blk, stamp);
-    } else {
-      cluster_merge<T, D, kThreads>(p, o_s, lse_s, b, kvh, r_base, r_blk, stamp);
-    }
+    cluster_merge<T, D, kThreads>(p, o_s, lse_s, b, kvh, r_base, r_blk, [&](int k) { timeline_stamp(p, k); });
     timeline_stamp(p, 6);
-#else
-    __trap();  // launch.cu merges in a cluster only on sm_90+
-#endif
     return;
   }
 

@@ -107,12 +107,6 @@ int prepare_kernel(int dev, const DecodeProblem& p, const DecodeKernels& k) {
   const bool sm90 = compute_capability(dev) >= 90 && cuda::kernel_has_sm90_code(k.split);
   st.sm90_code.store(sm90);
   st.cluster_splits.store(sm90 ? query_cluster_splits(k) : 0);
-  // The cluster merge's push variant takes up to kPushMaxBytes more (its receive area; sm_90 only, where the
-  // opt-in limit leaves room for it).
-  if (sm90) {
-    FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       k.split_smem_bytes + cuda_decode::kPushMaxBytes));
-  }
   st.context.store(cuda::current_context_id());
   st.blocks_per_sm.store(n);
   return n;
@@ -145,27 +139,6 @@ bool use_pdl(int dev, const DecodeProblem& p) {
     return e != nullptr && e[0] == '0';
   }();
   return !off && state(dev, p).sm90_code.load();
-}
-
-// FLASHLITE_DECODE_CLUSTER_PUSH=0: cluster merges pull the partials (two barriers, remote loads) even where the push
-// variant's receive area fits (an A/B switch; the push is the default).
-bool cluster_push_on() {
-  static const bool off = [] {
-    const char* e = std::getenv("FLASHLITE_DECODE_CLUSTER_PUSH");
-    return e != nullptr && e[0] == '0';
-  }();
-  return !off;
-}
-
-// The push variant's rows per partial, and whether a cluster merge of num_splits splits takes it (its receive area
-// fits kPushMaxBytes and FLASHLITE_DECODE_CLUSTER_PUSH is not 0).
-int push_rows(const DecodeProblem& p) {
-  const int64_t rows = int64_t(p.group()) * p.q_len;
-  return int(rows < kDecodeRowsPerBlock ? rows : kDecodeRowsPerBlock);
-}
-bool pushes(const DecodeProblem& p, int num_splits) {
-  return cluster_push_on() &&
-         cuda_decode::push_recv_bytes(num_splits, push_rows(p), int(p.cache.head_dim)) <= cuda_decode::kPushMaxBytes;
 }
 
 // The merge of num_splits splits runs in a cluster (after prepare_kernel). Measured on the H100 (perf-notes,
@@ -235,11 +208,7 @@ std::string cuda_decode_kernel_name(const DecodeProblem& p, int num_splits) {
                      std::to_string(p.cache.head_dim) + (p.cache.paged ? "_paged" : "_contiguous");
   if (num_splits <= 0) return name;
   name += " (splits " + std::to_string(num_splits);
-  if (num_splits > 1) {
-    name += !cuda_decode_merges_in_cluster(p, num_splits) ? ", combine kernel"
-            : pushes(p, num_splits)                       ? ", cluster merge, push"
-                                                          : ", cluster merge, pull";
-  }
+  if (num_splits > 1) name += cuda_decode_merges_in_cluster(p, num_splits) ? ", cluster merge" : ", combine kernel";
   return name + ")";
 }
 
@@ -295,9 +264,6 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   // never changes what a caller must provide.
   const int cluster = merges_in_cluster(dev, p, num_splits) ? num_splits : 0;
   P.cluster_merge = cluster > 0;
-  P.push_rows = push_rows(p);
-  const int push_bytes = cuda_decode::push_recv_bytes(num_splits, P.push_rows, int(c.head_dim));
-  P.cluster_push = P.cluster_merge && pushes(p, num_splits);
 
   void* ws = workspace;
   const size_t need = decode_workspace_bytes(p, num_splits);
@@ -333,7 +299,7 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(num_splits), unsigned(c.kv_heads * P.row_chunks), unsigned(c.batch));
   cfg.blockDim = dim3(kSplitThreads);
-  cfg.dynamicSmemBytes = size_t(kern.split_smem_bytes) + (P.cluster_push ? size_t(push_bytes) : 0);
+  cfg.dynamicSmemBytes = size_t(kern.split_smem_bytes);
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = unsigned(n_attr);
