@@ -121,6 +121,8 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "decode_splits_2": {"FLASHLITE_ENGINE_DECODE_SPLITS": "2"},
     "decode_splits_4": {"FLASHLITE_ENGINE_DECODE_SPLITS": "4"},
     "decode_splits_5": {"FLASHLITE_ENGINE_DECODE_SPLITS": "5"},
+    "decode_splits_6": {"FLASHLITE_ENGINE_DECODE_SPLITS": "6"},
+    "decode_splits_12": {"FLASHLITE_ENGINE_DECODE_SPLITS": "12"},
     "decode_cluster_off": {"FLASHLITE_DECODE_CLUSTER": "0"},
     "stream": {"FLASHLITE_ENGINE_STREAM": "1"},
     "stream_8": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_STAGES": "8"},
