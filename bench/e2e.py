@@ -108,7 +108,6 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "late_trigger_pdl_off": {"FLASHLITE_ENGINE_PDL_TRIGGER": "late", "FLASHLITE_ENGINE_PDL": "0"},
     "preload_small": {"FLASHLITE_ENGINE_PRELOAD": "small"},
     "evict_normal": {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST": "0"},
-    "decode_early_trigger": {"FLASHLITE_DECODE_EARLY_TRIGGER": "1"},
     "norm_late": {"FLASHLITE_ENGINE_NORM_EARLY": "0"},
     "preload_after": {"FLASHLITE_ENGINE_PRELOAD": "after"},
     "preload_after_prefetch_16": {"FLASHLITE_ENGINE_PRELOAD": "after", "FLASHLITE_ENGINE_PREFETCH": "16"},

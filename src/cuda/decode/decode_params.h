@@ -50,9 +50,6 @@ struct DecodeParams {
   // Split > 1 on sm_90 with the splits launched as one cluster: merged in distributed shared memory instead
   // (cluster_merge.cuh; no partials in global memory, no combine kernel).
   bool cluster_merge = false;
-  // FLASHLITE_DECODE_EARLY_TRIGGER=1: the dependents may launch at the kernel's start (default: once its first tile
-  // has landed).
-  bool early_trigger = false;
 #if FLASHLITE_DECODE_TIMELINE
   // Diagnostic builds only (-DFLASHLITE_DECODE_TIMELINE=1, bench/decode/run_device.sh phase "timeline"): thread 0 of
   // every split block writes %globaltimer at kTimelineStamps points, (block, stamp) row-major; null = off.

@@ -112,7 +112,6 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   // block's first tile has landed (below): a dependent that starts streaming its own inputs (an engine's next GEMV
   // preloads megabytes of weights) would otherwise queue this kernel's few latency-bound loads behind its traffic
   // (measured with the engine timeline: q and the first tile took ~4 us after the wait).
-  if (p.early_trigger) pdl_launch_dependents();
   pdl_wait();       // launched as a programmatic dependent: q and the cache may be the previous kernel's output
   timeline_stamp(p, 1);
 

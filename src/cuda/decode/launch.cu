@@ -141,15 +141,6 @@ bool use_pdl(int dev, const DecodeProblem& p) {
   return !off && state(dev, p).sm90_code.load();
 }
 
-// FLASHLITE_DECODE_EARLY_TRIGGER=1: the split kernel lets its dependents launch at its start (an A/B switch).
-bool early_trigger_on() {
-  static const bool on = [] {
-    const char* e = std::getenv("FLASHLITE_DECODE_EARLY_TRIGGER");
-    return e != nullptr && e[0] == '1';
-  }();
-  return on;
-}
-
 // The merge of num_splits splits runs in a cluster (after prepare_kernel). Measured on the H100 (perf-notes,
 // "Decode, round 6"): the cluster merge wins where the grid is at most one block per SM (batch 1: 8 kv heads x <= 16
 // splits) and loses at two (the engine at batch 16: 2 splits x 128 pairs).
@@ -273,7 +264,6 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   // never changes what a caller must provide.
   const int cluster = merges_in_cluster(dev, p, num_splits) ? num_splits : 0;
   P.cluster_merge = cluster > 0;
-  P.early_trigger = early_trigger_on();
 
   void* ws = workspace;
   const size_t need = decode_workspace_bytes(p, num_splits);
