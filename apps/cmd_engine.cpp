@@ -118,6 +118,17 @@ std::string text_of(const eng::Tokenizer& tok, const std::vector<int>& ids) {
   return tok.decode(known);
 }
 
+// The text the generated ids add after the prompt: decode(prompt + ids) less decode(prompt), so that a
+// SentencePiece tokenizer drops its dummy-prefix space only at the start of the sequence ("the park" + " with", not
+// "the park" + "with"), as the streamed output does.
+std::string continuation_text(const eng::Tokenizer& tok, const std::vector<int>& prompt, const std::vector<int>& ids) {
+  std::vector<int> whole = prompt;
+  whole.insert(whole.end(), ids.begin(), ids.end());
+  const std::string head = text_of(tok, prompt), all = text_of(tok, whole);
+  if (all.size() >= head.size() && all.compare(0, head.size(), head) == 0) return all.substr(head.size());
+  return text_of(tok, ids);
+}
+
 int bos_of(const Loaded& l) {
   return l.weights.config.bos_id >= 0 ? l.weights.config.bos_id : l.tokenizer->bos_id();
 }
@@ -237,13 +248,13 @@ void run_generate(const GenerateSettings& g) {
     json outs = json::array();
     for (size_t b = 0; b < prompts.size(); ++b) {
       outs.push_back({{"prompt", texts[b]}, {"prompt_ids", prompts[b]}, {"ids", r.tokens[b]},
-                      {"text", text_of(*l.tokenizer, r.tokens[b])}, {"finish_reason", r.finish_reason[b]}});
+                      {"text", continuation_text(*l.tokenizer, prompts[b], r.tokens[b])}, {"finish_reason", r.finish_reason[b]}});
     }
     std::cout << dump({{"model", g.m.model}, {"outputs", outs}, {"stats", stats_json(r.stats, model)}}) << "\n";
     return;
   }
   if (!stream) {
-    for (size_t b = 0; b < prompts.size(); ++b) std::cout << "[" << b << "] " << texts[b] << text_of(*l.tokenizer, r.tokens[b]) << "\n";
+    for (size_t b = 0; b < prompts.size(); ++b) std::cout << "[" << b << "] " << texts[b] << continuation_text(*l.tokenizer, prompts[b], r.tokens[b]) << "\n";
   }
   std::cout << std::flush;
   print_stats(r.stats, model);

@@ -31,6 +31,23 @@ def test_generate_json_greedy(flashlite_bin, models_dir):
     assert again["ids"] == o["ids"], "greedy generation must be deterministic"
 
 
+def test_generate_continuation_text_agrees_with_the_stream(flashlite_bin, models_dir):
+    # The streamed text (prompt, then each piece as it comes), the JSON report's prompt + text and the batch lines must
+    # be the same string: a continuation keeps the leading space of its first piece ("the park" + " with"); only the
+    # sequence's very first piece loses SentencePiece's dummy-prefix space.
+    m, t = stories(models_dir)
+    prompts = ["Lily went to the park", "a", "Once upon a time"]
+    base = ["generate", "--model", m, "--tokenizer", t, "--max-tokens", "12"]
+    streamed = [run_cli(flashlite_bin, base + ["--prompt", p]).stdout.decode() for p in prompts]
+    assert any(s[len(p)] == " " for s, p in zip(streamed, prompts)), streamed  # the case this test is about
+    batch_args = base + [a for p in prompts for a in ("--prompt", p)]
+    report = json.loads(run_cli(flashlite_bin, batch_args + ["--json"]).stdout)["outputs"]
+    for i, s in enumerate(streamed):
+        assert report[i]["prompt"] + report[i]["text"] == s, (report[i], s)
+    printed = run_cli(flashlite_bin, batch_args).stdout.decode()
+    assert printed == "".join(f"[{i}] {s}\n" for i, s in enumerate(streamed)), printed
+
+
 def test_generate_streams_text_and_stats(flashlite_bin, models_dir):
     m, t = stories(models_dir)
     proc = run_cli(flashlite_bin, ["generate", "--model", m, "--tokenizer", t, "--prompt", "The dog", "--max-tokens", "30"])
