@@ -204,7 +204,11 @@ void run_generate(const GenerateSettings& g) {
       }
     }
     ids.insert(ids.end(), enc.begin(), enc.end());
-    if (ids.empty()) throw Error(ErrorKind::invalid_value, "prompt is empty and the model has no BOS token; pass --prompt");
+    if (ids.empty()) {
+      throw Error(ErrorKind::invalid_value, std::string("prompt is empty and no BOS token starts it (") +
+                                                (g.no_bos ? "--no-bos" : "the model and tokenizer name none") +
+                                                "); pass a non-empty --prompt");
+    }
     longest = std::max(longest, ids.size());
     prompts.push_back(std::move(ids));
   }

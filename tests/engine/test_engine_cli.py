@@ -89,6 +89,8 @@ def test_generate_errors(flashlite_bin, models_dir, tmp_path):
     assert proc.returncode != 0 and b"truncated" in proc.stderr, proc.stderr
     proc = run_cli(flashlite_bin, ["generate", "--model", str(tmp_path), "--prompt", "x"], check=False)
     assert proc.returncode != 0 and b"config.json" in proc.stderr, proc.stderr
+    proc = run_cli(flashlite_bin, ["generate", "--model", m, "--tokenizer", t, "--prompt", "", "--no-bos"], check=False)
+    assert proc.returncode != 0 and b"prompt is empty" in proc.stderr and b"--no-bos" in proc.stderr, proc.stderr
 
 
 def test_chat_llama2c_continuation(flashlite_bin, models_dir):
