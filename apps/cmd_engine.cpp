@@ -111,22 +111,21 @@ std::string piece_of(const eng::Tokenizer& tok, int id) {
   return id >= 0 && id < tok.vocab_size() ? tok.decode_token(id) : std::string();
 }
 
-std::string text_of(const eng::Tokenizer& tok, const std::vector<int>& ids) {
-  std::vector<int> known;
-  for (int id : ids)
-    if (id >= 0 && id < tok.vocab_size()) known.push_back(id);
-  return tok.decode(known);
+// The text of token `id` following token `prev`: SentencePiece tokenizers put a dummy-prefix space on the first piece
+// of a sequence, dropped only right after BOS (llama2.c's rule); elsewhere a piece keeps its space ("park" " with").
+std::string piece_after(const eng::Tokenizer& tok, int prev, int id, int bos) {
+  std::string piece = piece_of(tok, id);
+  if (prev == bos && tok.adds_dummy_prefix() && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
+  return piece;
 }
 
-// The text the generated ids add after the prompt: decode(prompt + ids) less decode(prompt), so that a
-// SentencePiece tokenizer drops its dummy-prefix space only at the start of the sequence ("the park" + " with", not
-// "the park" + "with"), as the streamed output does.
-std::string continuation_text(const eng::Tokenizer& tok, const std::vector<int>& prompt, const std::vector<int>& ids) {
-  std::vector<int> whole = prompt;
-  whole.insert(whole.end(), ids.begin(), ids.end());
-  const std::string head = text_of(tok, prompt), all = text_of(tok, whole);
-  if (all.size() >= head.size() && all.compare(0, head.size(), head) == 0) return all.substr(head.size());
-  return text_of(tok, ids);
+// The text the generated ids add after the prompt: what the stream prints, piece by piece.
+std::string continuation_text(const eng::Tokenizer& tok, const std::vector<int>& prompt, const std::vector<int>& ids,
+                              int bos) {
+  std::string text;
+  int prev = prompt.empty() ? bos : prompt.back();
+  for (int id : ids) text += piece_after(tok, prev, id, bos), prev = id;
+  return text;
 }
 
 int bos_of(const Loaded& l) {
@@ -234,9 +233,7 @@ void run_generate(const GenerateSettings& g) {
   int prev = prompts[0].back();
   auto on_token = [&](int seq, int tok) {
     if (!stream || seq != 0) return;
-    std::string piece = piece_of(*l.tokenizer, tok);
-    // SentencePiece: the first piece after BOS carries the dummy-prefix space; llama2.c drops it.
-    if (prev == bos && l.tokenizer->adds_dummy_prefix() && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
+    const std::string piece = piece_after(*l.tokenizer, prev, tok, bos);
     prev = tok;
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
@@ -252,13 +249,13 @@ void run_generate(const GenerateSettings& g) {
     json outs = json::array();
     for (size_t b = 0; b < prompts.size(); ++b) {
       outs.push_back({{"prompt", texts[b]}, {"prompt_ids", prompts[b]}, {"ids", r.tokens[b]},
-                      {"text", continuation_text(*l.tokenizer, prompts[b], r.tokens[b])}, {"finish_reason", r.finish_reason[b]}});
+                      {"text", continuation_text(*l.tokenizer, prompts[b], r.tokens[b], bos)}, {"finish_reason", r.finish_reason[b]}});
     }
     std::cout << dump({{"model", g.m.model}, {"outputs", outs}, {"stats", stats_json(r.stats, model)}}) << "\n";
     return;
   }
   if (!stream) {
-    for (size_t b = 0; b < prompts.size(); ++b) std::cout << "[" << b << "] " << texts[b] << continuation_text(*l.tokenizer, prompts[b], r.tokens[b]) << "\n";
+    for (size_t b = 0; b < prompts.size(); ++b) std::cout << "[" << b << "] " << texts[b] << continuation_text(*l.tokenizer, prompts[b], r.tokens[b], bos) << "\n";
   }
   std::cout << std::flush;
   print_stats(r.stats, model);
