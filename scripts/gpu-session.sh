@@ -7,6 +7,8 @@
 #   3. bench/e2e.py, engine only, batch 1 and 16, prompt 512: the defaults and a few variants (VARIANTS);
 #   4. (only when PHASES lists it) tests/engine/test_engine_gpu_parity.py: the engine against transformers on the
 #      Llama-3.2-1B-shaped random checkpoint (e2e's, cached under FLASHLITE_PARITY_CACHE).
+#   5. (only when PHASES lists `build`, for a quick call instead of check) configure and build only the CLI and the
+#      engine's CUDA test binaries in build-gpu/ and run those two suites (ENGINE_TEST_FILTER: a gtest filter).
 # PHASES (comma list, default check,sbs,e2e) picks them (the later ones use check's build in build-gpu/, so leave
 # check out only on a warm machine that has it); each is cut to what is left of BUDGET_S (default 560 s). Run-tool call, from the repository root:
 #   run(command="bash scripts/gpu-session.sh", carry=[".carry"], timeout_s=600)
@@ -43,6 +45,24 @@ if has check; then
       2>&1 | tail -40 || status=1
   else
     echo "SKIPPED (budget): gpu-check"; status=1
+  fi
+fi
+
+if has build && ! has check; then
+  echo "== $(date +%T) build: CLI and the engine's CUDA tests ($(left) s left)"
+  prefixes=""
+  for d in "$root/.carry/deps/usr" "$root/.carry/gtest/usr"; do [ -d "$d" ] && prefixes="${prefixes:+$prefixes;}$d"; done
+  if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHLITE_BUILD_BENCH=OFF \
+       ${prefixes:+"-DCMAKE_PREFIX_PATH=$prefixes"} > "$logs/build_cmake.log" 2>&1 &&
+     timeout "$(cap 400)" cmake --build "$build" -j"$(nproc)" --target flashlite_cli flashlite_engine_cuda_ops_test \
+       flashlite_engine_cuda_model_test > "$logs/build.log" 2>&1; then
+    for t in flashlite_engine_cuda_ops_test flashlite_engine_cuda_model_test; do
+      timeout "$(cap 120)" "$build/tests/engine/$t" --gtest_brief=1 ${ENGINE_TEST_FILTER:+--gtest_filter=$ENGINE_TEST_FILTER} \
+        > "$logs/$t.log" 2>&1 || status=1
+      echo "$t: $(grep -E '^\[  (PASSED|FAILED)' "$logs/$t.log" | tr '\n' ' ')"
+    done
+  else
+    grep -E "error|FAILED" -A3 "$logs/build.log" "$logs/build_cmake.log" | head -30; status=1
   fi
 fi
 
