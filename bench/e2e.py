@@ -110,6 +110,7 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "preload_small": {"FLASHLITE_ENGINE_PRELOAD": "small"},
     "evict_normal": {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST": "0"},
     "norm_late": {"FLASHLITE_ENGINE_NORM_EARLY": "0"},
+    "prefix_ready": {"FLASHLITE_ENGINE_PREFIX_READY": "1"},
     "gateup_early_0": {"FLASHLITE_ENGINE_GATEUP_EARLY_BLOCKS": "0"},
     "gateup_early_66": {"FLASHLITE_ENGINE_GATEUP_EARLY_BLOCKS": "66"},
     "gateup_early_132": {"FLASHLITE_ENGINE_GATEUP_EARLY_BLOCKS": "132"},

@@ -112,8 +112,13 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   // block's first tile has landed (below): a dependent that starts streaming its own inputs (an engine's next GEMV
   // preloads megabytes of weights) would otherwise queue this kernel's few latency-bound loads behind its traffic
   // (measured with the engine timeline: q and the first tile took ~4 us after the wait).
-  pdl_wait();       // launched as a programmatic dependent: q and the cache may be the previous kernel's output
-  timeline_stamp(p, 1);
+  // Launched as a programmatic dependent: q and the cache may be the previous kernel's output. With prefix_ready
+  // (DecodeArgs) only q and each sequence's last q_len cache rows may be: the wait comes after the first tiles' other
+  // rows are issued.
+  if (!p.prefix_ready) {
+    pdl_wait();
+    timeline_stamp(p, 1);
+  }
 
   const int split = int(blockIdx.x);
   const int kvh = int(blockIdx.y) % p.kv_heads, rc = int(blockIdx.y) / p.kv_heads;
@@ -131,9 +136,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
 
   const uint32_t s_base = smem_u32(smem);
   const uint32_t sQ = s_base + uint32_t((kStages - 1) * Cfg::STAGE_BYTES);
-  // Q rows (zeros past the block's rows) into the last stage's K tile, as its own commit group; issued before the
-  // length is read so the two memory round trips overlap.
-  {
+  // Q rows (zeros past the block's rows) into the last stage's K tile, in the first commit group; issued before the
+  // length is read so the two memory round trips overlap (with prefix_ready: after the wait, with the new rows).
+  auto copy_q = [&] {
     const T* qg = static_cast<const T*>(p.q);
     const int q_rows = wm_count * 16;
     for (int c = tid; c < q_rows * CPR; c += kThreads) {
@@ -162,7 +167,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
         st_shared_16(dst, u.v);
       }
     }
-  }
+  };
+  if (!p.prefix_ready) copy_q();
 
   // Sequence length and the keys to visit.
   int L, page_base = 0;
@@ -179,6 +185,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   const int t_begin = split * per_split;
   const int n_tiles = max(0, min(t_begin + per_split, total_tiles) - t_begin);
   timeline_stamp(p, 7, n_tiles);  // the length arrived
+  const int fresh_from = L - p.q_len;  // prefix_ready: rows at or past this position come from the previous kernel
 
   // Row addresses: this thread's 16-byte chunk of head kvh; the contiguous layout adds b's stride here once.
   const int ch = tid % CPR;
@@ -212,7 +219,10 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   }
 
   // One tile (n-th of this split) into its stage: 64 rows of K and V, 16-byte copies; keys past the range are zeros.
-  auto issue = [&](int n) {
+  // rows: kAllRows; kOldRows all but the new ones (prefix_ready, before the wait; nothing issued for those); kNewRows
+  // only those (after the wait, into the same places; no page-id copies).
+  enum { kAllRows, kOldRows, kNewRows };
+  auto issue = [&](int n, int rows = kAllRows) {
     const uint32_t sK = s_base + uint32_t((n % kStages) * Cfg::STAGE_BYTES);
     const uint32_t sV = sK + Cfg::TILE_BYTES;
     const int vk0 = (t_begin + n) * kTileKeys;
@@ -224,6 +234,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
       const bool ok = vk < vkeys.n_total;
       const T* ksrc = kbase;
       const T* vsrc = vbase;
+      if (rows != kAllRows && (ok && vkeys.pos(vk) >= fresh_from) != (rows == kNewRows)) continue;
       if (ok) {
         const int pos = vkeys.pos(vk);
         if (p.paged) {
@@ -245,18 +256,30 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
         cp_async_16(sV + off, vsrc, ok ? 16 : 0);
       }
     }
-    copy_pids(n + kPidAhead);
+    if (rows != kNewRows) copy_pids(n + kPidAhead);
   };
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_tiles) issue(s);
+    if (s < n_tiles) issue(s, p.prefix_ready ? kOldRows : kAllRows);
     cp_async_commit();
   }
 
   // Q fragments (A operand) of this warp's 16 rows.
   uint32_t qf[KD][4];
-  cp_async_wait<kStages - 1>();
+  if (p.prefix_ready) {
+    pdl_wait();
+    timeline_stamp(p, 1);
+    copy_q();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < n_tiles) issue(s, kNewRows);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();  // q and the new rows; the loop's group count stays right (it only waits for more)
+  } else {
+    cp_async_wait<kStages - 1>();
+  }
   __syncthreads();
   timeline_stamp(p, 2);  // q (and the length) landed, the first tiles issued
   {

@@ -255,6 +255,7 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   P.softcap = float(p.softcap);
   P.mask = p.mask;
   P.q_vec = aligned16(p.q, p.q_st);
+  P.prefix_ready = p.prefix_ready;
 #if FLASHLITE_DECODE_TIMELINE
   if (g_timeline) P.timeline = g_timeline + (g_timeline_calls++ % g_timeline_slots) * g_timeline_slot;
 #endif
