@@ -21,7 +21,7 @@ if [ -n "${2:-}" ]; then
 fi
 dest="${OUT:-$root/out}"
 logs=/tmp/decode_logs
-build=/tmp/build-decode
+build="${DECODE_BUILD:-/tmp/build-decode}"
 mkdir -p "$dest" "$logs"
 export PYTHONUNBUFFERED=1
 has() { [[ ",$phases," == *",$1,"* ]]; }

@@ -644,7 +644,11 @@ TEST(GpuKv, PrefixReadyReadsQAndTheNewRowsAfterTheWait) {
   const bool early = major >= 9 && !(pdl_env && pdl_env[0] == '0');
   for (int run = 0; run < 4; ++run) {
     const bool paged = run % 2 == 1;
-    const int splits = run < 2 ? 0 : 3;  // planned (batch 2 x 8 heads: many short splits) or forced (combine kernel)
+    // Planned (batch 2 x 8 heads: more split blocks than SMs, merged by the combine kernel) or 3 forced (a cluster
+    // merge on sm_90). The plan and a workspace are given, as an engine's graph does: without a workspace decode
+    // allocates one on the stream (cudaMallocAsync) between the predecessor and the split kernel, and the split
+    // kernel is then no programmatic dependent of it.
+    const int splits = run < 2 ? 0 : 3;
     SCOPED_TRACE(std::string(paged ? "paged16" : "contiguous") + " splits " + std::to_string(splits));
     CacheSpec cs;
     cs.paged = paged;
@@ -695,11 +699,12 @@ TEST(GpuKv, PrefixReadyReadsQAndTheNewRowsAfterTheWait) {
       dc.v.up(v_stale.data());
       dd.q.up(q_stale.data());
       DevBuf seg_dev(segs.data(), segs.size() * sizeof(CopySegment));
-      flashlite::DecodePlan plan;
-      if (splits > 0) {
-        plan = flashlite::plan_decode(dd.args, -1, splits);
-        dd.args.plan = &plan;
-      }
+      const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, -1, splits);
+      dd.args.plan = &plan;
+      DevBuf ws(nullptr, 0);
+      ck(cudaMalloc(&ws.p, std::max<size_t>(plan.workspace_bytes, 16)), "workspace");
+      dd.args.workspace = ws.p;
+      dd.args.workspace_bytes = plan.workspace_bytes;
       dd.args.prefix_ready = true;
       cudaStream_t stream;
       ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
