@@ -42,9 +42,6 @@ struct DecodeParams {
   float softcap = 0;     // 0 = off
   MaskParams mask;
   bool q_vec = false;    // q rows 16-byte aligned
-  // DecodeArgs::prefix_ready: the lengths, the page table and the K/V tiles but each sequence's last q_len rows are
-  // read before griddepcontrol.wait; q and those rows after it.
-  bool prefix_ready = false;
 
   // Split > 1: partial results, (batch, kv_heads, rows, splits, head_dim) fp32 (normalised) and
   // (batch, kv_heads, rows, splits) natural-log LSEs; the combine kernel merges them into out / lse.
