@@ -2,11 +2,10 @@
 // against the device's measured read bandwidth (a large read-only reduction in the same process).
 //
 //   flashlite_decode_bench --out decode_raw.json [--reps 30] [--sweep] [--quick] [--only B:L:PAGE[:Q],...] [--no-bw]
-//                          [--max-copies N] [--timeline] [--prefix-ready]
+//                          [--max-copies N] [--timeline]
 //
 // --only runs just those cases (page 0 = contiguous; no recompute rows), e.g. under ncu; --no-bw skips the bandwidth
-// measurement (its percentages are then of 3.0 TB/s). --prefix-ready sets DecodeArgs::prefix_ready on every call (the
-// promise holds: nothing here writes q or the cache between calls).
+// measurement (its percentages are then of 3.0 TB/s).
 //
 // Protocol (DESIGN.md): inputs rotated so the L2 does not hold them: the case's cache is allocated in enough copies
 // to span >= 200 MB (4x the L2) and consecutive timed calls cycle through them; each call timed with CUDA events,
@@ -172,7 +171,6 @@ struct Case {
 };
 
 int g_max_copies = 0;  // --max-copies N (0: the protocol's rotation)
-bool g_prefix_ready = false;  // --prefix-ready
 
 struct Result {
   double us_median = 0, us_min = 0, us_max = 0;  // rotated inputs
@@ -242,7 +240,6 @@ Result run_case(const Case& c, Flusher& fl, int reps, int forced_splits, bool ch
     return t;
   };
   DecodeArgs a;
-  a.prefix_ready = g_prefix_ready;
   a.cache.layout = paged ? KvLayout::paged : KvLayout::contiguous;
   a.cache.k = TensorView::contiguous(k, DType::bf16, Device::cuda(0), {pool, slots, H, D});
   a.cache.v = TensorView::contiguous(v, DType::bf16, Device::cuda(0), {pool, slots, H, D});
@@ -470,7 +467,6 @@ int main(int argc, char** argv) {
     else if (a == "--sweep") sweep = true;
     else if (a == "--quick") quick = true;
     else if (a == "--no-bw") bw_on = false;
-    else if (a == "--prefix-ready") g_prefix_ready = true;
     else if (a == "--max-copies" && i + 1 < argc) g_max_copies = std::atoi(argv[++i]);
 #if FLASHLITE_DECODE_TIMELINE
     else if (a == "--timeline") ck(cudaMalloc(&g_timeline, 2 * kTimelineSlotBlocks * flashlite::cuda_decode::kTimelineStamps * 8), "timeline");

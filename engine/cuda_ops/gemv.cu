@@ -135,9 +135,7 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
   bool preloaded = false;
   // preload_after_x: the first batch is issued after the wait, right behind the RMSNorm prologue's activation loads
   // (a batch issued before the wait is still in flight then and queues those loads behind it).
-  // preload_early_blocks: only the blocks before that index preload before the wait.
-  const bool preload_after = preload && IN == GemvIn::rmsnorm &&
-                             (p.preload_after_x || (p.preload_early_blocks >= 0 && int(blockIdx.x) >= p.preload_early_blocks));
+  const bool preload_after = preload && p.preload_after_x && IN == GemvIn::rmsnorm;
   if (blockIdx.x < tiles) {
     const int first = group_of(blockIdx.x);
     if (first < groups) {

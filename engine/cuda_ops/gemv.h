@@ -67,12 +67,6 @@ struct GemvParams {
   int split = 1;           // warps per output row (1, 2, 4, 8; bf16 / f32 / add_f32 / f32_argmax epilogues only)
   bool preload = false;    // first batch of weights into registers before griddepcontrol.wait
   bool preload_after_x = false;  // with preload and the RMSNorm prologue: that batch after the wait, behind the x loads
-  // With preload and the RMSNorm prologue: blocks from this index on issue their first batch after the wait, behind
-  // the x loads, as preload_after_x does for all (-1: none). Blocks are dispatched in index order, so the first ones
-  // are resident while the previous kernels still run (their preload lands in that time), while the later ones start
-  // only as the previous kernel's blocks leave, i.e. about when the wait returns: a batch issued then sits in the
-  // memory system ahead of the prologue's x loads.
-  int preload_early_blocks = -1;
   bool weight_evict_first = false;  // the weight loads marked evict-first in L2 (read once per step)
   bool norm_early = false;  // RMSNorm prologue (<= 2 rows, k <= 2048): the norm weight loaded before the wait
   bool late_trigger = false;

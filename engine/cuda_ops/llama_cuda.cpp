@@ -271,9 +271,6 @@ class LlamaCuda final : public LlamaModel {
     a.plan = plan;
     a.workspace = decode_ws_.ptr;
     a.workspace_bytes = decode_ws_.bytes;
-    // The kernel before the attention (the QKV GEMV, or rope_append) writes only q and the new token's K/V row; the
-    // lengths came up with the step's inputs before the step's first kernel, older rows in earlier steps.
-    a.prefix_ready = prefix_ready_;
     return a;
   }
 
@@ -315,10 +312,6 @@ class LlamaCuda final : public LlamaModel {
   //                                    kernel: 4 blocks per SM where a preloading RMSNorm GEMV holds 3);
   //                          =after    every GEMV, but the RMSNorm ones (QKV, gate/up, LM head) issue theirs after
   //                                    the wait, behind the prologue's activation loads;
-  //   FLASHLITE_ENGINE_GATEUP_EARLY_BLOCKS=N  N >= 0: only the gate/up GEMV's first N blocks preload before the wait,
-  //                                    the later ones (started as the O GEMV's blocks leave) issue their first batch
-  //                                    behind the prologue's x loads (GemvParams::preload_early_blocks); -1 (default):
-  //                                    all blocks preload before the wait;
   //   FLASHLITE_ENGINE_PREFETCH=N      N >= 0 weight lines per row prefetched into L2 before the wait (default 0 with
   //                                    preload on, 4 with it off);
   //   FLASHLITE_ENGINE_NORM_EARLY=1    (default; a flag) the RMSNorm GEMVs load their norm weight before the wait
@@ -333,8 +326,6 @@ class LlamaCuda final : public LlamaModel {
   //                                    issued before griddepcontrol.wait; sm_90);
   //   FLASHLITE_ENGINE_STREAM_STAGES=N its 8 KB ring slots: 16 (default) or 8;
   //   FLASHLITE_ENGINE_STREAM_BLOCKS=N its blocks per SM, 1..4 (default 1);
-  //   FLASHLITE_ENGINE_PREFIX_READY=0  (default; a flag) =1: the attention issues its first K/V tiles (all but the
-  //                                    new token's row) before it waits for the QKV GEMV (DecodeArgs::prefix_ready);
   //   FLASHLITE_ENGINE_DECODE_SPLITS=N the decode plan's KV splits forced to N >= 1 (0, the default: flashlite's choice);
   //   FLASHLITE_ENGINE_PROFILE=1       (a flag, default off, or range) decode steps run eagerly, queued behind a flag,
   //                                    with an event after each kernel group: per-kernel times on stderr every 16
@@ -358,9 +349,6 @@ class LlamaCuda final : public LlamaModel {
                                   "a number of lines >= 0");
     late_trigger_ = es::choice("FLASHLITE_ENGINE_PDL_TRIGGER", 0, {{"early", 0}, {"late", 1}}, "early or late") != 0;
     norm_early_ = es::flag("FLASHLITE_ENGINE_NORM_EARLY", true);
-    prefix_ready_ = es::flag("FLASHLITE_ENGINE_PREFIX_READY", false);
-    gateup_early_blocks_ = es::integer("FLASHLITE_ENGINE_GATEUP_EARLY_BLOCKS", -1, -1, INT_MAX,
-                                       "-1 (every block) or a number of blocks >= 0");
     weight_evict_first_ = es::flag("FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", true);
     stream_gemv_ = es::flag("FLASHLITE_ENGINE_STREAM", false);
     stream_stages_ = es::integer_in("FLASHLITE_ENGINE_STREAM_STAGES", 16, {8, 16}, "8 or 16");
@@ -383,11 +371,11 @@ class LlamaCuda final : public LlamaModel {
       std::fprintf(stderr,
                    "flashlite engine variants: splitk %d, fuse_rope %d, fuse_argmax %d, preload %d, pdl_trigger %s, "
                    "decode_splits %d, profile %s, gemv %d, pdl env %s, prefetch %d, stream %d (stages %d, blocks %d), "
-                   "norm_early %d, weight_evict_first %d, gateup_early_blocks %d, prefix_ready %d\n",
+                   "norm_early %d, weight_evict_first %d\n",
                    splitk_, int(fuse_rope_), int(fuse_argmax_), int(preload_), late_trigger_ ? "late" : "early",
                    decode_splits_, pr.empty() ? "off" : pr.c_str(), int(gemv_on_), pdl.empty() ? "default" : pdl.c_str(),
                    prefetch_lines_, int(stream_gemv_), stream_stages_, stream_blocks_, int(norm_early_),
-                   int(weight_evict_first_), gateup_early_blocks_, int(prefix_ready_));
+                   int(weight_evict_first_));
     }
   }
 
@@ -538,8 +526,6 @@ class LlamaCuda final : public LlamaModel {
   bool stream_gemv_ = false;  // the streamed GEMV (one-row QKV, O, gate/up, down)
   int stream_stages_ = 16, stream_blocks_ = 1;
   bool norm_early_ = true;  // FLASHLITE_ENGINE_NORM_EARLY
-  int gateup_early_blocks_ = -1;  // FLASHLITE_ENGINE_GATEUP_EARLY_BLOCKS
-  bool prefix_ready_ = false;     // FLASHLITE_ENGINE_PREFIX_READY
   bool weight_evict_first_ = true;  // FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST
   // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step (layout:
   // step_timeline.h), printed when the model is destroyed.
@@ -755,7 +741,6 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
         mark("o");
         cuda_ops::GemvParams pg = normed_gemv(L.w13.ptr, hid, L.rms_ffn.ptr, nullptr, rows, cuda_ops::GemvOut::swiglu_bf16, hb_.ptr);
         pg.timeline = gemv_timeline(l, 2);
-        pg.preload_early_blocks = gateup_early_blocks_;
         cuda_ops::gemv(streamed(pg, l, 2), s);
         mark("gate_up");
         cuda_ops::GemvParams pd = added_gemv(L.w2.ptr, dim, hid, hb_.ptr, rows);

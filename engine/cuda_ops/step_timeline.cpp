@@ -27,27 +27,6 @@ Spread spread(const unsigned long long* slot, int words, int k, int ran) {
   return {double(v.front()), double(v[v.size() / 2]), double(v.back()), int(v.size())};
 }
 
-// Median us from the wait to the prologue loads' arrival (stamps 3 -> 4) of a GEMV slot's blocks that started before
-// `prev_end` (resident while the previous kernel ran: "early") and of those that started after it ("late").
-struct EarlyLate {
-  double early_us = 0, late_us = 0;
-  int early = 0, late = 0;
-};
-EarlyLate early_late(const unsigned long long* slot, double prev_end) {
-  std::vector<double> e, l;
-  for (size_t b = 0; b < StepTimeline::kBlocks; ++b) {
-    const unsigned long long* w = slot + b * kGemvWords;
-    if (!w[0] || !w[3] || !w[4]) continue;
-    (double(w[0]) < prev_end ? e : l).push_back((double(w[4]) - double(w[3])) / 1e3);
-  }
-  auto med = [](std::vector<double>& v) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  return {med(e), med(l), int(e.size()), int(l.size())};
-}
-
 }  // namespace
 
 size_t StepTimeline::decode_words() const { return size_t(layers) * kBlocks * kDecodeWords; }
@@ -89,13 +68,6 @@ void print_step_timeline(const StepTimeline& t, const unsigned long long* host, 
         const Spread s0 = s(0), s1 = s(1), s2 = s(2), s3 = s(3), s4 = s(4);
         std::snprintf(buf, sizeof buf, " | %s(%d) %.2f / %.2f [waited %.2f x %.2f] / %.2f", names[k], s0.n, us(s0.lo),
                       us(s1.med), us(s3.med), s4.n ? us(s4.med) : 0.0, us(s2.hi));
-        line += buf;
-        buf[0] = 0;
-        if (k > 0 && s4.n) {  // wait -> x arrived, blocks started before / after the previous kernel's last end
-          const EarlyLate el = early_late(g, ends[k - 1]);
-          std::snprintf(buf, sizeof buf, " {x after wait: %d early %.2f, %d late %.2f}", el.early, el.early_us, el.late,
-                        el.late_us);
-        }
         waited[k] = s3.med, waits[k] = s1.med, ends[k] = s2.hi;
       }
       line += buf;

@@ -114,13 +114,6 @@ struct DecodeArgs {
   const DecodePlan* plan = nullptr;  // null: planned here from the current host lengths
   void* workspace = nullptr;         // >= plan->workspace_bytes on the cache's device; null: allocated per call
   size_t workspace_bytes = 0;        // (cudaMallocAsync/cudaFreeAsync on the stream)
-  // A promise about the kernel before this call on the stream (CUDA, sm_90): it writes at most q and each sequence's
-  // last q_len cache rows; the lengths, the page table and every older cache row were written before it started
-  // (e.g. by earlier decode steps; an engine whose QKV kernel appends the new token's K/V keeps it). The kernel then
-  // reads those and issues its first K/V tiles before it waits for that kernel (programmatic dependent launch), so
-  // they are on their way while it finishes; only q and the new rows are read after the wait. Breaking the promise
-  // gives wrong results. false (default): everything is read after the wait.
-  bool prefix_ready = false;
 };
 
 // max_kv_len: the bound the plan must serve (e.g. the cache capacity for a graph replayed over many steps);

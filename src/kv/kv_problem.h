@@ -83,7 +83,6 @@ struct DecodeProblem {
   double scale = 1.0;
   double softcap = 0.0;
   MaskParams mask;
-  bool prefix_ready = false;  // DecodeArgs::prefix_ready
 
   int64_t group() const { return q_heads / cache.kv_heads; }
 };

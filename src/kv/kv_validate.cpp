@@ -383,7 +383,6 @@ DecodeProblem validate_decode(const DecodeArgs& a, bool stand_ins) {
   }
   p.q = a.q.data;
   p.out = a.out.data;
-  p.prefix_ready = a.prefix_ready;
   p.q_st = strides3(a.q, "q");
   p.o_st = strides3(a.out, "out");
 

@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <string>
 
-#include "delayed_copy.h"
 #include "kv/kv_backends.h"
 #include "kv_gpu_util.h"
 #include "kv_test_util.h"
@@ -99,7 +98,6 @@ struct GpuCase {
   DecodeSpec dec;
   int splits = 0;        // 0: planned
   bool cluster = false;  // splits chosen at run time: the most a one-block-per-SM grid allows (the cluster merge)
-  bool prefix_ready = false;  // DecodeArgs::prefix_ready (nothing precedes the call here, so the promise holds)
 };
 
 // Whether split decodes merge in a cluster here: sm_90+ and FLASHLITE_DECODE_CLUSTER not 0 (the kernels are built
@@ -215,16 +213,6 @@ std::vector<GpuCase> gpu_cases() {
       v.push_back(c);
     }
   }
-  // Every case but the longest again with prefix_ready: the first tiles' old rows are issued before the wait and the
-  // new rows (the last q_len of each sequence) after it, into the same places: the same results.
-  const size_t n_all = v.size();
-  for (size_t i = 0; i < n_all; ++i) {
-    if (v[i].name.find("long") != std::string::npos) continue;
-    GpuCase c = v[i];
-    c.prefix_ready = true;
-    c.name += "_prefix_ready";
-    v.push_back(c);
-  }
   return v;
 }
 
@@ -234,7 +222,6 @@ void run_grid_case(const GpuCase& tc) {
   const std::vector<uint8_t> out_before = p.outbuf.bytes, k_before = cache.kbuf.bytes;
   DeviceCache dc(cache);
   DeviceDecode dd(p, dc);
-  dd.args.prefix_ready = tc.prefix_ready;
   flashlite::DecodePlan plan;
   int splits = tc.splits;
   bool expect_cluster = false;
@@ -369,10 +356,8 @@ TEST(GpuKv, AppendThenDecodeEqualsAttentionOverConcatenation) {
 // device buffers): the kernels read the current lengths, so both steps land and the second decode is exact.
 TEST(GpuKv, DecodeStepCapturedInGraphReplaysAsLengthsGrow) {
   SKIP_WITHOUT_GPU();
-  // prefix_ready: append (the decode's predecessor) writes only each sequence's newest row, as the promise says.
-  for (int run = 0; run < 4; ++run) {
-    const bool paged = run % 2 == 1, prefix_ready = run >= 2;
-    SCOPED_TRACE(std::string(paged ? "paged" : "contiguous") + (prefix_ready ? ", prefix_ready" : ""));
+  for (bool paged : {false, true}) {
+    SCOPED_TRACE(paged ? "paged" : "contiguous");
     CacheSpec cs;
     cs.paged = paged;
     cs.page_size = 16;
@@ -410,7 +395,6 @@ TEST(GpuKv, DecodeStepCapturedInGraphReplaysAsLengthsGrow) {
     dd.args.plan = &plan;
     dd.args.workspace = ws.p;
     dd.args.workspace_bytes = plan.workspace_bytes;
-    dd.args.prefix_ready = prefix_ready;
     cudaStream_t stream;
     ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
     a.stream = dd.args.stream = stream;
@@ -627,100 +611,6 @@ TEST(GpuKv, DecodeRunsAgainAfterCudaDeviceReset) {
       run_grid_case(c);
     }
     if (round == 0) ck(cudaDeviceReset(), "cudaDeviceReset");
-  }
-}
-
-// DecodeArgs::prefix_ready against a predecessor that keeps the promise late: it lets the decode launch at once,
-// spins 50 us and only then writes q and each sequence's last q_len K/V rows (the device starts with other random
-// values there). The decode must attend with the written values (float64 reference). Then the promise broken on
-// purpose (the predecessor also rewrites the row before the new ones): on sm_90 with programmatic dependent launch
-// the decode has read that row before its wait, so the output must differ from the correct one; this shows the
-// first check ran the early reads at all.
-TEST(GpuKv, PrefixReadyReadsQAndTheNewRowsAfterTheWait) {
-  SKIP_WITHOUT_GPU();
-  int major = 0;
-  ck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), "device");
-  const char* pdl_env = std::getenv("FLASHLITE_DECODE_PDL");
-  const bool early = major >= 9 && !(pdl_env && pdl_env[0] == '0');
-  for (int run = 0; run < 4; ++run) {
-    const bool paged = run % 2 == 1;
-    // Planned (batch 2 x 8 heads: more split blocks than SMs, merged by the combine kernel) or 3 forced (a cluster
-    // merge on sm_90). The plan and a workspace are given, as an engine's graph does: without a workspace decode
-    // allocates one on the stream (cudaMallocAsync) between the predecessor and the split kernel, and the split
-    // kernel is then no programmatic dependent of it.
-    const int splits = run < 2 ? 0 : 3;
-    SCOPED_TRACE(std::string(paged ? "paged16" : "contiguous") + " splits " + std::to_string(splits));
-    CacheSpec cs;
-    cs.paged = paged;
-    cs.page_size = 16;
-    cs.kv_heads = 8;
-    cs.head_dim = 64;
-    cs.dtype = DType::bf16;
-    cs.lens = {640, 130};  // 10 tiles: with 3 splits the last split's tiles are 8 and 9, both issued before the wait
-    DecodeSpec ds;
-    ds.q_heads = 32;
-    ds.q_len = run < 2 ? 1 : 2;
-    ds.opt.causal = true;
-    HostCache cache(cs, fltest::seed_of("prefix ready " + std::to_string(run)));
-    DecodeProblem p(cache, ds, fltest::seed_of("prefix ready q " + std::to_string(run)));
-    const std::vector<uint8_t> out_before = p.outbuf.bytes;
-    std::vector<uint8_t> correct_out;
-    for (const bool broken : {false, true}) {
-      if (broken && !early) break;
-      SCOPED_TRACE(broken ? "promise broken" : "promise kept");
-      p.outbuf.bytes = out_before;  // the device output starts poisoned again
-      // Device K/V and q start stale (other random values) where the predecessor writes late.
-      const size_t es = fltest::elem_size(cs.dtype);
-      Buffer k_stale(cs.dtype, cache.kbuf.numel()), v_stale(cs.dtype, cache.vbuf.numel()), q_stale(cs.dtype, p.qbuf.numel());
-      k_stale.bytes = cache.kbuf.bytes, v_stale.bytes = cache.vbuf.bytes;
-      std::mt19937_64 rng(fltest::seed_of("stale"));
-      std::normal_distribution<float> normal(0.f, 1.f);
-      for (int64_t i = 0; i < q_stale.numel(); ++i) fltest::store(cs.dtype, q_stale.data(), i, normal(rng));
-      DeviceCache dc(cache);
-      DeviceDecode dd(p, dc);
-      DevBuf k_good(cache.kbuf.bytes.data(), cache.kbuf.bytes.size()), v_good(cache.vbuf.bytes.data(), cache.vbuf.bytes.size());
-      DevBuf q_good(p.qbuf.bytes.data(), p.qbuf.bytes.size());
-      std::vector<CopySegment> segs = {{dd.q.p, q_good.p, (long long)p.qbuf.bytes.size()}};
-      for (int64_t b = 0; b < cache.batch; ++b) {
-        const int64_t from = cache.len(b) - ds.q_len - (broken ? 1 : 0);
-        for (int64_t pos = from; pos < cache.len(b); ++pos)
-          for (int64_t h = 0; h < cs.kv_heads; ++h) {
-            const int64_t off = cache.offset(b, pos, h);
-            for (int64_t c = 0; c < cs.head_dim; ++c) {
-              fltest::store(cs.dtype, k_stale.data(), off + c, normal(rng));
-              fltest::store(cs.dtype, v_stale.data(), off + c, normal(rng));
-            }
-            const size_t at = size_t(off) * es, n = size_t(cs.head_dim) * es;
-            segs.push_back({static_cast<char*>(dc.k.p) + at, static_cast<const char*>(k_good.p) + at, (long long)n});
-            segs.push_back({static_cast<char*>(dc.v.p) + at, static_cast<const char*>(v_good.p) + at, (long long)n});
-          }
-      }
-      dc.k.up(k_stale.data());
-      dc.v.up(v_stale.data());
-      dd.q.up(q_stale.data());
-      DevBuf seg_dev(segs.data(), segs.size() * sizeof(CopySegment));
-      const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, -1, splits);
-      dd.args.plan = &plan;
-      DevBuf ws(nullptr, 0);
-      ck(cudaMalloc(&ws.p, std::max<size_t>(plan.workspace_bytes, 16)), "workspace");
-      dd.args.workspace = ws.p;
-      dd.args.workspace_bytes = plan.workspace_bytes;
-      dd.args.prefix_ready = true;
-      cudaStream_t stream;
-      ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-      dd.args.stream = stream;
-      ck(launch_delayed_copy(static_cast<const CopySegment*>(seg_dev.p), int(segs.size()), 50, stream), "delayed copy");
-      flashlite::decode(dd.args);
-      ck(cudaStreamSynchronize(stream), "decode");
-      dd.download();
-      if (!broken) {
-        expect_decode_matches(p, out_before);
-        correct_out = p.outbuf.bytes;
-      } else {
-        EXPECT_NE(p.outbuf.bytes, correct_out) << "the decode read the rewritten old row after its wait: the early path did not run";
-      }
-      cudaStreamDestroy(stream);
-    }
   }
 }
 

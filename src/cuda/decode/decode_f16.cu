@@ -5,14 +5,12 @@
 
 namespace flashlite::cuda_decode {
 
-DecodeKernels decode_kernels_f16(int head_dim, bool prefix_ready) {
+DecodeKernels decode_kernels_f16(int head_dim) {
   if (head_dim == 64) {
-    return {prefix_ready ? reinterpret_cast<const void*>(&decode_split_kernel<__half, 64, true>)
-                          : reinterpret_cast<const void*>(&decode_split_kernel<__half, 64, false>),
+    return {reinterpret_cast<const void*>(&decode_split_kernel<__half, 64>),
             reinterpret_cast<const void*>(&decode_combine_kernel<__half, 64>), SplitCfg<64>::SMEM_BYTES};
   }
-  return {prefix_ready ? reinterpret_cast<const void*>(&decode_split_kernel<__half, 128, true>)
-                        : reinterpret_cast<const void*>(&decode_split_kernel<__half, 128, false>),
+  return {reinterpret_cast<const void*>(&decode_split_kernel<__half, 128>),
           reinterpret_cast<const void*>(&decode_combine_kernel<__half, 128>), SplitCfg<128>::SMEM_BYTES};
 }
 

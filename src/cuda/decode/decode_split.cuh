@@ -102,9 +102,7 @@ __device__ __forceinline__ VirtualKeys virtual_keys(const MaskParams& m, int q_l
   return v;
 }
 
-// kPrefixReady (DecodeArgs::prefix_ready, its own instance so the default one stays as measured): the length and the
-// first tiles' older rows are read before griddepcontrol.wait; q and each sequence's last q_len rows after it.
-template <class T, int D, bool kPrefixReady>
+template <class T, int D>
 __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_constant__ DecodeParams p) {
   using Cfg = SplitCfg<D>;
   constexpr int LD = Cfg::LD, CPR = Cfg::CPR, KD = Cfg::KD, ND = Cfg::ND;
@@ -114,10 +112,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   // block's first tile has landed (below): a dependent that starts streaming its own inputs (an engine's next GEMV
   // preloads megabytes of weights) would otherwise queue this kernel's few latency-bound loads behind its traffic
   // (measured with the engine timeline: q and the first tile took ~4 us after the wait).
-  if constexpr (!kPrefixReady) {
-    pdl_wait();       // launched as a programmatic dependent: q and the cache may be the previous kernel's output
-    timeline_stamp(p, 1);
-  }
+  pdl_wait();       // launched as a programmatic dependent: q and the cache may be the previous kernel's output
+  timeline_stamp(p, 1);
 
   const int split = int(blockIdx.x);
   const int kvh = int(blockIdx.y) % p.kv_heads, rc = int(blockIdx.y) / p.kv_heads;
@@ -136,8 +132,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   const uint32_t s_base = smem_u32(smem);
   const uint32_t sQ = s_base + uint32_t((kStages - 1) * Cfg::STAGE_BYTES);
   // Q rows (zeros past the block's rows) into the last stage's K tile, as its own commit group; issued before the
-  // length is read so the two memory round trips overlap (kPrefixReady: after the wait, with the new rows).
-  auto copy_q = [&] {
+  // length is read so the two memory round trips overlap.
+  {
     const T* qg = static_cast<const T*>(p.q);
     const int q_rows = wm_count * 16;
     for (int c = tid; c < q_rows * CPR; c += kThreads) {
@@ -166,8 +162,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
         st_shared_16(dst, u.v);
       }
     }
-  };
-  if constexpr (!kPrefixReady) copy_q();
+  }
 
   // Sequence length and the keys to visit.
   int L, page_base = 0;
@@ -253,71 +248,15 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
     copy_pids(n + kPidAhead);
   };
 
-  if constexpr (kPrefixReady) {
-    // The first tiles without each sequence's last q_len rows (nothing issued for those yet), then the wait, then q
-    // and those rows into their places. One group for all: the loop only ever waits for more groups to land.
-    const int fresh_from = L - p.q_len;
-    auto issue_rows = [&](int n, bool fresh) {
-      const uint32_t sK = s_base + uint32_t((n % kStages) * Cfg::STAGE_BYTES);
-      const uint32_t sV = sK + Cfg::TILE_BYTES;
-      const int vk0 = (t_begin + n) * kTileKeys;
-      const int* pid_n = pid + (n % kPidRing) * kTileKeys;
 #pragma unroll
-      for (int pass = 0; pass < Cfg::PASSES; ++pass) {
-        const int row = tid / CPR + pass * Cfg::ROWS_PER_PASS;
-        const int vk = vk0 + row;
-        const bool ok = vk < vkeys.n_total;
-        const int pos = ok ? vkeys.pos(vk) : 0;
-        if ((ok && pos >= fresh_from) != fresh) continue;
-        const T* ksrc = kbase;
-        const T* vsrc = vbase;
-        if (ok) {
-          if (p.paged) {
-            const int64_t page = pid_n[row];
-            const int slot = p.page_shift >= 0 ? (pos & page_mask) : pos % p.page_size;
-            ksrc += page * p.k_s0 + int64_t(slot) * p.k_s1;
-            vsrc += page * p.v_s0 + int64_t(slot) * p.v_s1;
-          } else {
-            ksrc += int64_t(pos) * p.k_s1;
-            vsrc += int64_t(pos) * p.v_s1;
-          }
-        }
-        const uint32_t off = uint32_t((row * LD + ch * 8) * 2);
-        if constexpr (D == 128) {
-          cp_async_16_l2_256(sK + off, ksrc, ok ? 16 : 0);
-          cp_async_16_l2_256(sV + off, vsrc, ok ? 16 : 0);
-        } else {
-          cp_async_16(sK + off, ksrc, ok ? 16 : 0);
-          cp_async_16(sV + off, vsrc, ok ? 16 : 0);
-        }
-      }
-      if (!fresh) copy_pids(n + kPidAhead);
-    };
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < n_tiles) issue_rows(s, false);
-      cp_async_commit();
-    }
-    pdl_wait();
-    timeline_stamp(p, 1);
-    copy_q();
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < n_tiles) issue_rows(s, true);
-    }
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) issue(s);
     cp_async_commit();
-    cp_async_wait<0>();
-  } else {
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < n_tiles) issue(s);
-      cp_async_commit();
-    }
-    cp_async_wait<kStages - 1>();
   }
 
   // Q fragments (A operand) of this warp's 16 rows.
   uint32_t qf[KD][4];
+  cp_async_wait<kStages - 1>();
   __syncthreads();
   timeline_stamp(p, 2);  // q (and the length) landed, the first tiles issued
   {

@@ -30,8 +30,8 @@ constexpr int kCombineThreads = 128;
 constexpr float kLog2e = 1.4426950408889634f;
 
 DecodeKernels kernels_for(const DecodeProblem& p) {
-  return p.cache.dtype == DType::bf16 ? cuda_decode::decode_kernels_bf16(int(p.cache.head_dim), p.prefix_ready)
-                                      : cuda_decode::decode_kernels_f16(int(p.cache.head_dim), p.prefix_ready);
+  return p.cache.dtype == DType::bf16 ? cuda_decode::decode_kernels_bf16(int(p.cache.head_dim))
+                                      : cuda_decode::decode_kernels_f16(int(p.cache.head_dim));
 }
 
 int64_t row_chunks(const DecodeProblem& p) {
@@ -50,12 +50,10 @@ struct KernelState {
   std::atomic<bool> sm90_code{false};   // sm_90 device and code with griddepcontrol / clusters (kernel_arch.h)
   std::atomic<uint64_t> context{0};     // the context the attributes were set in (cudaDeviceReset makes a new one)
 };
-KernelState g_state[64][8];  // device x (dtype, head_dim, prefix_ready) instance
+KernelState g_state[64][4];  // device x (dtype, head_dim) instance
 std::atomic<int> g_sms[64], g_cc[64];
 
-int instance_index(const DecodeProblem& p) {
-  return (p.prefix_ready ? 4 : 0) + (p.cache.dtype == DType::bf16 ? 0 : 2) + (p.cache.head_dim == 64 ? 0 : 1);
-}
+int instance_index(const DecodeProblem& p) { return (p.cache.dtype == DType::bf16 ? 0 : 2) + (p.cache.head_dim == 64 ? 0 : 1); }
 
 int compute_capability(int dev) {
   int cc = g_cc[dev & 63].load();
