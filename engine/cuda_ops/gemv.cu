@@ -155,23 +155,10 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
     }
   }
   const NormPre pre = norm_preload<R, IN>(p, kc);
-  // residual_early: the storing lane's residual values of its first tile, before the wait (gemv.h says when valid).
-  float ypre[R];
-  bool have_ypre = false;
-  if constexpr (OUT == GemvOut::add_f32 && P) {  // (the preloading instance only, as stage_x)
-    if (p.residual_early && lane == 0 && sub == 0 && blockIdx.x < tiles) {
-      const int first = group_of(blockIdx.x);
-      if (first < groups) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) ypre[r] = r < p.rows ? static_cast<const float*>(p.y)[size_t(r) * p.out + first] : 0.f;
-        have_ypre = true;
-      }
-    }
-  }
   pdl_wait();
   gemv_stamp(p, 3);
   const uint4* xrow[R];
-  activation_rows<R, IN, P>(p, staged, xrow, lane, warp, kc, pre, [&] {
+  activation_rows<R, IN>(p, staged, xrow, lane, warp, kc, pre, [&] {
     if (!preload_after || blockIdx.x >= tiles) return;
     const int first = group_of(blockIdx.x);  // recomputed: nothing stays live through the prologue
     if (first >= groups) return;
@@ -209,9 +196,7 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
       warp_sum(acc);
     }
     preloaded = false;  // a lane with no chunk in its first tile never consumed its (empty) batch
-    if (have_ypre) finish_tile<R, OUT>(p, acc, part, best, tile, warp, lane, active, S, sub, u0, &ypre);
-    else finish_tile<R, OUT>(p, acc, part, best, tile, warp, lane, active, S, sub, u0);
-    have_ypre = false;
+    finish_tile<R, OUT>(p, acc, part, best, tile, warp, lane, active, S, sub, u0);
   }
   if (late_trigger) pdl_launch_dependents();
   if constexpr (kArgmax) fold_argmax<R>(p, best, warp, lane);
@@ -234,7 +219,7 @@ void launch(const GemvParams& p, cudaStream_t s) {
     if constexpr (V) return gemv_variant_kernel<R, IN, OUT, P>;
     else return gemv_kernel<R, IN, OUT>;
   }();
-  const size_t smem = IN == GemvIn::rmsnorm || p.stage_x ? size_t(p.rows) * p.k * 2 : 0;
+  const size_t smem = IN == GemvIn::rmsnorm ? size_t(p.rows) * p.k * 2 : 0;
   if (smem > 48 * 1024) {
     static bool raised = false;  // once per instantiation (the limit is per kernel), once it succeeded
     if (!raised) {
@@ -303,10 +288,10 @@ bool gemv_supported(int rows, int k, bool staged) {
 }
 
 void gemv(const GemvParams& p, void* stream) {
-  if (!gemv_supported(p.rows, p.k, p.in == GemvIn::rmsnorm || p.stage_x)) {
+  if (!gemv_supported(p.rows, p.k, p.in == GemvIn::rmsnorm)) {
     fail("gemv with " + std::to_string(p.rows) + " rows and k = " + std::to_string(p.k) + "; expected 1.." +
-         std::to_string(kGemvMaxRows) + " rows, k a multiple of 8 and, with the RMSNorm prologue or a staged input, "
-         "rows x k x 2 bytes within " + std::to_string(max_staged_bytes()) + " bytes of shared memory");
+         std::to_string(kGemvMaxRows) + " rows, k a multiple of 8 and, with the RMSNorm prologue, rows x k x 2 bytes "
+         "within " + std::to_string(max_staged_bytes()) + " bytes of shared memory");
   }
   if (p.split != 1 && p.split != 2 && p.split != 4 && p.split != 8) fail("gemv split " + std::to_string(p.split) + "; expected 1, 2, 4 or 8");
   if (p.epi == GemvOut::rope_bf16) {

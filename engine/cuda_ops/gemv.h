@@ -69,15 +69,6 @@ struct GemvParams {
   bool preload_after_x = false;  // with preload and the RMSNorm prologue: that batch after the wait, behind the x loads
   bool weight_evict_first = false;  // the weight loads marked evict-first in L2 (read once per step)
   bool norm_early = false;  // RMSNorm prologue (<= 2 rows, k <= 2048): the norm weight loaded before the wait
-  // A bf16 input staged in shared memory (rows x k x 2 bytes), each block reading it once, instead of every warp
-  // reading its chunks from L2 (the O GEMV's 2048 warps would read its 4 KB input 2048 times right after the wait).
-  // Honoured with preload (the variant kernel that preloads; elsewhere the warps read x as before).
-  bool stage_x = false;
-  // add_f32 (variant kernel): each warp's residual-stream value of its first output row read before the wait, not
-  // after its sums. Only valid where the kernel before this one in the stream is not what last wrote y (the engine's
-  // O GEMV: y was written by the previous layer's down GEMV, which has completed before the attention let O launch).
-  // Honoured with preload, as stage_x.
-  bool residual_early = false;
   bool late_trigger = false;
   bool stream = false;                // the streamed kernel where gemv_stream_supported (else the others)
   int stream_stages = 16;             // its 8 KB ring slots, a multiple of 8 (slot s: consumer warp s % 8)

@@ -96,9 +96,7 @@ __device__ __forceinline__ NormPre norm_preload(const GemvParams& p, int kc) {
 struct NoIssue {
   __device__ void operator()() const {}
 };
-// kStaging: GemvParams::stage_x honoured (compiled only into the preloading variant kernel, where the engine uses
-// it; elsewhere the staged area goes unused and the warps read x from global memory as before).
-template <int R, GemvIn IN, bool kStaging = false, class AfterIssue = NoIssue>
+template <int R, GemvIn IN, class AfterIssue = NoIssue>
 __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* staged, const uint4* (&xrow)[R], int lane,
                                                 int warp, int kc, const NormPre& pre, AfterIssue after_issue = {}) {
   if constexpr (IN == GemvIn::rmsnorm) {
@@ -211,30 +209,9 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
     for (int r = 0; r < R; ++r) xrow[r] = staged + size_t(min(r, p.rows - 1)) * kc;
   } else {
     (void)lane, (void)warp;
-    const uint4* x = static_cast<const uint4*>(p.x);
-    if (kStaging && p.stage_x) {  // block-uniform
-      // The block reads the rows once into shared memory, kInFlight chunks a thread per pass (few: the preloaded
-      // weight batch holds half the registers here).
-      constexpr int kInFlight = 2;
-      const int n = p.rows * kc;
-      for (int c0 = threadIdx.x; c0 < n; c0 += kInFlight * kThreads) {
-        uint4 v[kInFlight];
+    after_issue();
 #pragma unroll
-        for (int t = 0; t < kInFlight; ++t)
-          if (c0 + t * kThreads < n) v[t] = x[c0 + t * kThreads];
-        if (c0 == int(threadIdx.x)) after_issue();
-#pragma unroll
-        for (int t = 0; t < kInFlight; ++t)
-          if (c0 + t * kThreads < n) staged[c0 + t * kThreads] = v[t];
-      }
-      if (int(threadIdx.x) >= n) after_issue();
-      __syncthreads();
-      x = staged;
-    } else {
-      after_issue();
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) xrow[r] = x + size_t(min(r, p.rows - 1)) * kc;
+    for (int r = 0; r < R; ++r) xrow[r] = static_cast<const uint4*>(p.x) + size_t(min(r, p.rows - 1)) * kc;
   }
 }
 
@@ -270,18 +247,15 @@ __device__ __forceinline__ void warp_sum(float (&acc)[NW][R]) {
 
 // Output column j of the warp (element `at` of y) for activation row r: stored (bf16 / fp32), added to the fp32
 // residual stream, or SwiGLU of the gate (column j) and its up row (column j + NW / 2).
-// ypre (add_f32, GemvParams::residual_early): the residual values of this warp's column per row, read before the wait.
 template <GemvOut OUT, int NW, int R>
-__device__ __forceinline__ void store_column(const GemvParams& p, const float (&acc)[NW][R], int j, int r, size_t at,
-                                             const float (*ypre)[R] = nullptr) {
+__device__ __forceinline__ void store_column(const GemvParams& p, const float (&acc)[NW][R], int j, int r, size_t at) {
   const float v = acc[j][r];
   if constexpr (OUT == GemvOut::bf16) {
     static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v);
   } else if constexpr (OUT == GemvOut::f32 || OUT == GemvOut::f32_argmax) {
     static_cast<float*>(p.y)[at] = v;
   } else if constexpr (OUT == GemvOut::add_f32) {
-    float* y = static_cast<float*>(p.y);
-    y[at] = (ypre ? (*ypre)[r] : y[at]) + v;
+    static_cast<float*>(p.y)[at] += v;
   } else {
     const float up = acc[j + NW / 2][r];
     static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v / (1.f + __expf(-v)) * up);
@@ -291,8 +265,7 @@ __device__ __forceinline__ void store_column(const GemvParams& p, const float (&
 // The warp's U output columns from u0 for every activation row, stored (lane 0 of the warp); each(j, r, u) runs
 // after column j of row r is stored (the variant kernel's argmax keeps its best key there).
 template <GemvOut OUT, int U, int NW, int R, class Each>
-__device__ __forceinline__ void store_group(const GemvParams& p, const float (&acc)[NW][R], int u0, Each each,
-                                            const float (*ypre)[R] = nullptr) {
+__device__ __forceinline__ void store_group(const GemvParams& p, const float (&acc)[NW][R], int u0, Each each) {
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     if (r >= p.rows) break;
@@ -300,7 +273,7 @@ __device__ __forceinline__ void store_group(const GemvParams& p, const float (&a
     for (int j = 0; j < U; ++j) {
       const int u = u0 + j;
       if (u >= p.out) break;
-      store_column<OUT>(p, acc, j, r, size_t(r) * p.out + u, ypre);
+      store_column<OUT>(p, acc, j, r, size_t(r) * p.out + u);
       each(j, r, u);
     }
   }
@@ -336,7 +309,7 @@ __device__ __forceinline__ RopeSlot rope_slot(const GemvRope& rp, int tile, int 
 template <int R, GemvOut OUT, int NW>
 __device__ __forceinline__ void finish_tile(const GemvParams& p, float (&acc)[NW][R], float (&part)[kWarps][NW][R],
                                             uint64_t (&best)[R], int tile, int warp, int lane, bool active, int S,
-                                            int sub, int u0, const float (*ypre)[R] = nullptr) {
+                                            int sub, int u0) {
   constexpr bool kRope = OUT == GemvOut::rope_bf16, kArgmax = OUT == GemvOut::f32_argmax;
   constexpr int U = OUT == GemvOut::swiglu_bf16 ? NW / 2 : NW;  // output columns per warp
   if constexpr (kRope) {
@@ -392,7 +365,7 @@ __device__ __forceinline__ void finish_tile(const GemvParams& p, float (&acc)[NW
     if (lane == 0 && active && sub == 0) {
       store_group<OUT, U>(p, acc, u0, [&](int j, int r, int u) {
         if constexpr (kArgmax) best[r] = max(best[r], argmax_key(acc[j][r], u));
-      }, ypre);
+      });
     }
   }
 }

@@ -312,11 +312,6 @@ class LlamaCuda final : public LlamaModel {
   //                                    kernel: 4 blocks per SM where a preloading RMSNorm GEMV holds 3);
   //                          =after    every GEMV, but the RMSNorm ones (QKV, gate/up, LM head) issue theirs after
   //                                    the wait, behind the prologue's activation loads;
-  //   FLASHLITE_ENGINE_STAGE_X=0       (default) =o: the O GEMV's block reads its bf16 input (the attention output)
-  //                                    once into shared memory instead of every warp from L2; =all: O and down;
-  //   FLASHLITE_ENGINE_RESIDUAL_EARLY=0 (default; a flag) =1: in decode steps the O GEMV reads its residual-stream
-  //                                    values before the wait (GemvParams::residual_early: the previous layer's down
-  //                                    GEMV wrote them and has completed before the attention lets O launch);
   //   FLASHLITE_ENGINE_PREFETCH=N      N >= 0 weight lines per row prefetched into L2 before the wait (default 0 with
   //                                    preload on, 4 with it off);
   //   FLASHLITE_ENGINE_NORM_EARLY=1    (default; a flag) the RMSNorm GEMVs load their norm weight before the wait
@@ -354,9 +349,6 @@ class LlamaCuda final : public LlamaModel {
                                   "a number of lines >= 0");
     late_trigger_ = es::choice("FLASHLITE_ENGINE_PDL_TRIGGER", 0, {{"early", 0}, {"late", 1}}, "early or late") != 0;
     norm_early_ = es::flag("FLASHLITE_ENGINE_NORM_EARLY", true);
-    stage_x_ = es::choice("FLASHLITE_ENGINE_STAGE_X", 0, es::flag_names(0, 1, {{"o", 1}, {"all", 2}}),
-                          "a flag (0, off, false, no; 1, on, true, yes: o), o or all");
-    residual_early_ = es::flag("FLASHLITE_ENGINE_RESIDUAL_EARLY", false);
     weight_evict_first_ = es::flag("FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", true);
     stream_gemv_ = es::flag("FLASHLITE_ENGINE_STREAM", false);
     stream_stages_ = es::integer_in("FLASHLITE_ENGINE_STREAM_STAGES", 16, {8, 16}, "8 or 16");
@@ -379,11 +371,11 @@ class LlamaCuda final : public LlamaModel {
       std::fprintf(stderr,
                    "flashlite engine variants: splitk %d, fuse_rope %d, fuse_argmax %d, preload %d, pdl_trigger %s, "
                    "decode_splits %d, profile %s, gemv %d, pdl env %s, prefetch %d, stream %d (stages %d, blocks %d), "
-                   "norm_early %d, weight_evict_first %d, stage_x %d, residual_early %d\n",
+                   "norm_early %d, weight_evict_first %d\n",
                    splitk_, int(fuse_rope_), int(fuse_argmax_), int(preload_), late_trigger_ ? "late" : "early",
                    decode_splits_, pr.empty() ? "off" : pr.c_str(), int(gemv_on_), pdl.empty() ? "default" : pdl.c_str(),
                    prefetch_lines_, int(stream_gemv_), stream_stages_, stream_blocks_, int(norm_early_),
-                   int(weight_evict_first_), stage_x_, int(residual_early_));
+                   int(weight_evict_first_));
     }
   }
 
@@ -534,8 +526,6 @@ class LlamaCuda final : public LlamaModel {
   bool stream_gemv_ = false;  // the streamed GEMV (one-row QKV, O, gate/up, down)
   int stream_stages_ = 16, stream_blocks_ = 1;
   bool norm_early_ = true;  // FLASHLITE_ENGINE_NORM_EARLY
-  int stage_x_ = 0;               // FLASHLITE_ENGINE_STAGE_X: 0 off, 1 O, 2 O and down
-  bool residual_early_ = false;   // FLASHLITE_ENGINE_RESIDUAL_EARLY
   bool weight_evict_first_ = true;  // FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST
   // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step (layout:
   // step_timeline.h), printed when the model is destroyed.
@@ -747,8 +737,6 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
       if (gemv) {  // x += att Wo^T; h = swiglu(rmsnorm(x) W13^T); x += h W2^T
         cuda_ops::GemvParams po = added_gemv(L.wo.ptr, dim, qd, att_.ptr, rows);
         po.timeline = gemv_timeline(l, 1);
-        po.stage_x = stage_x_ >= 1;
-        po.residual_early = residual_early_ && batched_decode;  // the decode kernel lets O launch after its wait
         cuda_ops::gemv(streamed(po, l, 1), s);
         mark("o");
         cuda_ops::GemvParams pg = normed_gemv(L.w13.ptr, hid, L.rms_ffn.ptr, nullptr, rows, cuda_ops::GemvOut::swiglu_bf16, hb_.ptr);
@@ -757,7 +745,6 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
         mark("gate_up");
         cuda_ops::GemvParams pd = added_gemv(L.w2.ptr, dim, hid, hb_.ptr, rows);
         pd.timeline = gemv_timeline(l, 3);
-        pd.stage_x = stage_x_ == 2;
         cuda_ops::gemv(streamed(pd, l, 3), s);
         mark("down");
         continue;

@@ -221,8 +221,7 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {"FLASHLITE_ENGINE_GRAPH", ""},    {"FLASHLITE_ENGINE_GEMV", ""},        {"FLASHLITE_ENGINE_STREAM", ""},
       {"FLASHLITE_ENGINE_STREAM_STAGES", ""}, {"FLASHLITE_ENGINE_STREAM_BLOCKS", ""},
       {"FLASHLITE_ENGINE_NORM_EARLY", ""}, {"FLASHLITE_ENGINE_TIMELINE", ""},
-      {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", ""}, {"FLASHLITE_ENGINE_STAGE_X", ""},
-      {"FLASHLITE_ENGINE_RESIDUAL_EARLY", ""}};
+      {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", ""}};
   // `over` with the entries of `base` it does not set.
   const auto merged = [](const Env& over, const Env& base) {
     Env env = over;
@@ -272,9 +271,6 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {{{"FLASHLITE_ENGINE_NORM_EARLY", "0"}}, true, true, true},
       // The weights' default L2 policy (the default marks them evict-first): a cache hint, the same tokens exactly.
       {{{"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "0"}}, true, true, true},
-      // The O / down input staged per block, the O GEMV's residual values read before its wait: the same sums.
-      {{{"FLASHLITE_ENGINE_STAGE_X", "all"}, {"FLASHLITE_ENGINE_RESIDUAL_EARLY", "1"}}, true, true, true},
-      {{{"FLASHLITE_ENGINE_STAGE_X", "o"}}, true, true, true},
       // Each switch alone on top of the baseline, against the baseline:
       {{{"FLASHLITE_ENGINE_SPLITK", "1"}}, false, false, false},
       {{{"FLASHLITE_ENGINE_SPLITK", "2"}}, false, false, false},
@@ -448,8 +444,7 @@ TEST(CudaEngine, SwitchValuesAreCheckedWhenTheModelIsBuilt) {
       {"FLASHLITE_ENGINE_PROFILE", "events"},  {"FLASHLITE_ENGINE_VERBOSE", "loud"},
       {"FLASHLITE_ENGINE_STREAM", "2"},        {"FLASHLITE_ENGINE_STREAM_STAGES", "4"},
       {"FLASHLITE_ENGINE_STREAM_BLOCKS", "5"}, {"FLASHLITE_ENGINE_NORM_EARLY", "early"},
-      {"FLASHLITE_ENGINE_TIMELINE", "maybe"},  {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "first"},
-      {"FLASHLITE_ENGINE_STAGE_X", "down"},    {"FLASHLITE_ENGINE_RESIDUAL_EARLY", "2"}};
+      {"FLASHLITE_ENGINE_TIMELINE", "maybe"},  {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "first"}};
   for (const auto& [name, value] : bad) {
     ScopedEnv env({{name, value}});
     eng::RuntimeOptions o;
