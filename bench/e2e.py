@@ -110,6 +110,8 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "preload_small": {"FLASHLITE_ENGINE_PRELOAD": "small"},
     "evict_normal": {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST": "0"},
     "norm_late": {"FLASHLITE_ENGINE_NORM_EARLY": "0"},
+    "gateup_grid_tiles": {"FLASHLITE_ENGINE_GATEUP_GRID": "100000"},
+    "gateup_grid_342": {"FLASHLITE_ENGINE_GATEUP_GRID": "342"},
     "preload_after": {"FLASHLITE_ENGINE_PRELOAD": "after"},
     "preload_after_prefetch_16": {"FLASHLITE_ENGINE_PRELOAD": "after", "FLASHLITE_ENGINE_PREFETCH": "16"},
     "preload_off": {"FLASHLITE_ENGINE_PRELOAD": "0"},
@@ -134,7 +136,7 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
 GEMV_ONLY_SWITCHES = {"FLASHLITE_ENGINE_SPLITK", "FLASHLITE_ENGINE_FUSE_ROPE", "FLASHLITE_ENGINE_FUSE_ARGMAX",
                       "FLASHLITE_ENGINE_PRELOAD", "FLASHLITE_ENGINE_PDL_TRIGGER", "FLASHLITE_ENGINE_PREFETCH",
                       "FLASHLITE_ENGINE_STREAM", "FLASHLITE_ENGINE_STREAM_STAGES", "FLASHLITE_ENGINE_STREAM_BLOCKS",
-                      "FLASHLITE_ENGINE_NORM_EARLY", "FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST"}
+                      "FLASHLITE_ENGINE_NORM_EARLY", "FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "FLASHLITE_ENGINE_GATEUP_GRID"}
 GEMV_MAX_ROWS = 8
 
 

@@ -251,7 +251,7 @@ void launch(const GemvParams& p, cudaStream_t s) {
       }
       queried_smem = smem;
     }
-    blocks = std::max(1, std::min(tiles, sm_count() * per_sm));
+    blocks = std::max(1, std::min(tiles, p.grid_blocks > 0 ? p.grid_blocks : sm_count() * per_sm));
   }
   const cudaError_t e = launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, s, p);
   if (e != cudaSuccess) fail_runtime(std::string("CUDA launch of gemv failed: ") + cudaGetErrorString(e));

@@ -69,6 +69,9 @@ struct GemvParams {
   bool preload_after_x = false;  // with preload and the RMSNorm prologue: that batch after the wait, behind the x loads
   bool weight_evict_first = false;  // the weight loads marked evict-first in L2 (read once per step)
   bool norm_early = false;  // RMSNorm prologue (<= 2 rows, k <= 2048): the norm weight loaded before the wait
+  // Variant kernel: blocks launched; 0 (default) one resident wave (each block loops over its tiles); > 0 that many,
+  // at most one per tile (a block per tile lets the hardware hand tiles to the SMs as blocks finish).
+  int grid_blocks = 0;
   bool late_trigger = false;
   bool stream = false;                // the streamed kernel where gemv_stream_supported (else the others)
   int stream_stages = 16;             // its 8 KB ring slots, a multiple of 8 (slot s: consumer warp s % 8)

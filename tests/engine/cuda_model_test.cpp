@@ -221,7 +221,7 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {"FLASHLITE_ENGINE_GRAPH", ""},    {"FLASHLITE_ENGINE_GEMV", ""},        {"FLASHLITE_ENGINE_STREAM", ""},
       {"FLASHLITE_ENGINE_STREAM_STAGES", ""}, {"FLASHLITE_ENGINE_STREAM_BLOCKS", ""},
       {"FLASHLITE_ENGINE_NORM_EARLY", ""}, {"FLASHLITE_ENGINE_TIMELINE", ""},
-      {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", ""}};
+      {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", ""}, {"FLASHLITE_ENGINE_GATEUP_GRID", ""}};
   // `over` with the entries of `base` it does not set.
   const auto merged = [](const Env& over, const Env& base) {
     Env env = over;
@@ -271,6 +271,9 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {{{"FLASHLITE_ENGINE_NORM_EARLY", "0"}}, true, true, true},
       // The weights' default L2 policy (the default marks them evict-first): a cache hint, the same tokens exactly.
       {{{"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "0"}}, true, true, true},
+      // The gate/up GEMV as a block per tile, or few blocks: the same sums, the default's tokens exactly.
+      {{{"FLASHLITE_ENGINE_GATEUP_GRID", "100000"}}, true, true, true},
+      {{{"FLASHLITE_ENGINE_GATEUP_GRID", "7"}}, true, true, true},
       // Each switch alone on top of the baseline, against the baseline:
       {{{"FLASHLITE_ENGINE_SPLITK", "1"}}, false, false, false},
       {{{"FLASHLITE_ENGINE_SPLITK", "2"}}, false, false, false},
@@ -444,7 +447,8 @@ TEST(CudaEngine, SwitchValuesAreCheckedWhenTheModelIsBuilt) {
       {"FLASHLITE_ENGINE_PROFILE", "events"},  {"FLASHLITE_ENGINE_VERBOSE", "loud"},
       {"FLASHLITE_ENGINE_STREAM", "2"},        {"FLASHLITE_ENGINE_STREAM_STAGES", "4"},
       {"FLASHLITE_ENGINE_STREAM_BLOCKS", "5"}, {"FLASHLITE_ENGINE_NORM_EARLY", "early"},
-      {"FLASHLITE_ENGINE_TIMELINE", "maybe"},  {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "first"}};
+      {"FLASHLITE_ENGINE_TIMELINE", "maybe"},  {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "first"},
+      {"FLASHLITE_ENGINE_GATEUP_GRID", "-1"}};
   for (const auto& [name, value] : bad) {
     ScopedEnv env({{name, value}});
     eng::RuntimeOptions o;

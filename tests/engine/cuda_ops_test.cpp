@@ -155,12 +155,15 @@ TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
     bool preload, late, after = false;  // after: the preloaded batch issued behind the RMSNorm prologue's loads
     bool norm_early = false;            // the norm weight loaded before the wait
     bool evict_first = false;           // the weight loads marked evict-first in L2
+    int grid = 0;                       // variant kernel's blocks (0: one resident wave)
   };
   const std::vector<Variant> variants = {{1, false, false}, {1, true, true}, {2, false, false}, {4, true, false},
                                          {8, false, true}, {2, true, true}, {1, true, false, true}, {2, true, true, true},
                                          {1, true, false, false, true}, {2, false, true, true, true},
                                          {1, false, false, false, false, true}, {1, true, false, false, true, true},
-                                         {2, true, true, false, false, true}};
+                                         {2, true, true, false, false, true},
+                                         {1, true, false, false, true, true, 1 << 20}, {1, true, false, false, true, true, 3},
+                                         {2, false, true, false, false, true, 1 << 20}};
   std::vector<Case> all = cases;
   // Odd sizes for the split: fewer chunks than warps x lanes, a slice boundary inside a batch, one output row.
   all.push_back({ops::GemvIn::bf16, ops::GemvOut::add_f32, 2, 1, 1032, false});
@@ -170,7 +173,8 @@ TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
     for (const Case& c : all) {
       SCOPED_TRACE(case_name(c) + " split " + std::to_string(v.split) + " preload " + std::to_string(v.preload) +
                    " late " + std::to_string(v.late) + " after " + std::to_string(v.after) + " norm early " +
-                   std::to_string(v.norm_early) + " evict first " + std::to_string(v.evict_first));
+                   std::to_string(v.norm_early) + " evict first " + std::to_string(v.evict_first) + " grid " +
+                   std::to_string(v.grid));
       const int stream_rows = c.row_index ? c.rows + 3 : c.rows;
       std::vector<int32_t> ri;
       if (c.row_index)
@@ -182,6 +186,7 @@ TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
       p.preload_after_x = v.after;
       p.norm_early = v.norm_early;
       p.weight_evict_first = v.evict_first;
+      p.grid_blocks = v.grid;
       const double worst = expect_gemv_matches(c, p, rng, stream_rows, ri);
       std::printf("gemv in %d epi %d rows %d out %d k %d split %d preload %d late %d: worst error / tolerance %.3f\n",
                   int(c.in), int(c.epi), c.rows, c.out, c.k, v.split, int(v.preload), int(v.late), worst);
