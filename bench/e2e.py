@@ -110,8 +110,8 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "preload_small": {"FLASHLITE_ENGINE_PRELOAD": "small"},
     "evict_normal": {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST": "0"},
     "norm_late": {"FLASHLITE_ENGINE_NORM_EARLY": "0"},
-    "gateup_grid_tiles": {"FLASHLITE_ENGINE_GATEUP_GRID": "100000"},
-    "gateup_grid_342": {"FLASHLITE_ENGINE_GATEUP_GRID": "342"},
+    "gateup_grid_wave": {"FLASHLITE_ENGINE_GATEUP_GRID": "wave"},  # the launch before round 12
+    "gateup_grid_tiles": {"FLASHLITE_ENGINE_GATEUP_GRID": "tiles"},
     "preload_after": {"FLASHLITE_ENGINE_PRELOAD": "after"},
     "preload_after_prefetch_16": {"FLASHLITE_ENGINE_PRELOAD": "after", "FLASHLITE_ENGINE_PREFETCH": "16"},
     "preload_off": {"FLASHLITE_ENGINE_PRELOAD": "0"},

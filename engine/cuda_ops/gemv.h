@@ -31,6 +31,7 @@
 namespace flashlite::engine::cuda_ops {
 
 constexpr int kGemvMaxRows = 8;
+constexpr int kGemvBlockPerTile = 1 << 30;  // GemvParams::grid_blocks: one block per tile
 constexpr int kGemvTimelineStamps = 5;  // diagnostic builds: timeline words per block (GemvParams::timeline)
 
 enum class GemvIn { bf16, rmsnorm };
@@ -70,7 +71,8 @@ struct GemvParams {
   bool weight_evict_first = false;  // the weight loads marked evict-first in L2 (read once per step)
   bool norm_early = false;  // RMSNorm prologue (<= 2 rows, k <= 2048): the norm weight loaded before the wait
   // Variant kernel: blocks launched; 0 (default) one resident wave (each block loops over its tiles); > 0 that many,
-  // at most one per tile (a block per tile lets the hardware hand tiles to the SMs as blocks finish).
+  // at most one per tile (kGemvBlockPerTile: a block per tile, so the hardware hands tiles to the SMs as blocks finish;
+  // the engine's one-row gate/up GEMV: 921 against 902 tok/s, docs/perf-notes.md "Round 12").
   int grid_blocks = 0;
   bool late_trigger = false;
   bool stream = false;                // the streamed kernel where gemv_stream_supported (else the others)

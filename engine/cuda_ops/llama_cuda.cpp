@@ -312,8 +312,10 @@ class LlamaCuda final : public LlamaModel {
   //                                    kernel: 4 blocks per SM where a preloading RMSNorm GEMV holds 3);
   //                          =after    every GEMV, but the RMSNorm ones (QKV, gate/up, LM head) issue theirs after
   //                                    the wait, behind the prologue's activation loads;
-  //   FLASHLITE_ENGINE_GATEUP_GRID=0   (default) the gate/up GEMV as one resident wave of blocks looping over their
-  //                                    tiles; N > 0: N blocks (at most one per tile; large N: a block per tile);
+  //   FLASHLITE_ENGINE_GATEUP_GRID=auto (default) the gate/up GEMV launched as a block per tile (8 of its 8192 row pairs) in
+  //                                    one-row steps (batch 1, prompt 512 on the H100: 918-924 against 885-909 tok/s
+  //                                    in three paired runs), as one resident wave of looping blocks otherwise;
+  //                          =tiles    a block per tile at every row count; =wave  one resident wave (the old launch);
   //   FLASHLITE_ENGINE_PREFETCH=N      N >= 0 weight lines per row prefetched into L2 before the wait (default 0 with
   //                                    preload on, 4 with it off);
   //   FLASHLITE_ENGINE_NORM_EARLY=1    (default; a flag) the RMSNorm GEMVs load their norm weight before the wait
@@ -351,7 +353,10 @@ class LlamaCuda final : public LlamaModel {
                                   "a number of lines >= 0");
     late_trigger_ = es::choice("FLASHLITE_ENGINE_PDL_TRIGGER", 0, {{"early", 0}, {"late", 1}}, "early or late") != 0;
     norm_early_ = es::flag("FLASHLITE_ENGINE_NORM_EARLY", true);
-    gateup_grid_ = es::integer("FLASHLITE_ENGINE_GATEUP_GRID", 0, 0, INT_MAX, "0 (one resident wave) or a block count");
+    gateup_grid_ = GateUpGrid(es::choice("FLASHLITE_ENGINE_GATEUP_GRID", int(GateUpGrid::automatic),
+                                         {{"auto", int(GateUpGrid::automatic)}, {"tiles", int(GateUpGrid::tiles)},
+                                          {"wave", int(GateUpGrid::wave)}},
+                                         "auto, tiles or wave"));
     weight_evict_first_ = es::flag("FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", true);
     stream_gemv_ = es::flag("FLASHLITE_ENGINE_STREAM", false);
     stream_stages_ = es::integer_in("FLASHLITE_ENGINE_STREAM_STAGES", 16, {8, 16}, "8 or 16");
@@ -378,7 +383,7 @@ class LlamaCuda final : public LlamaModel {
                    splitk_, int(fuse_rope_), int(fuse_argmax_), int(preload_), late_trigger_ ? "late" : "early",
                    decode_splits_, pr.empty() ? "off" : pr.c_str(), int(gemv_on_), pdl.empty() ? "default" : pdl.c_str(),
                    prefetch_lines_, int(stream_gemv_), stream_stages_, stream_blocks_, int(norm_early_),
-                   int(weight_evict_first_), gateup_grid_);
+                   int(weight_evict_first_), int(gateup_grid_));
     }
   }
 
@@ -529,7 +534,8 @@ class LlamaCuda final : public LlamaModel {
   bool stream_gemv_ = false;  // the streamed GEMV (one-row QKV, O, gate/up, down)
   int stream_stages_ = 16, stream_blocks_ = 1;
   bool norm_early_ = true;  // FLASHLITE_ENGINE_NORM_EARLY
-  int gateup_grid_ = 0;     // FLASHLITE_ENGINE_GATEUP_GRID
+  enum class GateUpGrid { automatic, tiles, wave };
+  GateUpGrid gateup_grid_ = GateUpGrid::automatic;  // FLASHLITE_ENGINE_GATEUP_GRID
   bool weight_evict_first_ = true;  // FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST
   // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step (layout:
   // step_timeline.h), printed when the model is destroyed.
@@ -745,7 +751,8 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
         mark("o");
         cuda_ops::GemvParams pg = normed_gemv(L.w13.ptr, hid, L.rms_ffn.ptr, nullptr, rows, cuda_ops::GemvOut::swiglu_bf16, hb_.ptr);
         pg.timeline = gemv_timeline(l, 2);
-        pg.grid_blocks = gateup_grid_;
+        const bool per_tile = gateup_grid_ == GateUpGrid::tiles || (gateup_grid_ == GateUpGrid::automatic && rows == 1);
+        pg.grid_blocks = per_tile ? cuda_ops::kGemvBlockPerTile : 0;
         cuda_ops::gemv(streamed(pg, l, 2), s);
         mark("gate_up");
         cuda_ops::GemvParams pd = added_gemv(L.w2.ptr, dim, hid, hb_.ptr, rows);

@@ -271,9 +271,10 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {{{"FLASHLITE_ENGINE_NORM_EARLY", "0"}}, true, true, true},
       // The weights' default L2 policy (the default marks them evict-first): a cache hint, the same tokens exactly.
       {{{"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "0"}}, true, true, true},
-      // The gate/up GEMV as a block per tile, or few blocks: the same sums, the default's tokens exactly.
-      {{{"FLASHLITE_ENGINE_GATEUP_GRID", "100000"}}, true, true, true},
-      {{{"FLASHLITE_ENGINE_GATEUP_GRID", "7"}}, true, true, true},
+      // The gate/up GEMV as one resident wave (the default launches a block per tile at one row) or a block per tile
+      // at every row count: the same sums, the default's tokens exactly.
+      {{{"FLASHLITE_ENGINE_GATEUP_GRID", "wave"}}, true, true, true},
+      {{{"FLASHLITE_ENGINE_GATEUP_GRID", "tiles"}}, true, true, true},
       // Each switch alone on top of the baseline, against the baseline:
       {{{"FLASHLITE_ENGINE_SPLITK", "1"}}, false, false, false},
       {{{"FLASHLITE_ENGINE_SPLITK", "2"}}, false, false, false},
@@ -448,7 +449,7 @@ TEST(CudaEngine, SwitchValuesAreCheckedWhenTheModelIsBuilt) {
       {"FLASHLITE_ENGINE_STREAM", "2"},        {"FLASHLITE_ENGINE_STREAM_STAGES", "4"},
       {"FLASHLITE_ENGINE_STREAM_BLOCKS", "5"}, {"FLASHLITE_ENGINE_NORM_EARLY", "early"},
       {"FLASHLITE_ENGINE_TIMELINE", "maybe"},  {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "first"},
-      {"FLASHLITE_ENGINE_GATEUP_GRID", "-1"}};
+      {"FLASHLITE_ENGINE_GATEUP_GRID", "7"}};
   for (const auto& [name, value] : bad) {
     ScopedEnv env({{name, value}});
     eng::RuntimeOptions o;
