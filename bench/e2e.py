@@ -102,7 +102,6 @@ ABLATIONS = {"fused GEMVs off (FLASHLITE_ENGINE_GEMV=0: cuBLASLt + separate norm
 SWITCHES_OFF = {"FLASHLITE_ENGINE_SPLITK": "0", "FLASHLITE_ENGINE_FUSE_ROPE": "0", "FLASHLITE_ENGINE_FUSE_ARGMAX": "0",
                 "FLASHLITE_ENGINE_PRELOAD": "0"}
 VARIANTS = {  # in the order they run (the most telling first: a run cut short keeps them)
-    "default_again": {},  # the defaults once more, after the others: the run's own spread
     "pdl_off": {"FLASHLITE_ENGINE_PDL": "0"},
     "switches_off": SWITCHES_OFF,  # the defaults before round 3
     "late_trigger": {"FLASHLITE_ENGINE_PDL_TRIGGER": "late"},
@@ -129,6 +128,7 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "stream": {"FLASHLITE_ENGINE_STREAM": "1"},
     "stream_8": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_STAGES": "8"},
     "stream_blocks_2": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_BLOCKS": "2"},
+    "default_again": {},  # the defaults once more, listed last: the run's own spread
 }
 # Switches that act only on the fused GEMVs, i.e. on steps of <= 8 rows (kGemvMaxRows): at a larger batch a variant
 # made of these alone runs the default's kernels, so --variants skips those rows (recorded as skipped) instead of

@@ -234,8 +234,9 @@ void launch(const GemvParams& p, cudaStream_t s) {
   constexpr int U = OUT == GemvOut::swiglu_bf16 ? 1 : rows_per_warp<OUT>();
   int blocks;
   if constexpr (!V) {
-    const int groups = (p.out + U - 1) / U;
-    blocks = std::max(1, std::min((groups + kWarps - 1) / kWarps, sm_count() * 4));
+    // A tile is a block's kWarps groups; its warps stride over the groups, so any grid covers them.
+    const int groups = (p.out + U - 1) / U, tiles = (groups + kWarps - 1) / kWarps;
+    blocks = std::max(1, std::min(tiles, p.grid_blocks > 0 ? p.grid_blocks : sm_count() * 4));
   } else {
     const int S = (OUT == GemvOut::swiglu_bf16 || OUT == GemvOut::rope_bf16) ? 1 : p.split;
     const int groups = (p.out + U - 1) / U, per_tile = kWarps / S;

@@ -70,7 +70,7 @@ struct GemvParams {
   bool preload_after_x = false;  // with preload and the RMSNorm prologue: that batch after the wait, behind the x loads
   bool weight_evict_first = false;  // the weight loads marked evict-first in L2 (read once per step)
   bool norm_early = false;  // RMSNorm prologue (<= 2 rows, k <= 2048): the norm weight loaded before the wait
-  // Variant kernel: blocks launched; 0 (default) one resident wave (each block loops over its tiles); > 0 that many,
+  // Blocks launched: 0 (default) one resident wave (each block loops over its tiles); > 0 that many,
   // at most one per tile (kGemvBlockPerTile: a block per tile, so the hardware hands tiles to the SMs as blocks finish;
   // the engine's one-row gate/up GEMV: 921 against 902 tok/s, docs/perf-notes.md "Round 12").
   int grid_blocks = 0;

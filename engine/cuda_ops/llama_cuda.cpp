@@ -379,11 +379,12 @@ class LlamaCuda final : public LlamaModel {
       std::fprintf(stderr,
                    "flashlite engine variants: splitk %d, fuse_rope %d, fuse_argmax %d, preload %d, pdl_trigger %s, "
                    "decode_splits %d, profile %s, gemv %d, pdl env %s, prefetch %d, stream %d (stages %d, blocks %d), "
-                   "norm_early %d, weight_evict_first %d, gateup_grid %d\n",
+                   "norm_early %d, weight_evict_first %d, gateup_grid %s\n",
                    splitk_, int(fuse_rope_), int(fuse_argmax_), int(preload_), late_trigger_ ? "late" : "early",
                    decode_splits_, pr.empty() ? "off" : pr.c_str(), int(gemv_on_), pdl.empty() ? "default" : pdl.c_str(),
                    prefetch_lines_, int(stream_gemv_), stream_stages_, stream_blocks_, int(norm_early_),
-                   int(weight_evict_first_), int(gateup_grid_));
+                   int(weight_evict_first_),
+                   gateup_grid_ == GateUpGrid::automatic ? "auto" : gateup_grid_ == GateUpGrid::tiles ? "tiles" : "wave");
     }
   }
 

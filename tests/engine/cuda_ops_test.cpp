@@ -164,7 +164,8 @@ TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
                                          {2, true, true, false, false, true},
                                          {1, true, false, false, true, true, ops::kGemvBlockPerTile},
                                          {1, true, false, false, true, true, 3},
-                                         {2, false, true, false, false, true, ops::kGemvBlockPerTile}};
+                                         {2, false, true, false, false, true, ops::kGemvBlockPerTile},
+                                         {1, false, false, false, false, false, 3}};  // the default kernel, 3 blocks
   std::vector<Case> all = cases;
   // Odd sizes for the split: fewer chunks than warps x lanes, a slice boundary inside a batch, one output row.
   all.push_back({ops::GemvIn::bf16, ops::GemvOut::add_f32, 2, 1, 1032, false});
