@@ -316,6 +316,10 @@ class LlamaCuda final : public LlamaModel {
   //                                    one-row steps (batch 1, prompt 512 on the H100: 918-924 against 885-909 tok/s
   //                                    in three paired runs), as one resident wave of looping blocks otherwise;
   //                          =tiles    a block per tile at every row count; =wave  one resident wave (the old launch);
+  //   FLASHLITE_ENGINE_LMHEAD_GRID=auto (default) the LM-head GEMV as one resident wave of looping blocks;
+  //                          =tiles    a block per tile (8 rows x 4 warps of its vocabulary rows); =wave  the same as auto;
+  //   FLASHLITE_ENGINE_DOWN_GRID=auto  (default) the down GEMV as one resident wave of looping blocks;
+  //                          =tiles    a block per tile; =wave  the same as auto;
   //   FLASHLITE_ENGINE_PREFETCH=N      N >= 0 weight lines per row prefetched into L2 before the wait (default 0 with
   //                                    preload on, 4 with it off);
   //   FLASHLITE_ENGINE_NORM_EARLY=1    (default; a flag) the RMSNorm GEMVs load their norm weight before the wait
@@ -353,10 +357,11 @@ class LlamaCuda final : public LlamaModel {
                                   "a number of lines >= 0");
     late_trigger_ = es::choice("FLASHLITE_ENGINE_PDL_TRIGGER", 0, {{"early", 0}, {"late", 1}}, "early or late") != 0;
     norm_early_ = es::flag("FLASHLITE_ENGINE_NORM_EARLY", true);
-    gateup_grid_ = GateUpGrid(es::choice("FLASHLITE_ENGINE_GATEUP_GRID", int(GateUpGrid::automatic),
-                                         {{"auto", int(GateUpGrid::automatic)}, {"tiles", int(GateUpGrid::tiles)},
-                                          {"wave", int(GateUpGrid::wave)}},
-                                         "auto, tiles or wave"));
+    const std::vector<es::Name> grids = {
+        {"auto", int(GemvGrid::automatic)}, {"tiles", int(GemvGrid::tiles)}, {"wave", int(GemvGrid::wave)}};
+    gateup_grid_ = GemvGrid(es::choice("FLASHLITE_ENGINE_GATEUP_GRID", int(GemvGrid::automatic), grids, "auto, tiles or wave"));
+    lmhead_grid_ = GemvGrid(es::choice("FLASHLITE_ENGINE_LMHEAD_GRID", int(GemvGrid::automatic), grids, "auto, tiles or wave"));
+    down_grid_ = GemvGrid(es::choice("FLASHLITE_ENGINE_DOWN_GRID", int(GemvGrid::automatic), grids, "auto, tiles or wave"));
     weight_evict_first_ = es::flag("FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", true);
     stream_gemv_ = es::flag("FLASHLITE_ENGINE_STREAM", false);
     stream_stages_ = es::integer_in("FLASHLITE_ENGINE_STREAM_STAGES", 16, {8, 16}, "8 or 16");
@@ -379,12 +384,12 @@ class LlamaCuda final : public LlamaModel {
       std::fprintf(stderr,
                    "flashlite engine variants: splitk %d, fuse_rope %d, fuse_argmax %d, preload %d, pdl_trigger %s, "
                    "decode_splits %d, profile %s, gemv %d, pdl env %s, prefetch %d, stream %d (stages %d, blocks %d), "
-                   "norm_early %d, weight_evict_first %d, gateup_grid %s\n",
+                   "norm_early %d, weight_evict_first %d, gateup_grid %s, lmhead_grid %s, down_grid %s\n",
                    splitk_, int(fuse_rope_), int(fuse_argmax_), int(preload_), late_trigger_ ? "late" : "early",
                    decode_splits_, pr.empty() ? "off" : pr.c_str(), int(gemv_on_), pdl.empty() ? "default" : pdl.c_str(),
                    prefetch_lines_, int(stream_gemv_), stream_stages_, stream_blocks_, int(norm_early_),
                    int(weight_evict_first_),
-                   gateup_grid_ == GateUpGrid::automatic ? "auto" : gateup_grid_ == GateUpGrid::tiles ? "tiles" : "wave");
+                   grid_name(gateup_grid_), grid_name(lmhead_grid_), grid_name(down_grid_));
     }
   }
 
@@ -535,8 +540,13 @@ class LlamaCuda final : public LlamaModel {
   bool stream_gemv_ = false;  // the streamed GEMV (one-row QKV, O, gate/up, down)
   int stream_stages_ = 16, stream_blocks_ = 1;
   bool norm_early_ = true;  // FLASHLITE_ENGINE_NORM_EARLY
-  enum class GateUpGrid { automatic, tiles, wave };
-  GateUpGrid gateup_grid_ = GateUpGrid::automatic;  // FLASHLITE_ENGINE_GATEUP_GRID
+  enum class GemvGrid { automatic, tiles, wave };
+  static const char* grid_name(GemvGrid g) {
+    return g == GemvGrid::automatic ? "auto" : g == GemvGrid::tiles ? "tiles" : "wave";
+  }
+  GemvGrid gateup_grid_ = GemvGrid::automatic;  // FLASHLITE_ENGINE_GATEUP_GRID
+  GemvGrid lmhead_grid_ = GemvGrid::automatic;  // FLASHLITE_ENGINE_LMHEAD_GRID
+  GemvGrid down_grid_ = GemvGrid::automatic;    // FLASHLITE_ENGINE_DOWN_GRID
   bool weight_evict_first_ = true;  // FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST
   // FLASHLITE_ENGINE_TIMELINE (diagnostic builds): per-block %globaltimer stamps of the last decode step (layout:
   // step_timeline.h), printed when the model is destroyed.
@@ -752,12 +762,13 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
         mark("o");
         cuda_ops::GemvParams pg = normed_gemv(L.w13.ptr, hid, L.rms_ffn.ptr, nullptr, rows, cuda_ops::GemvOut::swiglu_bf16, hb_.ptr);
         pg.timeline = gemv_timeline(l, 2);
-        const bool per_tile = gateup_grid_ == GateUpGrid::tiles || (gateup_grid_ == GateUpGrid::automatic && rows == 1);
+        const bool per_tile = gateup_grid_ == GemvGrid::tiles || (gateup_grid_ == GemvGrid::automatic && rows == 1);
         pg.grid_blocks = per_tile ? cuda_ops::kGemvBlockPerTile : 0;
         cuda_ops::gemv(streamed(pg, l, 2), s);
         mark("gate_up");
         cuda_ops::GemvParams pd = added_gemv(L.w2.ptr, dim, hid, hb_.ptr, rows);
         pd.timeline = gemv_timeline(l, 3);
+        if (down_grid_ == GemvGrid::tiles) pd.grid_blocks = cuda_ops::kGemvBlockPerTile;
         cuda_ops::gemv(streamed(pd, l, 3), s);
         mark("down");
         continue;
@@ -779,6 +790,8 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
                                            fused_argmax ? cuda_ops::GemvOut::f32_argmax : cuda_ops::GemvOut::f32,
                                            logits_dev_.ptr);
       p.argmax_keys = fused_argmax ? keys_dev_.as<uint64_t>() : nullptr;
+      // auto is the resident wave (a block per tile is measured against it through the switch).
+      if (lmhead_grid_ == GemvGrid::tiles) p.grid_blocks = cuda_ops::kGemvBlockPerTile;
       cuda_ops::gemv(p, s);
     } else {
       cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), rms_final_.ptr, step_in(2), lrows, dim, c_.rms_eps, elem_, s);

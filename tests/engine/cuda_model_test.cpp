@@ -221,7 +221,8 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       {"FLASHLITE_ENGINE_GRAPH", ""},    {"FLASHLITE_ENGINE_GEMV", ""},        {"FLASHLITE_ENGINE_STREAM", ""},
       {"FLASHLITE_ENGINE_STREAM_STAGES", ""}, {"FLASHLITE_ENGINE_STREAM_BLOCKS", ""},
       {"FLASHLITE_ENGINE_NORM_EARLY", ""}, {"FLASHLITE_ENGINE_TIMELINE", ""},
-      {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", ""}, {"FLASHLITE_ENGINE_GATEUP_GRID", ""}};
+      {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", ""}, {"FLASHLITE_ENGINE_GATEUP_GRID", ""},
+      {"FLASHLITE_ENGINE_LMHEAD_GRID", ""}, {"FLASHLITE_ENGINE_DOWN_GRID", ""}};
   // `over` with the entries of `base` it does not set.
   const auto merged = [](const Env& over, const Env& base) {
     Env env = over;
@@ -275,6 +276,9 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       // at every row count: the same sums, the default's tokens exactly.
       {{{"FLASHLITE_ENGINE_GATEUP_GRID", "wave"}}, true, true, true},
       {{{"FLASHLITE_ENGINE_GATEUP_GRID", "tiles"}}, true, true, true},
+      // The LM head (with the fused argmax) as a block per tile: the same sums and keys, the default's tokens exactly.
+      {{{"FLASHLITE_ENGINE_LMHEAD_GRID", "tiles"}}, true, true, true},
+      {{{"FLASHLITE_ENGINE_DOWN_GRID", "tiles"}}, true, true, true},
       // Each switch alone on top of the baseline, against the baseline:
       {{{"FLASHLITE_ENGINE_SPLITK", "1"}}, false, false, false},
       {{{"FLASHLITE_ENGINE_SPLITK", "2"}}, false, false, false},
@@ -449,7 +453,8 @@ TEST(CudaEngine, SwitchValuesAreCheckedWhenTheModelIsBuilt) {
       {"FLASHLITE_ENGINE_STREAM", "2"},        {"FLASHLITE_ENGINE_STREAM_STAGES", "4"},
       {"FLASHLITE_ENGINE_STREAM_BLOCKS", "5"}, {"FLASHLITE_ENGINE_NORM_EARLY", "early"},
       {"FLASHLITE_ENGINE_TIMELINE", "maybe"},  {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "first"},
-      {"FLASHLITE_ENGINE_GATEUP_GRID", "7"}};
+      {"FLASHLITE_ENGINE_GATEUP_GRID", "7"},  {"FLASHLITE_ENGINE_LMHEAD_GRID", "all"},
+      {"FLASHLITE_ENGINE_DOWN_GRID", "-1"}};
   for (const auto& [name, value] : bad) {
     ScopedEnv env({{name, value}});
     eng::RuntimeOptions o;

@@ -165,6 +165,7 @@ TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
                                          {1, true, false, false, true, true, ops::kGemvBlockPerTile},
                                          {1, true, false, false, true, true, 3},
                                          {2, false, true, false, false, true, ops::kGemvBlockPerTile},
+                                         {2, true, false, false, true, true, ops::kGemvBlockPerTile},  // the engine's down
                                          {1, false, false, false, false, false, 3}};  // the default kernel, 3 blocks
   std::vector<Case> all = cases;
   // Odd sizes for the split: fewer chunks than warps x lanes, a slice boundary inside a batch, one output row.
@@ -415,8 +416,11 @@ TEST(EngineCudaOps, FusedArgmaxIsTheHostArgmaxOfItsLogits) {
   const std::vector<ACase> cases = {{1, 1001, 64, false, false, false}, {3, 5003, 136, true, true, true},
                                     {8, 257, 8, true, true, false},      {1, 128256, 64, false, true, true},
                                     {2, 1, 264, false, false, false},    {5, 40000, 24, false, false, true}};
+  // Each case in one resident wave (0) and as a block per tile (the engine's FLASHLITE_ENGINE_LMHEAD_GRID=tiles).
+  for (const int grid : {0, ops::kGemvBlockPerTile})
   for (const ACase& ac : cases) {
-    SCOPED_TRACE("rows " + std::to_string(ac.rows) + " out " + std::to_string(ac.out) + " k " + std::to_string(ac.k));
+    SCOPED_TRACE("rows " + std::to_string(ac.rows) + " out " + std::to_string(ac.out) + " k " + std::to_string(ac.k) +
+                 " grid " + std::to_string(grid));
     const int stream_rows = ac.row_index ? ac.rows + 3 : ac.rows;
     auto w = random_vec(size_t(ac.out) * ac.k, rng, -0.1f, 0.1f);
     // Positive activations (positive stream and norm weights) so an all-0.1 row is the maximum; three copies of it
@@ -435,6 +439,7 @@ TEST(EngineCudaOps, FusedArgmaxIsTheHostArgmaxOfItsLogits) {
     p.k = ac.k;
     p.eps = 1e-5f;
     p.preload = ac.preload;
+    p.grid_blocks = grid;
     std::vector<float> y;
     const std::vector<int32_t> ids = dt::gemv_argmax(p, w, xf, g, ri, y);
     const Case c{ops::GemvIn::rmsnorm, ops::GemvOut::f32, ac.rows, ac.out, ac.k, ac.row_index};

@@ -7,7 +7,9 @@ transformers, a CUDA device or a CUDA build of flashlite).
    Llama 3 tokenizer: teacher-forced per-position logits of the engine (CUDA, bf16) vs transformers (bf16, and an fp32
    upcast as the reference). Reports max abs / relative error; the engine's error against fp32 must be no worse than
    twice transformers' own bf16 error; top-1 vs fp32 no worse than transformers-bf16's own agreement with fp32 minus 3
-   points; and >= 99% top-1 agreement on decisive positions (fp32 top-1/top-2 margin > 4x the bf16 rounding error).
+   points; >= 99% top-1 agreement on decisive positions (fp32 top-1/top-2 margin > 4x the bf16 rounding error); and,
+   over all positions, >= 99% of the engine's top-1 picks within bf16 tolerance of fp32's top-1 (the picked token's
+   fp32 logit within 4x the position's bf16 rounding error of the maximum: a near-tie broken either way counts).
 Set FLASHLITE_PARITY_OUT to a directory to keep a JSON report.
 """
 import json
@@ -121,6 +123,15 @@ def test_llama32_1b_random_logits_within_bf16_tolerance(cuda_bin, models_dir, tm
     margin = top2[:, 0] - top2[:, 1]
     bf16_rms = (ref_bf16 - ref_f32).pow(2).mean(-1).sqrt()
     decisive = margin > 4 * bf16_rms
+    # Over all positions, near-ties included: the pick is a top-1 within bf16 tolerance when its fp32 logit is within
+    # 4x that position's RMS bf16 rounding error of fp32's maximum (a wrong model picks tokens far below it: among
+    # 128k random logits only a handful lie that close to the top).
+    def tie_aware(a):
+        picked = ref_f32.gather(-1, a.argmax(-1, keepdim=True))[:, 0]
+        short = (top2[:, 0] - picked) / bf16_rms
+        return float((short <= 4).float().mean()), float(short.max())
+    engine_tie, engine_short = tie_aware(got)
+    tf_tie, tf_short = tie_aware(ref_bf16)
     data = {
         "positions": len(ids), "attention_kernel": info["attention_kernel"], "device": info["device"],
         "engine_vs_f32": {"max_abs": float((got - ref_f32).abs().max()), "rel": rel(got, ref_f32)},
@@ -132,6 +143,10 @@ def test_llama32_1b_random_logits_within_bf16_tolerance(cuda_bin, models_dir, tm
         "decisive_positions": int(decisive.sum()),
         "top1_agreement_vs_f32_decisive": top1(got, ref_f32, decisive),
         "transformers_bf16_top1_vs_f32_decisive": top1(ref_bf16, ref_f32, decisive),
+        "top1_within_bf16_tolerance_vs_f32": engine_tie,
+        "transformers_bf16_top1_within_bf16_tolerance_vs_f32": tf_tie,
+        "worst_pick_shortfall_in_bf16_rms": engine_short,
+        "transformers_bf16_worst_pick_shortfall_in_bf16_rms": tf_short,
     }
     report("llama32_1b_random_parity", data)
     # The issue's literal ">= 99% top-1 on all positions" is above what transformers' own bf16 reaches against fp32 on
@@ -141,3 +156,4 @@ def test_llama32_1b_random_logits_within_bf16_tolerance(cuda_bin, models_dir, tm
     assert data["top1_agreement_vs_f32"] >= data["transformers_bf16_top1_agreement_vs_f32"] - 0.03
     assert data["decisive_positions"] >= len(ids) // 4, "too few decisive positions for the check to mean anything"
     assert data["top1_agreement_vs_f32_decisive"] >= 0.99
+    assert data["top1_within_bf16_tolerance_vs_f32"] >= 0.99
