@@ -111,6 +111,7 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "norm_late": {"FLASHLITE_ENGINE_NORM_EARLY": "0"},
     "gateup_grid_wave": {"FLASHLITE_ENGINE_GATEUP_GRID": "wave"},  # the launch before round 12
     "gateup_grid_tiles": {"FLASHLITE_ENGINE_GATEUP_GRID": "tiles"},
+    "lmhead_grid_wave": {"FLASHLITE_ENGINE_LMHEAD_GRID": "wave"},  # the launch before round 13
     "lmhead_grid_tiles": {"FLASHLITE_ENGINE_LMHEAD_GRID": "tiles"},
     "down_grid_tiles": {"FLASHLITE_ENGINE_DOWN_GRID": "tiles"},
     "lmhead_down_grid_tiles": {"FLASHLITE_ENGINE_LMHEAD_GRID": "tiles", "FLASHLITE_ENGINE_DOWN_GRID": "tiles"},

@@ -276,7 +276,10 @@ TEST(CudaEngine, VariantSwitchesGenerateTheDefaultTokens) {
       // at every row count: the same sums, the default's tokens exactly.
       {{{"FLASHLITE_ENGINE_GATEUP_GRID", "wave"}}, true, true, true},
       {{{"FLASHLITE_ENGINE_GATEUP_GRID", "tiles"}}, true, true, true},
-      // The LM head (with the fused argmax) as a block per tile: the same sums and keys, the default's tokens exactly.
+      // The LM head (with the fused argmax) as one resident wave (the default launches a block per tile at one row)
+      // or a block per tile at every row count, and the down GEMV per tile: the same sums and keys, the default's
+      // tokens exactly.
+      {{{"FLASHLITE_ENGINE_LMHEAD_GRID", "wave"}}, true, true, true},
       {{{"FLASHLITE_ENGINE_LMHEAD_GRID", "tiles"}}, true, true, true},
       {{{"FLASHLITE_ENGINE_DOWN_GRID", "tiles"}}, true, true, true},
       // Each switch alone on top of the baseline, against the baseline:
