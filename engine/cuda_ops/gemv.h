@@ -72,7 +72,7 @@ struct GemvParams {
   bool norm_early = false;  // RMSNorm prologue (<= 2 rows, k <= 2048): the norm weight loaded before the wait
   // Blocks launched: 0 (default) one resident wave (each block loops over its tiles); > 0 that many,
   // at most one per tile (kGemvBlockPerTile: a block per tile, so the hardware hands tiles to the SMs as blocks finish;
-  // the engine's one-row gate/up GEMV: 921 against 902 tok/s, docs/perf-notes.md "Round 12").
+  // the engine's one-row gate/up and LM-head GEMVs, docs/perf-notes.md "Round 12" and "Round 13").
   int grid_blocks = 0;
   bool late_trigger = false;
   bool stream = false;                // the streamed kernel where gemv_stream_supported (else the others)

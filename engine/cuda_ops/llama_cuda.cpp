@@ -312,14 +312,16 @@ class LlamaCuda final : public LlamaModel {
   //                                    kernel: 4 blocks per SM where a preloading RMSNorm GEMV holds 3);
   //                          =after    every GEMV, but the RMSNorm ones (QKV, gate/up, LM head) issue theirs after
   //                                    the wait, behind the prologue's activation loads;
-  //   FLASHLITE_ENGINE_GATEUP_GRID=auto (default) the gate/up GEMV launched as a block per tile (8 of its 8192 row pairs) in
-  //                                    one-row steps (batch 1, prompt 512 on the H100: 918-924 against 885-909 tok/s
-  //                                    in three paired runs), as one resident wave of looping blocks otherwise;
-  //                          =tiles    a block per tile at every row count; =wave  one resident wave (the old launch);
+  //   FLASHLITE_ENGINE_GATEUP_GRID=auto (default) the gate/up GEMV launched as a block per tile (8 of its 8192 row
+  //                                    pairs) in one-row steps (batch 1, prompt 512 on the H100: 918-924 against
+  //                                    885-909 tok/s in three paired runs), as one resident wave otherwise;
+  //                          =tiles    a block per tile at every GEMV row count (<= 8);
+  //                          =wave     one resident wave (the old launch);
   //   FLASHLITE_ENGINE_LMHEAD_GRID=auto (default) the LM-head GEMV as a block per tile (8 of its vocabulary rows) in
-  //                                    one-row steps (batch 1, prompt 512 on the H100: 925.5 / 925.2 against
-  //                                    910-919 tok/s in two calls), as one resident wave otherwise;
-  //                          =tiles    a block per tile at every row count; =wave  one resident wave (the old launch);
+  //                                    one-row steps (batch 1, prompt 512 on the H100, four calls: mean 922.5
+  //                                    against 917.6 tok/s, +0.5%), as one resident wave otherwise;
+  //                          =tiles    a block per tile at every GEMV row count (<= 8);
+  //                          =wave     one resident wave (the old launch);
   //   FLASHLITE_ENGINE_DOWN_GRID=auto  (default) the down GEMV as one resident wave of looping blocks;
   //                          =tiles    a block per tile; =wave  the same as auto;
   //   FLASHLITE_ENGINE_PREFETCH=N      N >= 0 weight lines per row prefetched into L2 before the wait (default 0 with
@@ -361,9 +363,12 @@ class LlamaCuda final : public LlamaModel {
     norm_early_ = es::flag("FLASHLITE_ENGINE_NORM_EARLY", true);
     const std::vector<es::Name> grids = {
         {"auto", int(GemvGrid::automatic)}, {"tiles", int(GemvGrid::tiles)}, {"wave", int(GemvGrid::wave)}};
-    gateup_grid_ = GemvGrid(es::choice("FLASHLITE_ENGINE_GATEUP_GRID", int(GemvGrid::automatic), grids, "auto, tiles or wave"));
-    lmhead_grid_ = GemvGrid(es::choice("FLASHLITE_ENGINE_LMHEAD_GRID", int(GemvGrid::automatic), grids, "auto, tiles or wave"));
-    down_grid_ = GemvGrid(es::choice("FLASHLITE_ENGINE_DOWN_GRID", int(GemvGrid::automatic), grids, "auto, tiles or wave"));
+    const auto grid = [&](const char* var) {
+      return GemvGrid(es::choice(var, int(GemvGrid::automatic), grids, "auto, tiles or wave"));
+    };
+    gateup_grid_ = grid("FLASHLITE_ENGINE_GATEUP_GRID");
+    lmhead_grid_ = grid("FLASHLITE_ENGINE_LMHEAD_GRID");
+    down_grid_ = grid("FLASHLITE_ENGINE_DOWN_GRID");
     weight_evict_first_ = es::flag("FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", true);
     stream_gemv_ = es::flag("FLASHLITE_ENGINE_STREAM", false);
     stream_stages_ = es::integer_in("FLASHLITE_ENGINE_STREAM_STAGES", 16, {8, 16}, "8 or 16");
@@ -545,6 +550,12 @@ class LlamaCuda final : public LlamaModel {
   enum class GemvGrid { automatic, tiles, wave };
   static const char* grid_name(GemvGrid g) {
     return g == GemvGrid::automatic ? "auto" : g == GemvGrid::tiles ? "tiles" : "wave";
+  }
+  // GemvParams::grid_blocks under a grid switch: a block per tile when forced, or under auto in one-row steps for the
+  // GEMVs where that measured faster (auto_per_tile); otherwise one resident wave of looping blocks.
+  static int grid_blocks(GemvGrid g, int rows, bool auto_per_tile) {
+    const bool per_tile = g == GemvGrid::tiles || (g == GemvGrid::automatic && auto_per_tile && rows == 1);
+    return per_tile ? cuda_ops::kGemvBlockPerTile : 0;
   }
   GemvGrid gateup_grid_ = GemvGrid::automatic;  // FLASHLITE_ENGINE_GATEUP_GRID
   GemvGrid lmhead_grid_ = GemvGrid::automatic;  // FLASHLITE_ENGINE_LMHEAD_GRID
@@ -764,13 +775,12 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
         mark("o");
         cuda_ops::GemvParams pg = normed_gemv(L.w13.ptr, hid, L.rms_ffn.ptr, nullptr, rows, cuda_ops::GemvOut::swiglu_bf16, hb_.ptr);
         pg.timeline = gemv_timeline(l, 2);
-        const bool per_tile = gateup_grid_ == GemvGrid::tiles || (gateup_grid_ == GemvGrid::automatic && rows == 1);
-        pg.grid_blocks = per_tile ? cuda_ops::kGemvBlockPerTile : 0;
+        pg.grid_blocks = grid_blocks(gateup_grid_, rows, true);
         cuda_ops::gemv(streamed(pg, l, 2), s);
         mark("gate_up");
         cuda_ops::GemvParams pd = added_gemv(L.w2.ptr, dim, hid, hb_.ptr, rows);
         pd.timeline = gemv_timeline(l, 3);
-        if (down_grid_ == GemvGrid::tiles) pd.grid_blocks = cuda_ops::kGemvBlockPerTile;
+        pd.grid_blocks = grid_blocks(down_grid_, rows, false);
         cuda_ops::gemv(streamed(pd, l, 3), s);
         mark("down");
         continue;
@@ -792,8 +802,7 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
                                            fused_argmax ? cuda_ops::GemvOut::f32_argmax : cuda_ops::GemvOut::f32,
                                            logits_dev_.ptr);
       p.argmax_keys = fused_argmax ? keys_dev_.as<uint64_t>() : nullptr;
-      if (lmhead_grid_ == GemvGrid::tiles || (lmhead_grid_ == GemvGrid::automatic && lrows == 1))
-        p.grid_blocks = cuda_ops::kGemvBlockPerTile;
+      p.grid_blocks = grid_blocks(lmhead_grid_, lrows, true);
       cuda_ops::gemv(p, s);
     } else {
       cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), rms_final_.ptr, step_in(2), lrows, dim, c_.rms_eps, elem_, s);
