@@ -20,6 +20,10 @@ inline constexpr int kClusterMaxSplits = 16;  // the largest cluster sm_90 launc
 __device__ __forceinline__ void cluster_sync_all() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
+// Arrive without ordering earlier memory operations (the global stores of the merged rows stay in flight), then wait.
+__device__ __forceinline__ void cluster_sync_relaxed_arrive() {
+  asm volatile("barrier.cluster.arrive.relaxed;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
 __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -107,7 +111,11 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, uint32_t o_
     if (p.lse && c4 == 0) p.lse[b * p.lse_sb + head * p.lse_sh + i * p.lse_ss] = lse;
   }
   stamp(10);
-  cluster_sync_all();  // no CTA leaves (freeing its shared memory) while another may still read it
+  // No CTA leaves (freeing its shared memory) while another may still read it. The remote loads are complete here
+  // (their values went into the stores above), so a relaxed arrive suffices; a release arrive would first wait for
+  // those global stores to be acknowledged.
+  // (Measured on the H100, perf-notes "Decode, round 14": -0.4 us per call at b1 kv1024, +0.7% engine tok/s.)
+  cluster_sync_relaxed_arrive();
 #else
   (void)p, (void)o_s, (void)lse_s, (void)b, (void)kvh, (void)r_base, (void)r_blk, (void)stamp;
   __trap();  // launch.cu merges in a cluster only on sm_90+
