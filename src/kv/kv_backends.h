@@ -57,6 +57,10 @@ std::string cuda_decode_kernel_name(const DecodeProblem& p, int num_splits = 0);
 // the variable.
 int parse_decode_cluster_mode(const char* value);
 bool cuda_decode_merges_in_cluster(const DecodeProblem& p, int num_splits);
+// The split kernel's L2 policy for K/V. FLASHLITE_DECODE_KV_POLICY, read once per process: auto (the default:
+// evict-first for calls whose K/V is at least half the L2), evict_first or normal; returns 0, 1, 2; anything else is
+// an error naming the variable.
+int parse_decode_kv_policy(const char* value);
 #endif
 
 }  // namespace flashlite

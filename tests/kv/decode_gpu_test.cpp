@@ -113,6 +113,16 @@ int sm_count() {
   return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess ? sms : 0;
 }
 
+// Whether a split kernel reading `kv_bytes` of K/V copies it with the L2 evict-first policy (launch.cu): at least
+// half the L2 under FLASHLITE_DECODE_KV_POLICY=auto (the default), or as the variable forces.
+bool expect_kv_evict_first(int64_t kv_bytes) {
+  const int mode = flashlite::parse_decode_kv_policy(std::getenv("FLASHLITE_DECODE_KV_POLICY"));
+  if (mode != 0) return mode == 1;
+  int l2 = 0;
+  if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0) != cudaSuccess || l2 <= 0) l2 = 1;
+  return 2 * kv_bytes >= int64_t(l2);
+}
+
 std::vector<GpuCase> gpu_cases() {
   std::vector<GpuCase> v;
   const std::vector<int32_t> ragged = {1, 17, 64, 65, 1000, 4097};
@@ -551,7 +561,25 @@ TEST(GpuKv, ClusterModeSwitchParses) {  // FLASHLITE_DECODE_CLUSTER (no GPU need
 // On sm_90 the splits of a (sequence, kv head) merge inside a cluster when they fit one (<= 16) and the grid is at
 // most one block per SM; otherwise (and before sm_90, or with FLASHLITE_DECODE_CLUSTER=0) the combine kernel merges
 // them. Batch 1, 8 kv heads: 2..16 splits take the cluster, 17 and 32 the combine kernel; each against float64, for
-// bf16 / D 128 / contiguous / q_len 1 and f16 / D 64 / pages of 16 / q_len 8 (causal) with sink logits.
+// bf16 / D 128 / contiguous / q_len 1 and f16 / D 64 / pages of 16 / q_len 8 (causal) with sink logits. The first
+// also reads its K/V with the L2 evict-first policy (at least half the L2), the second with the normal one.
+TEST(GpuKv, KvPolicySwitchParses) {  // FLASHLITE_DECODE_KV_POLICY (no GPU needed)
+  using flashlite::parse_decode_kv_policy;
+  EXPECT_EQ(parse_decode_kv_policy(nullptr), 0);
+  EXPECT_EQ(parse_decode_kv_policy(""), 0);
+  EXPECT_EQ(parse_decode_kv_policy("auto"), 0);
+  EXPECT_EQ(parse_decode_kv_policy("Evict_First"), 1);
+  EXPECT_EQ(parse_decode_kv_policy("normal"), 2);
+  for (const char* v : {"1", "first", "evict-first", " auto"}) {
+    try {
+      (void)parse_decode_kv_policy(v);
+      ADD_FAILURE() << "FLASHLITE_DECODE_KV_POLICY=" << v << " should be rejected";
+    } catch (const flashlite::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("FLASHLITE_DECODE_KV_POLICY"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(GpuKv, SplitsMergeInAClusterOrTheCombineKernel) {
   SKIP_WITHOUT_GPU();
   const bool clusters = cluster_merge_on();
@@ -586,6 +614,9 @@ TEST(GpuKv, SplitsMergeInAClusterOrTheCombineKernel) {
       const bool expect = clusters && plan.num_splits > 1 && plan.num_splits <= 16 && 8 * plan.num_splits <= sms;
       EXPECT_EQ(in_cluster, expect) << name;
       EXPECT_EQ(name.find("combine kernel") != std::string::npos, plan.num_splits > 1 && !expect) << name;
+      // The first case reads 8192 x 8 x 128 x 4 B = 32 MiB (evict-first on an H100's 50 MB L2), the second 6 MB.
+      const int64_t kv_bytes = int64_t(cs.lens[0]) * cs.kv_heads * cs.head_dim * 2 * 2;
+      EXPECT_EQ(name.find("K/V evict-first") != std::string::npos, expect_kv_evict_first(kv_bytes)) << name;
       flashlite::decode(dd.args);
       dd.download();
       expect_decode_matches(p, out_before);

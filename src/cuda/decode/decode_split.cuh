@@ -211,6 +211,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
     __syncthreads();
   }
 
+  const uint64_t kv_policy = l2_evict_first_policy();
   // One tile (n-th of this split) into its stage: 64 rows of K and V, 16-byte copies; keys past the range are zeros.
   auto issue = [&](int n) {
     const uint32_t sK = s_base + uint32_t((n % kStages) * Cfg::STAGE_BYTES);
@@ -237,7 +238,15 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
         }
       }
       const uint32_t off = uint32_t((row * LD + ch * 8) * 2);
-      if constexpr (D == 128) {
+      if (p.kv_evict_first) {
+        if constexpr (D == 128) {
+          cp_async_16_l2_256_policy(sK + off, ksrc, ok ? 16 : 0, kv_policy);
+          cp_async_16_l2_256_policy(sV + off, vsrc, ok ? 16 : 0, kv_policy);
+        } else {
+          cp_async_16_policy(sK + off, ksrc, ok ? 16 : 0, kv_policy);
+          cp_async_16_policy(sV + off, vsrc, ok ? 16 : 0, kv_policy);
+        }
+      } else if constexpr (D == 128) {
         cp_async_16_l2_256(sK + off, ksrc, ok ? 16 : 0);
         cp_async_16_l2_256(sV + off, vsrc, ok ? 16 : 0);
       } else {
