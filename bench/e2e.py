@@ -129,6 +129,7 @@ VARIANTS = {  # in the order they run (the most telling first: a run cut short k
     "decode_splits_6": {"FLASHLITE_ENGINE_DECODE_SPLITS": "6"},
     "decode_splits_12": {"FLASHLITE_ENGINE_DECODE_SPLITS": "12"},
     "decode_cluster_off": {"FLASHLITE_DECODE_CLUSTER": "0"},
+    "decode_kv_evict_first": {"FLASHLITE_DECODE_KV_POLICY": "evict_first"},  # round 14: -1.1% at batch 1
     "stream": {"FLASHLITE_ENGINE_STREAM": "1"},
     "stream_8": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_STAGES": "8"},
     "stream_blocks_2": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_BLOCKS": "2"},
