@@ -542,20 +542,25 @@ TEST(GpuKv, SplitMergeRepeatsAcrossCallsAndGraphReplays) {
 
 // ------------------------------------------------------------------------------------------------ cluster merge
 
+// Each value makes `parse` throw an Error that names the variable.
+void expect_values_rejected(int (*parse)(const char*), const char* var, std::initializer_list<const char*> values) {
+  for (const char* v : values) {
+    try {
+      (void)parse(v);
+      ADD_FAILURE() << var << "=" << v << " should be rejected";
+    } catch (const flashlite::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(GpuKv, ClusterModeSwitchParses) {  // FLASHLITE_DECODE_CLUSTER (no GPU needed)
   using flashlite::parse_decode_cluster_mode;
   EXPECT_EQ(parse_decode_cluster_mode(nullptr), 1);
   EXPECT_EQ(parse_decode_cluster_mode(""), 1);
   for (const char* v : {"0", "off", "OFF", "false", "no"}) EXPECT_EQ(parse_decode_cluster_mode(v), 0) << v;
   for (const char* v : {"1", "on", "True", "yes"}) EXPECT_EQ(parse_decode_cluster_mode(v), 1) << v;
-  for (const char* v : {"2", "fit", "maybe", " on"}) {
-    try {
-      (void)parse_decode_cluster_mode(v);
-      ADD_FAILURE() << "FLASHLITE_DECODE_CLUSTER=" << v << " should be rejected";
-    } catch (const flashlite::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("FLASHLITE_DECODE_CLUSTER"), std::string::npos) << e.what();
-    }
-  }
+  expect_values_rejected(parse_decode_cluster_mode, "FLASHLITE_DECODE_CLUSTER", {"2", "fit", "maybe", " on"});
 }
 
 // On sm_90 the splits of a (sequence, kv head) merge inside a cluster when they fit one (<= 16) and the grid is at
@@ -570,14 +575,7 @@ TEST(GpuKv, KvPolicySwitchParses) {  // FLASHLITE_DECODE_KV_POLICY (no GPU neede
   EXPECT_EQ(parse_decode_kv_policy("auto"), 0);
   EXPECT_EQ(parse_decode_kv_policy("Evict_First"), 1);
   EXPECT_EQ(parse_decode_kv_policy("normal"), 2);
-  for (const char* v : {"1", "first", "evict-first", " auto"}) {
-    try {
-      (void)parse_decode_kv_policy(v);
-      ADD_FAILURE() << "FLASHLITE_DECODE_KV_POLICY=" << v << " should be rejected";
-    } catch (const flashlite::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("FLASHLITE_DECODE_KV_POLICY"), std::string::npos) << e.what();
-    }
-  }
+  expect_values_rejected(parse_decode_kv_policy, "FLASHLITE_DECODE_KV_POLICY", {"1", "first", "evict-first", " auto"});
 }
 
 TEST(GpuKv, SplitsMergeInAClusterOrTheCombineKernel) {

@@ -51,7 +51,17 @@ struct KernelState {
   std::atomic<uint64_t> context{0};     // the context the attributes were set in (cudaDeviceReset makes a new one)
 };
 KernelState g_state[64][4];  // device x (dtype, head_dim) instance
-std::atomic<int> g_sms[64], g_cc[64];
+std::atomic<int> g_sms[64], g_cc[64], g_l2_bytes[64];
+
+// A device attribute, queried once per device (attribute calls never synchronise; later calls read the cache).
+int cached_attribute(std::atomic<int> (&cache)[64], cudaDeviceAttr attr, int dev) {
+  int n = cache[dev & 63].load();
+  if (n > 0) return n;
+  FL_CUDA_CHECK(cudaDeviceGetAttribute(&n, attr, dev));
+  if (n < 1) n = 1;
+  cache[dev & 63].store(n);
+  return n;
+}
 
 int instance_index(const DecodeProblem& p) { return (p.cache.dtype == DType::bf16 ? 0 : 2) + (p.cache.head_dim == 64 ? 0 : 1); }
 
@@ -129,17 +139,6 @@ int kv_policy_mode() {
   return mode;
 }
 
-std::atomic<int64_t> g_l2_bytes[64];
-
-int64_t l2_bytes(int dev) {
-  int64_t n = g_l2_bytes[dev & 63].load();
-  if (n > 0) return n;
-  int v = 0;
-  FL_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev));
-  n = v > 0 ? v : 1;
-  g_l2_bytes[dev & 63].store(n);
-  return n;
-}
 
 // K/V read with an L2 evict-first policy: calls whose K/V (bounded by the longest sequence) is at least half the L2.
 // Their lines cannot survive until the next step, and under the normal policy they push out the small data the
@@ -149,17 +148,12 @@ int64_t l2_bytes(int dev) {
 bool kv_evict_first(int dev, const DecodeProblem& p) {
   const int mode = kv_policy_mode();
   if (mode != 0) return mode == 1;
-  const int64_t bytes = p.cache.batch * p.cache.max_length * p.cache.kv_heads * p.cache.head_dim * 2 * 2;
-  return 2 * bytes >= l2_bytes(dev);
+  const int64_t bytes =
+      p.cache.batch * p.cache.max_length * p.cache.kv_heads * p.cache.head_dim * 2 * int64_t(dtype_size(p.cache.dtype));
+  return 2 * bytes >= cached_attribute(g_l2_bytes, cudaDevAttrL2CacheSize, dev);
 }
 
-int sm_count(int dev) {
-  int n = g_sms[dev & 63].load();
-  if (n > 0) return n;
-  FL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  g_sms[dev & 63].store(n);
-  return n;
-}
+int sm_count(int dev) { return cached_attribute(g_sms, cudaDevAttrMultiProcessorCount, dev); }
 
 // Programmatic dependent launch: sm_90+ and kernels compiled with their griddepcontrol.wait (after prepare_kernel).
 bool use_pdl(int dev, const DecodeProblem& p) {
@@ -190,10 +184,17 @@ void cuda_decode_set_timeline(unsigned long long* buffer, size_t slot_blocks, si
 }
 #endif
 
-int parse_decode_cluster_mode(const char* value) {
-  if (value == nullptr || *value == '\0') return 1;
+namespace {
+std::string lowered(const char* value) {
   std::string v(value);
   for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return v;
+}
+}  // namespace
+
+int parse_decode_cluster_mode(const char* value) {
+  if (value == nullptr || *value == '\0') return 1;
+  const std::string v = lowered(value);
   if (v == "0" || v == "off" || v == "false" || v == "no") return 0;
   if (v == "1" || v == "on" || v == "true" || v == "yes") return 1;
   throw Error(ErrorKind::invalid_value, std::string("FLASHLITE_DECODE_CLUSTER=") + value +
@@ -202,8 +203,7 @@ int parse_decode_cluster_mode(const char* value) {
 
 int parse_decode_kv_policy(const char* value) {
   if (value == nullptr || *value == '\0') return 0;
-  std::string v(value);
-  for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
+  const std::string v = lowered(value);
   if (v == "auto") return 0;
   if (v == "evict_first") return 1;
   if (v == "normal") return 2;
