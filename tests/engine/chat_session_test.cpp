@@ -14,6 +14,7 @@
 #include "engine/weights.h"
 #include "flashlite/errors.h"
 #include "reference_llama.h"
+#include "models_required.h"
 
 namespace {
 
@@ -24,7 +25,7 @@ class ChatSessionTest : public ::testing::Test {
   void SetUp() override {
     const std::string model = reftest::models_dir() + "/stories260K/stories260K.bin";
     const std::string tok = reftest::models_dir() + "/stories260K/tok512.bin";
-    if (!std::filesystem::exists(model) || !std::filesystem::exists(tok)) GTEST_SKIP() << "stories260K absent: " << model;
+    if (!std::filesystem::exists(model) || !std::filesystem::exists(tok)) { FLASHLITE_MODEL_ABSENT("stories260K absent: " << model); }
     weights_ = eng::load_checkpoint(model);
     tok_ = eng::load_tokenizer(tok);
     gp_.max_new_tokens = 6;  // greedy, no stop tokens: every turn generates exactly 6

@@ -8,6 +8,7 @@
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 #include "reference_llama.h"
+#include "models_required.h"
 
 namespace {
 
@@ -17,7 +18,7 @@ class Llama3Chat : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string dir = reftest::models_dir() + "/llama3-tokenizer";
-    if (!std::filesystem::exists(dir + "/tokenizer.json")) GTEST_SKIP() << "Llama 3 tokenizer absent: " << dir;
+    if (!std::filesystem::exists(dir + "/tokenizer.json")) { FLASHLITE_MODEL_ABSENT("Llama 3 tokenizer absent: " << dir); }
     tok_ = eng::load_tokenizer(dir);
   }
   std::unique_ptr<eng::Tokenizer> tok_;

@@ -17,6 +17,8 @@ def _binary():
 @pytest.fixture(scope="session")
 def flashlite_bin():
     path = _binary()
+    if not path.exists() and os.environ.get("FLASHLITE_BIN"):  # named explicitly (scripts/test.sh does): must exist
+        pytest.fail(f"FLASHLITE_BIN={path} does not exist")
     if not path.exists():
         pytest.skip(f"flashlite binary not found at {path} (build it, or set FLASHLITE_BIN)")
     return str(path)
@@ -26,5 +28,8 @@ def flashlite_bin():
 def models_dir():
     path = pathlib.Path(os.environ.get("FLASHLITE_MODELS", REPO.parent / "shared" / "models"))
     if not path.is_dir():
-        pytest.skip(f"models directory {path} is absent (expected ../shared/models relative to the repo)")
+        message = f"models directory {path} is absent (expected ../shared/models relative to the repo)"
+        if os.environ.get("FLASHLITE_REQUIRE_MODELS") == "1":  # CI: missing models fail, never skip
+            pytest.fail(message + " and FLASHLITE_REQUIRE_MODELS=1")
+        pytest.skip(message)
     return path

@@ -14,6 +14,7 @@
 #include "flashlite/errors.h"
 #include "reference_llama.h"
 #include "synthetic_hf.h"
+#include "models_required.h"
 
 namespace {
 
@@ -76,7 +77,7 @@ TEST(FuzzLoaders, Safetensors) {
 TEST(FuzzLoaders, Llama2cCheckpointAndTokenizer) {
   const std::string model = reftest::models_dir() + "/stories260K/stories260K.bin";
   const std::string tok = reftest::models_dir() + "/stories260K/tok512.bin";
-  if (!fs::exists(model) || !fs::exists(tok)) GTEST_SKIP() << "stories260K absent";
+  if (!fs::exists(model) || !fs::exists(tok)) { FLASHLITE_MODEL_ABSENT("stories260K absent"); }
   const fs::path dir = synth::fresh_dir("fuzz_l2c");
   fuzz(dir / "m.bin", read_all(model), 28, [&] { eng::load_checkpoint((dir / "m.bin").string()); }, 60, 200);
   auto load_tok = [&] {

@@ -17,6 +17,7 @@
 #include "engine/weights.h"
 #include "flashlite/errors.h"
 #include "reference_llama.h"
+#include "models_required.h"
 
 namespace {
 
@@ -39,7 +40,7 @@ class Llama2cModel : public ::testing::TestWithParam<ModelCase> {
     model_path_ = reftest::models_dir() + "/" + GetParam().model;
     tok_path_ = reftest::models_dir() + "/" + GetParam().tokenizer;
     if (!std::filesystem::exists(model_path_) || !std::filesystem::exists(tok_path_)) {
-      GTEST_SKIP() << "model files absent (" << model_path_ << "); set FLASHLITE_MODELS to ../shared/models";
+      FLASHLITE_MODEL_ABSENT("model files absent (" << model_path_ << "); set FLASHLITE_MODELS to ../shared/models");
     }
     ASSERT_TRUE(reftest::read_llama2c(model_path_, ref_));
     weights_ = eng::load_checkpoint(model_path_);
@@ -215,7 +216,7 @@ std::string load_error(const std::string& path) {
 
 TEST(Llama2cFiles, TruncatedCorruptAndMissingFilesAreErrors) {
   const std::string src = reftest::models_dir() + "/stories260K/stories260K.bin";
-  if (!std::filesystem::exists(src)) GTEST_SKIP() << "model file absent: " << src;
+  if (!std::filesystem::exists(src)) { FLASHLITE_MODEL_ABSENT("model file absent: " << src); }
   std::ifstream in(src, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), {});
   const std::string p = temp_path("bad.bin");
@@ -242,7 +243,7 @@ TEST(Llama2cFiles, TruncatedCorruptAndMissingFilesAreErrors) {
 // The version-1 ("ak42") layout of the same weights loads to the same model: written here from the v0 file.
 TEST(Llama2cFiles, Version1FormatEqualsLegacy) {
   const std::string src = reftest::models_dir() + "/stories260K/stories260K.bin";
-  if (!std::filesystem::exists(src)) GTEST_SKIP() << "model file absent: " << src;
+  if (!std::filesystem::exists(src)) { FLASHLITE_MODEL_ABSENT("model file absent: " << src); }
   std::ifstream in(src, std::ios::binary);
   const std::string v0((std::istreambuf_iterator<char>(in)), {});
   int32_t h[7];
