@@ -7,7 +7,7 @@ fused kernel keeps up to 128 sequences in its launch parameters (capturable), th
 device with cudaMemcpyAsync (not capturable).
 """
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch.utils import dlpack as _dlpack
@@ -88,6 +88,76 @@ def _attention_out_fake(q, k, v, out, sink_logits, cu_seqlens_q, cu_seqlens_k, c
     return q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
+# Forward only, for now. The op gets an autograd formula anyway, so that .backward() names flashlite instead of
+# torch's generic "no autograd formula was registered", and torch.compile can trace a graph whose inputs require grad
+# (the forward runs; the backward raises when it runs). The error comes from an op of its own whose fake
+# implementation has the gradients' shapes: a backward that raised while AOTAutograd traces the joint graph would
+# fail the compile of the forward itself.
+BACKWARD_ERROR = ("flashlite.attention is forward-only: its backward is not implemented yet, so gradients cannot flow "
+                  "through it to q, k, v or sink_logits. Run it under torch.no_grad() / torch.inference_mode() or on "
+                  "detached inputs; to train, use torch.nn.functional.scaled_dot_product_attention.")
+
+
+@torch.library.custom_op("flashlite::attention_backward_unimplemented", mutates_args=())
+def backward_unimplemented_op(grad_out: Tensor, k_shape: List[int],
+                              v_shape: List[int]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Stands where flashlite::attention's backward will be: raises NotImplementedError (a RuntimeError) naming
+    flashlite. Its fake implementation gives (dq, dk, dv, dsink_logits) of the right shapes, for tracing."""
+    raise NotImplementedError(BACKWARD_ERROR)
+
+
+@backward_unimplemented_op.register_fake
+def _backward_unimplemented_fake(grad_out, k_shape, v_shape):
+    return (torch.empty_like(grad_out), grad_out.new_empty(k_shape), grad_out.new_empty(v_shape),
+            grad_out.new_empty((grad_out.shape[2],), dtype=torch.float32))
+
+
+def _attention_setup_context(ctx, inputs, output):
+    _, k, v, sink_logits = inputs[:4]  # shapes only: nothing is kept alive for a backward that cannot run
+    ctx.k_shape, ctx.v_shape, ctx.has_sink_logits = list(k.shape), list(v.shape), sink_logits is not None
+
+
+def _attention_backward(ctx, grad_out, grad_lse):
+    dq, dk, dv, dsink = backward_unimplemented_op(grad_out, ctx.k_shape, ctx.v_shape)
+    return (dq, dk, dv, dsink if ctx.has_sink_logits else None) + (None,) * 9
+
+
+attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+
+
+def needs_grad(*tensors):
+    """Whether autograd would record a call on these tensors (None entries allowed)."""
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
+class _ForwardOnly(torch.autograd.Function):
+    """Runs run() (a forward-only flashlite call, grad mode off inside) so that its outputs carry a grad_fn whose
+    backward raises, instead of coming back silently detached: flashlite.decode / prefill with inputs that require
+    grad."""
+
+    @staticmethod
+    def forward(ctx, what, run, *tensors):
+        ctx.what = what
+        return run()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(BACKWARD_ERROR.replace("flashlite.attention", ctx.what))
+
+
+def forward_only(what, run, *tensors):
+    """run()'s result, recorded by autograd as a function of `tensors` that has no backward (see _ForwardOnly)."""
+    return _ForwardOnly.apply(what, run, *tensors)
+
+
+def _check_no_grad_for_out(q, k, v, sink_logits):
+    """out= writes into a caller's tensor, which autograd cannot record (torch's own out= functions refuse the same
+    way): with grad mode on and an input that requires grad, say so rather than return a result without a grad_fn."""
+    if needs_grad(q, k, v, sink_logits):
+        raise RuntimeError("flashlite.attention(out=...) does not support automatic differentiation, but an input "
+                           "requires grad. " + BACKWARD_ERROR)
+
+
 def _as_tensor(x, name):
     if x is None or isinstance(x, torch.Tensor):
         return x
@@ -104,13 +174,16 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
     """flashlite.attention for torch tensors, written so torch.compile traces it whole (fullgraph=True): it only
     checks argument types and calls the custom ops torch.ops.flashlite.attention / attention_out -- or, in eager
     mode with nothing for autograd to record, the same kernel call directly (the op's dispatch costs more host time
-    than the kernel at decode sizes)."""
+    than the kernel at decode sizes). Forward-only: when an input requires grad the result comes from the op, whose
+    backward raises NotImplementedError (BACKWARD_ERROR); out= with such inputs raises RuntimeError at once."""
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} is a {type(t).__name__}; expected a torch.Tensor (pass tensors of one library)")
     args = (_as_tensor(sink_logits, "sink_logits"), _as_tensor(cu_seqlens_q, "cu_seqlens_q"),
             _as_tensor(cu_seqlens_k, "cu_seqlens_k"),
             *_args.options(causal, scale, window, sink_tokens, softcap, backend))
+    if out is not None:
+        _check_no_grad_for_out(q, k, v, args[0])
     if _eager_ok(q, k, v, args[0]):  # the same kernel call without the custom-op dispatch (~60 us of host time)
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -125,9 +198,10 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
 
 def _eager_ok(q, k, v, sink_logits):
     """Whether calling the kernel directly is exactly what the custom op would do: not while torch.compile traces
-    (it must see the op), and not when autograd would have to record it (the op then raises its own error)."""
+    (it must see the op), and not when autograd would have to record it (the op's result carries the grad_fn whose
+    backward says that flashlite is forward-only)."""
     if torch.compiler.is_compiling():
         return False
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sink_logits)):
+    if needs_grad(q, k, v, sink_logits):
         return False
     return all(type(t) is torch.Tensor for t in (q, k, v))  # subclasses (fake, functional) go through the op

@@ -11,7 +11,9 @@ variant and tries to import or download that package (transformers 5.17, utils/g
 register() adds the name to transformers' AttentionInterface (the attention function) and AttentionMaskInterface
 (the mask builder: the same one as "sdpa", so the model hands over either no mask or a 4-D boolean mask).
 Prefill and decode both run flashlite's fused forward (torch.ops.flashlite.attention): transformers' caches hand the
-attention function the whole K/V, and one query with the bottom-right causal mask is a decode step.
+attention function the whole K/V, and one query with the bottom-right causal mask is a decode step. sliding_window
+(HF counts the query's own key: window_left = sliding_window - 1), softcap and gpt-oss's attention sinks (s_aux, as
+sink_logits) pass through. Forward only: a backward through the model raises NotImplementedError naming flashlite.
 
 Masks. No mask means SDPA's is_causal semantics (when there are more keys than queries, which only happens for a
 prefill into an empty StaticCache, the keys past the queries are slots not yet written and are dropped). A 4-D mask
@@ -99,13 +101,16 @@ def _lengths_for(mask, batch, q_len, kv_len, window_left):
     return lengths
 
 
-def _sdpa_fallback(module, query, key, value, mask, scaling, softcap):
+def _sdpa_fallback(module, query, key, value, mask, scaling, softcap, sink_logits):
     global fallbacks
     if _strict:
         raise ValueError(f"attention_mask of shape {tuple(mask.shape)} is not a causal mask over a prefix of the keys "
                          "(e.g. left padding or an additive bias); flashlite cannot express it (strict=True)")
     if softcap:
         raise ValueError(f"softcap={softcap} with an attention mask flashlite cannot express: no fallback has softcap")
+    if sink_logits is not None:
+        raise ValueError("attention sinks (s_aux) with an attention mask flashlite cannot express: the SDPA fallback "
+                         "has no sink logits")
     fallbacks += 1
     return torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]).transpose(1, 2)
@@ -114,7 +119,8 @@ def _sdpa_fallback(module, query, key, value, mask, scaling, softcap):
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
                       softcap=None, **kwargs):
     """transformers' attention-function contract: query [B, Hq, Sq, D], key/value [B, Hkv, Sk, D] (grouped-query
-    heads are flashlite's native layout, no repeat); returns (attn_output [B, Sq, Hq, D], None)."""
+    heads are flashlite's native layout, no repeat); returns (attn_output [B, Sq, Hq, D], None). s_aux (gpt-oss's
+    learned per-head attention sinks) becomes flashlite's sink_logits."""
     if dropout:
         raise ValueError(f"dropout is {dropout}; flashlite has no dropout (call model.eval(), or use attention "
                          "dropout 0)")
@@ -126,6 +132,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     kv_len = key.shape[2]
     window_left = int(sliding_window) - 1 if sliding_window else -1  # HF's window counts the query's own key
     softcap = float(softcap or 0.0)
+    sinks = kwargs.get("s_aux")
+    sinks = None if sinks is None else sinks.float()  # [Hq]: joins the softmax denominator only
     is_causal = kwargs.get("is_causal")
     is_causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # [B, S, H, D] views, no copy
@@ -134,14 +142,15 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     if attention_mask is None:
         if is_causal and 1 < q_len < kv_len:  # SDPA's top-left is_causal: a prefill into an empty static cache
             k, v = k[:, :q_len], v[:, :q_len]
-        return _attention(q, k, v, causal=is_causal, scale=scaling, window=window, softcap=softcap), None
+        return _attention(q, k, v, causal=is_causal, scale=scaling, window=window, softcap=softcap,
+                          sink_logits=sinks), None
     if not is_causal:
-        return _sdpa_fallback(module, query, key, value, attention_mask, scaling, softcap), None
+        return _sdpa_fallback(module, query, key, value, attention_mask, scaling, softcap, sinks), None
 
     lengths = _lengths_for(attention_mask, batch, q_len, kv_len, window_left)
     if lengths is None or min(lengths) < q_len:
-        return _sdpa_fallback(module, query, key, value, attention_mask, scaling, softcap), None
-    opts = dict(causal=True, scale=scaling, window=window, softcap=softcap)
+        return _sdpa_fallback(module, query, key, value, attention_mask, scaling, softcap, sinks), None
+    opts = dict(causal=True, scale=scaling, window=window, softcap=softcap, sink_logits=sinks)
     if all(n == lengths[0] for n in lengths):
         n = lengths[0]
         return _attention(q, k[:, :n], v[:, :n], **opts), None

@@ -222,6 +222,21 @@ def _outputs(q, cache, out, return_lse):
     return xp, out, lse
 
 
+def _grad_guard(what, q, cache, sink_logits, out, call):
+    """torch with grad mode on and q, the cache or sink_logits requiring grad: the kernels are forward-only, so the
+    result gets a grad_fn whose backward raises (out= refuses at once: autograd cannot record a write into it).
+    None when autograd has nothing to record (the plain call follows)."""
+    if cache.lib != "torch":
+        return None
+    from . import _torch_ops
+    if not _torch_ops.needs_grad(q, cache.k, cache.v, sink_logits):
+        return None
+    if out is not None:
+        raise RuntimeError(f"{what}(out=...) does not support automatic differentiation, but an input requires grad. "
+                           + _torch_ops.BACKWARD_ERROR.replace("flashlite.attention", what))
+    return _torch_ops.forward_only(what, call, q, cache.k, cache.v, sink_logits)
+
+
 def decode(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink_tokens=0, sink_logits=None,
            softcap=0.0, return_lse=False, backend="auto", out=None, max_kv_len=-1, num_splits=0):
     """Attention of the last q_len tokens of each sequence (q [batch, q_len, heads, D], q_len 1..8 on CUDA) over
@@ -229,7 +244,12 @@ def decode(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink_
     + i). On CUDA: one split-KV kernel (flash-decoding, GQA heads packed) plus a combine kernel (on sm_90 the splits
     merge inside a thread-block cluster instead where they fit one); the split workspace comes from torch's allocator. max_kv_len: the length bound the split plan serves (-1: the longest sequence now; give
     the capacity when the call is captured in a CUDA graph that is replayed as sequences grow). Returns out [and the
-    fp32 LSE, shape [batch, heads, q_len]]."""
+    fp32 LSE, shape [batch, heads, q_len]]. Forward-only (see _grad_guard)."""
+    recorded = _grad_guard("flashlite.decode", q, cache, sink_logits, out, lambda: decode(
+        q, cache, causal=causal, scale=scale, window=window, sink_tokens=sink_tokens, sink_logits=sink_logits,
+        softcap=softcap, return_lse=return_lse, backend=backend, max_kv_len=max_kv_len, num_splits=num_splits))
+    if recorded is not None:
+        return recorded
     xp, out, lse = _outputs(q, cache, out, return_lse)
     allocate = None
     if cache.lib == "torch" and q.is_cuda:  # the split workspace from torch's caching allocator (graph-capturable)
@@ -245,7 +265,13 @@ def prefill(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink
     attends over the whole cached sequence; query i of a chunk of n tokens sits at position length - n + i. q is
     [batch, q_len, heads, D], or ragged [1, total_q, heads, D] with cu_seqlens_q (int32 [batch + 1] on the CPU: the
     chunk of sequence b is rows cu[b] .. cu[b+1] - 1). Any chunk length; on CUDA the fused tensor-core kernel reads
-    K/V from the cache (through the page table when paged). Returns out [and the fp32 LSE]."""
+    K/V from the cache (through the page table when paged). Returns out [and the fp32 LSE]. Forward-only (see
+    _grad_guard)."""
+    recorded = _grad_guard("flashlite.prefill", q, cache, sink_logits, out, lambda: prefill(
+        q, cache, causal=causal, scale=scale, window=window, sink_tokens=sink_tokens, sink_logits=sink_logits,
+        softcap=softcap, cu_seqlens_q=cu_seqlens_q, return_lse=return_lse, backend=backend))
+    if recorded is not None:
+        return recorded
     xp, out, lse = _outputs(q, cache, out, return_lse)
     if isinstance(cu_seqlens_q, (list, tuple)):
         if cache.lib == "torch":

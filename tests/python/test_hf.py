@@ -1,33 +1,50 @@
-"""flashlite.hf: attn_implementation="flite" in transformers (skips without torch, transformers or a CUDA GPU).
+"""flashlite.hf: attn_implementation="flite" in transformers (skips without torch or transformers). Every test runs on
+the CPU (tiny random models built from configs, nothing downloaded) and again on CUDA when there is a GPU and flashlite
+was built with CUDA.
 
 A tiny random LlamaForCausalLM (GQA and MHA) against the same model on "sdpa": logits, greedy generate() with
-dynamic and static caches; the attention function against SDPA on hand-made masks (static-cache padding with a
-different valid length per row, sliding window, left padding falling back / raising under strict)."""
+dynamic and static caches. Tiny Llama, Mistral (sliding window), Qwen2 (sliding window on some layers), Gemma2
+(sliding window, softcap, query_pre_attn_scalar) and gpt-oss (sliding window, attention sinks) against the same model
+on transformers' own "eager" attention, with sequences longer than the window: logits and greedy generate() with
+dynamic and static caches. The attention function against SDPA on hand-made masks (static-cache padding with a
+different valid length per row, sliding window, left padding falling back / raising under strict) and against a
+float64 evaluation of HF's eager semantics (sliding window, softcap, sinks)."""
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 import flashlite  # noqa: E402
-
-if not (torch.cuda.is_available() and flashlite.with_cuda):
-    pytest.skip("needs a CUDA GPU and flashlite built with CUDA", allow_module_level=True)
-
 import flashlite.hf as flhf  # noqa: E402
 
 flhf.register()
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and flashlite.with_cuda else [])
 
-def _model(dtype, kv_heads=2, seed=0):
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+def _model(dtype, kv_heads=2, seed=0, device="cpu"):
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=64,
                                    max_position_embeddings=256, initializer_range=0.1, attn_implementation="sdpa")
-    return transformers.LlamaForCausalLM(cfg).to(device="cuda", dtype=dtype).eval()
+    return transformers.LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
 
 
-def _ids(batch, seq, seed=1):
+def _ids(batch, seq, seed=1, device="cpu", vocab=512):
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 512, (batch, seq), generator=g).cuda()
+    return torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+
+
+def _set_impl(model, impl):
+    """model.set_attn_implementation (transformers >= 4.54); older ones read the config's field at every call."""
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(impl)
+    else:
+        model.config._attn_implementation = impl
 
 
 @pytest.fixture
@@ -45,14 +62,14 @@ def calls(monkeypatch):
 
 
 def _logits(model, impl, ids):
-    model.set_attn_implementation(impl)
+    _set_impl(model, impl)
     with torch.no_grad():
         return model(ids).logits.float()
 
 
 @pytest.mark.parametrize("kv_heads", [2, 4])
-def test_logits_fp32_match_sdpa(kv_heads, calls):
-    model, ids = _model(torch.float32, kv_heads), _ids(2, 37)
+def test_logits_fp32_match_sdpa(kv_heads, calls, device):
+    model, ids = _model(torch.float32, kv_heads, device=device), _ids(2, 37, device=device)
     ref = _logits(model, "sdpa", ids)
     fallbacks = flhf.fallbacks
     got = _logits(model, flhf.NAME, ids)
@@ -61,9 +78,9 @@ def test_logits_fp32_match_sdpa(kv_heads, calls):
     assert err <= 1e-4 * ref.abs().max().item(), err
 
 
-def test_logits_bf16_within_sdpa_error(calls):
+def test_logits_bf16_within_sdpa_error(calls, device):
     """bf16: flashlite's error against the fp32 model is at most about sdpa-bf16's own error."""
-    model, ids = _model(torch.float32), _ids(2, 61)
+    model, ids = _model(torch.float32, device=device), _ids(2, 61, device=device)
     exact = _logits(model, "sdpa", ids)
     model = model.to(torch.bfloat16)
     ref, got = _logits(model, "sdpa", ids), _logits(model, flhf.NAME, ids)
@@ -74,15 +91,15 @@ def test_logits_bf16_within_sdpa_error(calls):
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
-def test_generate_greedy_fp32_equal(cache, calls):
-    model, ids = _model(torch.float32), _ids(2, 23)
+def test_generate_greedy_fp32_equal(cache, calls, device):
+    model, ids = _model(torch.float32, device=device), _ids(2, 23, device=device)
     kw = dict(max_new_tokens=24, do_sample=False, min_new_tokens=24, pad_token_id=0)
     if cache == "static":
         kw.update(cache_implementation="static", disable_compile=True)
-    model.set_attn_implementation("sdpa")
+    _set_impl(model, "sdpa")
     with torch.no_grad():
         ref = model.generate(ids, **kw)
-    model.set_attn_implementation(flhf.NAME)
+    _set_impl(model, flhf.NAME)
     fallbacks = flhf.fallbacks
     with torch.no_grad():
         got = model.generate(ids, **kw)
@@ -94,9 +111,9 @@ class _Module(torch.nn.Module):
     is_causal = True
 
 
-def _qkv(batch, q_len, kv_len, hq=4, hkv=2, d=64, seed=3):
+def _qkv(batch, q_len, kv_len, hq=4, hkv=2, d=64, seed=3, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    mk = lambda h, s: torch.randn(batch, h, s, d, generator=g).cuda()  # noqa: E731  [B, H, S, D]
+    mk = lambda h, s: torch.randn(batch, h, s, d, generator=g).to(device)  # noqa: E731  [B, H, S, D]
     return mk(hq, q_len), mk(hkv, kv_len), mk(hkv, kv_len)
 
 
@@ -104,27 +121,27 @@ def _sdpa(q, k, v, mask):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2)
 
 
-def _prefix_causal_mask(lengths, q_len, kv_len, window=None):
+def _prefix_causal_mask(lengths, q_len, kv_len, window=None, device="cpu"):
     """[B, 1, q, kv] bool: first L_b keys valid, causal bottom-right, optional HF sliding window (W keys)."""
     j = torch.arange(kv_len)[None, None, :]
     pos = torch.arange(q_len)[None, :, None] + (torch.tensor(lengths)[:, None, None] - q_len)
     m = j <= pos
     if window:
         m &= j > pos - window
-    return m[:, None].cuda()
+    return m[:, None].to(device)
 
 
 @pytest.mark.parametrize("q_len,lengths,window,additive", [(1, [9, 30], None, False), (5, [17, 17], None, True),
                                                            (4, [12, 40], 7, False), (1, [40, 25], 8, False)])
-def test_static_cache_mask_sliced(q_len, lengths, window, additive, calls):
+def test_static_cache_mask_sliced(q_len, lengths, window, additive, calls, device):
     kv_len = 48  # the static cache's maximum length; keys past L_b are unwritten slots, poisoned here
-    q, k, v = _qkv(len(lengths), q_len, kv_len)
+    q, k, v = _qkv(len(lengths), q_len, kv_len, device=device)
     for b, n in enumerate(lengths):
         k[b, :, n:], v[b, :, n:] = float("nan"), float("nan")
-    mask = _prefix_causal_mask(lengths, q_len, kv_len, window)
+    mask = _prefix_causal_mask(lengths, q_len, kv_len, window, device=device)
     ref_mask = mask
     if additive:
-        mask = torch.zeros(mask.shape, device="cuda").masked_fill(~mask, torch.finfo(torch.float32).min)
+        mask = torch.zeros(mask.shape, device=device).masked_fill(~mask, torch.finfo(torch.float32).min)
     fallbacks = flhf.fallbacks
     out, weights = flhf.attention_forward(_Module(), q, k, v, mask, scaling=0.125, sliding_window=window)
     assert weights is None and flhf.fallbacks == fallbacks and calls[0] >= 1
@@ -135,9 +152,9 @@ def test_static_cache_mask_sliced(q_len, lengths, window, additive, calls):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
-def test_no_mask_prefill_into_static_cache():
+def test_no_mask_prefill_into_static_cache(device):
     """No mask with more keys than queries: SDPA's top-left is_causal, i.e. the first q_len keys."""
-    q, k, v = _qkv(2, 6, 32)
+    q, k, v = _qkv(2, 6, 32, device=device)
     k[:, :, 6:], v[:, :, 6:] = float("nan"), float("nan")
     out, _ = flhf.attention_forward(_Module(), q, k, v, None)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k[:, :, :6], v[:, :, :6], is_causal=True,
@@ -145,9 +162,9 @@ def test_no_mask_prefill_into_static_cache():
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
-def test_left_padding_falls_back_or_raises(calls):
-    q, k, v = _qkv(2, 5, 5)
-    mask = _prefix_causal_mask([5, 5], 5, 5)
+def test_left_padding_falls_back_or_raises(calls, device):
+    q, k, v = _qkv(2, 5, 5, device=device)
+    mask = _prefix_causal_mask([5, 5], 5, 5, device=device)
     mask[1, :, :, :2] = False  # row 1 is left-padded by two tokens
     mask[1, :, :2, 0] = True   # (HF un-masks fully masked rows so that SDPA returns no NaN)
     fallbacks = flhf.fallbacks
@@ -174,3 +191,140 @@ def test_rejects_dropout_and_output_attentions():
         flhf.attention_forward(_Module(), q, k, v, None, dropout=0.1)
     with pytest.raises(ValueError, match="output_attentions"):
         flhf.attention_forward(_Module(), q, k, v, None, output_attentions=True)
+
+
+# Tiny random models of the architectures whose attention differs (nothing downloaded): against transformers' own
+# "eager" attention (its plain matmul-softmax-matmul with the additive mask, sinks and softcap as the model defines
+# them), in float32, on sequences longer than the sliding window (8 keys).
+WINDOW = 8
+_COMMON = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=64, max_position_embeddings=256, initializer_range=0.1)
+ARCHS = {
+    "llama": lambda: (transformers.LlamaConfig(**_COMMON), transformers.LlamaForCausalLM),
+    "mistral": lambda: (transformers.MistralConfig(**_COMMON, sliding_window=WINDOW), transformers.MistralForCausalLM),
+    "qwen2": lambda: (transformers.Qwen2Config(**_COMMON, use_sliding_window=True, sliding_window=WINDOW,
+                                               max_window_layers=1), transformers.Qwen2ForCausalLM),  # layer 1 slides
+    "gemma2": lambda: (transformers.Gemma2Config(**_COMMON, sliding_window=WINDOW, attn_logit_softcapping=2.0,
+                                                 query_pre_attn_scalar=40), transformers.Gemma2ForCausalLM),
+    "gpt_oss": lambda: (transformers.GptOssConfig(**_COMMON, sliding_window=WINDOW, num_local_experts=4,
+                                                  num_experts_per_tok=2), transformers.GptOssForCausalLM),
+}
+
+
+def _arch_model(arch, device, seed=0):
+    try:
+        cfg, cls = ARCHS[arch]()
+    except AttributeError as e:  # gpt-oss arrived in transformers 4.55
+        pytest.skip(f"transformers {transformers.__version__} lacks {arch}: {e}")
+    torch.manual_seed(seed)
+    model = cls(cfg).to(device).eval()
+    if arch == "gpt_oss":  # sinks large enough to matter next to scores of a few units
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 2.0)
+    return model
+
+
+def _assert_logits_close(got, ref, what=""):
+    err = (got - ref).abs().max().item()
+    assert err <= 1e-4 * ref.abs().max().item(), f"{what}: max abs logit error {err:.3g}"
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_arch_logits_match_eager(arch, calls, device):
+    model, ids = _arch_model(arch, device), _ids(2, 37, device=device, vocab=256)  # 37 tokens > the window of 8
+    ref = _logits(model, "eager", ids)
+    fallbacks = flhf.fallbacks
+    got = _logits(model, flhf.NAME, ids)
+    assert calls[0] == 2 and flhf.fallbacks == fallbacks  # both layers ran flashlite (no SDPA fallback)
+    _assert_logits_close(got, ref, arch)
+
+
+def test_sliding_window_matters(device):
+    """The window changes the answer of these tests' models (so a wrong window cannot pass them)."""
+    model, ids = _arch_model("mistral", device), _ids(2, 37, device=device, vocab=256)
+    windowed = _logits(model, "eager", ids)
+    model.config.sliding_window = 64  # longer than the sequence: no window
+    full = _logits(model, "eager", ids)
+    assert (windowed - full).abs().max().item() > 1e-2 * full.abs().max().item()
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gpt_oss"])
+def test_arch_generate_matches_eager(arch, cache, calls, device):
+    """Greedy generate() from a 21-token prompt: the prefill and the decode steps of sliding-window (and full)
+    layers, the cache holding more tokens than the window."""
+    model, ids = _arch_model(arch, device), _ids(2, 21, device=device, vocab=256)
+    steps = 6
+    kw = dict(max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0,
+              return_dict_in_generate=True, output_logits=True)
+    if cache == "static":
+        kw.update(cache_implementation="static", disable_compile=True)
+    _set_impl(model, "eager")
+    with torch.no_grad():
+        ref = model.generate(ids, **kw)
+    _set_impl(model, flhf.NAME)
+    fallbacks = flhf.fallbacks
+    with torch.no_grad():
+        got = model.generate(ids, **kw)
+    assert calls[0] == 2 * steps and flhf.fallbacks == fallbacks
+    assert torch.equal(got.sequences, ref.sequences)
+    for step, (a, b) in enumerate(zip(got.logits, ref.logits)):
+        _assert_logits_close(a.float(), b.float(), f"{arch} {cache} step {step}")
+
+
+def _hf_eager_f64(q, k, v, scaling, sliding_window=None, softcap=None, sinks=None):
+    """HF's eager attention in float64, written out: query i (at key position i + kv_len - q_len) sees keys
+    pos - sliding_window < j <= pos; softcap on the scaled scores; sinks join the softmax as one extra logit."""
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = q @ k.transpose(-1, -2) * scaling  # [B, H, q, kv]
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    q_len, kv_len = s.shape[-2:]
+    pos = torch.arange(q_len)[:, None] + kv_len - q_len
+    j = torch.arange(kv_len)[None, :]
+    vis = j <= pos
+    if sliding_window:
+        vis &= j > pos - sliding_window
+    s = s.masked_fill(~vis.to(s.device), float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.double().reshape(1, -1, 1, 1).expand(*s.shape[:-1], 1)], dim=-1)
+    p = torch.softmax(s, dim=-1)[..., :kv_len]
+    return (p @ v).transpose(1, 2)  # [B, q, H, D]
+
+
+@pytest.mark.parametrize("q_len,kv_len", [(20, 20), (1, 20)])
+@pytest.mark.parametrize("extra", ["window", "softcap", "sinks"])
+def test_attention_forward_without_mask_matches_eager_semantics(q_len, kv_len, extra, device):
+    """No mask (transformers passes none when is_causal suffices): the window, softcap and sinks reach the kernel."""
+    q, k, v = _qkv(2, q_len, kv_len, device=device)
+    opts = dict(scaling=0.2, sliding_window=5)
+    if extra == "softcap":
+        opts["softcap"] = 1.5
+    if extra == "sinks":
+        opts["s_aux"] = torch.tensor([1.5, -0.5, 3.0, 0.0], device=device)
+    out, weights = flhf.attention_forward(_Module(), q, k, v, None, **opts)
+    want = _hf_eager_f64(q, k, v, 0.2, 5, opts.get("softcap"), opts.get("s_aux"))
+    assert weights is None
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
+
+
+def test_sinks_with_a_mask_flashlite_cannot_express_raise(device):
+    """gpt-oss with left padding: the SDPA fallback has no sinks, so it refuses instead of dropping them."""
+    q, k, v = _qkv(2, 5, 5, device=device)
+    mask = _prefix_causal_mask([5, 5], 5, 5, device=device)
+    mask[1, :, :, :2] = False
+    mask[1, :, :2, 0] = True
+    with pytest.raises(ValueError, match="sinks"):
+        flhf.attention_forward(_Module(), q, k, v, mask, s_aux=torch.zeros(4, device=device))
+
+
+def test_training_backward_says_forward_only(device):
+    """A model on "flite" with grad on: the forward runs, .backward() names flashlite as forward-only."""
+    model, ids = _model(torch.float32, device=device), _ids(1, 9, device=device)
+    _set_impl(model, flhf.NAME)
+    loss = model(ids, labels=ids).loss
+    with pytest.raises(NotImplementedError, match="flashlite.attention is forward-only"):
+        loss.backward()
