@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The engine's batch-1 work (docs/perf-notes.md, Engine (CUDA); written for round 3, whose winner is now the default)
 # in ONE device call, under 9 minutes:
-#   1. build (sm_90a) the CLI and the engine's CUDA tests;
-#   2. cuda_ops_test (each GEMV variant vs float64 and the fused RoPE vs the unfused path; GemvBandwidth prints every
-#      shape alone / in a stream, default and variants) and cuda_model_test (every switch: the default's greedy tokens);
+#   1. build (sm_90a) the CLI, the engine's CUDA tests and bench/engine's GEMV benchmark;
+#   2. cuda_ops_test (each GEMV variant vs float64 and the fused RoPE vs the unfused path), flashlite_engine_gemv_bench
+#      (every shape alone / in a stream, default and variants) and cuda_model_test (every switch: the default's greedy
+#      tokens);
 #   3. a per-kernel table of one decode step: the engine's event profile (FLASHLITE_ENGINE_PROFILE=1, eager steps
 #      queued behind a flag) and ncu on one range-marked step (bench/engine/profile_decode.sh), the defaults and all switches off;
 #   4. bench/e2e.py engine-only at batch 1 and 16, prompt 512: default, then every entry of e2e.py's VARIANTS
@@ -47,9 +48,10 @@ git -C "$root" log -1 --format='commit %H %s' >> "$OUT/gpu.txt" 2>/dev/null
 prefixes=""
 for d in "$root/.carry/deps/usr" "$root/.carry/gtest/usr"; do [ -d "$d" ] && prefixes="${prefixes:+$prefixes;}$d"; done
 stamp "configure + build"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHLITE_BUILD_BENCH=OFF \
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHLITE_BUILD_BENCH=ON \
   ${prefixes:+"-DCMAKE_PREFIX_PATH=$prefixes"} > "$LOGDIR/configure.log" 2>&1 || { tail -30 "$LOGDIR/configure.log"; exit 1; }
 cmake --build "$build" -j16 --target flashlite_cli flashlite_engine_cuda_model_test flashlite_engine_cuda_ops_test \
+  flashlite_engine_gemv_bench \
   > "$LOGDIR/build.log" 2>&1 || { grep -E "error|FAILED" "$LOGDIR/build.log" | head -30; exit 1; }
 bin="$build/bin/flashlite"
 cuobjdump -res-usage "$build/engine/CMakeFiles/flashlite_engine.dir/cuda_ops/gemv.cu.o" > "$LOGDIR/res_usage_gemv.txt" 2>&1
@@ -57,10 +59,12 @@ cuobjdump -res-usage "$build/engine/CMakeFiles/flashlite_engine.dir/cuda_ops/gem
 status=0
 stamp "cuda_ops_test"
 timeout 150 stdbuf -oL "$build/tests/engine/flashlite_engine_cuda_ops_test" --gtest_filter="${OPS_FILTER:-*}" > "$LOGDIR/cuda_ops_test.log" 2>&1 || status=1
+stamp "gemv_bench"
+timeout 120 stdbuf -oL "$build/bin/flashlite_engine_gemv_bench" > "$LOGDIR/gemv_bench.log" 2>&1 || status=1
 stamp "cuda_model_test"
 timeout 150 stdbuf -oL "$build/tests/engine/flashlite_engine_cuda_model_test" --gtest_filter="${MODEL_FILTER:-*}" > "$LOGDIR/cuda_model_test.log" 2>&1 || status=1
 { grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|error:|parts from|bit-equal|gemv .* us alone|vs float64" \
-    "$LOGDIR/cuda_ops_test.log" "$LOGDIR/cuda_model_test.log"; } > "$OUT/tests.txt"
+    "$LOGDIR/cuda_ops_test.log" "$LOGDIR/gemv_bench.log" "$LOGDIR/cuda_model_test.log"; } > "$OUT/tests.txt"
 tail -n 3 "$LOGDIR/cuda_ops_test.log" "$LOGDIR/cuda_model_test.log"
 
 stamp "checkpoint"

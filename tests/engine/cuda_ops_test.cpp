@@ -2,9 +2,9 @@
 // residual-add and SwiGLU epilogues) against float64 dot products of the same bf16-rounded operands, at odd sizes;
 // the device argmax and top-k against the host sampler's rules, ties included. The opt-in GEMV variants of Round 3
 // (split-K, preload, late trigger; the fused RoPE + cache append and fused argmax epilogues) against the same float64
-// references and against the unfused path. Built only with CUDA; skips without a device. GemvBandwidth prints the
-// GEMV times at the Llama-3.2-1B shapes, default and variants (no assertion). The streamed GEMV (gemv_stream.cu)
-// against the same references, and the fused RoPE epilogue through it.
+// references and against the unfused path. Built only with CUDA; skips without a device. The streamed GEMV
+// (gemv_stream.cu) against the same references, and the fused RoPE epilogue through it. (The GEMV times at the
+// Llama-3.2-1B shapes: bench/engine/gemv_bench.cpp.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -601,57 +601,6 @@ TEST(EngineCudaOps, TopKCandidatesSampleLikeTheFullRow) {
         ASSERT_EQ(cand.sample_top_k(values.data() + size_t(r) * sp.top_k, ids.data() + size_t(r) * sp.top_k, sp.top_k),
                   full.sample(logits.data() + size_t(r) * vocab, vocab))
             << "row " << r << " draw " << draw;
-      }
-    }
-  }
-}
-
-TEST(EngineCudaOps, GemvBandwidth) {
-  DEVICE_OR_SKIP();
-  struct Shape {
-    const char* name;
-    ops::GemvIn in;
-    ops::GemvOut epi;
-    int out, k, weight_rows;
-  };
-  const Shape shapes[] = {{"qkv", ops::GemvIn::rmsnorm, ops::GemvOut::bf16, 3072, 2048, 3072},
-                          {"o", ops::GemvIn::bf16, ops::GemvOut::add_f32, 2048, 2048, 2048},
-                          {"gate/up+swiglu", ops::GemvIn::rmsnorm, ops::GemvOut::swiglu_bf16, 8192, 2048, 16384},
-                          {"down", ops::GemvIn::bf16, ops::GemvOut::add_f32, 2048, 8192, 2048},
-                          {"lm head", ops::GemvIn::rmsnorm, ops::GemvOut::f32, 128256, 2048, 128256}};
-  // One launch timed alone (launch latency included, as Round 2 measured it) and a stream of 20 back-to-back
-  // launches per event pair (the in-step cost: PDL overlaps launch and ramp where it is on); default, then the
-  // variants (automatic / forced split-K, preload).
-  struct Variant {
-    const char* name;
-    int split;  // 0: gemv_auto_split
-    bool preload;
-    int stream_stages = 0;  // > 0: the streamed kernel with this many ring slots (where it takes the shape)
-  };
-  const Variant variants[] = {{"default", 1, false},  {"split auto", 0, false}, {"split 2", 2, false},
-                              {"split 4", 4, false},  {"preload", 1, true},     {"split auto+preload", 0, true},
-                              {"stream 8", 1, false, 8}, {"stream 16", 1, false, 16}};
-  for (int rows : {1, 2, 4, 8}) {
-    for (const Shape& s : shapes) {
-      for (const Variant& v : variants) {
-        if (rows > 1 && (v.split != 1 || v.stream_stages)) continue;  // the variants at batch 1 only (time)
-        ops::GemvParams p;
-        p.in = s.in;
-        p.epi = s.epi;
-        p.rows = rows;
-        p.out = s.out;
-        p.k = s.k;
-        p.eps = 1e-5f;
-        p.split = v.split ? v.split : ops::gemv_auto_split(s.out, s.k);
-        p.preload = v.preload;
-        p.stream = v.stream_stages > 0;
-        p.stream_stages = std::max(2, v.stream_stages);
-        if (s.epi == ops::GemvOut::swiglu_bf16 && (v.split != 1)) continue;  // split does not apply
-        const double us = dt::gemv_time_us(p, 20), us_stream = dt::gemv_stream_time_us(p, 20);
-        const double bytes = double(s.weight_rows) * s.k * 2;
-        std::printf("gemv %-15s rows %d %-19s split %d: %8.1f us alone %7.1f GB/s | %8.1f us in a stream %7.1f GB/s "
-                    "(%.1f MB)\n", s.name, rows, v.name, p.split, us, bytes / us / 1e3, us_stream,
-                    bytes / us_stream / 1e3, bytes / 1e6);
       }
     }
   }

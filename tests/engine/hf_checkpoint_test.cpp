@@ -1,5 +1,6 @@
 // Hugging Face checkpoints written by the test itself (random weights, config.json, safetensors in F32/F16/BF16,
-// sharded or not) load and give the independent float64 forward's logits; and every kind of broken checkpoint
+// sharded or not, every RoPE scaling the engine accepts: default, linear, llama3) load and give the independent
+// float64 forward's logits; and every kind of broken checkpoint
 // (truncated, bad JSON header, offsets out of range, unknown dtype, shape not matching the config, unsupported
 // architecture, missing files) is a flashlite::Error with a message saying what is wrong.
 #include <gtest/gtest.h>
@@ -26,6 +27,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using namespace synth;
 
+constexpr int kTokens = 50;  // positions each synthetic checkpoint runs (prefill 30, then decode)
+
 class HfCheckpoint : public ::testing::TestWithParam<Spec> {};
 
 TEST_P(HfCheckpoint, LogitsMatchFloat64) {
@@ -36,7 +39,7 @@ TEST_P(HfCheckpoint, LogitsMatchFloat64) {
   EXPECT_EQ(w.config.eos_ids, (std::vector<int>{2, 3})) << "generation_config.json stop tokens";
   EXPECT_EQ(w.config.tie_embeddings, s.tied);
   std::mt19937 rng(99);
-  std::vector<int> tokens(50);
+  std::vector<int> tokens(kTokens);
   for (int& t : tokens) t = int(rng() % s.vocab);
   const auto want = reftest::forward_all(ref, tokens);
   // Prefill 30 positions, then decode the rest one at a time: both paths checked.
@@ -58,14 +61,60 @@ TEST_P(HfCheckpoint, LogitsMatchFloat64) {
   fs::remove_all(dir);
 }
 
+// Llama 3.1's recipe (factor 8; low / high frequency factors 2 and 8, not the defaults 1 and 4, so both are read) at
+// head_dim 16 and theta 10000, whose pairs have wavelengths 2 pi 10000^(i/8) = 6.3, 19.9, 62.8, 198.7, 628, ...: an
+// original context of 696 keeps those below 696 / 8 = 87 (pairs 0-2), slows those above 696 / 2 = 348 (pairs 4-7)
+// and blends pair 3 with weight (696 / 198.7 - 2) / 6 = 0.25 on the unscaled frequency: at position 49 its angle is
+// 1.0 rad from the kept one, 0.34 from the slowed one and 0.68 from the blend with the weights swapped.
+// Llama3RopeCaseCrossesEveryBand checks this with the reference's formula.
+constexpr Rope kLlama3Bands{.theta = 10000.0, .type = "llama3", .factor = 8.0, .low_freq_factor = 2.0,
+                            .high_freq_factor = 8.0, .original_max_position = 696};
+
 const Spec kSpecs[] = {
     {"f32_gqa3_untied", 48, 80, 2, 6, 2, 8, 97, "F32", false, false, 0},
     {"bf16_tied_headdim16", 48, 64, 2, 4, 1, 16, 61, "BF16", true, false, 0},
     {"f16_mha_sharded", 32, 72, 3, 4, 4, 8, 50, "F16", false, false, 3},
-    {"f32_llama3_rope_scaling", 64, 96, 2, 4, 2, 16, 70, "F32", false, true, 0},
+    {"f32_llama3_rope_scaling", 64, 96, 2, 4, 2, 16, 70, "F32", false, false, 0, kLlama3Bands},
+    // linear: positions divided by the factor, under the older configs' "type" key
+    {"f32_linear_rope_scaling", 64, 96, 2, 4, 2, 16, 70, "F32", false, false, 0,
+     {.theta = 10000.0, .type = "linear", .factor = 4.0, .type_key = "type"}},
+    // transformers >= 5: rope_parameters carries the theta and the scaling (no top-level rope_theta)
+    {"bf16_linear_rope_parameters", 48, 64, 2, 4, 2, 16, 61, "BF16", true, false, 0,
+     {.theta = 20000.0, .type = "linear", .factor = 2.5, .parameters = true}},
+    {"f16_default_rope_parameters", 48, 64, 2, 4, 2, 16, 61, "F16", false, false, 0,
+     {.theta = 40000.0, .type = "default", .parameters = true}},
 };
 INSTANTIATE_TEST_SUITE_P(Synthetic, HfCheckpoint, ::testing::ValuesIn(kSpecs),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// The llama3 case puts at least one rotary pair in each band of the recipe (kept, blended, slowed), by the float64
+// reference's own band rule; and its blended pairs turn, by the last position, more than 0.1 rad away from where
+// the kept, the slowed and the swapped blend (keep and 1 - keep exchanged) would put them, so LogitsMatchFloat64
+// sees a mistake in any band.
+TEST(HfRopeScaling, Llama3RopeCaseCrossesEveryBand) {
+  const Spec* spec = nullptr;
+  for (const Spec& s : kSpecs)
+    if (std::string(s.name) == "f32_llama3_rope_scaling") spec = &s;
+  ASSERT_NE(spec, nullptr);
+  reftest::RefModel m;
+  m.head_dim = spec->head_dim;
+  set_rope(*spec, m);
+  ASSERT_EQ(m.scaling, reftest::RefModel::Scaling::llama3);
+  std::map<reftest::RopeBand, int> pairs;
+  for (int i = 0; i < m.head_dim / 2; ++i) {
+    double keep = -1;
+    const reftest::RopeBand band = reftest::rope_band(m, i, &keep);
+    ++pairs[band];
+    if (band != reftest::RopeBand::blended) continue;
+    const double f = std::pow(m.theta, -2.0 * i / m.head_dim), slowed = f / m.scale_factor;
+    const double blend = keep * f + (1 - keep) * slowed, swapped = (1 - keep) * f + keep * slowed;
+    for (double other : {f, slowed, swapped})
+      EXPECT_GT((kTokens - 1) * std::abs(blend - other), 0.1) << "blended pair " << i << " (keep " << keep << ")";
+  }
+  EXPECT_GE(pairs[reftest::RopeBand::kept], 1) << "no pair keeps its frequency";
+  EXPECT_GE(pairs[reftest::RopeBand::blended], 1) << "no pair in the blended band";
+  EXPECT_GE(pairs[reftest::RopeBand::slowed], 1) << "no pair slowed by the factor";
+}
 
 // ---- Broken checkpoints ----
 

@@ -57,6 +57,20 @@ bool read_llama2c(const std::string& path, RefModel& m) {
   return true;
 }
 
+RopeBand rope_band(const RefModel& m, int pair, double* keep) {
+  const double pi = 3.14159265358979323846;
+  const double wavelength = 2 * pi * std::pow(m.theta, 2.0 * pair / m.head_dim);
+  RopeBand band = RopeBand::blended;
+  double w = (m.original_ctx / wavelength - m.low_freq) / (m.high_freq - m.low_freq);
+  if (wavelength < m.original_ctx / m.high_freq) {
+    band = RopeBand::kept, w = 1;
+  } else if (wavelength > m.original_ctx / m.low_freq) {
+    band = RopeBand::slowed, w = 0;
+  }
+  if (keep) *keep = w;
+  return band;
+}
+
 namespace {
 
 std::vector<double> matvec(const std::vector<double>& w, const std::vector<double>& x, int out) {
@@ -76,27 +90,28 @@ std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<doub
   return y;
 }
 
-double inv_freq(const RefModel& m, int i) {
-  double f = std::pow(m.theta, -2.0 * i / m.head_dim);
-  if (m.scale_factor > 0) {
-    const double pi = 3.14159265358979323846;
-    const double wavelen = 2 * pi / f;
-    const double lo = m.original_ctx / m.low_freq, hi = m.original_ctx / m.high_freq;
-    if (wavelen > lo) {
-      f = f / m.scale_factor;
-    } else if (wavelen >= hi) {
-      const double t = (m.original_ctx / wavelen - m.low_freq) / (m.high_freq - m.low_freq);
-      f = (1 - t) * f / m.scale_factor + t * f;
+// The rotation angle of pair i at position pos.
+double rope_angle(const RefModel& m, int pos, int i) {
+  const double f = std::pow(m.theta, -2.0 * i / m.head_dim);
+  switch (m.scaling) {
+    case RefModel::Scaling::none:
+      return pos * f;
+    case RefModel::Scaling::linear:
+      return (pos / m.scale_factor) * f;
+    case RefModel::Scaling::llama3: {
+      double keep = 1;
+      rope_band(m, i, &keep);
+      return pos * (keep * f + (1 - keep) * f / m.scale_factor);
     }
   }
-  return f;
+  return NAN;
 }
 
 void rotate(const RefModel& m, std::vector<double>& v, int n_heads, int pos) {
   const int D = m.head_dim;
   for (int h = 0; h < n_heads; ++h)
     for (int i = 0; i < D / 2; ++i) {
-      const double a = pos * inv_freq(m, i), c = std::cos(a), s = std::sin(a);
+      const double a = rope_angle(m, pos, i), c = std::cos(a), s = std::sin(a);
       const int i0 = m.interleaved ? h * D + 2 * i : h * D + i;
       const int i1 = m.interleaved ? i0 + 1 : i0 + D / 2;
       const double x0 = v[i0], x1 = v[i1];

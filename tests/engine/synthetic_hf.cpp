@@ -79,15 +79,40 @@ json config_json(const Spec& s) {
   json c = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", s.dim},
             {"intermediate_size", s.hidden}, {"num_hidden_layers", s.layers}, {"num_attention_heads", s.heads},
             {"num_key_value_heads", s.kv_heads}, {"head_dim", s.head_dim}, {"vocab_size", s.vocab},
-            {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-5}, {"rope_theta", 500000.0},
-            {"tie_word_embeddings", s.tied}, {"hidden_act", "silu"}, {"torch_dtype", "float32"},
-            {"bos_token_id", 1}, {"eos_token_id", 2}};
-  if (s.llama3_scaling) {
-    // original context 32 so that positions < 64 cross all three bands (kept, blended, slowed)
-    c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                         {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 32}};
+            {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-5}, {"tie_word_embeddings", s.tied},
+            {"hidden_act", "silu"}, {"torch_dtype", "float32"}, {"bos_token_id", 1}, {"eos_token_id", 2}};
+  const Rope r = s.llama3_scaling ? kLlama3Rope : s.rope;
+  json scaling = json::object();
+  if (r.type) {
+    scaling[r.type_key] = r.type;
+    if (std::strcmp(r.type, "default") != 0) scaling["factor"] = r.factor;
+    if (std::strcmp(r.type, "llama3") == 0) {
+      scaling["low_freq_factor"] = r.low_freq_factor;
+      scaling["high_freq_factor"] = r.high_freq_factor;
+      scaling["original_max_position_embeddings"] = r.original_max_position;
+    }
+  }
+  if (r.parameters) {
+    scaling["rope_theta"] = r.theta;
+    c["rope_parameters"] = scaling;
+  } else {
+    c["rope_theta"] = r.theta;
+    if (r.type) c["rope_scaling"] = scaling;
   }
   return c;
+}
+
+void set_rope(const Spec& s, reftest::RefModel& m) {
+  // "default" is no scaling; so is a type the reference lacks (yarn, ...), which the engine must refuse anyway.
+  const Rope r = s.llama3_scaling ? kLlama3Rope : s.rope;
+  using Scaling = reftest::RefModel::Scaling;
+  m.theta = r.theta;
+  m.scaling = !r.type                              ? Scaling::none
+              : std::strcmp(r.type, "linear") == 0 ? Scaling::linear
+              : std::strcmp(r.type, "llama3") == 0 ? Scaling::llama3
+                                                   : Scaling::none;
+  m.scale_factor = r.factor, m.low_freq = r.low_freq_factor, m.high_freq = r.high_freq_factor;
+  m.original_ctx = r.original_max_position;
 }
 
 // Random model (weights ~ N(0, 0.3/sqrt(fan_in)), norms around 1) written to `dir`; returns the stored values.
@@ -96,9 +121,9 @@ reftest::RefModel write_checkpoint(const fs::path& dir, const Spec& s, uint32_t 
   std::normal_distribution<double> nd(0.0, 1.0);
   reftest::RefModel m;
   m.dim = s.dim, m.hidden = s.hidden, m.layers = s.layers, m.heads = s.heads, m.kv_heads = s.kv_heads;
-  m.head_dim = s.head_dim, m.vocab = s.vocab, m.seq_len = 128, m.eps = 1e-5, m.theta = 500000.0;
+  m.head_dim = s.head_dim, m.vocab = s.vocab, m.seq_len = 128, m.eps = 1e-5;
   m.interleaved = false, m.tied = s.tied;
-  if (s.llama3_scaling) m.scale_factor = 8, m.low_freq = 1, m.high_freq = 4, m.original_ctx = 32;
+  set_rope(s, m);
   auto randn = [&](size_t n, double sd, double mean = 0) {
     std::vector<double> v(n);
     for (double& x : v) x = mean + sd * nd(rng);
