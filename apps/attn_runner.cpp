@@ -7,9 +7,11 @@
 #include <limits>
 #include <random>
 
+#include "cli_checks.h"
 #include "common/half.h"
 #include "flashlite/errors.h"
 #include "flashlite/tensor.h"
+#include "progress.h"
 
 #if FLASHLITE_WITH_CUDA
 #include <cuda_runtime.h>
@@ -119,6 +121,98 @@ double useful_flops(const AttnSettings& s, int64_t d, const std::vector<int32_t>
   return pairs * 4.0 * double(d) * double(s.heads);
 }
 
+// Refuses, before anything is allocated, a problem whose buffers cannot fit: the host copies of q, k, v, out and lse,
+// the float64 check, and what the backend allocates itself (naive: the scores; reference: float64 outputs).
+void check_sizes(const AttnSettings& s, int64_t hkv, int64_t seq_k, size_t es, Backend backend, bool on_cuda) {
+  const std::string sizes = "--batch " + std::to_string(s.batch) + " --heads " + std::to_string(s.heads) + " --kv-heads " +
+                            std::to_string(hkv) + " --seq-q " + std::to_string(s.seq_q) + " --seq-k " + std::to_string(seq_k) +
+                            " --head-dim " + std::to_string(s.head_dim);
+  constexpr int64_t kInt32Max = 2147483647;
+  if (s.varlen && (checked_product({s.batch, s.seq_q}) > kInt32Max || checked_product({s.batch, seq_k}) > kInt32Max)) {
+    throw Error(ErrorKind::invalid_value, "--varlen packs up to --batch x --seq-q (or --seq-k) tokens, and cu_seqlens are "
+                                          "int32: at most 2147483647 tokens (" + sizes + ")");
+  }
+  const int64_t nq = checked_product({s.batch, s.seq_q, s.heads, s.head_dim});
+  const int64_t nk = checked_product({s.batch, seq_k, hkv, s.head_dim});
+  const int64_t rows = checked_product({s.batch, s.heads, s.seq_q});
+  const int64_t tensors = checked_sum(checked_product({2, checked_sum(nq, nk), int64_t(es)}), checked_product({rows, 4}));
+  int64_t backend_bytes = 0;
+  if (backend == Backend::naive) backend_bytes = checked_product({rows, seq_k, 4});
+  if (backend == Backend::reference) backend_bytes = checked_product({checked_sum(nq, rows), 8});
+  int64_t host = on_cuda ? tensors : checked_sum(tensors, backend_bytes);
+  if (s.check) host = checked_sum(host, checked_product({checked_sum(nq, rows), 8 * 2}));  // result + one head's chunk
+  require_memory(host, "the buffers of " + sizes + (s.check ? " (with the float64 check)" : ""),
+                 "lower one of them" + std::string(s.check ? " or pass --no-check" : ""));
+#if FLASHLITE_WITH_CUDA
+  if (on_cuda) {
+    size_t free_bytes = 0, total = 0;
+    const int64_t device = checked_sum(tensors, backend_bytes);
+    if (cudaMemGetInfo(&free_bytes, &total) == cudaSuccess && (device < 0 || device > int64_t(free_bytes))) {
+      throw Error(ErrorKind::invalid_value, "the GPU buffers of " + sizes + " would need " +
+                                                (device < 0 ? std::string("more than 8 EiB") : format_bytes(device)) + " but " +
+                                                format_bytes(int64_t(free_bytes)) + " of GPU memory is free; lower one of them");
+    }
+  }
+#endif
+}
+
+// The float64 reference one query head at a time (with its kv head), so that a long check can report progress;
+// writes `ref` [tb, rows_q, heads, d] and `ref_lse` [tb, heads, rows_q] as one reference_forward_f64 call would.
+void reference_by_head(const ForwardArgs& full, int64_t heads, int64_t hkv, double* ref, double* ref_lse) {
+  const int64_t tb = full.q.shape[0], rows_q = full.q.shape[1], rows_k = full.k.shape[1], d = full.q.shape[3];
+  const int64_t group = heads / hkv;
+  std::vector<double> out(size_t(tb * rows_q * d)), lse(size_t(tb * rows_q));
+  Progress progress("checking against the float64 reference");
+  auto head_view = [](const TensorView& t, int64_t h, int64_t rows, int64_t d_) {
+    const size_t offset = size_t(h * t.strides[2]) * dtype_size(t.dtype);
+    return TensorView::strided(static_cast<uint8_t*>(t.data) + offset, t.dtype, t.device, {t.shape[0], rows, 1, d_},
+                               {t.strides[0], t.strides[1], t.strides[2], 1});
+  };
+  for (int64_t h = 0; h < heads; ++h) {
+    ForwardArgs a = full;
+    a.q = head_view(full.q, h, rows_q, d);
+    a.out = head_view(full.out, h, rows_q, d);
+    a.k = head_view(full.k, h / group, rows_k, d);
+    a.v = head_view(full.v, h / group, rows_k, d);
+    const TensorView& l = full.lse;
+    a.lse = TensorView::strided(static_cast<float*>(l.data) + h * l.strides[1], DType::f32, l.device, {tb, 1, rows_q},
+                                {l.strides[0], l.strides[1], l.strides[2]});
+    if (!full.options.sink_logits.empty()) {
+      a.options.sink_logits = TensorView::contiguous(static_cast<float*>(full.options.sink_logits.data) + h, DType::f32,
+                                                     full.options.sink_logits.device, {1});
+    }
+    reference_forward_f64(a, out.data(), lse.data());
+    for (int64_t b = 0; b < tb; ++b) {
+      for (int64_t i = 0; i < rows_q; ++i) {
+        std::copy_n(&out[size_t((b * rows_q + i) * d)], d, &ref[size_t(((b * rows_q + i) * heads + h) * d)]);
+        ref_lse[size_t((b * heads + h) * rows_q + i)] = lse[size_t(b * rows_q + i)];
+      }
+    }
+    progress.set(double(h + 1) / double(heads));
+  }
+}
+
+// The times (ms) of the timed runs, after the warm-up runs.
+std::vector<double> time_runs(const ForwardArgs& args, const AttnSettings& s, bool on_cuda) {
+  std::vector<double> times;
+  Progress progress("timing " + std::to_string(s.warmup) + " warm-up + " + std::to_string(s.repeat) + " runs");
+  for (int it = 0; it < s.warmup + s.repeat; ++it) {
+#if FLASHLITE_WITH_CUDA
+    if (on_cuda) cuda_check(cudaDeviceSynchronize(), "sync");
+#endif
+    const auto t0 = std::chrono::steady_clock::now();
+    forward(args);
+#if FLASHLITE_WITH_CUDA
+    if (on_cuda) cuda_check(cudaDeviceSynchronize(), "attention kernel");
+#endif
+    const auto t1 = std::chrono::steady_clock::now();
+    if (it >= s.warmup) times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    progress.set(double(it + 1) / (s.warmup + s.repeat));
+  }
+  (void)on_cuda;
+  return times;
+}
+
 }  // namespace
 
 AttnReport run_attention(const AttnSettings& s) {
@@ -132,8 +226,13 @@ AttnReport run_attention(const AttnSettings& s) {
   if (on_cuda && !has_gpu) throw Error(ErrorKind::invalid_value, "backend 'cuda' needs a CUDA device, and none is available");
   const DType dtype = parse_dtype(s.dtype, on_cuda);
   const int64_t hkv = s.kv_heads > 0 ? s.kv_heads : s.heads;
-  const int64_t seq_k = s.seq_k > 0 ? s.seq_k : s.seq_q;
+  const int64_t seq_k = s.seq_k >= 0 ? s.seq_k : s.seq_q;
   const int64_t d = s.head_dim;
+  if (s.heads % hkv != 0) {
+    throw Error(ErrorKind::invalid_value, "--heads " + std::to_string(s.heads) + " is not a multiple of --kv-heads " +
+                                              std::to_string(hkv) + " (each kv head serves heads / kv_heads query heads)");
+  }
+  check_sizes(s, hkv, seq_k, dtype_size(dtype), backend, on_cuda);
   std::mt19937_64 rng(s.seed);
 
   // Sequence layout: padded [batch, seq, h, d], or varlen packed [1, total, h, d] with random lengths.
@@ -203,19 +302,7 @@ AttnReport run_attention(const AttnSettings& s) {
   out.upload();
   lse.upload();
 
-  std::vector<double> times;
-  for (int it = 0; it < s.warmup + s.repeat; ++it) {
-#if FLASHLITE_WITH_CUDA
-    if (on_cuda) cuda_check(cudaDeviceSynchronize(), "sync");
-#endif
-    const auto t0 = std::chrono::steady_clock::now();
-    forward(args);
-#if FLASHLITE_WITH_CUDA
-    if (on_cuda) cuda_check(cudaDeviceSynchronize(), "attention kernel");
-#endif
-    const auto t1 = std::chrono::steady_clock::now();
-    if (it >= s.warmup) times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-  }
+  std::vector<double> times = time_runs(args, s, on_cuda);
   std::sort(times.begin(), times.end());
   r.median_ms = times[times.size() / 2];
   r.min_ms = times.front();
@@ -224,7 +311,7 @@ AttnReport run_attention(const AttnSettings& s) {
     out.download();
     lse.download();
     std::vector<double> ref(static_cast<size_t>(nq)), ref_lse(static_cast<size_t>(tb * s.heads * rows_q));
-    reference_forward_f64(make_args(true), ref.data(), ref_lse.data());
+    reference_by_head(make_args(true), s.heads, hkv, ref.data(), ref_lse.data());
     double num = 0, den = 0, max_abs = 0, lse_abs = 0;
     bool finite = true;
     for (int64_t i = 0; i < nq; ++i) {

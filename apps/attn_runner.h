@@ -10,7 +10,7 @@
 namespace flashlite::cli {
 
 struct AttnSettings {
-  int64_t batch = 1, heads = 8, kv_heads = 0, seq_q = 1024, seq_k = 0, head_dim = 64;
+  int64_t batch = 1, heads = 8, kv_heads = 0, seq_q = 1024, seq_k = -1, head_dim = 64;  // kv_heads 0, seq_k -1: as q
   std::string dtype = "auto";  // auto: bf16 on a GPU, f32 on the CPU
   bool causal = false;
   std::vector<int> window;  // {left} or {left, right}

@@ -1,4 +1,4 @@
-// `flashlite bench cpu ...`: runs the CPU benchmark program (flashlite_bench_cpu, built beside this tool) with the
+// `flashlite bench cpu [--] ...`: runs the CPU benchmark program (flashlite_bench_cpu, built beside this tool) with the
 // remaining arguments.
 #include <unistd.h>
 
@@ -20,11 +20,12 @@ static std::string self_dir() {
 }
 
 void add_bench_command(CLI::App& app) {
-  auto* bench = app.add_subcommand("bench", "Benchmarks");
+  auto* bench = app.add_subcommand("bench", "Benchmarks: `bench cpu` sweeps naive vs tiled CPU attention");
   bench->require_subcommand(1);
   auto* cpu = bench->add_subcommand("cpu", "CPU sweep: naive vs tiled, GFLOP/s against the measured FMA peak, peak memory "
-                                           "(the arguments that follow go to flashlite_bench_cpu, e.g. --quick --json out.json)");
-  cpu->prefix_command();  // everything after "cpu" goes to flashlite_bench_cpu
+                                           "(the arguments that follow, after an optional --, go to flashlite_bench_cpu, "
+                                           "e.g. -- --quick --json out.json)");
+  cpu->prefix_command();  // everything after "cpu" goes to flashlite_bench_cpu (main drops a leading "--")
   cpu->callback([cpu] {
     std::vector<std::string> extra = cpu->remaining();
     const std::string dir = self_dir();

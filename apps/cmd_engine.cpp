@@ -1,4 +1,4 @@
-// `flashlite generate | chat | tokenize`: the Llama engine on the command line (CPU path).
+// `flashlite generate | chat | score | tokenize`: the Llama engine on the command line.
 #include <unistd.h>
 
 #include <chrono>
@@ -7,9 +7,9 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
-#include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "engine/chat_template.h"
 #include "engine/errors.h"
@@ -18,6 +18,7 @@
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "engine/weights.h"
+#include "model_paths.h"
 
 namespace flashlite::cli {
 
@@ -37,15 +38,25 @@ struct SamplingSettings {
   float temperature = 0.0f, top_p = 1.0f;
   int top_k = 0;
   uint64_t seed = 0;
+  float repeat_penalty = 1.0f, frequency_penalty = 0.0f;
+  int repeat_last_n = 64;
 };
 
+// Upper limits of the size options, checked before anything is allocated (the memory they imply is checked once the
+// model's shape is known).
+constexpr int kMaxPositions = 1 << 24;  // --context, --max-tokens, --prompt-tokens
+constexpr int kMaxSequences = 1 << 16;  // --batch
+
 void add_model_options(CLI::App* cmd, ModelSettings& m) {
-  cmd->add_option("--model", m.model, "Hugging Face checkpoint directory or llama2.c .bin file")->required();
-  cmd->add_option("--tokenizer", m.tokenizer, "Tokenizer (llama2.c .bin or tokenizer.json); default: the model directory");
+  cmd->add_option("-m,--model", m.model, "Hugging Face checkpoint directory, llama2.c .bin file, or a folder holding one "
+                                         "(its tok*.bin tokenizer is found beside it)")->required();
+  cmd->add_option("--tokenizer", m.tokenizer, "Tokenizer (llama2.c .bin or tokenizer.json); default: the model directory, "
+                                              "or the tok*.bin beside a llama2.c model");
   cmd->add_option("--device", m.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
-  cmd->add_option("--threads", m.threads, "CPU threads (0 = automatic: 1 for tiny models)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--context", m.context, "KV cache positions per sequence (default: prompt + max tokens, or 4096 for chat)")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("-t,--threads", m.threads, "CPU threads (0 = automatic: 1 for tiny models)")->check(int_between(0, 4096));
+  cmd->add_option("--context", m.context, "KV cache positions per sequence (default: prompt + max tokens, or 4096 for chat; "
+                                          "at most the model's maximum)")
+      ->check(int_between(0, kMaxPositions));
   cmd->add_option("--attention", m.attention, "flashlite attention backend: auto (cpu / cuda fused), cpu, naive, reference")
       ->check(CLI::IsMember({"auto", "cpu", "naive", "reference", "cuda"}))->capture_default_str();
   cmd->add_option("--precision", m.precision, "CUDA weights and activations: auto (bf16), bf16 or fp32")
@@ -54,11 +65,21 @@ void add_model_options(CLI::App* cmd, ModelSettings& m) {
 }
 
 void add_sampling_options(CLI::App* cmd, SamplingSettings& s) {
-  cmd->add_option("--max-tokens", s.max_tokens, "New tokens to generate (per sequence / per turn)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--temperature", s.temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0))->capture_default_str();
-  cmd->add_option("--top-k", s.top_k, "Keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--top-p", s.top_p, "Nucleus sampling mass (1 = off)")->check(CLI::Range(0.0, 1.0))->capture_default_str();
-  cmd->add_option("--seed", s.seed, "Random seed")->capture_default_str();
+  cmd->add_option("-n,--max-tokens", s.max_tokens, "New tokens to generate (per sequence / per turn)")
+      ->check(int_between(0, kMaxPositions))->capture_default_str();
+  cmd->add_option("--temperature", s.temperature, "0 = greedy")->check(real_between(0, 100))->capture_default_str();
+  cmd->add_option("--top-k", s.top_k, "Keep the k most likely tokens (0 = off)")->check(int_at_least(0))->capture_default_str();
+  cmd->add_option("--top-p", s.top_p, "Nucleus sampling mass (1 = off)")->check(real_between(0, 1))->capture_default_str();
+  cmd->add_option("-s,--seed", s.seed, "Random seed")->check(unsigned_integer())->capture_default_str();
+  cmd->add_option("--repeat-penalty", s.repeat_penalty, "Divide the positive logits (multiply the negative ones) of tokens "
+                                                        "seen in the last --repeat-last-n tokens by this (1 = off)")
+      ->check(real_between(0.01, 100))->capture_default_str();
+  cmd->add_option("--repeat-last-n", s.repeat_last_n, "Tokens (prompt and generated) the penalties look back on "
+                                                      "(0 = off, -1 = all)")
+      ->check(int_at_least(-1))->capture_default_str();
+  cmd->add_option("--frequency-penalty", s.frequency_penalty, "Subtract this x the token's count in the last "
+                                                              "--repeat-last-n tokens from its logit (0 = off)")
+      ->check(real_between(-2, 2))->capture_default_str();
 }
 
 struct Loaded {
@@ -68,22 +89,17 @@ struct Loaded {
 
 Loaded load(const ModelSettings& m, bool quiet) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (!quiet) std::fprintf(stderr, "loading %s ...\n", m.model.c_str());
+  const std::string checkpoint = resolve_checkpoint(m.model);
+  const std::string tok = m.tokenizer.empty() ? tokenizer_beside(checkpoint) : m.tokenizer;
+  if (!quiet) std::fprintf(stderr, "loading %s (tokenizer %s) ...\n", checkpoint.c_str(), tok.c_str());
   eng::LoadProgress progress;
-  if (!quiet) {
+  if (!quiet && isatty(STDERR_FILENO)) {  // a redrawn line is noise in a log
     progress = [](int done, int total) {
       std::fprintf(stderr, "\r  layer %d/%d", done, total);
       if (done == total) std::fprintf(stderr, "\n");
     };
   }
-  Loaded l{eng::load_checkpoint(m.model, progress), nullptr};
-  std::string tok = m.tokenizer;
-  if (tok.empty()) {
-    if (!eng::is_directory(m.model)) {
-      throw Error(ErrorKind::invalid_value, "--model '" + m.model + "' is a llama2.c checkpoint; pass its tokenizer with --tokenizer (e.g. tok512.bin)");
-    }
-    tok = m.model;
-  }
+  Loaded l{eng::load_checkpoint(checkpoint, progress), nullptr};
   l.tokenizer = eng::load_tokenizer(tok);
   if (l.tokenizer->vocab_size() > l.weights.config.vocab_size) {
     throw Error(ErrorKind::invalid_value, "tokenizer '" + tok + "' has " + std::to_string(l.tokenizer->vocab_size()) +
@@ -100,7 +116,7 @@ Loaded load(const ModelSettings& m, bool quiet) {
 eng::GenerationParams gen_params(const SamplingSettings& s, const std::vector<int>& stops) {
   eng::GenerationParams p;
   p.max_new_tokens = s.max_tokens;
-  p.sampling = {s.temperature, s.top_k, s.top_p, s.seed};
+  p.sampling = {s.temperature, s.top_k, s.top_p, s.seed, s.repeat_penalty, s.repeat_last_n, s.frequency_penalty};
   p.sampling.validate();
   p.stop_ids = stops;
   return p;
@@ -159,10 +175,40 @@ json stats_json(const eng::GenerationStats& st, eng::LlamaModel& model) {
 
 void print_stats(const eng::GenerationStats& st, const eng::LlamaModel& model) {
   std::fprintf(stderr,
-               "\n[batch %d, prompt %d tokens, generated %d] TTFT %.3f ms (prefill %.0f tok/s), time between tokens "
+               "[batch %d, prompt %d tokens, generated %d] TTFT %.3f ms (prefill %.0f tok/s), time between tokens "
                "mean %.4f ms median %.4f ms, decode %.1f tok/s, peak memory %.1f MiB, %d thread(s)\n",
                st.batch, st.prompt_tokens, st.generated_tokens, st.ttft_ms, st.prefill_tokens_per_s(), st.mean_tbt_ms(),
                st.median_tbt_ms(), st.decode_tokens_per_s(), eng::peak_rss_bytes() / 1048576.0, model.threads());
+}
+
+// Refuses, before the model allocates it, a context past the model's maximum or a KV cache that cannot fit in memory
+// (the CPU's: fp32 K and V per layer, sequence and position, plus a logits row per sequence).
+void check_runtime_fits(const eng::ModelConfig& c, const eng::RuntimeOptions& ro, const std::string& device) {
+  if (ro.context > c.max_seq_len) {
+    throw Error(ErrorKind::invalid_value, "--context " + std::to_string(ro.context) + " exceeds the model's maximum of " +
+                                              std::to_string(c.max_seq_len) + " positions");
+  }
+  if (device != "cpu") return;  // the CUDA model checks the device's memory itself
+  const int64_t kv = checked_product({2, c.n_layers, ro.slots, ro.context, c.kv_dim(), 4});
+  const int64_t logits = checked_product({ro.slots, c.vocab_size, 4});
+  const bool batch = ro.slots > 1;
+  require_memory(checked_sum(kv, logits),
+                 "the KV cache of " + (batch ? std::to_string(ro.slots) + " sequences (--batch) x " : std::string()) +
+                     std::to_string(ro.context) + " positions (--context)",
+                 batch ? "lower --batch or --context" : "lower --context");
+}
+
+// Says on stderr why a sequence ended before its --max-tokens: its context filled up (finish_reason "context").
+void report_context_stops(const eng::GenerationResult& r, int asked, int context, int model_max) {
+  for (size_t b = 0; b < r.finish_reason.size(); ++b) {
+    if (r.finish_reason[b] != "context") continue;
+    const std::string who = r.finish_reason.size() > 1 ? "sequence " + std::to_string(b) + " " : "";
+    const std::string advice = context < model_max
+                                   ? "; pass --context N (up to " + std::to_string(model_max) + ", the model's maximum)"
+                                   : " (the model's maximum); a shorter prompt leaves more room";
+    std::fprintf(stderr, "%sstopped after %zu of %d tokens: the context of %d positions is full%s\n", who.c_str(),
+                 r.tokens[b].size(), asked, context, advice.c_str());
+  }
 }
 
 std::string read_stdin() { return std::string(std::istreambuf_iterator<char>(std::cin), {}); }
@@ -186,6 +232,11 @@ void run_generate(const GenerateSettings& g) {
   std::vector<std::string> texts = g.prompts.empty() ? std::vector<std::string>{""} : g.prompts;
   const size_t given = texts.size();
   for (size_t b = given; int(b) < g.batch; ++b) texts.push_back(texts[b % given]);
+  const int max_ctx = l.weights.config.max_seq_len;
+  if (g.prompt_tokens > max_ctx) {
+    throw Error(ErrorKind::invalid_value, "--prompt-tokens " + std::to_string(g.prompt_tokens) +
+                                              " exceeds the model's context of " + std::to_string(max_ctx) + " positions");
+  }
   std::vector<std::vector<int>> prompts;
   const int bos = g.no_bos ? -1 : bos_of(l);
   size_t longest = 0;
@@ -211,7 +262,6 @@ void run_generate(const GenerateSettings& g) {
     longest = std::max(longest, ids.size());
     prompts.push_back(std::move(ids));
   }
-  const int max_ctx = l.weights.config.max_seq_len;
   if (int(longest) > max_ctx) {
     throw Error(ErrorKind::invalid_value, "prompt has " + std::to_string(longest) + " tokens; the model's context holds " +
                                               std::to_string(max_ctx));
@@ -223,6 +273,7 @@ void run_generate(const GenerateSettings& g) {
   ro.precision = g.m.precision;
   // (int64: a huge --max-tokens must not wrap around to a small context)
   ro.context = g.m.context > 0 ? g.m.context : int(std::min<int64_t>(max_ctx, int64_t(longest) + g.s.max_tokens));
+  check_runtime_fits(l.weights.config, ro, g.m.device);
   std::unique_ptr<eng::LlamaModel> model_ptr = eng::create_model(l.weights, ro, g.m.device);
   eng::LlamaModel& model = *model_ptr;
   const bool stream = !g.m.json_out && prompts.size() == 1;
@@ -245,6 +296,9 @@ void run_generate(const GenerateSettings& g) {
     eng::generate(model, prompts, wp);
   }
   eng::GenerationResult r = eng::generate(model, prompts, params, on_token);
+  if (stream) std::fputc('\n', stdout);  // the text ends its line, so a shell prompt or the next output starts clean
+  std::fflush(stdout);
+  report_context_stops(r, g.s.max_tokens, model.context(), max_ctx);
   if (g.m.json_out) {
     json outs = json::array();
     for (size_t b = 0; b < prompts.size(); ++b) {
@@ -275,6 +329,7 @@ void run_chat(const ChatSettings& c) {
   ro.attention = parse_backend(c.m.attention);
   ro.precision = c.m.precision;
   ro.context = c.m.context > 0 ? c.m.context : std::min(l.weights.config.max_seq_len, 4096);
+  check_runtime_fits(l.weights.config, ro, c.m.device);
   std::unique_ptr<eng::LlamaModel> model_ptr = eng::create_model(l.weights, ro, c.m.device);
   eng::LlamaModel& model = *model_ptr;
   eng::ChatSession session(model);
@@ -300,6 +355,10 @@ void run_chat(const ChatSettings& c) {
     try {
       eng::GenerationResult r = session.turn(turn, gen_params(c.s, stop_ids_of(l)), on_token);
       std::cout << std::endl;
+      if (r.finish_reason[0] == "context") {
+        std::fprintf(stderr, "(the context of %d positions is full: /reset starts over; --context sets its size)\n",
+                     model.context());
+      }
       std::fprintf(stderr, "[%d tokens, TTFT %.2f ms, %.1f tok/s, %d cached]\n", r.stats.generated_tokens, r.stats.ttft_ms,
                    r.stats.decode_tokens_per_s(), session.cached_tokens());
     } catch (const Error& e) {
@@ -333,19 +392,24 @@ void write_npy(const std::string& path, const std::vector<float>& data, size_t r
 
 void run_score(const ScoreSettings& sc) {
   ModelSettings m = sc.m;
-  std::vector<int> ids;
-  {
-    std::string list = sc.ids;
-    for (char& c : list)
-      if (c == ',') c = ' ';
-    std::istringstream in(list);
-    int v;
-    while (in >> v) ids.push_back(v);
-  }
+  const std::vector<int64_t> given = parse_int_list(sc.ids, "--ids");  // before the model loads: typos fail at once
   std::unique_ptr<eng::Tokenizer> tok;
-  eng::ModelWeights w = eng::load_checkpoint(m.model);
+  const std::string checkpoint = resolve_checkpoint(m.model);
+  eng::ModelWeights w = eng::load_checkpoint(checkpoint);
+  std::vector<int> ids;
+  for (size_t i = 0; i < given.size(); ++i) {
+    if (given[i] < 0 || given[i] >= w.config.vocab_size) {
+      throw Error(ErrorKind::invalid_value, "--ids element " + std::to_string(i + 1) + " is " + std::to_string(given[i]) +
+                                                "; expected a token id in [0, " + std::to_string(w.config.vocab_size) + ")");
+    }
+    ids.push_back(int(given[i]));
+  }
+  if (ids.size() > size_t(w.config.max_seq_len)) {
+    throw Error(ErrorKind::invalid_value, "--ids holds " + std::to_string(ids.size()) + " tokens; the model's context holds " +
+                                              std::to_string(w.config.max_seq_len));
+  }
   if (ids.empty()) {
-    tok = eng::load_tokenizer(m.tokenizer.empty() ? m.model : m.tokenizer);
+    tok = eng::load_tokenizer(m.tokenizer.empty() ? tokenizer_beside(checkpoint) : m.tokenizer);
     const int bos = w.config.bos_id >= 0 ? w.config.bos_id : tok->bos_id();
     if (bos >= 0) ids.push_back(bos);
     for (int t : tok->encode(sc.text, false)) ids.push_back(t);
@@ -356,6 +420,7 @@ void run_score(const ScoreSettings& sc) {
   ro.attention = parse_backend(m.attention);
   ro.precision = m.precision;
   ro.context = m.context > 0 ? m.context : std::min<int>(w.config.max_seq_len, int(ids.size()));
+  check_runtime_fits(w.config, ro, m.device);
   std::unique_ptr<eng::LlamaModel> model = eng::create_model(w, ro, m.device);
   const size_t split = sc.decode_from < 0 ? ids.size() : std::min<size_t>(ids.size(), std::max(1, sc.decode_from));
   std::vector<float> logits = model->forward({{0, std::vector<int>(ids.begin(), ids.begin() + split), true}});
@@ -377,7 +442,7 @@ struct TokenizeSettings {
 };
 
 void run_tokenize(const TokenizeSettings& t) {
-  std::unique_ptr<eng::Tokenizer> tok = eng::load_tokenizer(t.model);
+  std::unique_ptr<eng::Tokenizer> tok = eng::load_tokenizer(resolve_tokenizer(t.model));
   if (t.jsonl) {  // many texts per load (tests): one JSON string per input line -> one JSON object per output line
     std::string line;
     while (std::getline(std::cin, line)) {
@@ -415,18 +480,19 @@ void run_tokenize(const TokenizeSettings& t) {
 
 void add_engine_commands(CLI::App& app) {
   auto g = std::make_shared<GenerateSettings>();
-  auto* gen = app.add_subcommand("generate", "Generate text with a Llama model (HF directory or llama2.c .bin)");
+  auto* gen = app.add_subcommand("generate", "Generate text with a Llama model (Hugging Face directory or llama2.c .bin)");
   add_model_options(gen, g->m);
   add_sampling_options(gen, g->s);
-  gen->add_option("--prompt", g->prompts, "Prompt text; repeat for a batch of prompts");
+  gen->add_option("-p,--prompt", g->prompts, "Prompt text; repeat for a batch of prompts");
   gen->add_flag("--no-bos", g->no_bos, "Do not prepend the BOS token");
   gen->add_flag("--special", g->special, "Parse special-token strings in the prompt (e.g. <|eot_id|>)");
   gen->add_option("--prompt-tokens", g->prompt_tokens, "Benchmarks: use prompts of exactly N tokens (BOS + random ids)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_between(0, kMaxPositions));
   gen->add_flag("--ignore-eos", g->ignore_eos, "Do not stop at stop tokens (benchmarks, parity runs)");
-  gen->add_option("--batch", g->batch, "Benchmarks: repeat the prompts up to this many sequences")->check(CLI::NonNegativeNumber);
+  gen->add_option("--batch", g->batch, "Benchmarks: repeat the prompts up to this many sequences")
+      ->check(int_between(0, kMaxSequences));
   gen->add_option("--warmup", g->warmup, "Benchmarks: untimed runs (a few tokens each) before the measured one")
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_between(0, 1000));
   gen->callback([g] { run_generate(*g); });
 
   auto c = std::make_shared<ChatSettings>();
@@ -439,15 +505,17 @@ void add_engine_commands(CLI::App& app) {
   auto sc = std::make_shared<ScoreSettings>();
   auto* score = app.add_subcommand("score", "Teacher-forced logits of every position, written to a .npy file (for parity tests)");
   add_model_options(score, sc->m);
-  score->add_option("--ids", sc->ids, "Token ids, comma or space separated");
+  score->add_option("--ids", sc->ids, "Token ids in [0, vocab), comma or space separated");
   score->add_option("--text", sc->text, "Text to score (tokenized with BOS) when --ids is absent");
   score->add_option("--out", sc->out, "Output .npy file (positions, vocab) float32")->required();
-  score->add_option("--decode-from", sc->decode_from, "Feed positions from here on one at a time (the decode path)");
+  score->add_option("--decode-from", sc->decode_from, "Feed positions from here on one at a time (the decode path)")
+      ->check(int_at_least(-1));
   score->callback([sc] { run_score(*sc); });
 
   auto t = std::make_shared<TokenizeSettings>();
   auto* tk = app.add_subcommand("tokenize", "Print the token ids of a text (from --text or standard input)");
-  tk->add_option("--model", t->model, "Tokenizer: a directory with tokenizer.json (or GPT-2 files), a tokenizer.json or a llama2.c .bin")->required();
+  tk->add_option("-m,--model", t->model, "Tokenizer: a directory with tokenizer.json (or GPT-2 files, or one llama2.c "
+                                         "tok*.bin), a tokenizer.json or a llama2.c .bin")->required();
   tk->add_option("--text", t->text, "Text to tokenize (default: standard input)")->each([t](const std::string&) { t->has_text = true; });
   tk->add_flag("--json", t->json_out, "Print ids, pieces and the decoded text as JSON");
   tk->add_flag("--special", t->special, "Parse special-token strings (e.g. <|begin_of_text|>) as their ids");

@@ -1,6 +1,8 @@
-// `flashlite`: the command-line tool (attn | info | bench | generate | chat | tokenize).
+// `flashlite`: the command-line tool (attn | info | bench | generate | chat | score | tokenize).
 #include <iostream>
+#include <vector>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "flashlite/errors.h"
 #include "flashlite/version.h"
@@ -16,8 +18,12 @@ int main(int argc, char** argv) {
   flashlite::cli::add_info_command(app);
   flashlite::cli::add_bench_command(app);
   flashlite::cli::add_engine_commands(app);
+  app.footer("Run 'flashlite SUBCOMMAND --help' for the options of one subcommand.");
   try {
-    app.parse(argc, argv);
+    flashlite::cli::check_subcommand_words(app, argc, argv);
+    std::vector<const char*> words(argv, argv + argc);
+    if (const int mark = flashlite::cli::passthrough_mark(app, argc, argv)) words.erase(words.begin() + mark);
+    app.parse(int(words.size()), words.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const flashlite::Error& e) {

@@ -44,6 +44,7 @@ GenerationResult run(LlamaModel& model, const std::vector<SlotInput>& inputs, co
     }
     step.push_back({in.slot, in.tokens, false});
     res.stats.prompt_tokens += int(in.tokens.size());
+    for (int t : in.tokens) samplers[size_t(&in - inputs.data())].accept(t);
   }
   if (params.max_new_tokens == 0) return res;
 
@@ -58,6 +59,7 @@ GenerationResult run(LlamaModel& model, const std::vector<SlotInput>& inputs, co
       else if (out.kind == LogitsRequest::Kind::top_k) tok = samplers[b].sample_top_k(out.values + r * out.k, out.ids + r * out.k, out.k);
       else tok = samplers[b].sample(out.logits + r * size_t(vocab), vocab);
       if (sampled) (*sampled)[b].push_back(tok);  // before anything that may throw
+      samplers[b].accept(tok);
       if (std::find(params.stop_ids.begin(), params.stop_ids.end(), tok) != params.stop_ids.end()) {
         live[b] = false;
         res.stop_token[b] = tok;

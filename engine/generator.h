@@ -12,7 +12,7 @@ namespace flashlite::engine {
 
 struct GenerationParams {
   int max_new_tokens = 256;
-  SamplingParams sampling;
+  SamplingParams sampling;  // its penalties look back on each sequence's prompt (a chat turn's tokens) and what follows
   std::vector<int> stop_ids;  // generation of a sequence ends when it samples one of these (not emitted)
 };
 

@@ -13,6 +13,7 @@ namespace flashlite::engine {
 
 LogitsRequest logits_request_for(const SamplingParams& params, int vocab) {
   LogitsRequest r;
+  if (params.penalizes()) return r;  // the penalties change the row before any selection
   if (params.temperature == 0.0f) r.kind = LogitsRequest::Kind::argmax;
   else if (params.top_k > 0 && params.top_k < vocab) r = {LogitsRequest::Kind::top_k, params.top_k};
   return r;

@@ -14,6 +14,29 @@ void SamplingParams::validate() const {
   }
   if (top_k < 0) fail("top_k is " + std::to_string(top_k) + "; expected >= 0 (0 = off)");
   if (!(top_p > 0 && top_p <= 1)) fail("top_p is " + std::to_string(top_p) + "; expected a number in (0, 1]");
+  // Bounded so that a penalized logit stays finite.
+  if (!(repeat_penalty >= 0.01f && repeat_penalty <= 100.0f)) {
+    fail("repeat_penalty is " + std::to_string(repeat_penalty) + "; expected a number in [0.01, 100] (1 = off)");
+  }
+  if (repeat_last_n < -1) fail("repeat_last_n is " + std::to_string(repeat_last_n) + "; expected >= 0 (0 = off) or -1 (all)");
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
+    fail("frequency_penalty is " + std::to_string(frequency_penalty) + "; expected a number in [-2, 2] (0 = off)");
+  }
+}
+
+void apply_penalties(float* logits, int vocab, const int* recent, size_t n, const SamplingParams& params) {
+  std::vector<int> ids(recent, recent + n);
+  std::sort(ids.begin(), ids.end());
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j < ids.size() && ids[j] == ids[i]) ++j;
+    if (ids[i] >= 0 && ids[i] < vocab) {
+      float& x = logits[ids[i]];
+      x = x <= 0 ? x * params.repeat_penalty : x / params.repeat_penalty;
+      x -= float(j - i) * params.frequency_penalty;
+    }
+    i = j;
+  }
 }
 
 std::string unsampleable(const float* logits, int n, const char* what, const int32_t* ids) {
@@ -68,9 +91,20 @@ float Sampler::uniform() {
   return float((state_ * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
 }
 
+void Sampler::accept(int token) {
+  if (!p_.penalizes()) return;
+  recent_.push_back(token);
+  if (p_.repeat_last_n > 0 && recent_.size() > size_t(p_.repeat_last_n)) recent_.erase(recent_.begin());
+}
+
 int Sampler::sample(const float* logits, int vocab) {
   if (vocab <= 0) fail("sample got " + std::to_string(vocab) + " logits; expected at least one");
   check_logits(logits, vocab, "logit");
+  if (!recent_.empty()) {
+    penalized_.assign(logits, logits + vocab);
+    apply_penalties(penalized_.data(), vocab, recent_.data(), recent_.size(), p_);
+    logits = penalized_.data();
+  }
   if (p_.temperature == 0.0f) return argmax(logits, vocab);
   if (p_.top_k == 0 && p_.top_p >= 1.0f) {  // plain temperature sampling: no sort needed
     float mx = logits[0];
@@ -114,6 +148,7 @@ int Sampler::sample(const float* logits, int vocab) {
 
 int Sampler::sample_top_k(const float* values, const int32_t* ids, int k) {
   if (k <= 0) fail("sample_top_k got " + std::to_string(k) + " candidates; expected at least one");
+  if (p_.penalizes()) fail("sample_top_k cannot apply repeat or frequency penalties; they need the full row (sample)");
   // Named by vocabulary id, as the full-row paths name them (the candidates hold a row's lowest-id NaN / +inf).
   if (std::string why = unsampleable(values, k, "logit", ids); !why.empty()) fail(why);
   cand_.resize(k);

@@ -1,6 +1,7 @@
 #pragma once
 // Next-token choice from one row of logits: greedy (temperature 0), or temperature + top-k + top-p (nucleus)
-// sampling with a seeded, platform-independent RNG (xorshift64*), one stream per sequence.
+// sampling with a seeded, platform-independent RNG (xorshift64*), one stream per sequence; optionally after llama.cpp's
+// repeat and frequency penalties on the tokens seen last.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -13,15 +14,29 @@ struct SamplingParams {
   int top_k = 0;             // 0 = off
   float top_p = 1.0f;        // 1 = off
   uint64_t seed = 0;
+  // llama.cpp's penalties, over the last repeat_last_n tokens seen (the prompt's, then the sampled ones): a token seen
+  // there has its logit divided by repeat_penalty when positive (multiplied when not), then lowered by
+  // frequency_penalty x its count there. Applied before temperature, top-k and top-p, greedy included.
+  float repeat_penalty = 1.0f;     // 1 = off
+  int repeat_last_n = 64;          // the window; 0 = off, -1 = every token seen
+  float frequency_penalty = 0.0f;  // 0 = off
+  bool penalizes() const { return repeat_last_n != 0 && (repeat_penalty != 1.0f || frequency_penalty != 0.0f); }
   void validate() const;     // throws Error naming the value
 };
+
+// The penalties of `params` applied in place to a row of `vocab` logits, for the window recent[0, n) (ids outside
+// [0, vocab) are ignored).
+void apply_penalties(float* logits, int vocab, const int* recent, size_t n, const SamplingParams& params);
 
 class Sampler {
  public:
   Sampler(const SamplingParams& params, uint64_t stream);  // stream: sequence index, so each sequence differs
   int sample(const float* logits, int vocab);
+  // A token the penalties should see (each prompt token, then each sampled one); kept while it is within the window.
+  void accept(int token);
   // The same choice as sample() on the full row when 0 < top_k < vocab (or temperature is 0), from the row's top_k
-  // largest logits and their ids in any order (LlamaModel::forward_select with a top-k request).
+  // largest logits and their ids in any order (LlamaModel::forward_select with a top-k request). Not with penalties:
+  // they can move tokens into the top k, so they need the full row.
   int sample_top_k(const float* values, const int32_t* ids, int k);
   // Candidate order: larger logit first, lower id first among equals.
   static bool before(const std::pair<float, int>& a, const std::pair<float, int>& b) {
@@ -36,6 +51,8 @@ class Sampler {
   uint64_t state_;
   std::vector<std::pair<float, int>> cand_;  // scratch
   std::vector<double> weights_;              // scratch
+  std::vector<int> recent_;                  // the penalties' window, oldest first
+  std::vector<float> penalized_;             // scratch: the row after the penalties
 };
 
 int argmax(const float* logits, int n);

@@ -1,5 +1,6 @@
 // The sampler: greedy is argmax (first index on ties); temperature sampling follows softmax(logits / T) in frequency;
-// top-k and top-p keep exactly the tokens they should; seeds reproduce; bad parameters are errors.
+// top-k and top-p keep exactly the tokens they should; seeds reproduce; bad parameters are errors; the repeat and
+// frequency penalties match a plain computation.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <set>
 #include <random>
 
+#include "engine/model.h"
 #include "engine/sampler.h"
 #include "flashlite/errors.h"
 
@@ -208,6 +210,124 @@ TEST(Sampler, RefusalsNameTheLowestIdNaNThenInf) {
   }
   const std::vector<float> masked(4, -inf);
   EXPECT_EQ(eng::unsampleable(masked.data(), 4, "logit", ids.data()), "every logit is -inf: no token can be sampled");
+}
+
+}  // namespace
+
+namespace {
+
+// llama.cpp's penalties written out plainly: each vocabulary id counted in the window by a linear scan.
+std::vector<float> penalized_by_hand(std::vector<float> logits, const std::vector<int>& history,
+                                     const eng::SamplingParams& p) {
+  const size_t n = p.repeat_last_n < 0 ? history.size() : std::min(history.size(), size_t(p.repeat_last_n));
+  const std::vector<int> window(history.end() - std::ptrdiff_t(n), history.end());
+  for (int id = 0; id < int(logits.size()); ++id) {
+    const int count = int(std::count(window.begin(), window.end(), id));
+    if (count == 0) continue;
+    float x = logits[size_t(id)];
+    x = x <= 0 ? x * p.repeat_penalty : x / p.repeat_penalty;
+    logits[size_t(id)] = x - float(count) * p.frequency_penalty;
+  }
+  return logits;
+}
+
+eng::SamplingParams penalized(float temperature, int top_k, float top_p, uint64_t seed, float repeat, int last_n,
+                              float frequency) {
+  eng::SamplingParams p{temperature, top_k, top_p, seed};
+  p.repeat_penalty = repeat;
+  p.repeat_last_n = last_n;
+  p.frequency_penalty = frequency;
+  return p;
+}
+
+TEST(SamplerPenalties, MatchAPlainComputation) {
+  const int vocab = 300;
+  std::mt19937 rng(31);
+  std::uniform_int_distribution<int> id(-5, 60);  // repeats, and ids outside the vocabulary (ignored)
+  for (const auto& p : {penalized(0.f, 0, 1.f, 0, 1.3f, 64, 0.f), penalized(0.f, 0, 1.f, 0, 1.f, 64, 0.5f),
+                        penalized(0.f, 0, 1.f, 0, 1.2f, 16, -0.7f), penalized(0.f, 0, 1.f, 0, 0.8f, -1, 0.3f),
+                        penalized(0.f, 0, 1.f, 0, 1.5f, 1, 1.f)}) {
+    SCOPED_TRACE("repeat " + std::to_string(p.repeat_penalty) + " last_n " + std::to_string(p.repeat_last_n) +
+                 " frequency " + std::to_string(p.frequency_penalty));
+    const std::vector<float> logits = random_logits(vocab, 12);
+    std::vector<int> history(150);
+    for (int& t : history) t = id(rng);
+    const std::vector<float> want = penalized_by_hand(logits, history, p);
+    const size_t n = p.repeat_last_n < 0 ? history.size() : std::min(history.size(), size_t(p.repeat_last_n));
+    std::vector<float> got = logits;
+    eng::apply_penalties(got.data(), vocab, history.data() + history.size() - n, n, p);
+    for (int i = 0; i < vocab; ++i) ASSERT_FLOAT_EQ(got[size_t(i)], want[size_t(i)]) << "token " << i;
+    EXPECT_NE(got, logits) << "the history must change the row";
+  }
+}
+
+// The penalized sampler draws what an unpenalized sampler with the same seed draws from the hand-penalized row, step
+// after step while its window slides over the tokens it accepted (the prompt's first, then its own draws).
+TEST(SamplerPenalties, SamplingEqualsSamplingTheHandPenalizedRow) {
+  const int vocab = 200;
+  const std::vector<float> logits = random_logits(vocab, 14);
+  for (const auto& p : {penalized(0.f, 0, 1.f, 0, 1.4f, 8, 0.2f), penalized(0.9f, 0, 1.f, 3, 1.3f, 64, 0.f),
+                        penalized(0.9f, 20, 0.9f, 4, 1.1f, 32, 0.4f), penalized(1.2f, 0, 0.8f, 5, 2.f, -1, 0.f)}) {
+    SCOPED_TRACE("temperature " + std::to_string(p.temperature) + " last_n " + std::to_string(p.repeat_last_n));
+    eng::SamplingParams plain = p;
+    plain.repeat_penalty = 1.f, plain.frequency_penalty = 0.f;
+    eng::Sampler with(p, 1), without(plain, 1);
+    std::vector<int> history = {5, 9, 5, 17};
+    for (int t : history) with.accept(t);
+    std::set<int> drawn;
+    for (int step = 0; step < 150; ++step) {
+      const std::vector<float> row = penalized_by_hand(logits, history, p);
+      const int want = without.sample(row.data(), vocab);
+      const int got = with.sample(logits.data(), vocab);
+      ASSERT_EQ(got, want) << "step " << step;
+      with.accept(got);
+      history.push_back(got);
+      drawn.insert(got);
+    }
+    EXPECT_GT(drawn.size(), 3u) << "the penalties must move the draws off the favourite tokens";
+  }
+}
+
+TEST(SamplerPenalties, OffLeavesDrawsAlone) {
+  const std::vector<float> logits = random_logits(100, 15);
+  for (const auto& p : {penalized(0.8f, 0, 1.f, 6, 1.f, 64, 0.f), penalized(0.8f, 0, 1.f, 6, 1.7f, 0, 0.9f)}) {
+    EXPECT_FALSE(p.penalizes());
+    eng::Sampler a(p, 0), b({0.8f, 0, 1.f, 6}, 0);
+    for (int i = 0; i < 100; ++i) {
+      const int t = a.sample(logits.data(), 100);
+      ASSERT_EQ(t, b.sample(logits.data(), 100));
+      a.accept(t);
+    }
+  }
+  // With penalties the host needs the full row: no device argmax / top-k shortcut.
+  EXPECT_EQ(eng::logits_request_for(penalized(0.f, 0, 1.f, 0, 1.2f, 64, 0.f), 100).kind, eng::LogitsRequest::Kind::logits);
+  EXPECT_EQ(eng::logits_request_for(penalized(0.5f, 10, 1.f, 0, 1.f, 64, 0.3f), 100).kind, eng::LogitsRequest::Kind::logits);
+  EXPECT_EQ(eng::logits_request_for(penalized(0.f, 0, 1.f, 0, 1.f, 64, 0.f), 100).kind, eng::LogitsRequest::Kind::argmax);
+}
+
+TEST(SamplerPenalties, BadValuesAreErrorsNamingThem) {
+  const struct {
+    eng::SamplingParams p;
+    const char* names;
+  } cases[] = {{penalized(0.f, 0, 1.f, 0, 0.f, 64, 0.f), "repeat_penalty is 0"},
+               {penalized(0.f, 0, 1.f, 0, -1.f, 64, 0.f), "repeat_penalty is -1"},
+               {penalized(0.f, 0, 1.f, 0, NAN, 64, 0.f), "repeat_penalty is nan"},
+               {penalized(0.f, 0, 1.f, 0, 1000.f, 64, 0.f), "repeat_penalty is 1000"},
+               {penalized(0.f, 0, 1.f, 0, 1.1f, -2, 0.f), "repeat_last_n is -2"},
+               {penalized(0.f, 0, 1.f, 0, 1.f, 64, 3.f), "frequency_penalty is 3"},
+               {penalized(0.f, 0, 1.f, 0, 1.f, 64, NAN), "frequency_penalty is nan"}};
+  for (const auto& c : cases) {
+    try {
+      c.p.validate();
+      ADD_FAILURE() << c.names << " was accepted";
+    } catch (const flashlite::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.names), std::string::npos) << e.what();
+    }
+  }
+  eng::Sampler s(penalized(0.8f, 5, 1.f, 0, 1.2f, 64, 0.f), 0);
+  const std::vector<float> values{2.f, 1.f};
+  const std::vector<int32_t> ids{4, 9};
+  EXPECT_THROW((void)s.sample_top_k(values.data(), ids.data(), 2), flashlite::Error);
 }
 
 }  // namespace

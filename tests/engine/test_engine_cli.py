@@ -4,6 +4,7 @@ kept between turns), the JSON report, and clear errors."""
 import json
 import shutil
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -39,6 +40,8 @@ def test_generate_continuation_text_agrees_with_the_stream(flashlite_bin, models
     prompts = ["Lily went to the park", "a", "Once upon a time"]
     base = ["generate", "--model", m, "--tokenizer", t, "--max-tokens", "12"]
     streamed = [run_cli(flashlite_bin, base + ["--prompt", p]).stdout.decode() for p in prompts]
+    assert all(s.endswith("\n") for s in streamed), streamed  # the stream ends its line
+    streamed = [s[:-1] for s in streamed]
     assert any(s[len(p)] == " " for s, p in zip(streamed, prompts)), streamed  # the case this test is about
     batch_args = base + [a for p in prompts for a in ("--prompt", p)]
     report = json.loads(run_cli(flashlite_bin, batch_args + ["--json"]).stdout)["outputs"]
@@ -78,8 +81,11 @@ def test_generate_sampling_seeded(flashlite_bin, models_dir):
 
 def test_generate_errors(flashlite_bin, models_dir, tmp_path):
     m, t = stories(models_dir)
-    proc = run_cli(flashlite_bin, ["generate", "--model", m, "--prompt", "x"], check=False)
-    assert proc.returncode != 0 and b"--tokenizer" in proc.stderr, proc.stderr
+    alone = tmp_path / "alone"  # a llama2.c model with no tokenizer beside it
+    alone.mkdir()
+    (alone / "stories260K.bin").symlink_to(m)
+    proc = run_cli(flashlite_bin, ["generate", "--model", str(alone / "stories260K.bin"), "--prompt", "x"], check=False)
+    assert proc.returncode != 0 and b"--tokenizer" in proc.stderr and b"tok*.bin" in proc.stderr, proc.stderr
     long_prompt = "the cat sat on the mat " * 200
     proc = run_cli(flashlite_bin, ["generate", "--model", m, "--tokenizer", t, "--prompt", long_prompt], check=False)
     assert proc.returncode != 0 and b"context holds 512" in proc.stderr, proc.stderr
@@ -87,7 +93,9 @@ def test_generate_errors(flashlite_bin, models_dir, tmp_path):
     trunc.write_bytes(open(m, "rb").read()[:5000])
     proc = run_cli(flashlite_bin, ["generate", "--model", str(trunc), "--tokenizer", t], check=False)
     assert proc.returncode != 0 and b"truncated" in proc.stderr, proc.stderr
-    proc = run_cli(flashlite_bin, ["generate", "--model", str(tmp_path), "--prompt", "x"], check=False)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run_cli(flashlite_bin, ["generate", "--model", str(empty), "--prompt", "x"], check=False)
     assert proc.returncode != 0 and b"config.json" in proc.stderr, proc.stderr
     proc = run_cli(flashlite_bin, ["generate", "--model", m, "--tokenizer", t, "--prompt", "", "--no-bos"], check=False)
     assert proc.returncode != 0 and b"prompt is empty" in proc.stderr and b"--no-bos" in proc.stderr, proc.stderr
@@ -196,3 +204,160 @@ def test_generate_hf_dir_with_llama3_tokenizer(flashlite_bin, tiny_llama3):
 def test_chat_llama3_failed_turn_keeps_bos_and_system(flashlite_bin, tiny_llama3, failing):
     assert_failed_turn_leaves_no_trace(flashlite_bin, ["--model", str(tiny_llama3), "--context", "64", "--max-tokens", "4",
                                                        "--system", "Be brief."], ["Hi", "Again"], failing)
+
+
+# ---- Finding the model and tokenizer, short flags, context, penalties, strict numbers ----
+
+def test_llama2c_folder_finds_its_model_and_tokenizer(flashlite_bin, models_dir):
+    m, t = stories(models_dir)
+    explicit = ["generate", "--model", m, "--tokenizer", t, "--prompt", "Once upon a time", "--max-tokens", "20", "--json"]
+    want = json.loads(run_cli(flashlite_bin, explicit).stdout)["outputs"][0]["ids"]
+    folder = str(models_dir / "stories260K")
+    for model in (folder, m):  # the folder, and the .bin with the tokenizer beside it
+        args = ["generate", "--model", model, "--prompt", "Once upon a time", "--max-tokens", "20", "--json"]
+        assert json.loads(run_cli(flashlite_bin, args).stdout)["outputs"][0]["ids"] == want, model
+    proc = run_cli(flashlite_bin, ["generate", "--model", folder, "--prompt", "Once", "--max-tokens", "2"])
+    assert b"stories260K.bin (tokenizer " in proc.stderr and b"tok512.bin" in proc.stderr, proc.stderr
+    ids = run_cli(flashlite_bin, ["tokenize", "--model", folder, "--text", "Once upon"]).stdout
+    assert ids == run_cli(flashlite_bin, ["tokenize", "--model", t, "--text", "Once upon"]).stdout
+
+
+def test_llama2c_folder_with_several_candidates_lists_them(flashlite_bin, models_dir, tmp_path):
+    m, t = stories(models_dir)
+    for name, target in (("a.bin", m), ("b.bin", m), ("tok512.bin", t)):
+        (tmp_path / name).symlink_to(target)
+    proc = run_cli(flashlite_bin, ["generate", "--model", str(tmp_path), "--prompt", "x"], check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0 and "several llama2.c models (a.bin, b.bin)" in err and "--model" in err, err
+    (tmp_path / "b.bin").unlink()
+    (tmp_path / "tokenizer.bin").symlink_to(t)
+    proc = run_cli(flashlite_bin, ["generate", "--model", str(tmp_path), "--prompt", "x"], check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0 and "tok512.bin, tokenizer.bin" in err and "--tokenizer" in err, err
+    (tmp_path / "a.bin").unlink()
+    proc = run_cli(flashlite_bin, ["generate", "--model", str(tmp_path), "--prompt", "x"], check=False)
+    assert proc.returncode != 0 and b"config.json" in proc.stderr and b"llama2.c model" in proc.stderr, proc.stderr
+
+
+def test_short_flags_mean_the_long_ones(flashlite_bin, models_dir):
+    m, t = stories(models_dir)
+    common = ["--tokenizer", t, "--temperature", "0.9", "--json"]
+    long_form = json.loads(run_cli(flashlite_bin, ["generate", "--model", m, "--prompt", "Lily", "--max-tokens", "15",
+                                                   "--seed", "7", "--threads", "1", *common]).stdout)
+    short = json.loads(run_cli(flashlite_bin, ["generate", "-m", m, "-p", "Lily", "-n", "15", "-s", "7", "-t", "1",
+                                               *common]).stdout)
+    assert short["outputs"][0]["ids"] == long_form["outputs"][0]["ids"]
+    assert len(short["outputs"][0]["ids"]) <= 15 and short["stats"]["threads"] == 1
+    other = json.loads(run_cli(flashlite_bin, ["generate", "-m", m, "-p", "Lily", "-n", "15", "-s", "8", *common]).stdout)
+    assert other["outputs"][0]["ids"] != short["outputs"][0]["ids"], "-s must reach the sampler"
+
+
+def test_full_context_says_why_it_stopped(flashlite_bin, models_dir):
+    m, t = stories(models_dir)
+    base = ["generate", "--model", m, "--tokenizer", t, "--prompt", "Once upon a time", "--ignore-eos"]
+    proc = run_cli(flashlite_bin, base + ["--max-tokens", "600"])
+    err = proc.stderr.decode()
+    assert "stopped after" in err and "of 600 tokens: the context of 512 positions is full" in err, err
+    assert proc.stdout.endswith(b"\n"), proc.stdout[-40:]
+    proc = run_cli(flashlite_bin, base + ["--max-tokens", "600", "--context", "100"])
+    assert b"the context of 100 positions is full; pass --context N (up to 512" in proc.stderr, proc.stderr
+    out = json.loads(run_cli(flashlite_bin, base + ["--max-tokens", "600", "--json"]).stdout)["outputs"][0]
+    assert out["finish_reason"] == "context" and len(out["ids"]) < 600, out["finish_reason"]
+    proc = run_cli(flashlite_bin, base + ["--max-tokens", "10"])
+    assert b"stopped after" not in proc.stderr and proc.stdout.endswith(b"\n"), proc.stderr
+
+
+def penalized_rows(logits, history, repeat, last_n, frequency):
+    """llama.cpp's penalties, plainly: over the last `last_n` tokens of `history`."""
+    row = logits.astype(np.float64).copy()
+    window = history[-last_n:] if last_n > 0 else history
+    for tok in set(window):
+        x = row[tok]
+        x = x * repeat if x <= 0 else x / repeat
+        row[tok] = x - window.count(tok) * frequency
+    return row
+
+
+@pytest.mark.parametrize("repeat, last_n, frequency, prompt", [
+    (1.3, 32, 0.3, "Lily and Tom went to the park. Lily"),  # both; the prompt's tokens count too
+    (2.0, 8, 0.0, "The dog and the cat"),                  # repeat only, a short window
+    (1.0, 64, 1.0, "The dog and the cat"),                 # frequency only
+])
+def test_penalties_follow_llama_cpp(flashlite_bin, models_dir, tmp_path, repeat, last_n, frequency, prompt):
+    # Greedy generation with penalties, checked step by step against the teacher-forced logits (`score`) penalized
+    # here over the window of prompt + generated tokens.
+    m, t = stories(models_dir)
+    base = ["generate", "--model", m, "--tokenizer", t, "--prompt", prompt, "--max-tokens", "40", "--ignore-eos", "--json"]
+    out = json.loads(run_cli(flashlite_bin, base + ["--repeat-penalty", str(repeat), "--repeat-last-n", str(last_n),
+                                                    "--frequency-penalty", str(frequency)]).stdout)["outputs"][0]
+    seq = out["prompt_ids"] + out["ids"]
+    npy = tmp_path / "logits.npy"
+    run_cli(flashlite_bin, ["score", "--model", m, "--ids", ",".join(map(str, seq)), "--out", str(npy)])
+    logits = np.load(npy)
+    p = len(out["prompt_ids"])
+    moved = 0  # steps where the penalties changed the choice
+    for i, tok in enumerate(out["ids"]):
+        row = penalized_rows(logits[p + i - 1], seq[:p + i], repeat, last_n, frequency)
+        top2 = np.sort(row)[-2:]
+        if top2[1] - top2[0] < 1e-4:
+            continue  # a near tie: prefill and decode logits may order it either way
+        assert tok == int(np.argmax(row)), f"step {i}: generated {tok}, penalized argmax {int(np.argmax(row))}"
+        moved += int(np.argmax(row) != np.argmax(logits[p + i - 1]))
+    assert moved > 0, "the penalties never changed a choice: the test checks nothing"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-tokens", "-3"], "--max-tokens: must be >= 0 (got -3)"),
+    (["--max-tokens", "2147483647"], "--max-tokens: must be <= 16777216"),
+    (["-n", "-3"], "--max-tokens: must be >= 0 (got -3)"),
+    (["--seed", "-1"], "--seed: must be >= 0 (got -1)"),
+    (["--temperature", "-0.5"], "--temperature: must be >= 0 (got -0.5)"),
+    (["--top-p", "1.5"], "--top-p: must be <= 1 (got 1.5)"),
+    (["--threads", "-1"], "--threads: must be >= 0 (got -1)"),
+    (["--context", "-1"], "--context: must be >= 0 (got -1)"),
+    (["--batch", "2147483647"], "--batch: must be <= 65536 (got 2147483647)"),
+    (["--repeat-penalty", "0"], "--repeat-penalty: must be >= 0.01 (got 0)"),
+    (["--repeat-last-n", "-2"], "--repeat-last-n: must be >= -1 (got -2)"),
+    (["--frequency-penalty", "5"], "--frequency-penalty: must be <= 2 (got 5)"),
+])
+def test_generate_option_errors_say_what_is_expected(flashlite_bin, args, message):
+    # Checked while parsing, before any model loads (the model path does not even exist).
+    t0 = time.monotonic()
+    proc = run_cli(flashlite_bin, ["generate", "--model", "/nonexistent", *args], check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0 and message in err and "179769" not in err, err
+    assert time.monotonic() - t0 < 10
+
+
+def test_sizes_past_the_model_fail_before_allocating(flashlite_bin, models_dir):
+    m, t = stories(models_dir)
+    base = ["generate", "--model", m, "--tokenizer", t, "--prompt", "x"]
+    for args, message in ((["--context", "100000"], b"--context 100000 exceeds the model's maximum of 512"),
+                          (["--prompt-tokens", "100000"], b"--prompt-tokens 100000 exceeds the model's context of 512")):
+        t0 = time.monotonic()
+        proc = run_cli(flashlite_bin, base + args, check=False)
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+        assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("ids, message", [
+    ("1,2,abc,5", "--ids element 3 is 'abc'; expected an integer"),
+    ("1,2^40,7", "--ids element 2 is '2^40'; expected an integer"),
+    ("1,1099511627776,7", "--ids element 2 is 1099511627776; expected a token id in [0, 512)"),
+    ("1,512", "--ids element 2 is 512; expected a token id in [0, 512)"),
+    ("-1,3", "--ids element 1 is -1"),
+    ("1,,2", "--ids element 2 is empty"),
+    ("1,2,", "--ids element 3 is empty"),
+    ("99999999999999999999", "--ids element 1 is '99999999999999999999'"),
+])
+def test_score_ids_are_parsed_strictly(flashlite_bin, models_dir, tmp_path, ids, message):
+    m, _ = stories(models_dir)
+    proc = run_cli(flashlite_bin, ["score", "--model", m, "--ids", ids, "--out", str(tmp_path / "x.npy")], check=False)
+    assert proc.returncode != 0 and message in proc.stderr.decode(), proc.stderr
+    assert not (tmp_path / "x.npy").exists()
+
+
+def test_score_accepts_commas_and_blanks(flashlite_bin, models_dir, tmp_path):
+    m, _ = stories(models_dir)
+    out = json.loads(run_cli(flashlite_bin, ["score", "--model", m, "--ids", "1, 2 3,4", "--out", str(tmp_path / "x.npy")]).stdout)
+    assert out["ids"] == [1, 2, 3, 4] and np.load(tmp_path / "x.npy").shape == (4, 512)
