@@ -9,13 +9,13 @@ import time
 import numpy as np
 import pytest
 
-from engine_testlib import run_cli
+from engine_testlib import model_absent, run_cli
 
 
 def stories(models_dir):
     m, t = models_dir / "stories260K" / "stories260K.bin", models_dir / "stories260K" / "tok512.bin"
     if not m.exists() or not t.exists():
-        pytest.skip(f"stories260K absent at {m}")
+        model_absent(f"stories260K absent at {m}")
     return str(m), str(t)
 
 
@@ -153,7 +153,7 @@ def write_safetensors(path, tensors):
 def tiny_llama3(models_dir, tmp_path_factory):
     tok = models_dir / "llama3-tokenizer"
     if not (tok / "tokenizer.json").exists():
-        pytest.skip("Llama 3 tokenizer absent")
+        model_absent("Llama 3 tokenizer absent")
     d = tmp_path_factory.mktemp("tiny_llama3")
     rng = np.random.default_rng(0)
     dim, hidden, layers, heads, kv, vocab = 32, 64, 2, 4, 2, 128256

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from engine_testlib import REPO, run_cli
+from engine_testlib import REPO, model_absent, run_cli
 from test_engine_tokenizers import CASES, engine_encode
 
 
@@ -15,7 +15,7 @@ from test_engine_tokenizers import CASES, engine_encode
 def converted(models_dir, tmp_path_factory):
     m, t = models_dir / "stories260K" / "stories260K.bin", models_dir / "stories260K" / "tok512.bin"
     if not m.exists() or not t.exists():
-        pytest.skip(f"stories260K absent at {m}")
+        model_absent(f"stories260K absent at {m}")
     out = tmp_path_factory.mktemp("stories260K_hf")
     subprocess.run([sys.executable, str(REPO / "scripts" / "hf_convert_llama2c.py"), str(m), str(t), str(out)], check=True,
                    capture_output=True)
