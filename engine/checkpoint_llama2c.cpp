@@ -19,12 +19,20 @@ constexpr uint32_t kMagic = 0x616b3432;  // "ak42" read as a little-endian uint3
 struct Reader {
   const MappedFile& file;
   size_t offset;
-  // Copies `n` floats into dst (rows of a fused matrix land at dst + row offsets chosen by the caller).
+  // Copies `n` floats into dst (rows of a fused matrix land at dst + row offsets chosen by the caller). The file
+  // size was checked against the header, so the bound check is a second line of defence, not the validation.
   void floats(float* dst, size_t n) {
+    check(n);
     std::memcpy(dst, file.data() + offset, n * 4);
     offset += n * 4;
   }
-  void skip(size_t n) { offset += n * 4; }
+  void skip(size_t n) {
+    check(n);
+    offset += n * 4;
+  }
+  void check(size_t n) const {
+    if (n > (file.size() - offset) / 4) fail_runtime("llama2.c checkpoint '" + file.path() + "': read past the end");
+  }
 };
 
 }  // namespace
@@ -36,7 +44,7 @@ ModelWeights load_llama2c_checkpoint(const std::string& path) {
   uint32_t magic;
   std::memcpy(&magic, file.data(), 4);
   int version = 0;
-  int32_t h[7];
+  int32_t raw[7];
   bool shared = false;
   size_t offset = 28;
   if (magic == kMagic) {
@@ -45,37 +53,42 @@ ModelWeights load_llama2c_checkpoint(const std::string& path) {
     if (v != 1) fail(where + " has format version " + std::to_string(v) + "; expected 0 (legacy) or 1 (fp32); int8 (2) is unsupported");
     if (file.size() < 256) fail(where + " is shorter than its 256-byte version-1 header");
     version = 1;
-    std::memcpy(h, file.data() + 8, 28);
+    std::memcpy(raw, file.data() + 8, 28);
     shared = file.data()[36] != 0;
     offset = 256;
   } else {
-    std::memcpy(h, file.data(), 28);
+    std::memcpy(raw, file.data(), 28);
+  }
+  int64_t h[7];  // wide: the legacy format negates vocab_size, and -INT32_MIN does not fit an int32
+  for (int i = 0; i < 7; ++i) h[i] = raw[i];
+  if (version == 0) {
     shared = h[5] > 0;
     h[5] = h[5] < 0 ? -h[5] : h[5];
+  }
+  // Sanity bounds first: a random file must not make us compute a huge size (validate() then applies the limits).
+  static const char* const kFields[7] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"};
+  for (int i = 0; i < 7; ++i) {
+    if (h[i] <= 0 || h[i] > (1 << 24)) {
+      fail(where + " has header field " + std::to_string(i) + " = " + std::to_string(h[i]) + " (" + kFields[i] +
+           "); expected a positive size of at most 2^24 (is this a llama2.c checkpoint?)");
+    }
   }
   ModelConfig c;
   c.source = "llama2c";
   c.rope_style = RopeStyle::interleaved;
-  c.dim = h[0];
-  c.hidden_dim = h[1];
-  c.n_layers = h[2];
-  c.n_heads = h[3];
-  c.n_kv_heads = h[4];
-  c.vocab_size = h[5];
-  c.max_seq_len = h[6];
+  c.dim = int(h[0]);
+  c.hidden_dim = int(h[1]);
+  c.n_layers = int(h[2]);
+  c.n_heads = int(h[3]);
+  c.n_kv_heads = int(h[4]);
+  c.vocab_size = int(h[5]);
+  c.max_seq_len = int(h[6]);
   c.rms_eps = 1e-5f;
   c.rope_theta = 10000.0;
   c.tie_embeddings = shared;
   c.bos_id = 1;
   c.eos_ids = {1, 2};  // llama2.c models delimit stories with BOS; EOS also ends a sequence
   c.dtype = "float32";
-  // Sanity bounds first: a random file must not make us compute a huge size.
-  for (int i = 0; i < 7; ++i) {
-    if (h[i] <= 0 || h[i] > (1 << 24)) {
-      fail(where + " has header field " + std::to_string(i) + " = " + std::to_string(h[i]) +
-           "; expected a positive size (is this a llama2.c checkpoint?)");
-    }
-  }
   if (c.dim % c.n_heads != 0) {
     fail(where + ": dim " + std::to_string(c.dim) + " is not divisible by n_heads " + std::to_string(c.n_heads));
   }
@@ -84,9 +97,12 @@ ModelWeights load_llama2c_checkpoint(const std::string& path) {
 
   const size_t dim = c.dim, hid = c.hidden_dim, L = c.n_layers, qd = c.q_dim(), kvd = c.kv_dim(), vocab = c.vocab_size;
   const size_t rope_tables = version == 0 ? 2 * size_t(c.max_seq_len) * (c.head_dim / 2) : 0;
-  const size_t floats = vocab * dim + L * (2 * dim + qd * dim + 2 * kvd * dim + dim * qd + 3 * hid * dim) + dim +
-                        rope_tables + (shared ? 0 : vocab * dim);
-  const size_t expected = offset + floats * 4;
+  // Checked: a wrapped total could equal the file size and pass the comparison below.
+  const std::string what = where + ": the size its header implies (" + c.summary() + ")";
+  const CheckedSize V(vocab, what), D(dim, what);
+  const CheckedSize layer = D * 2 + D * qd + D * kvd * 2 + D * qd + D * hid * 3;
+  const CheckedSize floats = V * dim + layer * L + dim + rope_tables + (shared ? uint64_t(0) : (V * dim).value());
+  const uint64_t expected = (floats * 4 + offset).value();
   if (file.size() != expected) {
     fail(where + " is " + std::to_string(file.size()) + " bytes; its header (" + c.summary() + ") implies " +
          std::to_string(expected) + (file.size() < expected ? " (truncated)" : " (trailing bytes)"));

@@ -16,6 +16,14 @@ struct RopeScaling {
   int original_max_position = 8192;
 };
 
+// Upper bounds on the shape fields, far above any Llama-family model (Llama 3.1 405B: hidden 16384, intermediate
+// 53248, 126 layers, 128 heads, vocabulary 128256), so that a hostile config.json or llama2.c header is refused by
+// name before any size is computed from it, and every product the engine forms in int (q_dim, kv_dim) fits.
+struct ConfigLimits {
+  static constexpr int dim = 1 << 16, hidden_dim = 1 << 20, n_layers = 1024, n_heads = 1024, head_dim = 512;
+  static constexpr int vocab_size = 1 << 22, max_seq_len = 1 << 22;
+};
+
 struct ModelConfig {
   std::string source;  // "hf" or "llama2c"
   int dim = 0;         // hidden_size
@@ -35,9 +43,10 @@ struct ModelConfig {
   int bos_id = -1;
   std::vector<int> eos_ids;  // stop tokens (generation_config.json, else config.json)
 
-  int q_dim() const { return n_heads * head_dim; }
+  int q_dim() const { return n_heads * head_dim; }  // fits an int once validate() has passed
   int kv_dim() const { return n_kv_heads * head_dim; }
-  // Throws Error when a field is out of range or inconsistent (heads not divisible, odd head_dim, ...).
+  // Throws Error when a field is zero, negative, beyond the limits below or inconsistent (heads not divisible,
+  // odd head_dim, stop token outside the vocabulary, ...), naming the field, its value and the expectation.
   void validate(const std::string& where) const;
   std::string summary() const;
 };

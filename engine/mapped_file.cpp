@@ -58,6 +58,15 @@ void MappedFile::release() {
 
 std::string read_text_file(const std::string& path) {
   if (is_directory(path)) fail("'" + path + "' is a directory; expected a file");
+  // A regular file of bounded size: a config.json linked to /dev/zero must not read forever.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) fail("'" + path + "' is not a regular file");
+    if (uint64_t(st.st_size) > kMaxTextFileBytes) {
+      fail("'" + path + "' is " + std::to_string(st.st_size) + " bytes; expected a text file of at most " +
+           std::to_string(kMaxTextFileBytes));
+    }
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot open '" + path + "': " + std::strerror(errno));
   std::ostringstream ss;

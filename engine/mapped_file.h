@@ -28,7 +28,9 @@ class MappedFile {
   std::string path_;
 };
 
-// Whole file into a string (small text/JSON files); throws Error naming the path when unreadable.
+// Whole file into a string (small text/JSON files); throws Error naming the path when unreadable, not a regular
+// file, or larger than kMaxTextFileBytes (the largest tokenizer.json files are tens of MB).
+inline constexpr uint64_t kMaxTextFileBytes = uint64_t(1) << 30;
 std::string read_text_file(const std::string& path);
 bool file_exists(const std::string& path);
 bool is_directory(const std::string& path);

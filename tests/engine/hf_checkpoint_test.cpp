@@ -212,6 +212,7 @@ TEST_F(BrokenCheckpoint, ShapeNotMatchingConfig) {
 
 TEST_F(BrokenCheckpoint, MissingTensor) {
   json h = header_;
+  h["model.layers.0.mlp.renamed.weight"] = h["model.layers.0.mlp.up_proj.weight"];  // its bytes stay covered
   h.erase("model.layers.0.mlp.up_proj.weight");
   write_with_header(h, data_);
   EXPECT_ERROR_HAS("no tensor 'model.layers.0.mlp.up_proj.weight'");
