@@ -3,35 +3,45 @@ from __future__ import annotations
 
 from . import _C
 from . import _args
+from . import _check
 
 BACKENDS = ("auto", "reference", "naive", "cpu", "cuda")
 
 
 def _library(x, name="q"):
-    root = type(x).__module__.split(".")[0]
-    if root in ("torch", "numpy", "cupy"):
-        return root
-    raise TypeError(f"{name} is a {type(x).__module__}.{type(x).__name__}; expected a torch.Tensor, "
-                    "numpy.ndarray or cupy.ndarray")
+    lib = _check.library(x)
+    if lib is not None:
+        return lib
+    raise TypeError(f"{name} is a {_check.typename(x)}; expected a torch.Tensor, numpy.ndarray or cupy.ndarray")
 
 
 def _int32_list(x, name):
     """A list / tuple of ints as an int32 numpy array. Floats (which int32 would truncate: 2.5 -> 2) and values
     outside int32 (which it would wrap: 2**32 + 3 -> 3) are errors naming the argument."""
-    import numpy as np
-    a = np.asarray(x)
-    if a.size and a.dtype.kind not in "iu":
-        raise TypeError(f"{name} has entries of dtype {a.dtype}; expected ints (int32 values)")
-    if a.size and (a.min() < -2**31 or a.max() > 2**31 - 1):
-        raise ValueError(f"{name} has entries from {a.min()} to {a.max()}; expected int32 values")
-    return a.astype(np.int32)
+    return _check.int32_array(x, name, "numpy")
 
 
 def _cu_seqlens(x, name="cu_seqlens"):
     """Lists become int32 numpy arrays; arrays and tensors pass as they are (they must be int32 CPU memory)."""
-    if isinstance(x, (list, tuple)):
-        return _int32_list(x, name)
-    return x
+    return _check.index_array(x, name, "numpy")
+
+
+def _same_library(lib, k, v, out, sink_logits):
+    """k, v, out and sink_logits come from q's library (one array library per call: a torch out for numpy inputs
+    would be written behind torch's back, a list is no array)."""
+    why = f" (q is a {_check.ARRAY[lib]}: pass arrays of one library)"
+    _check.require(k, "k", lib, why)
+    _check.require(v, "v", lib, why)
+    _check.require(out, "out", lib, why, optional=True)
+    _check.require(sink_logits, "sink_logits", lib, why, optional=True)
+
+
+def _native_args(q, k, v, out, lse, sink_logits, cu_q, cu_k):
+    """(name, array, written, expected dtypes) of a native forward call, for _check.explain."""
+    return (("q", q, False, _check.FLOATS), ("k", k, False, _check.FLOATS), ("v", v, False, _check.FLOATS),
+            ("out", out, True, _check.FLOATS), ("lse", lse, True, "float32"),
+            ("sink_logits", sink_logits, False, "float32"), ("cu_seqlens_q", cu_q, False, "int32"),
+            ("cu_seqlens_k", cu_k, False, "int32"))
 
 
 def _lse_shape(q):
@@ -62,7 +72,9 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
         return _torch_ops.attention(q, k, v, causal=causal, scale=scale, window=window, sink_tokens=sink_tokens,
                                     sink_logits=sink_logits, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
                                     cu_seqlens_k=cu_seqlens_k, return_lse=return_lse, backend=backend, out=out)
+    _same_library(lib, k, v, out, sink_logits)
     opts = _options(causal, scale, window, sink_tokens, softcap, backend)
+    return_lse = _args.flag(return_lse, "return_lse")
     cu_q, cu_k = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), _cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
 
     if lib == "numpy":
@@ -74,7 +86,11 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
     if out is None:
         out = xp.empty(q.shape, dtype=q.dtype)
     lse = xp.empty(_lse_shape(q), dtype=xp.float32) if return_lse else None
-    _C.forward(q, k, v, out, lse, sink_logits, cu_q, cu_k, stream=stream, **opts)
+    try:
+        _C.forward(q, k, v, out, lse, sink_logits, cu_q, cu_k, stream=stream, **opts)
+    except (TypeError, ValueError, BufferError) as err:
+        _check.explain(err, "flashlite.attention", lib, _native_args(q, k, v, out, lse, sink_logits, cu_q, cu_k))
+        raise
     return (out, lse) if return_lse else out
 
 
@@ -86,26 +102,38 @@ def _call_args(q, k, v, kwargs):
     cu_k = _cu_seqlens(kwargs.pop("cu_seqlens_k", None), "cu_seqlens_k")
     if kwargs:
         raise TypeError(f"unexpected keyword arguments: {', '.join(sorted(kwargs))}")
-    if _library(q) == "torch":
-        from ._torch_ops import _dl
+    lib = _library(q)
+    _same_library(lib, k, v, None, sink_logits)
+    if lib == "torch":
         import torch
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        arrays = [_dl(t) for t in (q, k, v, out, None, sink_logits, cu_q, cu_k)]
     else:
-        arrays = [q, k, v, q.copy(), None, sink_logits, cu_q, cu_k]  # out: any array of q's shape, dtype, device
-    return arrays, opts
+        out = q.copy()  # any array of q's shape, dtype, device
+    return lib, [q, k, v, out, None, sink_logits, cu_q, cu_k], opts
+
+
+def _native(fn, what, lib, arrays, **kw):
+    """fn(*arrays, **kw) (torch tensors as DLPack capsules); nanobind's and DLPack's refusals become named errors."""
+    try:
+        if lib == "torch":
+            from ._torch_ops import _dl
+            return fn(*[_dl(t) for t in arrays], **kw)
+        return fn(*arrays, **kw)
+    except (TypeError, ValueError, BufferError, RuntimeError) as err:
+        _check.explain(err, what, lib, _native_args(*arrays))
+        raise
 
 
 def kernel_name(q, k, v, **kwargs):
     """Which kernel flashlite.attention would run for these arguments (validates them)."""
-    arrays, opts = _call_args(q, k, v, dict(kwargs))
-    return _C.kernel_name(*arrays, stream=0, **opts)
+    lib, arrays, opts = _call_args(q, k, v, dict(kwargs))
+    return _native(_C.kernel_name, "flashlite.kernel_name", lib, arrays, stream=0, **opts)
 
 
 def workspace_bytes(q, k, v, **kwargs):
     """Scratch bytes the chosen backend needs (only CUDA naive needs any; flashlite.attention allocates it)."""
-    arrays, opts = _call_args(q, k, v, dict(kwargs))
-    return _C.workspace_bytes(*arrays, stream=0, **opts)
+    lib, arrays, opts = _call_args(q, k, v, dict(kwargs))
+    return _native(_C.workspace_bytes, "flashlite.workspace_bytes", lib, arrays, stream=0, **opts)
 
 
 def reference(q, k, v, **kwargs):
@@ -114,8 +142,8 @@ def reference(q, k, v, **kwargs):
     import numpy as np
     kwargs = dict(kwargs)
     kwargs["backend"] = "reference"
-    arrays, opts = _call_args(q, k, v, kwargs)
+    lib, arrays, opts = _call_args(q, k, v, kwargs)
     out64 = np.full(tuple(q.shape), np.nan, dtype=np.float64)
     lse64 = np.full(_lse_shape(q), np.nan, dtype=np.float64)
-    _C.reference_f64(*arrays, stream=0, out64=out64, lse64=lse64, **opts)
+    _native(_C.reference_f64, "flashlite.reference", lib, arrays, stream=0, out64=out64, lse64=lse64, **opts)
     return out64, lse64

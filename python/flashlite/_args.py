@@ -42,38 +42,73 @@ def _is_int(x):
     return False
 
 
-def causal_flag(x):
-    """bool, numpy bool (or 0-d bool array / tensor), or the ints 0 and 1."""
+def show(x, limit=80):
+    """repr(x) for a message, cut to `limit` characters (a 400-digit int, a long list)."""
+    try:
+        r = repr(x)
+    except Exception:  # noqa: BLE001  (a broken __repr__ must not hide the real error)
+        r = f"<{type(x).__module__}.{type(x).__qualname__}>"
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
+def flag(x, name):
+    """bool, numpy bool (or 0-d bool array / tensor), or the ints 0 and 1 -- not a string ("no" is truthy) or None."""
+    if x is True or x is False:
+        return x
     if _is_bool(x) and _zero_dim(x):
         return bool(x)
     if _is_int(x) and int(x) in (0, 1):
         return bool(x)
-    raise TypeError(f"causal is {x!r}; expected True or False")
+    raise TypeError(f"{name} is {show(x)}; expected True or False")
+
+
+def causal_flag(x):
+    """bool, numpy bool (or 0-d bool array / tensor), or the ints 0 and 1."""
+    return flag(x, "causal")
+
+
+def int_value(x, name, lo=_INT32[0], hi=_INT32[1], expect="a value within int32"):
+    """An int (not a bool or a float) within [lo, hi]."""
+    if type(x) is not int and not _is_int(x):
+        raise TypeError(f"{name} is {show(x)}; expected an int")
+    v = int(x)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} is {show(v)}; expected {expect}")
+    return v
 
 
 def int32_value(x, name):
     """An int (not a bool or a float) within int32."""
-    if not _is_int(x):
-        raise TypeError(f"{name} is {x!r}; expected an int")
-    v = int(x)
-    if not _INT32[0] <= v <= _INT32[1]:
-        raise ValueError(f"{name} is {v}; expected a value within int32")
-    return v
+    return int_value(x, name)
 
 
 def real_value(x, name):
     """A real number: int, float, numpy integer / float (scalar or 0-d array), or a 0-d tensor of a real dtype (torch,
-    cupy: through float()); not a string, a bool, a complex or an array of more than one value."""
+    cupy: through float()); not a string, a bool, a complex or an array of more than one value. An int too large for a
+    float is a ValueError."""
+    if type(x) is float:
+        return x
     if isinstance(x, (str, bytes)) or _is_bool(x) or not _zero_dim(x):
-        raise TypeError(f"{name} is {x!r}; expected a number")
-    if _is_int(x) or isinstance(x, float) or _numpy_kind(x) == "f":
-        return float(x)
-    if _numpy_kind(x) is None and hasattr(x, "__float__") and "complex" not in str(getattr(x, "dtype", "")):
-        try:
+        raise TypeError(f"{name} is {show(x)}; expected a number")
+    try:
+        if _is_int(x) or isinstance(x, float) or _numpy_kind(x) == "f":
             return float(x)
-        except (TypeError, ValueError):
-            pass
-    raise TypeError(f"{name} is {x!r}; expected a number")
+        if _numpy_kind(x) is None and hasattr(x, "__float__") and "complex" not in str(getattr(x, "dtype", "")):
+            try:
+                return float(x)
+            except (TypeError, ValueError):
+                pass
+    except OverflowError:
+        raise ValueError(f"{name} is {show(x)}; expected a finite number") from None
+    raise TypeError(f"{name} is {show(x)}; expected a number")
+
+
+def finite_value(x, name, *, positive=False):
+    """real_value that is finite (and > 0 when asked)."""
+    v = real_value(x, name)
+    if v != v or v in (float("inf"), float("-inf")) or (positive and not v > 0):
+        raise ValueError(f"{name} is {show(x)}; expected a finite number{' > 0' if positive else ''}")
+    return v
 
 
 def window_pair(window):
@@ -86,14 +121,14 @@ def window_pair(window):
     except TypeError:  # no len(): a number, a 0-d array
         ok = False
     if not ok:
-        raise TypeError(f"window is {window!r}; expected a pair (left, right) of ints, -1 = unlimited")
+        raise TypeError(f"window is {show(window)}; expected a pair (left, right) of ints, -1 = unlimited")
     return int32_value(window[0], "window[0] (left)"), int32_value(window[1], "window[1] (right)")
 
 
 def options(causal, scale, window, sink_tokens, softcap, backend):
     """The checked scalar options: (causal, scale or None, window_left, window_right, sink_tokens, softcap, backend)."""
     if not isinstance(backend, str):
-        raise TypeError(f"backend is {backend!r}; expected one of auto, reference, naive, cpu, cuda")
+        raise TypeError(f"backend is {show(backend)}; expected one of auto, reference, naive, cpu, cuda")
     left, right = window_pair(window)
     return (causal_flag(causal), None if scale is None else real_value(scale, "scale"), left, right,
             int32_value(sink_tokens, "sink_tokens"), real_value(softcap, "softcap"), backend)

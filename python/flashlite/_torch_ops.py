@@ -14,7 +14,8 @@ from torch.utils import dlpack as _dlpack
 
 from . import _C
 from . import _args
-from ._api import _lse_shape
+from . import _check
+from ._api import _lse_shape, _native_args
 
 Tensor = torch.Tensor
 
@@ -47,9 +48,14 @@ def _run(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, sca
             return _dl(torch.empty(nbytes, dtype=torch.uint8, device=device))
     else:
         stream, allocate = 0, None
-    _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(sink_logits), _dl(cu_seqlens_q), _dl(cu_seqlens_k),
-               causal=causal, scale=scale, window_left=window_left, window_right=window_right, sink_tokens=sink_tokens,
-               softcap=softcap, backend=backend, stream=stream, allocate=allocate)
+    try:
+        _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(sink_logits), _dl(cu_seqlens_q),
+                   _dl(cu_seqlens_k), causal=causal, scale=scale, window_left=window_left, window_right=window_right,
+                   sink_tokens=sink_tokens, softcap=softcap, backend=backend, stream=stream, allocate=allocate)
+    except (TypeError, ValueError, BufferError, RuntimeError) as err:  # name what DLPack / nanobind refused
+        _check.explain(err, "flashlite.attention", "torch",
+                       _native_args(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k))
+        raise
 
 
 @torch.library.custom_op("flashlite::attention", mutates_args=())
@@ -159,14 +165,23 @@ def _check_no_grad_for_out(q, k, v, sink_logits):
 
 
 def _as_tensor(x, name):
+    """sink_logits: a tensor, or a numpy array (viewed as a CPU tensor, zero-copy); a list or a number is refused
+    (float32 is not guessed from Python values)."""
     if x is None or isinstance(x, torch.Tensor):
         return x
-    if isinstance(x, (list, tuple)):
-        return torch.tensor(x, dtype=torch.int32)
-    try:
-        return torch.as_tensor(x)  # e.g. numpy int32 cu_seqlens: zero-copy on the CPU
-    except Exception:
-        raise TypeError(f"{name} is a {type(x).__name__}; expected a torch.Tensor") from None
+    if _check.library(x) is not None:
+        try:
+            return torch.as_tensor(x)
+        except Exception:  # noqa: BLE001  (e.g. a numpy object array)
+            pass
+    raise TypeError(f"{name} is a {_check.typename(x)}; expected a torch.Tensor (float32 [q_heads])")
+
+
+def _index_tensor(x, name):
+    """cu_seqlens: a tensor, a numpy array (zero-copy) or a list / tuple of ints (checked, made int32)."""
+    if x is None or isinstance(x, torch.Tensor):
+        return x
+    return _check.index_array(x, name, "torch")
 
 
 def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens=0, sink_logits=None, softcap=0.0,
@@ -178,9 +193,12 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
     backward raises NotImplementedError (BACKWARD_ERROR); out= with such inputs raises RuntimeError at once."""
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if t is not None and not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} is a {type(t).__name__}; expected a torch.Tensor (pass tensors of one library)")
-    args = (_as_tensor(sink_logits, "sink_logits"), _as_tensor(cu_seqlens_q, "cu_seqlens_q"),
-            _as_tensor(cu_seqlens_k, "cu_seqlens_k"),
+            raise TypeError(f"{name} is a {_check.typename(t)}; expected a torch.Tensor (pass tensors of one "
+                            "library)")
+    if return_lse is not True and return_lse is not False:
+        return_lse = _args.flag(return_lse, "return_lse")
+    args = (_as_tensor(sink_logits, "sink_logits"), _index_tensor(cu_seqlens_q, "cu_seqlens_q"),
+            _index_tensor(cu_seqlens_k, "cu_seqlens_k"),
             *_args.options(causal, scale, window, sink_tokens, softcap, backend))
     if out is not None:
         _check_no_grad_for_out(q, k, v, args[0])

@@ -30,6 +30,7 @@ import weakref
 
 import torch
 
+from . import _args, _check
 from ._torch_ops import attention as _attention
 
 NAME = "flite"
@@ -41,13 +42,18 @@ _mask_memo = (None, None)  # (weakref to the last mask tensor, its analysis): la
 def register(name: str = NAME, strict: bool = False) -> str:
     """Registers the attention function and its mask builder under `name` with transformers; returns the name."""
     global _strict
+    if not isinstance(name, str):
+        raise TypeError(f"name is {_args.show(name)}; expected a string (the attn_implementation name, e.g. 'flite')")
+    if not name.strip():
+        raise ValueError(f"name is {name!r}; expected a non-empty attn_implementation name, e.g. 'flite'")
+    strict = _args.flag(strict, "strict")
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     if "flash" in name:
         raise ValueError(f"name {name!r} contains 'flash', which transformers reserves for flash-attn packages "
                          "(it would try to import or download one); pick another, e.g. the default 'flite'")
-    _strict = bool(strict)
+    _strict = strict
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, sdpa_mask)
     return name
@@ -121,18 +127,28 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     """transformers' attention-function contract: query [B, Hq, Sq, D], key/value [B, Hkv, Sk, D] (grouped-query
     heads are flashlite's native layout, no repeat); returns (attn_output [B, Sq, Hq, D], None). s_aux (gpt-oss's
     learned per-head attention sinks) becomes flashlite's sink_logits."""
-    if dropout:
-        raise ValueError(f"dropout is {dropout}; flashlite has no dropout (call model.eval(), or use attention "
-                         "dropout 0)")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} is a {_check.typename(t)}; expected a torch.Tensor [batch, heads, seq, head_dim]")
+        if t.dim() != 4:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; expected 4-D [batch, heads, seq, head_dim]")
+    if dropout and _args.real_value(dropout, "dropout"):
+        raise ValueError(f"dropout is {_args.show(dropout)}; flashlite has no dropout (call model.eval(), or use "
+                         "attention dropout 0)")
     if kwargs.get("output_attentions"):
         raise ValueError("output_attentions=True: flashlite never forms the attention matrix; use eager")
     if kwargs.get("position_bias") is not None:
         raise ValueError("position_bias is not supported by flashlite (an additive bias per score)")
     batch, _, q_len, _ = query.shape
     kv_len = key.shape[2]
-    window_left = int(sliding_window) - 1 if sliding_window else -1  # HF's window counts the query's own key
-    softcap = float(softcap or 0.0)
+    if sliding_window is not None and (type(sliding_window) is not int or sliding_window < 0):
+        sliding_window = _args.int_value(sliding_window, "sliding_window", 0, 2**31 - 1, "None or a key count >= 1")
+    window_left = sliding_window - 1 if sliding_window else -1  # HF's window counts the query's own key
+    softcap = 0.0 if softcap is None else _args.real_value(softcap, "softcap")
     sinks = kwargs.get("s_aux")
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"s_aux is a {_check.typename(sinks)}; expected a torch.Tensor of attention-sink logits "
+                        "[q_heads]")
     sinks = None if sinks is None else sinks.float()  # [Hq]: joins the softmax denominator only
     is_causal = kwargs.get("is_causal")
     is_causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)

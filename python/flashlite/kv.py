@@ -18,18 +18,52 @@ ValueError / TypeError and write nothing.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from . import _C
+from . import _args
+from . import _check
 
 _INDEX_NAMES = ("seq_lens", "page_indptr", "page_indices", "last_page_len")
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def _lib(x, name):
-    root = type(x).__module__.split(".")[0]
-    if root in ("torch", "numpy"):
-        return root
-    raise TypeError(f"{name} is a {type(x).__module__}.{type(x).__name__}; the KV cache functions take torch tensors "
-                    "or numpy arrays")
+    lib = _check.library(x)
+    if lib in ("torch", "numpy"):
+        return lib
+    raise TypeError(f"{name} is a {_check.typename(x)}; the KV cache functions take torch tensors or numpy arrays")
+
+
+def _require_cache(cache):
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache is a {_check.typename(cache)}; expected a flashlite.KVCache (KVCache(k, v, "
+                        "seq_lens=...) or the paged form)")
+    return cache.lib
+
+
+def _same_lib(lib, named):
+    """Each (name, array or None) comes from the cache's library."""
+    for name, x in named:
+        if x is not None and _check.library(x) != lib:
+            raise TypeError(f"{name} is a {_check.typename(x)}; expected a {_check.ARRAY[lib]} (the cache holds "
+                            f"{_check.ARRAY[lib]}s: pass arrays of one library)")
+
+
+def _cache_array(x, name, lib):
+    """k / v of a KVCache: 4-D, of a dtype the kernels take, in CPU or CUDA memory."""
+    if x.ndim != 4:
+        raise ValueError(f"{name} has rank {x.ndim} (shape {list(x.shape)}); expected rank 4: [batch, max_len, "
+                         "kv_heads, head_dim] (contiguous) or [num_pages, page_size, kv_heads, head_dim] (paged)")
+    if lib == "torch":
+        import torch
+        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"{name} has dtype {x.dtype}; expected torch.float32, torch.float16 or torch.bfloat16")
+        if x.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{name} is on {x.device}; expected CPU or CUDA memory")
+    elif x.dtype.name not in ("float32", "float16") or not x.dtype.isnative:
+        raise TypeError(f"{name} has dtype {x.dtype.str if x.dtype.kind == 'f' else x.dtype}; expected float32 or "
+                        "float16 in native byte order (numpy has no bfloat16)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,23 +79,63 @@ class Rope:
     high_freq_factor: float = 4.0
     original_max_position: float = 8192.0
 
+    def __post_init__(self):
+        """Checks each field (named in the error) and stores the numbers as floats: a string theta, an unknown
+        layout or a llama3 rule that cannot work fail here, not at the first append_kv."""
+        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731  (a frozen dataclass)
+        put("theta", _args.finite_value(self.theta, "Rope.theta", positive=True))
+        if not isinstance(self.layout, str):
+            raise TypeError(f"Rope.layout is {_args.show(self.layout)}; expected 'half_split' or 'interleaved'")
+        if self.layout not in ("half_split", "interleaved"):
+            raise ValueError(f"Rope.layout is {self.layout!r}; expected 'half_split' or 'interleaved'")
+        put("llama3", _args.flag(self.llama3, "Rope.llama3"))
+        for name in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position"):
+            put(name, _args.real_value(getattr(self, name), f"Rope.{name}"))
+        if self.llama3:
+            _args.finite_value(self.factor, "Rope.factor", positive=True)
+            _args.finite_value(self.original_max_position, "Rope.original_max_position", positive=True)
+            low, high = self.low_freq_factor, self.high_freq_factor
+            if not (0 < low < high < float("inf")):
+                raise ValueError(f"Rope.low_freq_factor / high_freq_factor are {low} / {high}; expected "
+                                 "0 < low_freq_factor < high_freq_factor (finite)")
+
     @classmethod
     def from_hf_config(cls, config) -> "Rope":
-        """From a transformers config (rope_theta, rope_scaling / rope_parameters with rope_type 'llama3')."""
-        scaling = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}
-        theta = getattr(config, "rope_theta", None) or scaling.get("rope_theta", 10000.0)
+        """From a transformers config (rope_theta, rope_scaling / rope_parameters with rope_type 'llama3'), or a
+        dict of the same keys."""
+        if config is None or isinstance(config, (str, bytes, int, float, list, tuple)):
+            raise TypeError(f"config is {_args.show(config)}; expected a transformers config (PretrainedConfig) or "
+                            "a dict with rope_theta / rope_scaling")
+        get = config.get if isinstance(config, Mapping) else (lambda name: getattr(config, name, None))
+        where = "rope_scaling" if get("rope_scaling") else "rope_parameters"
+        scaling = get(where) or {}
+        if not isinstance(scaling, Mapping):
+            raise TypeError(f"config.{where} is {_args.show(scaling)}; expected a dict (rope_type, factor, ...) or "
+                            "None")
+        if get("rope_theta") is not None:
+            theta = _args.finite_value(get("rope_theta"), "config.rope_theta", positive=True)
+        else:
+            theta = _args.finite_value(scaling.get("rope_theta", 10000.0), f"config.{where}['rope_theta']",
+                                       positive=True)
         kind = scaling.get("rope_type", scaling.get("type", "default"))
         if kind not in ("default", "llama3"):
             raise ValueError(f"rope_type {kind!r} is not supported (default or llama3)")
         if kind == "default":
-            return cls(theta=float(theta))
-        return cls(theta=float(theta), llama3=True, factor=float(scaling["factor"]),
-                   low_freq_factor=float(scaling["low_freq_factor"]),
-                   high_freq_factor=float(scaling["high_freq_factor"]),
-                   original_max_position=float(scaling["original_max_position_embeddings"]))
+            return cls(theta=theta)
+        missing = [key for key in _LLAMA3_KEYS if key not in scaling]
+        if missing:
+            raise ValueError(f"config.{where} has no {', '.join(map(repr, missing))}; rope_type 'llama3' needs "
+                             f"{', '.join(_LLAMA3_KEYS)}")
+        value = {key: _args.real_value(scaling[key], f"config.{where}['{key}']") for key in _LLAMA3_KEYS}
+        return cls(theta=theta, llama3=True, factor=value["factor"], low_freq_factor=value["low_freq_factor"],
+                   high_freq_factor=value["high_freq_factor"],
+                   original_max_position=value["original_max_position_embeddings"])
 
     def inv_freq(self, head_dim: int):
         """The float64 inverse frequencies (list of head_dim / 2) this rule gives."""
+        head_dim = _args.int_value(head_dim, "head_dim", 2, 2**30, "an even int >= 2")
+        if head_dim % 2:
+            raise ValueError(f"head_dim is {head_dim}; expected an even int >= 2 (rotary pairs)")
         return [_C.rope_inv_freq(self.theta, self.llama3, self.factor, self.low_freq_factor, self.high_freq_factor,
                                  self.original_max_position, head_dim, c) for c in range(head_dim // 2)]
 
@@ -71,8 +145,13 @@ class KVCache:
 
     def __init__(self, k, v, *, seq_lens=None, page_indptr=None, page_indices=None, last_page_len=None):
         self.lib = _lib(k, "k")
-        if _lib(v, "v") != self.lib:
-            raise TypeError("k and v must come from the same library")
+        if _check.library(v) != self.lib:
+            raise TypeError(f"k and v must come from the same library: k is a {_check.typename(k)}, v is a "
+                            f"{_check.typename(v)}")
+        _cache_array(k, "k", self.lib)
+        _cache_array(v, "v", self.lib)
+        if self.lib == "torch" and v.device != k.device:
+            raise ValueError(f"v is on {v.device} but k is on {k.device}; expected one device")
         paged = [x is not None for x in (page_indptr, page_indices, last_page_len)]
         if any(paged) and not all(paged):
             raise ValueError("a paged cache needs page_indptr, page_indices and last_page_len together")
@@ -93,21 +172,34 @@ class KVCache:
         return self.lib == "torch" and self.k.is_cuda
 
     def _host_int32(self, x, name):
+        """An index argument as a 1-D int32 host array of the cache's library: lists / tuples of ints are checked and
+        converted; int32 arrays (numpy, or a torch tensor on the CPU or a CUDA device) are taken as given."""
+        if isinstance(x, (list, tuple)):
+            return _check.int32_array(x, name, self.lib)
+        found = _check.library(x)
+        if found == "torch":
+            import torch
+            if x.dtype != torch.int32:
+                raise TypeError(f"{name} has dtype {x.dtype}; expected torch.int32")
+            if x.device.type not in ("cpu", "cuda"):
+                raise ValueError(f"{name} is on {x.device}; expected CPU or CUDA memory")
+        elif found == "numpy":
+            if x.dtype.name != "int32" or not x.dtype.isnative:
+                raise TypeError(f"{name} has dtype {x.dtype}; expected int32")
+        else:
+            raise TypeError(f"{name} is a {_check.typename(x)}; expected a list of ints or a 1-D int32 array")
+        if x.ndim != 1:
+            raise ValueError(f"{name} has rank {x.ndim} (shape {list(x.shape)}); expected rank 1 (one entry per "
+                             "sequence, or per page for page_indices)")
+        if found == "torch":
+            h = x.detach().cpu().contiguous()
+            return h if self.lib == "torch" else h.numpy()
+        import numpy as np
+        h = np.ascontiguousarray(x)
         if self.lib == "torch":
             import torch
-            if isinstance(x, torch.Tensor):
-                if x.dtype != torch.int32:
-                    raise TypeError(f"{name} has dtype {x.dtype}; expected torch.int32")
-                return x.detach().cpu().contiguous()
-            return torch.tensor(list(x), dtype=torch.int32)
-        import numpy as np
-        if isinstance(x, (list, tuple)):
-            from ._api import _int32_list
-            return _int32_list(x, name)
-        a = np.asarray(x)
-        if a.dtype != np.int32:
-            raise TypeError(f"{name} has dtype {a.dtype}; expected int32")
-        return np.ascontiguousarray(a)
+            return torch.from_numpy(h)
+        return h
 
     def update(self, **index):
         """Replaces index arrays (seq_lens, or page_indptr / page_indices / last_page_len): lists or int32 arrays.
@@ -176,41 +268,78 @@ def _stream(cache):
     return 0
 
 
+def _native(fn, what, lib, named, make_args, **kw):
+    """fn(*make_args(), **kw); a refusal by DLPack or nanobind (a read-only out, an object array, a meta tensor)
+    becomes an error naming the argument of `named` ((name, array, written, expected dtypes)) that caused it."""
+    try:
+        return fn(*make_args(), **kw)
+    except (TypeError, ValueError, BufferError, RuntimeError) as err:
+        _check.explain(err, what, lib, named)
+        raise
+
+
 def append_kv(cache: KVCache, k, v, *, q=None, q_out=None, rope: Rope | None = None, backend="auto"):
     """Writes k, v [batch, n, kv_heads, D] as the last n tokens of each sequence (one launch on CUDA), rotating k
     (and q [batch, n, heads, D], when given) by `rope` on the way. Returns the rotated q (into q_out when given; pass
     q_out=q to rotate in place), else None."""
+    lib = _require_cache(cache)
+    _same_lib(lib, (("k", k), ("v", v), ("q", q), ("q_out", q_out)))
+    if k is None or v is None:
+        raise TypeError(f"{'k' if k is None else 'v'} is None; expected a {_check.ARRAY[lib]} [batch, n, kv_heads, "
+                        "head_dim]")
+    if rope is not None and not isinstance(rope, Rope):
+        raise TypeError(f"rope is {_args.show(rope)}; expected a flashlite.Rope or None")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend is {_args.show(backend)}; expected one of auto, cpu, cuda")
     if q is not None and rope is None:
         raise ValueError("q is given without rope: there is nothing to apply to it")
-    conv = _dl if cache.lib == "torch" else (lambda a: a)
+    conv = _dl if lib == "torch" else (lambda a: a)
     if q is not None and q_out is None:
-        if cache.lib == "torch":
+        if lib == "torch":
             import torch
             q_out = torch.empty_like(q)
         else:
             import numpy as np
             q_out = np.empty_like(q)
     r = rope or Rope()
-    _C.append_kv(cache._parts(), conv(k), conv(v), conv(q), conv(q_out), rope is not None, float(r.theta), r.layout,
-                 bool(r.llama3), float(r.factor), float(r.low_freq_factor), float(r.high_freq_factor),
-                 float(r.original_max_position), backend, _stream(cache))
+    named = (("k", k, False, _check.FLOATS), ("v", v, False, _check.FLOATS), ("q", q, False, _check.FLOATS),
+             ("q_out", q_out, True, _check.FLOATS))
+    _native(_C.append_kv, "flashlite.append_kv", lib, named,
+            lambda: (cache._parts(), conv(k), conv(v), conv(q), conv(q_out), rope is not None, r.theta, r.layout,
+                     r.llama3, r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position, backend,
+                     _stream(cache)))
     return q_out
 
 
 def _decode_call(q, cache, out, lse, causal, scale, window, sink_tokens, sink_logits, softcap, backend):
-    from ._args import options
-    causal, scale, left, right, sink_tokens, softcap, backend = options(causal, scale, window, sink_tokens, softcap,
-                                                                        backend)
+    causal, scale, left, right, sink_tokens, softcap, backend = _args.options(causal, scale, window, sink_tokens,
+                                                                              softcap, backend)
     conv = _dl if cache.lib == "torch" else (lambda a: a)
     return ((conv(q), cache._parts(), conv(out), conv(lse), conv(sink_logits), causal, scale, left, right, sink_tokens,
              softcap, backend, _stream(cache)))
 
 
+def _decode_named(q, out, lse, sink_logits, cu_seqlens_q=None):
+    return (("q", q, False, _check.FLOATS), ("out", out, True, _check.FLOATS), ("lse", lse, True, "float32"),
+            ("sink_logits", sink_logits, False, "float32"), ("cu_seqlens_q", cu_seqlens_q, False, "int32"))
+
+
+def _check_arrays(q, cache, out, sink_logits):
+    """The cache is a KVCache; q (a 4-D array), out and sink_logits come from its library. Returns the library."""
+    lib = _require_cache(cache)
+    _lib(q, "q")
+    _same_lib(lib, (("q", q), ("out", out), ("sink_logits", sink_logits)))
+    if len(q.shape) != 4:
+        raise ValueError(f"q has rank {len(q.shape)} (shape {list(q.shape)}); expected rank 4 [batch, q_len, "
+                         "q_heads, head_dim]")
+    return lib
+
+
 def _outputs(q, cache, out, return_lse):
     """(array module, out, lse) for a call on q: out allocated like q unless given, the fp32 LSE [batch, heads,
     q rows] when asked for."""
-    if _lib(q, "q") != cache.lib:
-        raise TypeError("q and the cache must come from the same library")
+    if return_lse is not True and return_lse is not False:
+        return_lse = _args.flag(return_lse, "return_lse")
     if cache.lib == "torch":
         import torch as xp
         kw = dict(dtype=xp.float32, device=q.device)
@@ -245,6 +374,12 @@ def decode(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink_
     merge inside a thread-block cluster instead where they fit one); the split workspace comes from torch's allocator. max_kv_len: the length bound the split plan serves (-1: the longest sequence now; give
     the capacity when the call is captured in a CUDA graph that is replayed as sequences grow). Returns out [and the
     fp32 LSE, shape [batch, heads, q_len]]. Forward-only (see _grad_guard)."""
+    lib = _check_arrays(q, cache, out, sink_logits)
+    if type(max_kv_len) is not int or not -1 <= max_kv_len < 2**31:
+        max_kv_len = _args.int_value(max_kv_len, "max_kv_len", -1, 2**31 - 1,
+                                     "-1 (the longest sequence now) or a length >= it, within int32")
+    if type(num_splits) is not int or not 0 <= num_splits < 2**31:
+        num_splits = _args.int_value(num_splits, "num_splits", 0, 2**31 - 1, "0 (choose) or a split count > 0")
     recorded = _grad_guard("flashlite.decode", q, cache, sink_logits, out, lambda: decode(
         q, cache, causal=causal, scale=scale, window=window, sink_tokens=sink_tokens, sink_logits=sink_logits,
         softcap=softcap, return_lse=return_lse, backend=backend, max_kv_len=max_kv_len, num_splits=num_splits))
@@ -254,9 +389,10 @@ def decode(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink_
     allocate = None
     if cache.lib == "torch" and q.is_cuda:  # the split workspace from torch's caching allocator (graph-capturable)
         allocate = lambda n: _dl(xp.empty(n, dtype=xp.uint8, device=q.device))  # noqa: E731
-    _C.decode(*_decode_call(q, cache, out, lse, causal, scale, window, sink_tokens, sink_logits, softcap, backend),
-              max_kv_len=int(max_kv_len), num_splits=int(num_splits), allocate=allocate)
-    return (out, lse) if return_lse else out
+    _native(_C.decode, "flashlite.decode", lib, _decode_named(q, out, lse, sink_logits),
+            lambda: _decode_call(q, cache, out, lse, causal, scale, window, sink_tokens, sink_logits, softcap, backend),
+            max_kv_len=max_kv_len, num_splits=num_splits, allocate=allocate)
+    return (out, lse) if lse is not None else out
 
 
 def prefill(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink_tokens=0, sink_logits=None,
@@ -267,33 +403,32 @@ def prefill(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink
     chunk of sequence b is rows cu[b] .. cu[b+1] - 1). Any chunk length; on CUDA the fused tensor-core kernel reads
     K/V from the cache (through the page table when paged). Returns out [and the fp32 LSE]. Forward-only (see
     _grad_guard)."""
+    lib = _check_arrays(q, cache, out, sink_logits)
+    cu_seqlens_q = _check.index_array(cu_seqlens_q, "cu_seqlens_q", lib)
     recorded = _grad_guard("flashlite.prefill", q, cache, sink_logits, out, lambda: prefill(
         q, cache, causal=causal, scale=scale, window=window, sink_tokens=sink_tokens, sink_logits=sink_logits,
         softcap=softcap, cu_seqlens_q=cu_seqlens_q, return_lse=return_lse, backend=backend))
     if recorded is not None:
         return recorded
     xp, out, lse = _outputs(q, cache, out, return_lse)
-    if isinstance(cu_seqlens_q, (list, tuple)):
-        if cache.lib == "torch":
-            cu_seqlens_q = xp.tensor(cu_seqlens_q, dtype=xp.int32)
-        else:
-            from ._api import _int32_list
-            cu_seqlens_q = _int32_list(cu_seqlens_q, "cu_seqlens_q")
-    conv = _dl if cache.lib == "torch" else (lambda a: a)
-    _C.prefill(*_decode_call(q, cache, out, lse, causal, scale, window, sink_tokens, sink_logits, softcap, backend),
-               cu_seqlens_q=conv(cu_seqlens_q))
-    return (out, lse) if return_lse else out
+    conv = _dl if lib == "torch" else (lambda a: a)
+    _native(_C.prefill, "flashlite.prefill", lib, _decode_named(q, out, lse, sink_logits, cu_seqlens_q),
+            lambda: _decode_call(q, cache, out, lse, causal, scale, window, sink_tokens, sink_logits, softcap, backend)
+            + (conv(cu_seqlens_q),))
+    return (out, lse) if lse is not None else out
 
 
 def decode_kernel_name(q, cache: KVCache, *, causal=True, scale=None, window=(-1, -1), sink_tokens=0,
                        sink_logits=None, softcap=0.0, backend="auto"):
     """Which kernel decode() would run, e.g. "cuda_decode_split_bf16_d128_contiguous (splits 32, combine kernel)".
     Validates the arguments."""
-    if cache.lib == "torch":
+    lib = _check_arrays(q, cache, None, sink_logits)
+    if lib == "torch":
         import torch
         out = torch.empty_like(q)
     else:
         import numpy as np
         out = np.empty_like(q)
-    return _C.decode_kernel_name(*_decode_call(q, cache, out, None, causal, scale, window, sink_tokens, sink_logits,
-                                               softcap, backend))
+    return _native(_C.decode_kernel_name, "flashlite.decode_kernel_name", lib, _decode_named(q, out, None, sink_logits),
+                   lambda: _decode_call(q, cache, out, None, causal, scale, window, sink_tokens, sink_logits, softcap,
+                                        backend))

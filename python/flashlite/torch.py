@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch as _torch
 
-from . import _torch_ops
+from . import _args, _check, _torch_ops
 from ._torch_ops import attention
 
 attention_op = _torch_ops.attention_op
@@ -31,14 +31,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, _torch.Tensor):
-            raise TypeError(f"{name} is a {type(t).__name__}; expected a torch.Tensor")
+            raise TypeError(f"{name} is a {_check.typename(t)}; expected a torch.Tensor")
         if t.dim() != 4:
             raise ValueError(f"{name} has shape {tuple(t.shape)}; flashlite supports 4-D [batch, heads, seq, head_dim]")
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported by flashlite.torch.scaled_dot_product_attention; use is_causal, "
                          "or flashlite.attention(window=..., sink_tokens=..., sink_logits=...) for those masks")
-    if dropout_p != 0.0:
-        raise ValueError(f"dropout_p is {dropout_p}; flashlite has no dropout (expected 0.0)")
+    if type(dropout_p) is not float or dropout_p != 0.0:
+        if _args.real_value(dropout_p, "dropout_p") != 0.0:
+            raise ValueError(f"dropout_p is {_args.show(dropout_p)}; flashlite has no dropout (expected 0.0)")
+    if is_causal is not True and is_causal is not False:
+        is_causal = _args.flag(is_causal, "is_causal")
+    if enable_gqa is not True and enable_gqa is not False:
+        enable_gqa = _args.flag(enable_gqa, "enable_gqa")
     hq, hkv = query.shape[1], key.shape[1]
     if hq != hkv and not enable_gqa:
         raise ValueError(f"query has {hq} heads but key has {hkv}; pass enable_gqa=True for grouped-query attention")
@@ -53,6 +58,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise ValueError(f"is_causal with {sq} queries and {sk} keys: SDPA aligns the causal mask top-left, which "
                              "flashlite cannot express when seq_q < seq_k; use flashlite.attention(causal=True) for "
                              "the bottom-right alignment (the last query sees the last key)")
-    out = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal, scale=scale,
-                    window=window, backend=backend)
+    try:
+        out = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal, scale=scale,
+                        window=window, backend=backend)
+    except (TypeError, ValueError):  # a tensor DLPack cannot pass: name it as the caller did (query, not q)
+        _check.explain(None, "flashlite.torch.scaled_dot_product_attention", "torch",
+                       [(n, t, False, _check.FLOATS) for n, t in (("query", query), ("key", key), ("value", value))])
+        raise
     return out.transpose(1, 2)
