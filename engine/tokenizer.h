@@ -3,6 +3,7 @@
 //  - SentencePiece-style BPE by piece scores with byte fallback (llama2.c tokenizer .bin files).
 //  - BPE with merge ranks (Hugging Face tokenizer.json; GPT-2 encoder.json + vocab.bpe): byte-level with a
 //    regex pre-tokenizer (GPT-2, Llama 3), or Llama-2 style (U+2581 for spaces, <0xXX> byte fallback).
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,9 +42,17 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path);
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path);
 std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& encoder_json, const std::string& merges_txt);
 
+// Token ids must be below this (16M; the largest real vocabularies hold about 260k tokens). A file that claims a
+// larger id is rejected, naming the field and this limit, before anything is sized by it.
+inline constexpr int kMaxVocabSize = 1 << 24;
+
 // UTF-8 helpers shared by the tokenizers.
 size_t utf8_char_length(unsigned char lead);  // 1..4 for a valid lead byte, 1 for an invalid one
 // Splits into UTF-8 characters; an invalid byte is its own "character".
 std::vector<std::string_view> utf8_chars(std::string_view s);
+// The code point of one character as utf8_chars splits them (an invalid byte: 0xFFFFFFFF).
+uint32_t utf8_code_point(std::string_view ch);
+// Unicode White_Space (what Rust's char::is_whitespace and regex \s mean, which Hugging Face uses).
+bool is_unicode_space(uint32_t cp);
 
 }  // namespace flashlite::engine

@@ -29,6 +29,23 @@ std::vector<std::string_view> utf8_chars(std::string_view s) {
   return out;
 }
 
+uint32_t utf8_code_point(std::string_view ch) {
+  if (ch.empty()) return 0xFFFFFFFF;
+  const auto b0 = static_cast<unsigned char>(ch[0]);
+  const size_t n = utf8_char_length(b0);
+  if (n != ch.size()) return n == 1 ? b0 : 0xFFFFFFFF;
+  if (n == 1) return b0 < 0x80 ? b0 : 0xFFFFFFFF;
+  uint32_t cp = b0 & (0x7F >> n);
+  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(ch[k]) & 0x3F);
+  return cp;
+}
+
+bool is_unicode_space(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+         cp == 0x3000;
+}
+
 std::string Tokenizer::decode(const std::vector<int>& ids) const {
   std::string out;
   for (int id : ids) out += decode_token(id);

@@ -1,8 +1,12 @@
-// llama2.c tokenizer .bin: int32 max_token_length, then per token: float32 score, int32 byte length, bytes.
+// llama2.c tokenizer .bin: int32 max_token_length, then per token: float32 score, int32 byte length, bytes. Every
+// field is checked against the bytes left in the file before it is read or anything is sized by it.
 // Encoding is SentencePiece BPE: a dummy-prefix space, one symbol per UTF-8 character (unknown characters fall back
 // to <0xXX> byte tokens when the vocabulary has them, else to <unk> = 0), then repeatedly merge the adjacent pair
 // whose concatenation is the highest-scoring piece (leftmost on ties).
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <unordered_map>
 
@@ -15,28 +19,49 @@ namespace flashlite::engine {
 
 namespace {
 
+constexpr int32_t kMaxPieceBytes = 4096;  // max_token_length above this is a corrupt header
+
 class Llama2cTokenizer final : public Tokenizer {
  public:
   explicit Llama2cTokenizer(const std::string& path) {
     MappedFile f(path);
     const std::string where = "llama2.c tokenizer '" + path + "'";
-    if (f.size() < 4) fail(where + " is " + std::to_string(f.size()) + " bytes; expected a 4-byte header and tokens");
-    int32_t max_len;
-    std::memcpy(&max_len, f.data(), 4);
-    if (max_len <= 0 || max_len > 4096) fail(where + " has max_token_length " + std::to_string(max_len) + "; expected 1..4096");
-    size_t off = 4;
-    while (off < f.size()) {
-      if (f.size() - off < 8) fail(where + " ends inside token " + std::to_string(pieces_.size()) + "'s header (truncated)");
+    const uint8_t* data = f.data();
+    const size_t size = f.size();
+    // Every read goes through `take`, which checks the bytes left first (no arithmetic that could wrap).
+    size_t off = 0;
+    auto take = [&](void* dst, size_t n, const char* what) {
+      if (n > size - off) {
+        const std::string field = off < 4 ? what : "token " + std::to_string(pieces_.size()) + "'s " + what;
+        fail(where + " is truncated: " + field + " needs " + std::to_string(n) + " bytes at offset " +
+             std::to_string(off) + ", " + std::to_string(size - off) + " left (corrupt or truncated)");
+      }
+      std::memcpy(dst, data + off, n);
+      off += n;
+    };
+    int32_t max_len = 0;
+    take(&max_len, 4, "max_token_length header");
+    if (max_len <= 0 || max_len > kMaxPieceBytes) {
+      fail(where + " has max_token_length " + std::to_string(max_len) + "; expected 1.." + std::to_string(kMaxPieceBytes));
+    }
+    const size_t max_tokens = std::min<size_t>((size - off) / 8, size_t(kMaxVocabSize));  // 8 header bytes per token
+    pieces_.reserve(max_tokens);
+    scores_.reserve(max_tokens);
+    while (off < size) {
+      if (pieces_.size() >= size_t(kMaxVocabSize)) {
+        fail(where + " holds more than " + std::to_string(kMaxVocabSize) + " tokens (larger is unsupported)");
+      }
       float score;
       int32_t len;
-      std::memcpy(&score, f.data() + off, 4);
-      std::memcpy(&len, f.data() + off + 4, 4);
-      off += 8;
-      if (len < 0 || len > max_len || size_t(len) > f.size() - off) {
+      take(&score, 4, "score");
+      take(&len, 4, "length");
+      if (std::isnan(score)) fail(where + " token " + std::to_string(pieces_.size()) + " has a NaN score");
+      if (len < 0 || len > max_len || size_t(len) > size - off) {
         fail(where + " token " + std::to_string(pieces_.size()) + " has length " + std::to_string(len) +
-             "; expected 0.." + std::to_string(max_len) + " within the file (corrupt or truncated)");
+             "; expected 0.." + std::to_string(max_len) + " (max_token_length) within the " +
+             std::to_string(size - off) + " bytes left (corrupt or truncated)");
       }
-      pieces_.emplace_back(reinterpret_cast<const char*>(f.data() + off), size_t(len));
+      pieces_.emplace_back(reinterpret_cast<const char*>(data + off), size_t(len));
       scores_.push_back(score);
       off += size_t(len);
     }
@@ -47,6 +72,7 @@ class Llama2cTokenizer final : public Tokenizer {
       std::snprintf(name, sizeof name, "<0x%02X>", b);
       auto it = lookup_.find(name);
       byte_ids_[b] = it == lookup_.end() ? -1 : it->second;
+      has_byte_fallback_ = has_byte_fallback_ || byte_ids_[b] >= 0;
     }
     if (auto it = lookup_.find(" "); it != lookup_.end()) space_id_ = it->second;
   }
@@ -100,7 +126,7 @@ class Llama2cTokenizer final : public Tokenizer {
   }
   bool is_special(int id) const override { return id >= 0 && id < 3; }
   std::string kind() const override {
-    return std::string("llama2.c sentencepiece-bpe (") + (byte_ids_[0] >= 0 ? "byte fallback" : "no byte fallback") + ")";
+    return std::string("llama2.c sentencepiece-bpe (") + (has_byte_fallback_ ? "byte fallback" : "no byte fallback") + ")";
   }
   int bos_id() const override { return 1; }
   bool adds_dummy_prefix() const override { return space_id_ >= 0; }
@@ -114,10 +140,10 @@ class Llama2cTokenizer final : public Tokenizer {
       auto it = lookup_.find(std::string(ch));
       if (it != lookup_.end()) {
         ids.push_back(it->second);
-      } else if (byte_ids_[0] >= 0) {
-        for (unsigned char b : ch) ids.push_back(byte_ids_[b]);
+      } else if (std::all_of(ch.begin(), ch.end(), [&](char c) { return byte_ids_[static_cast<unsigned char>(c)] >= 0; })) {
+        for (unsigned char b : ch) ids.push_back(byte_ids_[b]);  // byte fallback, when every byte has its token
       } else if (ids.empty() || ids.back() != 0) {
-        ids.push_back(0);  // <unk>: no byte tokens; a run of unknown characters is one <unk>, as SentencePiece does
+        ids.push_back(0);  // <unk>; a run of unknown characters is one <unk>, as SentencePiece does
       }
     }
     std::string buf;
@@ -134,7 +160,8 @@ class Llama2cTokenizer final : public Tokenizer {
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
   std::unordered_map<std::string, int> lookup_;
-  int byte_ids_[256];
+  int byte_ids_[256];  // -1: no <0xXX> piece for that byte
+  bool has_byte_fallback_ = false;
   int space_id_ = -1;
 };
 

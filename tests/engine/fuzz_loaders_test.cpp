@@ -89,12 +89,13 @@ TEST(FuzzLoaders, Llama2cCheckpointAndTokenizer) {
 }
 
 TEST(FuzzLoaders, TokenizerJson) {
-  // A small but complete byte-level tokenizer.json; mutations hit every field.
-  const std::string good = R"({"version":"1.0","added_tokens":[{"id":6,"content":"<|end|>","special":true,"lstrip":false,"rstrip":false}],
+  // A small but complete byte-level tokenizer.json (every field Hugging Face requires); mutations hit every field.
+  const std::string good = R"({"version":"1.0","added_tokens":[{"id":6,"content":"<|end|>","single_word":false,"lstrip":false,
+"rstrip":false,"normalized":false,"special":true}],
 "normalizer":null,"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"\\s+|\\p{L}+|\\p{N}"},
-"behavior":"Isolated","invert":false},{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}]},
-"decoder":{"type":"ByteLevel"},"model":{"type":"BPE","ignore_merges":true,"vocab":{"a":0,"b":1,"ab":2,"Ġ":3,"c":4,"abc":5},
-"merges":["a b",["ab","c"]]}})";
+"behavior":"Isolated","invert":false},{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":false}]},
+"decoder":{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true},"model":{"type":"BPE","ignore_merges":true,
+"vocab":{"a":0,"b":1,"ab":2,"Ġ":3,"c":4,"abc":5},"merges":["a b","ab c"]}})";
   const fs::path dir = synth::fresh_dir("fuzz_tj");
   auto load = [&] {
     auto t = eng::load_tokenizer((dir / "tokenizer.json").string());
