@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from engine_testlib import run_cli
+from engine_testlib import model_absent, run_cli
 
 tokenizers = pytest.importorskip("tokenizers", reason="pip package `tokenizers` is needed (scripts/requirements.txt)")
 
@@ -73,7 +73,7 @@ def compare(texts, got, expected_ids, label):
 def llama3(models_dir):
     path = models_dir / "llama3-tokenizer"
     if not (path / "tokenizer.json").exists():
-        pytest.skip(f"Llama 3 tokenizer absent at {path}")
+        model_absent(f"Llama 3 tokenizer absent at {path}")
     return path
 
 
@@ -81,7 +81,7 @@ def llama3(models_dir):
 def gpt2(models_dir):
     path = models_dir / "gpt2-tokenizer"
     if not (path / "encoder.json").exists():
-        pytest.skip(f"GPT-2 tokenizer files absent at {path}")
+        model_absent(f"GPT-2 tokenizer files absent at {path}")
     return path
 
 
@@ -120,7 +120,7 @@ def test_gpt2_matches_hf_tokenizers(flashlite_bin, gpt2):
 def test_llama2c_tok512_round_trips(flashlite_bin, models_dir):
     path = models_dir / "stories260K" / "tok512.bin"
     if not path.exists():
-        pytest.skip(f"tok512.bin absent at {path}")
+        model_absent(f"tok512.bin absent at {path}")
     got = engine_encode(flashlite_bin, path, CASES, False)
     bad = [t for t, g in zip(CASES, got) if g["decoded"] != t]
     assert not bad, f"byte-fallback round trip failed for {bad[:5]}"
@@ -134,7 +134,7 @@ def test_tok105_matches_sentencepiece(flashlite_bin, models_dir):
     spm = pytest.importorskip("sentencepiece", reason="pip package `sentencepiece` is needed")
     path = models_dir / "babyllama-tok105"
     if not (path / "tok105.model").exists():
-        pytest.skip(f"tok105 files absent at {path}")
+        model_absent(f"tok105 files absent at {path}")
     sp = spm.SentencePieceProcessor(model_file=str(path / "tok105.model"))
     # SentencePiece normalises (collapses whitespace, NFKC); compare on text it leaves unchanged.
     texts = ["Once upon a time, there was a little girl named Lily.", "She said, \"Hello!\" and ran away.",
