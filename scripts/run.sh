@@ -29,7 +29,7 @@ fi
 mkdir -p "$build"
 cmake -S "$root" -B "$build" -G Ninja "${args[@]}" > "$build/configure.log" 2>&1 \
   || { cat "$build/configure.log" >&2; exit 1; }
-cmake --build "$build" -j "${JOBS:-$(nproc)}" --target flashlite_cli
+cmake --build "$build" -j "${JOBS:-$(nproc)}" --target flashlite_cli flashlite_bench_cpu
 echo "run: built $build/bin/flashlite"
 "$build/bin/flashlite" info
 "$build/bin/flashlite" attn "$@"

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Renders the README's results tables from the committed JSON, so that every number there names its device and
+commit and comes from a file in bench/results/. Each table sits between `<!-- table:NAME -->` and
+`<!-- /table:NAME -->` in README.md; this script rewrites what is between them.
+
+    python3 bench/readme_tables.py           # rewrite README.md
+    python3 bench/readme_tables.py --check   # exit 1 when README.md differs from what the JSON renders (a test)
+"""
+import json
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+# The files each table is rendered from (relative to bench/results). Update these when a new measurement lands.
+SOURCES = {
+    "fwd": "h200/fwd_side_by_side.json",
+    "decode": ("h100/decode_round14/decode_ed95b32.json", "h100/decode_round14/sdpa_decode_ed95b32.json"),
+    "engine": "h200/e2e.json",
+    "cpu": "cpu/bench_cpu.json",
+}
+
+
+def load(rel):
+    data = json.loads((RESULTS / rel).read_text())
+    for key in ("commit",):
+        if not data.get(key):
+            raise SystemExit(f"bench/results/{rel}: no '{key}' field; every README number must name its commit")
+    return data
+
+
+def short(commit):
+    """The commit id as the JSON gives it, shortened to 7 hex digits when it is a bare id."""
+    c = str(commit).strip()
+    return c[:7] if re.fullmatch(r"[0-9a-f]{8,40}", c) else c
+
+
+def source_line(rel, data, device):
+    return f"{device}, commit {short(data['commit'])}, `bench/results/{rel}`."
+
+
+def table_fwd():
+    rel = SOURCES["fwd"]
+    d = load(rel)
+    lines = [source_line(rel, d, d["device"]) + f" torch {d.get('torch', '?')}; TFLOP/s of useful work "
+             "(causal counts half), bf16, batch x seq = 16384, heads x head_dim = 2048, every backend on the same "
+             "tensors in one process.", "",
+             "| D | causal | S | flashlite | SDPA flash | SDPA cuDNN | vs flash | vs cuDNN |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    rows = sorted(d["rows"], key=lambda r: (r["head_dim"], r["causal"], r["seq"]))
+    for r in rows:
+        fl, fa, cu = r["flashlite"]["tflops"], r["sdpa_flash"]["tflops"], r["sdpa_cudnn"]["tflops"]
+        lines.append(f"| {r['head_dim']} | {'yes' if r['causal'] else 'no'} | {r['seq']} | {fl:.0f} | {fa:.0f} | "
+                     f"{cu:.0f} | {fl / fa:.2f}x | {fl / cu:.2f}x |")
+    return lines
+
+
+def table_decode():
+    rel, rel_sdpa = SOURCES["decode"]
+    d, s = load(rel), load(rel_sdpa)
+    sdpa = {(r["batch"], r["kv_len"]): r for r in s["rows"] if r.get("peer") == "sdpa_cudnn"}
+    lines = [source_line(rel, d, d["device"]) + f" SDPA (torch {s.get('torch', '?')}, cuDNN backend) from the same "
+             f"device call, `bench/results/{rel_sdpa}`. Hq 32, Hkv 8, D 128, bf16, one query token; the step "
+             f"replayed from a CUDA graph as the engine runs it; % of the read bandwidth measured in the same run "
+             f"({d['read_bw_tbps']:.2f} TB/s).", "",
+             "| batch | kv_len | flashlite us (% bw) | paged (16) us | SDPA cuDNN us (% bw) |",
+             "|---:|---:|---:|---:|---:|"]
+    main = {(r["batch"], r["kv_len"]): r for r in d["rows"]
+            if r.get("kind") == "main" and r.get("layout") == "contiguous" and r.get("q_len") == 1}
+    paged = {(r["batch"], r["kv_len"]): r for r in d["rows"]
+             if r.get("layout") == "paged" and r.get("page_size") == 16 and r.get("q_len") == 1}
+    for key in sorted(main):
+        r = main[key]
+        p = paged.get(key)
+        c = sdpa.get(key)
+        kv_bytes = r["kv_bytes"]
+        c_cell = "-"
+        if c:
+            c_cell = f"{c['us_graph']:.1f} ({100 * kv_bytes / (c['us_graph'] * 1e-6) / (d['read_bw_tbps'] * 1e12):.0f}%)"
+        lines.append(f"| {key[0]} | {key[1]} | {r['us_graph']:.1f} ({r['pct_read_bw_graph']:.0f}%) | "
+                     f"{p['us_graph']:.1f} | {c_cell} |" if p else
+                     f"| {key[0]} | {key[1]} | {r['us_graph']:.1f} ({r['pct_read_bw_graph']:.0f}%) | - | {c_cell} |")
+    return lines
+
+
+def table_engine():
+    rel = SOURCES["engine"]
+    d = load(rel)
+    lines = [source_line(rel, d, d["device"]) + " Random Llama-3.2-1B-shaped checkpoint, bf16, 128 new greedy "
+             f"tokens (bench/e2e.py); decode floor: {d['weight_bytes'] / 1e9:.2f} GB of weights per step at the "
+             f"copy bandwidth measured in the same call ({d['copy_bandwidth_gb_s']:.0f} GB/s).", "",
+             "| batch | prompt | TTFT ms | ms per step | decode tok/s | % of copy bandwidth |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(d["rows"], key=lambda r: (r["batch"], r["prompt"])):
+        f = r["flashlite"]
+        lines.append(f"| {r['batch']} | {r['prompt']} | {f['ttft_ms']:.1f} | {f['tbt_ms']:.2f} | "
+                     f"{f['decode_tok_s']:,.0f} | {100 * f['fraction_of_copy_bw']:.0f}% |")
+    return lines
+
+
+def table_cpu():
+    rel = SOURCES["cpu"]
+    d = load(rel)
+    lines = [f"{d['cpu_model']}, {d['threads']} threads, {d['simd_variant']} kernels, commit {short(d['commit'])}, "
+             f"`bench/results/{rel}` (`flashlite bench cpu`); fp32, B 1, H 8, D 64; % of the FMA peak measured in "
+             f"the same run ({d['fma_peak_gflops']:.0f} GFLOP/s); load average at the start "
+             f"{d.get('load_average_start', '?')}.", "",
+             "| S | causal | naive ms | cpu (tiled) ms | cpu GFLOP/s (% peak) | speed-up | extra memory naive / cpu MiB |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    by = {}
+    for r in d["rows"]:  # the cpu rows of every instruction set; the table shows the one the machine runs by default
+        if r["backend"] == "naive" or r.get("simd", d["simd_variant"]) == d["simd_variant"]:
+            by.setdefault((r["seq"], r["causal"]), {})[r["backend"]] = r
+    for (seq, causal), b in sorted(by.items()):
+        n, t = b.get("naive"), b.get("cpu")
+        if not (n and t):
+            continue
+        lines.append(f"| {seq} | {'yes' if causal else 'no'} | {n['median_ms']:.2f} | {t['median_ms']:.2f} | "
+                     f"{t['gflops']:.1f} ({t['pct_of_fma_peak']:.0f}%) | {n['median_ms'] / t['median_ms']:.1f}x | "
+                     f"{n['extra_peak_rss_mib']:.1f} / {t['extra_peak_rss_mib']:.1f} |")
+    return lines
+
+
+RENDERERS = {"fwd": table_fwd, "decode": table_decode, "engine": table_engine, "cpu": table_cpu}
+
+
+def render(text):
+    for name, fn in RENDERERS.items():
+        pattern = re.compile(rf"(<!-- table:{name} -->\n).*?(<!-- /table:{name} -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"README.md has no <!-- table:{name} --> ... <!-- /table:{name} --> block")
+        body = "\n".join(fn()) + "\n"
+        text = pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+    return text
+
+
+def main(argv):
+    readme = ROOT / "README.md"
+    old = readme.read_text()
+    new = render(old)
+    if argv[1:] == ["--check"]:
+        if new != old:
+            print("README.md tables differ from bench/results JSON: run python3 bench/readme_tables.py", file=sys.stderr)
+            return 1
+        return 0
+    readme.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
