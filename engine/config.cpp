@@ -139,7 +139,7 @@ void parse_rope_scaling(const json& rs, const std::string& where, const char* ke
   const std::string type = get_string(rs, "rope_type", w, get_string(rs, "type", w, "default"));
   if (type == "default") return;
   if (type != "llama3" && type != "linear") {
-    fail(where + ": rope_scaling type '" + type + "' is unsupported; expected llama3, linear or none");
+    fail(where + ": rope_scaling type '" + type + "' is unsupported; expected default, llama3 or linear");
   }
   c.rope_scaling.type = type;
   c.rope_scaling.factor = get_num(rs, "factor", w, 1.0);
