@@ -17,6 +17,22 @@
 // Learned sink logits (per q head, fp32, natural-log units) join the softmax denominator only.
 // LSE (fp32, [batch, q_heads, seq_q]; varlen: [1, q_heads, total_q]) = log(sum_visible exp(s) + exp(sink_logit)).
 // A row with no visible key gets out = 0 and LSE = -inf (or the sink logit when sink logits are given).
+//
+// Non-finite values follow IEEE arithmetic as PyTorch's math SDPA does, except that masked keys do not matter, on every
+// backend (docs/numerics.md has the cases and torch's answers):
+//   - scores of visible keys are computed as above, so a NaN / +-inf in q or in a visible K row gives NaN / +-inf
+//     scores (softcap maps +-inf to +-softcap);
+//   - a NaN or +inf score, or a NaN or +inf sink logit, makes the row's whole output and its LSE NaN;
+//   - a -inf score weighs 0; a row whose visible scores are all -inf is a row with no visible key (see above);
+//     a -inf sink logit means no sink;
+//   - a NaN / +-inf V element of a visible key reaches only its own output column (NaN, or +-inf; NaN where its weight
+//     is 0 or infinities of both signs meet), never the LSE;
+//   - the K rows of masked keys never matter; a NaN / +-inf V element of a masked key never reaches the LSE or another
+//     column, and on the CPU backends nothing at all, while the CUDA kernels may turn that column NaN in rows of the
+//     same sequence and head group (their masked weight 0 times the element, as torch SDPA and FlashAttention do).
+// Long rows: on the CPU backends and for fp32 on CUDA the accumulation error does not grow with the row length (fp32
+// sums over about 2048 keys folded into float64); the fp16 / bf16 CUDA kernels accumulate in fp32, well inside their
+// output's rounding (measured over 2^22 keys, docs/numerics.md).
 #include <optional>
 #include <string>
 

@@ -26,15 +26,17 @@ P* at(P* base, DType dtype, int64_t off) {
   return reinterpret_cast<P*>(reinterpret_cast<Byte*>(base) + off * int64_t(dtype_size(dtype)));
 }
 
-// Rows that see no key: zeros, and an LSE of the sink logit alone (it is the whole denominator), else -inf -- the
-// float64 reference's rule (src/cpu/reference.cpp).
+// Rows that see no key: zeros, and an LSE of the sink logit alone (it is the whole denominator), else -inf; a NaN or
+// +inf sink logit makes the row NaN -- the float64 reference's rule (src/cpu/reference.cpp).
 void write_keyless_rows(const AttentionProblem& s) {
   for (int64_t i = 0; i < s.seq_q; ++i)
     for (int64_t h = 0; h < s.q_heads; ++h) {
-      for (int64_t e = 0; e < s.head_dim; ++e) store_from_float(s.out, s.dtype, i * s.out_stride.seq + h * s.out_stride.head + e, 0.f);
-      if (s.lse) {
-        s.lse[h * s.lse_stride_head + i * s.lse_stride_seq] = s.sink_logits ? s.sink_logits[h] : -INFINITY;
+      const float sink = s.sink_logits ? s.sink_logits[h] : -INFINITY;
+      const bool poisoned = std::isnan(sink) || sink == INFINITY;
+      for (int64_t e = 0; e < s.head_dim; ++e) {
+        store_from_float(s.out, s.dtype, i * s.out_stride.seq + h * s.out_stride.head + e, poisoned ? NAN : 0.f);
       }
+      if (s.lse) s.lse[h * s.lse_stride_head + i * s.lse_stride_seq] = poisoned ? NAN : sink;
     }
 }
 

@@ -1,5 +1,6 @@
 // The float64 oracle: the three textbook steps (scores, masked softmax, weighted sum), written plainly and
 // never optimised. Every other backend is tested against this.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -13,11 +14,14 @@ namespace flashlite {
 void reference_compute(const AttentionProblem& p, double* out64, double* lse64) {
   const int64_t tensor_seq_q = p.q_tensor_rows;
   const int64_t d = p.head_dim;
-  const double neg_inf = -std::numeric_limits<double>::infinity();
+  const double inf = std::numeric_limits<double>::infinity(), neg_inf = -inf;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
   std::vector<double> scores, q_row(d), acc(d);
+  std::vector<char> visible;
   for (int64_t b = 0; b < p.batch; ++b) {
     const SequenceSlice s = sequence_slice(p, b);
     scores.resize(size_t(s.seq_k));
+    visible.resize(size_t(s.seq_k));
     for (int64_t h = 0; h < p.q_heads; ++h) {
       const int64_t kvh = p.kv_head_of(h);
       const double sink = p.sink_logits ? double(p.sink_logits[h]) : neg_inf;
@@ -25,37 +29,49 @@ void reference_compute(const AttentionProblem& p, double* out64, double* lse64) 
         const int64_t q_off = s.batch_index * p.q_stride.batch + (s.q_row0 + i) * p.q_stride.seq + h * p.q_stride.head;
         for (int64_t c = 0; c < d; ++c) q_row[c] = load_as_float(p.q, p.dtype, q_off + c);
 
-        // Step 1: scores (masked entries are -inf).
+        // Step 1: scores of the visible keys, in IEEE arithmetic (NaN/inf inputs give NaN/inf scores). A NaN or +inf
+        // score or sink logit poisons the row; the max runs over the finite scores and the sink.
+        bool poisoned = std::isnan(sink) || sink == inf;
+        bool any_finite = false;
         double row_max = sink;
         for (int64_t j = 0; j < s.seq_k; ++j) {
-          if (!key_visible(p.mask, i, j, s.seq_q, s.seq_k)) {
-            scores[j] = neg_inf;
-            continue;
-          }
+          visible[j] = key_visible(p.mask, i, j, s.seq_q, s.seq_k);
+          if (!visible[j]) continue;
           const int64_t k_off = s.batch_index * p.k_stride.batch + (s.k_row0 + j) * p.k_stride.seq + kvh * p.k_stride.head;
           double dot = 0;
           for (int64_t c = 0; c < d; ++c) dot += q_row[c] * load_as_float(p.k, p.dtype, k_off + c);
           double score = dot * p.scale;
           if (p.softcap > 0) score = p.softcap * std::tanh(score / p.softcap);
           scores[j] = score;
-          row_max = std::max(row_max, score);
+          if (std::isnan(score) || score == inf) {
+            poisoned = true;
+          } else if (score != neg_inf) {
+            any_finite = true;
+            row_max = std::max(row_max, score);
+          }
         }
 
-        // Step 2: softmax; the sink logit joins the denominator only.
-        double denom = 0;
-        if (row_max != neg_inf) {
+        // Step 2: softmax; the sink logit joins the denominator only. A -inf score weighs 0; a row without a finite
+        // score (every key masked or -inf) has no denominator from keys: zeros and LSE = the sink logit (or -inf).
+        double denom = 0, lse = sink;
+        if (poisoned) {
+          lse = nan;
+        } else if (any_finite) {
           for (int64_t j = 0; j < s.seq_k; ++j) {
-            scores[j] = scores[j] == neg_inf ? 0.0 : std::exp(scores[j] - row_max);
+            if (!visible[j]) continue;
+            scores[j] = std::exp(scores[j] - row_max);
             denom += scores[j];
           }
           if (sink != neg_inf) denom += std::exp(sink - row_max);
+          lse = row_max + std::log(denom);
         }
 
-        // Step 3: weighted sum of V. Rows with no visible key (denominator from keys = 0) give zeros.
-        std::fill(acc.begin(), acc.end(), 0.0);
-        if (denom > 0) {
+        // Step 3: weighted sum of V over every visible key, a zero weight included (0 * inf = NaN, as in IEEE
+        // arithmetic); masked keys never take part.
+        std::fill(acc.begin(), acc.end(), poisoned ? nan : 0.0);
+        if (!poisoned && any_finite) {
           for (int64_t j = 0; j < s.seq_k; ++j) {
-            if (scores[j] == 0.0) continue;
+            if (!visible[j]) continue;
             const double w = scores[j] / denom;
             const int64_t v_off = s.batch_index * p.v_stride.batch + (s.k_row0 + j) * p.v_stride.seq + kvh * p.v_stride.head;
             for (int64_t c = 0; c < d; ++c) acc[c] += w * load_as_float(p.v, p.dtype, v_off + c);
@@ -63,10 +79,7 @@ void reference_compute(const AttentionProblem& p, double* out64, double* lse64) 
         }
         const int64_t row = s.batch_index * tensor_seq_q + s.q_row0 + i;
         if (out64) std::copy(acc.begin(), acc.end(), out64 + (row * p.q_heads + h) * d);
-        if (lse64) {
-          lse64[(s.batch_index * p.q_heads + h) * tensor_seq_q + s.q_row0 + i] =
-              denom > 0 ? row_max + std::log(denom) : neg_inf;
-        }
+        if (lse64) lse64[(s.batch_index * p.q_heads + h) * tensor_seq_q + s.q_row0 + i] = lse;
       }
     }
   }

@@ -7,6 +7,9 @@
 //   softcap, then mask    (the predicate is evaluated only on tiles that are not fully visible)
 //   online softmax        (running max m, running sum l, rescale factor alpha; vectorised across query columns)
 //   O = O * alpha + P V   (the rescale folded into the GEMM's load of O)
+//   every ~2048 keys: O and l folded into float64 totals (long rows stay accurate, see fold())
+// Non-finite inputs follow include/flashlite/attention.h: a NaN or +inf score makes its p = 2^NaN, so l is NaN at the
+// end (finalise tests l), masked keys are -inf before the softmax and their V rows kept out of P V (hidden_nonfinite_v).
 // Memory per thread: O(kKeys * head_dim + kQueryCols * head_dim), never seq x seq. fp32 K/V are read in place; fp16
 // and bf16 tiles are converted to fp32 once per tile. The hot loops (GEMM, conversion, softmax step, softcap) are
 // built per instruction set (tiled_simd.h); this file picks one at run time and holds the algorithm around them.
@@ -14,12 +17,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backends.h"
@@ -163,29 +168,80 @@ int visible_ranges(const AttentionProblem& p, const SequenceSlice& s, int64_t i0
   return n;
 }
 
-// Output rows and LSE of a task from its accumulators: m (log2 units), l, o (n_real, ldo), column n = r * heads + g.
-void finalise(const AttentionProblem& p, const SequenceSlice& s, const Task& t, const float* m, const float* l,
-              const float* o, int64_t ldo) {
+// ---- Long rows: the kernels accumulate o and l in fp32 over about kFoldKeys keys, then fold() adds them into float64
+// totals and clears them, so a row's rounding error stays that of a kFoldKeys-key row at any length (one fp32
+// accumulator over 2^23 equal terms was 3% off, and an fp32 sum of 2^24 ones stops growing). Rows up to kFoldKeys keys
+// never fold (finalise reads the fp32 sums, as before); longer ones pay O(n_real * dp) float64 work per fold.
+constexpr int64_t kFoldKeys = 2048;
+
+struct Totals {
+  double* o;      // (n_real, dp)  sum of p v, in the units of m_fold
+  double* l;      // (n_real)      sum of p, in the units of m_fold
+  float* m_fold;  // (n_real)      running max at the last fold, log2 units
+  bool empty;     // nothing folded yet (o, l, m_fold unset)
+};
+
+// Moves the chunk accumulators o (n_real, dp) and l, scaled to the running max m, into the totals and clears l; o too
+// when clear_o (the tiled path instead lets its next P V GEMM overwrite o).
+void fold(Totals& tot, int64_t n_real, int64_t dp, float* o, float* l, const float* m, bool clear_o) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t n = 0; n < n_real; ++n) {
+    double* to = tot.o + n * dp;
+    float* on = o + n * dp;
+    const float mn = m[n];
+    if (tot.empty) {
+      for (int64_t x = 0; x < dp; ++x) to[x] = on[x];
+      tot.l[n] = l[n];
+    } else {
+      // 2^(m_fold - m): 1 while the max stands (also -inf to -inf); NaN once m is +inf (the row is NaN anyway).
+      const float mf = tot.m_fold[n];
+      const double beta = mf == mn && mf != inf ? 1.0 : std::exp2(double(mf) - double(mn));
+      for (int64_t x = 0; x < dp; ++x) to[x] = to[x] * beta + on[x];
+      tot.l[n] = tot.l[n] * beta + l[n];
+    }
+    if (clear_o) std::fill(on, on + dp, 0.0f);
+    l[n] = 0.0f;
+    tot.m_fold[n] = mn;
+  }
+  tot.empty = false;
+}
+
+// Output rows and LSE of a task from m (log2 units) and its sums o (n_real, ldo) and l: the fp32 accumulators when
+// nothing was folded, else the float64 totals. Column n = r * heads + g; tmp holds head_dim floats. The non-finite rule
+// (include/flashlite/attention.h): a NaN or +inf sink logit or score poisons the row (out and LSE NaN; such a score's
+// p = 2^NaN made l NaN); a row whose scores were all -inf or masked (m = -inf, l not NaN) is keyless: zeros and LSE the
+// sink logit (or -inf), its o being 0 or 0 * NaN.
+template <class T>
+void finalise(const AttentionProblem& p, const SequenceSlice& s, const Task& t, const float* m, const T* o,
+              const T* l_sum, int64_t ldo, float* tmp) {
   const int64_t d = p.head_dim, heads = t.heads, i0 = t.row0;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  // The sink logit joins the denominator only; a row that saw no key gives zeros and LSE -inf (or the sink logit).
-  // m is in log2 units of the scaled score.
-  const double inf = std::numeric_limits<double>::infinity();
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
   for (int64_t r = 0; r < t.rows; ++r) {
     for (int64_t g = 0; g < heads; ++g) {
       const int64_t n = r * heads + g, h = t.head0 + g, i = s.q_row0 + i0 + r;
       const double sink = p.sink_logits ? double(p.sink_logits[h]) : -inf;
-      double lse = sink, mul = 0.0;
-      if (m[n] != neg_inf) {
-        const double m_nat = double(m[n]) * kLn2;
+      const double l = l_sum[n], m_nat = double(m[n]) * kLn2;
+      const bool poisoned = std::isnan(sink) || sink == inf || std::isnan(l) || m_nat == inf;
+      const bool keyless = !poisoned && m_nat == -inf;
+      double lse = poisoned ? nan : sink, mul = poisoned ? nan : 0.0;
+      if (!poisoned && !keyless) {  // the sink logit joins the denominator only
         const double row_max = std::max(m_nat, sink);
         const double e = std::exp(m_nat - row_max);
-        const double denom = double(l[n]) * e + (sink == -inf ? 0.0 : std::exp(sink - row_max));
+        const double denom = l * e + (sink == -inf ? 0.0 : std::exp(sink - row_max));
         lse = row_max + std::log(denom);
         mul = e / denom;
       }
-      store_row(p.out, p.dtype, s.batch_index * p.out_stride.batch + i * p.out_stride.seq + h * p.out_stride.head, d,
-                o + n * ldo, float(mul));
+      const int64_t out_off = s.batch_index * p.out_stride.batch + i * p.out_stride.seq + h * p.out_stride.head;
+      const T* on = o + n * ldo;
+      if (keyless) {  // exact zeros, whatever 0 * V left in o
+        std::fill(tmp, tmp + d, 0.0f);
+        store_row(p.out, p.dtype, out_off, d, tmp, 1.0f);
+      } else if constexpr (std::is_same_v<T, float>) {
+        store_row(p.out, p.dtype, out_off, d, on, float(mul));
+      } else {
+        for (int64_t x = 0; x < d; ++x) tmp[x] = float(on[x] * mul);
+        store_row(p.out, p.dtype, out_off, d, tmp, 1.0f);
+      }
       if (p.lse) p.lse[s.batch_index * p.lse_stride_batch + h * p.lse_stride_head + i * p.lse_stride_seq] = float(lse);
     }
   }
@@ -214,6 +270,37 @@ void load_kv_rows(const Plan& plan, bool is_v, int64_t base, int64_t j0, int64_t
   }
 }
 
+// ---- Masked keys never matter, but P V multiplies a masked key's p = 0 by its V row, and 0 * NaN = NaN. In a tile that
+// the mask cuts, the keys hidden from some query column whose V row holds a NaN or inf (rare: a scan of those rows)
+// are zeroed in the V operand and added back, p v, for the columns that see them (run_task, run_task_small).
+
+bool row_finite(const float* x, int64_t n) {
+  uint32_t bad = 0;  // branch-free, so that the scan vectorises
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    bad |= uint32_t((b & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
+// Keys c < keys with hidden[c] set whose V row (v + c * v_row, head_dim floats) is not finite, into bad; their count.
+int hidden_nonfinite_v(const uint8_t* hidden, int64_t keys, const float* v, int64_t v_row, int64_t d, int16_t* bad) {
+  int n = 0;
+  for (int64_t c = 0; c < keys; ++c) {
+    if (hidden[c] && !row_finite(v + c * v_row, d)) bad[n++] = int16_t(c);
+  }
+  return n;
+}
+
+// The V operand of keys [j0, j0 + keys) with the rows `bad` zeroed, in vbuf (row stride dp): converted again when it was
+// read in place.
+void zero_v_rows(const Plan& plan, int64_t v_base, int64_t j0, int64_t keys, const int16_t* bad, int n_bad,
+                 bool in_place, float* vbuf, int64_t dp) {
+  if (in_place) load_kv_rows(plan, true, v_base, j0, keys, vbuf, dp, dp);
+  for (int b = 0; b < n_bad; ++b) std::fill(vbuf + bad[b] * dp, vbuf + (bad[b] + 1) * dp, 0.0f);
+}
+
 void run_task(const Plan& plan, const Task& t, Scratch& scratch) {
   const AttentionProblem& p = plan.p;
   const TiledKernels& kern = plan.k;
@@ -222,7 +309,8 @@ void run_task(const Plan& plan, const Task& t, Scratch& scratch) {
   const int64_t n_real = t.rows * heads, np = round_up(n_real, kern.width);
   const float neg_inf = -std::numeric_limits<float>::infinity();
 
-  float* const base = scratch.get(size_t(d * np + 2 * kKeys * dp + kKeys * np + n_real * dp + 3 * np + 2 * dp));
+  float* const base = scratch.get(size_t(d * np + 2 * kKeys * dp + kKeys * np + n_real * dp + 3 * np + 2 * dp +
+                                         2 * n_real * (dp + 1) + n_real));
   float* const qt = base;                  // (head_dim, np)  Q^T, pre-scaled; columns >= n_real are zero
   float* const kbuf = qt + d * np;         // (kKeys, dp)     converted K tile (fp16/bf16)
   float* const vbuf = kbuf + kKeys * dp;   // (kKeys, dp)     converted V tile, zero-padded columns
@@ -232,6 +320,9 @@ void run_task(const Plan& plan, const Task& t, Scratch& scratch) {
   float* const l = m + np;                 // (np)            running sum
   float* const alpha = l + np;             // (np)            rescale factor of this step
   float* const row = alpha + np;           // (2 * dp)        one stored row as fp32
+  // Float64 totals (every offset above is even: 8-byte aligned).
+  Totals tot{reinterpret_cast<double*>(row + 2 * dp), reinterpret_cast<double*>(row + 2 * dp) + n_real * dp,
+             row + 2 * dp + 2 * n_real * (dp + 1), true};
 
   // Q^T: column n = r * heads + g is query row row0 + r of q head head0 + g.
   std::fill(qt, qt + d * np, 0.0f);
@@ -249,6 +340,8 @@ void run_task(const Plan& plan, const Task& t, Scratch& scratch) {
   std::fill(o, o + n_real * dp, 0.0f);
 
   const int64_t i0 = t.row0, i1 = t.row0 + t.rows;
+  int64_t unfolded = 0;  // keys in o and l since the last fold
+  bool o_folded = false;  // o was folded: the next P V overwrites it
   const int64_t k_base = s.batch_index * p.k_stride.batch + s.k_row0 * p.k_stride.seq + t.kv_head * p.k_stride.head;
   const int64_t v_base = s.batch_index * p.v_stride.batch + s.k_row0 * p.v_stride.seq + t.kv_head * p.v_stride.head;
   KeyRange ranges[2];
@@ -278,23 +371,56 @@ void run_task(const Plan& plan, const Task& t, Scratch& scratch) {
       // S^T = K Q^T, softcap, mask.
       kern.gemm({ka, ka_row, 1, qt, np, st, np, keys, np, d, false, nullptr});
       if (p.softcap > 0) kern.softcap({st, np, keys, np, plan.softcap_in, plan.softcap_out});
+      int16_t bad[kKeys];  // hidden keys with a non-finite V row
+      int n_bad = 0;
       if (!tile_fully_visible(p.mask, i0, i1, j0, j1, s.seq_q, s.seq_k)) {
+        uint8_t hidden[kKeys] = {};
         for (int64_t c = 0; c < keys; ++c) {
           float* srow = st + c * np;
           for (int64_t r = 0; r < t.rows; ++r) {
             if (key_visible(p.mask, i0 + r, j0 + c, s.seq_q, s.seq_k)) continue;
             for (int64_t g = 0; g < heads; ++g) srow[r * heads + g] = neg_inf;
+            hidden[c] = 1;
           }
+        }
+        n_bad = hidden_nonfinite_v(hidden, keys, vb, vb_row, d, bad);
+        if (n_bad > 0) {
+          zero_v_rows(plan, v_base, j0, keys, bad, n_bad, vb != vbuf, vbuf, dp);
+          vb = vbuf;
+          vb_row = dp;
         }
       }
 
       // Online softmax, then O = O * alpha + P V.
       kern.online_softmax({st, np, keys, np, plan.log2_scale, m, l, alpha});
-      kern.gemm({st, 1, np, vb, vb_row, o, dp, n_real, dp, keys, true, alpha});
+      kern.gemm({st, 1, np, vb, vb_row, o, dp, n_real, dp, keys, !o_folded, alpha});
+      o_folded = false;
+      for (int b = 0; b < n_bad; ++b) {  // the zeroed rows, for the columns that see them
+        const int64_t c = bad[b];
+        load_kv_rows(plan, true, v_base, j0 + c, 1, row, dp, dp);
+        for (int64_t r = 0; r < t.rows; ++r) {
+          if (!key_visible(p.mask, i0 + r, j0 + c, s.seq_q, s.seq_k)) continue;
+          for (int64_t g = 0; g < heads; ++g) {
+            const int64_t n = r * heads + g;
+            const float pc = st[c * np + n];
+            for (int64_t x = 0; x < d; ++x) o[n * dp + x] += pc * row[x];
+          }
+        }
+      }
+      if ((unfolded += keys) >= kFoldKeys) {
+        fold(tot, n_real, dp, o, l, m, false);
+        unfolded = 0;
+        o_folded = true;
+      }
     }
   }
 
-  finalise(p, s, t, m, l, o, dp);
+  if (tot.empty) {  // a row of at most ~kFoldKeys keys: straight from the fp32 sums
+    finalise(p, s, t, m, o, l, dp, row);
+    return;
+  }
+  if (!o_folded) fold(tot, n_real, dp, o, l, m, false);
+  finalise(p, s, t, m, tot.o, tot.l, dp, row);
 }
 
 // A decode-shaped task (n_real <= kSmallCols query columns): keys are the vector lanes (SmallArgs), so a q_len 1
@@ -311,14 +437,19 @@ void run_task_small(const Plan& plan, const Task& t, Scratch& scratch) {
   const int64_t chunk = std::min<int64_t>(kSmallKeys, std::max<int64_t>(w, (8192 / dp) / w * w));
   const bool kv_in_place = plan.v_in_place;  // fp32 with head_dim a multiple of the width: rows readable as dp floats
 
-  float* const base = scratch.get(size_t(n_real * dp * 2 + n_real * chunk + (kv_in_place ? 0 : 2 * chunk * dp) + 2 * n_real));
+  float* const base = scratch.get(size_t(n_real * dp * 2 + n_real * chunk + 2 * chunk * dp + 2 * n_real + dp +
+                                         2 * n_real * (dp + 1) + n_real));
   float* const q = base;                // (n_real, dp)   Q rows, sign folded in, zero-padded
   float* const o = q + n_real * dp;     // (n_real, dp)   unnormalised output accumulator
   float* const sc = o + n_real * dp;    // (n_real, chunk) scores, then probabilities
   float* const m = sc + n_real * chunk; // (n_real)        running max, log2 units
   float* const l = m + n_real;          // (n_real)        running sum
   float* const kbuf = l + n_real;       // (chunk, dp)     converted K chunk (not fp32, or head_dim % width != 0)
-  float* const vbuf = kbuf + chunk * dp;// (chunk, dp)     converted V chunk
+  float* const vbuf = kbuf + chunk * dp;// (chunk, dp)     converted V chunk (in place: only for hidden non-finite rows)
+  float* const row = vbuf + chunk * dp; // (dp)            one V row, then one output row
+  // Float64 totals (every offset above is even: 8-byte aligned).
+  Totals tot{reinterpret_cast<double*>(row + dp), reinterpret_cast<double*>(row + dp) + n_real * dp,
+             row + dp + 2 * n_real * (dp + 1), true};
 
   for (int64_t r = 0; r < t.rows; ++r) {
     for (int64_t g = 0; g < heads; ++g) {
@@ -339,6 +470,7 @@ void run_task_small(const Plan& plan, const Task& t, Scratch& scratch) {
   const int64_t v_base = s.batch_index * p.v_stride.batch + s.k_row0 * p.v_stride.seq + t.kv_head * p.v_stride.head;
   KeyRange ranges[2];
   const int n_ranges = visible_ranges(p, s, i0, i1, ranges);
+  int64_t unfolded = 0;  // keys in o and l since the last fold
   for (int ri = 0; ri < n_ranges; ++ri) {
     for (int64_t j0 = ranges[ri].begin; j0 < ranges[ri].end; j0 += chunk) {
       const int64_t j1 = std::min(j0 + chunk, ranges[ri].end), keys = j1 - j0, kp = round_up(keys, w);
@@ -358,19 +490,50 @@ void run_task_small(const Plan& plan, const Task& t, Scratch& scratch) {
       }
       kern.small_scores(a);
       if (p.softcap > 0) kern.softcap({sc, chunk, n_real, kp, plan.softcap_in, plan.softcap_out});
+      int16_t bad[kSmallKeys];  // hidden keys with a non-finite V row
+      int n_bad = 0;
       if (!tile_fully_visible(p.mask, i0, i1, j0, j1, s.seq_q, s.seq_k)) {
+        uint8_t hidden[kSmallKeys] = {};
         for (int64_t r = 0; r < t.rows; ++r) {
           for (int64_t c = 0; c < keys; ++c) {
             if (key_visible(p.mask, i0 + r, j0 + c, s.seq_q, s.seq_k)) continue;
             for (int64_t g = 0; g < heads; ++g) sc[(r * heads + g) * chunk + c] = neg_inf;
+            hidden[c] = 1;
           }
+        }
+        n_bad = hidden_nonfinite_v(hidden, keys, a.v, a.v_row, d, bad);
+        if (n_bad > 0) {
+          zero_v_rows(plan, v_base, j0, keys, bad, n_bad, kv_in_place, vbuf, dp);
+          a.v = vbuf;
+          a.v_row = dp;
         }
       }
       for (int64_t n = 0; n < n_real; ++n) std::fill(sc + n * chunk + keys, sc + n * chunk + kp, neg_inf);
       kern.small_softmax_pv(a);
+      for (int b = 0; b < n_bad; ++b) {  // the zeroed rows, for the columns that see them: p from the updated max
+        const int64_t c = bad[b];
+        load_kv_rows(plan, true, v_base, j0 + c, 1, row, dp, dp);
+        for (int64_t r = 0; r < t.rows; ++r) {
+          if (!key_visible(p.mask, i0 + r, j0 + c, s.seq_q, s.seq_k)) continue;
+          for (int64_t g = 0; g < heads; ++g) {
+            const int64_t n = r * heads + g;
+            const float pc = std::exp2(sc[n * chunk + c] * plan.log2_scale - std::max(m[n], -FLT_MAX));
+            for (int64_t x = 0; x < d; ++x) o[n * dp + x] += pc * row[x];
+          }
+        }
+      }
+      if ((unfolded += keys) >= kFoldKeys) {
+        fold(tot, n_real, dp, o, l, m, true);
+        unfolded = 0;
+      }
     }
   }
-  finalise(p, s, t, m, l, o, dp);
+  if (tot.empty) {  // a row of at most ~kFoldKeys keys: straight from the fp32 sums
+    finalise(p, s, t, m, o, l, dp, row);
+    return;
+  }
+  if (unfolded > 0) fold(tot, n_real, dp, o, l, m, true);
+  finalise(p, s, t, m, tot.o, tot.l, dp, row);
 }
 
 std::vector<Task> make_tasks(const AttentionProblem& p) {

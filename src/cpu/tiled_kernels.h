@@ -43,7 +43,8 @@ struct ConvertArgs {
 //   s[c][n] = 2^(s[c][n] * log2_scale - m_new)   (one FMA: accurate for the large terms even when |s| is large)
 //   alpha[n] = 2^(m[n] - m_new)                   (what the output accumulator must be scaled by)
 //   l[n] = l[n] * alpha[n] + sum_c s[c][n];  m[n] = m_new
-// Columns whose m stays -inf get p = 0 and alpha = 0. n is a multiple of the vector width.
+// Columns whose m stays -inf get p = 0 and alpha = 0. A NaN score gets p = NaN, so l turns NaN and stays NaN (m may
+// then be anything); a +inf score makes m +inf and its p NaN. n is a multiple of the vector width.
 struct SoftmaxArgs {
   float* s;
   int64_t lds;

@@ -105,10 +105,12 @@ struct TiledSimd {
     }
   }
 
-  // ---- 2^x for x <= 64 (x <= -127, and -inf, give 0): x = n + f, |f| <= 1/2, 2^f by a degree-6 polynomial
-  // (relative error ~1e-7, fitted for this range), 2^n through the exponent bits.
+  // ---- 2^x for x <= 64 (x <= -127, and -inf, give 0; NaN gives NaN): x = n + f, |f| <= 1/2, 2^f by a degree-6
+  // polynomial (relative error ~1e-7, fitted for this range), 2^n through the exponent bits.
+  // V::max/min return their second operand when either is NaN (as x86 maxps does): the operand order below lets NaN
+  // through, so that a NaN score's p, and the l it is summed into, are NaN (src/cpu/tiled.cpp's non-finite rule).
   static reg exp2(reg x) {
-    x = V::max(x, V::set1(-127.0f));
+    x = V::max(V::set1(-127.0f), x);  // NaN passes
     const reg n = V::round(x);
     const reg f = V::sub(x, n);
     reg p = V::set1(1.535336196e-4f);
@@ -130,7 +132,7 @@ struct TiledSimd {
       float* s = a.s + nb;
       reg mx0 = V::set1(-__builtin_inff()), mx1 = mx0;
       int64_t c = 0;
-      for (; c + 2 <= keys; c += 2) {
+      for (; c + 2 <= keys; c += 2) {  // (a NaN score may or may not reach m; its p = 2^NaN makes l NaN either way)
         mx0 = V::max(mx0, V::load(s + c * lds));
         mx1 = V::max(mx1, V::load(s + (c + 1) * lds));
       }
@@ -173,7 +175,7 @@ struct TiledSimd {
     p = V::fma(p, z, V::set1(-3.333328068e-1f));
     const reg small = V::fma(V::mul(x, z), p, x);
     const reg one = V::set1(1.0f);
-    const reg e = exp2(V::min(V::mul(x, V::set1(2.0f * 1.44269504088896341f)), V::set1(64.0f)));
+    const reg e = exp2(V::min(V::set1(64.0f), V::mul(x, V::set1(2.0f * 1.44269504088896341f))));  // tanh(NaN) = NaN
     const reg large = V::sub(one, V::div(V::set1(2.0f), V::add(e, one)));
     const reg ax = V::max(x, V::sub(V::zero(), x));
     return V::select_lt(ax, V::set1(0.625f), small, large);

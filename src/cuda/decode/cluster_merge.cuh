@@ -78,11 +78,12 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, uint32_t o_
     const int gr = r_base + lr;
     const int i = gr / p.group, head = kvh * p.group + gr % p.group;
     float mx = -INFINITY;
+    const float sink = p.sink_logits ? p.sink_logits[head] : -INFINITY;
+    bool poisoned = isnan(sink) || sink == INFINITY;  // or a split saw a NaN / +inf score: row NaN (docs/numerics.md)
 #pragma unroll
     for (int s = 0; s < kClusterMaxSplits; ++s) {
-      if (s < S) mx = fmaxf(mx, ls[s]);
+      if (s < S) mx = fmaxf(mx, ls[s]), poisoned |= isnan(ls[s]);
     }
-    const float sink = p.sink_logits ? p.sink_logits[head] : -INFINITY;
     const float m = fmaxf(mx, sink);
     float lse = -INFINITY;
     if (m != -INFINITY) {
@@ -103,6 +104,7 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, uint32_t o_
         }
       }
     }
+    if (poisoned) lse = NAN, acc = make_float4(NAN, NAN, NAN, NAN);
     T* out = static_cast<T*>(p.out) + b * p.o_sb + i * p.o_ss + head * p.o_sh + c4 * 4;
     out[0] = from_f32<T>(acc.x);
     out[1] = from_f32<T>(acc.y);

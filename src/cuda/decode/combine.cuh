@@ -41,8 +41,10 @@ __device__ __forceinline__ void merge_row(const DecodeParams& p, int64_t item, i
   // weights, so up to 32 splits read them once (3 dependent L2 round trips -> 1).
   const float ls0 = lane < S ? __ldcg(lse_s + lane) : -INFINITY;
   float m_l = ls0, sum_l = ls0 == -INFINITY ? 0.f : 1.f;
+  bool poisoned = isnan(ls0);  // a split saw a NaN / +inf score: the row is NaN (docs/numerics.md)
   for (int s = lane + 32; s < S; s += 32) {
     const float l = __ldcg(lse_s + s);
+    poisoned |= isnan(l);
     if (l > m_l) {
       sum_l = sum_l * __expf(m_l - l) + 1.f;
       m_l = l;
@@ -53,12 +55,14 @@ __device__ __forceinline__ void merge_row(const DecodeParams& p, int64_t item, i
   const float mx = warp_max(m_l);
   const float sum = warp_sum(m_l == -INFINITY ? 0.f : sum_l * __expf(m_l - mx));
   const float sink = p.sink_logits ? p.sink_logits[head] : -INFINITY;
+  poisoned = __any_sync(0xffffffffu, poisoned) || isnan(sink) || sink == INFINITY;
   const float m = fmaxf(mx, sink);
   float lse = -INFINITY;
   if (m != -INFINITY) {
     const float total = (mx == -INFINITY ? 0.f : sum * __expf(mx - m)) + (sink == -INFINITY ? 0.f : __expf(sink - m));
     lse = m + __logf(total);
   }
+  if (poisoned) lse = NAN;
   // Accumulate: split s's weight comes from lane s % 32 by a shuffle; loads are unconditional (a split without
   // keys wrote zeros and gets weight 0) and unrolled, so rows arrive back to back, not one round trip per split.
   float acc[VEC];
@@ -92,7 +96,7 @@ __device__ __forceinline__ void merge_row(const DecodeParams& p, int64_t item, i
   }
   T* out = static_cast<T*>(p.out) + b * p.o_sb + i * p.o_ss + head * p.o_sh + lane * VEC;
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) out[e] = from_f32<T>(acc[e]);
+  for (int e = 0; e < VEC; ++e) out[e] = from_f32<T>(poisoned ? NAN : acc[e]);
   if (p.lse && lane == 0) p.lse[b * p.lse_sb + head * p.lse_sh + i * p.lse_ss] = lse;
 }
 

@@ -429,12 +429,12 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
         const int lr = wm * 16 + g + 8 * h;
         if (lr >= r_blk) continue;
         const float m = m_run[h], l = l_run[h];
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float inv = l == 0.f ? 0.f : 1.f / l;  // NaN l (a NaN / +inf score) stays NaN
 #pragma unroll
         for (int dn = 0; dn < ND; ++dn) {
           st_shared_f32x2(o_s + uint32_t((lr * D + dn * 8 + 2 * t4) * 4), o[dn][2 * h] * inv, o[dn][2 * h + 1] * inv);
         }
-        if (t4 == 0) st_shared_f32(lse_s + uint32_t(lr * 4), l > 0.f ? (m + __log2f(l)) * kLn2 : -INFINITY);
+        if (t4 == 0) st_shared_f32(lse_s + uint32_t(lr * 4), l == 0.f ? -INFINITY : (m + __log2f(l)) * kLn2);
       }
     }
     timeline_stamp(p, 5);
@@ -456,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
       const float mf = fmaxf(m, sink2);
       const float fac = m == -INFINITY ? 0.f : exp2_fast(m - mf);
       const float lf = l * fac + (sink2 == -INFINITY ? 0.f : exp2_fast(sink2 - mf));
-      const float mult = l > 0.f ? fac / lf : 0.f;
+      const float mult = lf == 0.f ? 0.f : fac / lf;  // lf NaN: a NaN / +inf score or sink logit
       T* out = static_cast<T*>(p.out) + b * p.o_sb + i * p.o_ss + head * p.o_sh;
 #pragma unroll
       for (int dn = 0; dn < ND; ++dn) {
@@ -465,17 +465,17 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
         out[col + 1] = from_f32<T>(o[dn][2 * h + 1] * mult);
       }
       if (p.lse && t4 == 0) {
-        p.lse[b * p.lse_sb + head * p.lse_sh + i * p.lse_ss] = lf > 0.f ? (mf + __log2f(lf)) * kLn2 : -INFINITY;
+        p.lse[b * p.lse_sb + head * p.lse_sh + i * p.lse_ss] = lf == 0.f ? -INFINITY : (mf + __log2f(lf)) * kLn2;
       }
     } else {
       const int64_t idx = ((int64_t(b) * p.kv_heads + kvh) * p.rows + gr) * p.num_splits + split;
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float inv = l == 0.f ? 0.f : 1.f / l;  // NaN l (a NaN / +inf score) stays NaN
       float* po = p.part_o + idx * D;
 #pragma unroll
       for (int dn = 0; dn < ND; ++dn) {
         *reinterpret_cast<float2*>(po + dn * 8 + 2 * t4) = make_float2(o[dn][2 * h] * inv, o[dn][2 * h + 1] * inv);
       }
-      if (t4 == 0) p.part_lse[idx] = l > 0.f ? (m + __log2f(l)) * kLn2 : -INFINITY;
+      if (t4 == 0) p.part_lse[idx] = l == 0.f ? -INFINITY : (m + __log2f(l)) * kLn2;
     }
   }
   timeline_stamp(p, 6);

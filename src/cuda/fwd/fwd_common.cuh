@@ -205,8 +205,9 @@ __device__ __forceinline__ float finish_row(float m, float l, float sink2, float
   const float mf = fmaxf(m, sink2);
   const float fac = m == -INFINITY ? 0.f : fast_exp2(m - mf);
   const float lf = l * fac + (sink2 == -INFINITY ? 0.f : fast_exp2(sink2 - mf));
-  lse = lf > 0.f ? (mf + __log2f(lf)) * kLn2 : -INFINITY;
-  return lf > 0.f ? fac / lf : 0.f;
+  // lf is NaN when a visible score or the sink logit was NaN or +inf (docs/numerics.md): out and LSE NaN.
+  lse = lf == 0.f ? -INFINITY : (mf + __log2f(lf)) * kLn2;
+  return lf == 0.f ? 0.f : fac / lf;
 }
 
 }  // namespace flashlite::cuda_fwd

@@ -45,16 +45,29 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_simt_f32_kernel(const __grid_
   }
 
   const int wr0 = i0 + warp * kRowsPerWarp, wr1 = min(wr0 + kRowsPerWarp, sq);
+  // o and l are fp32 sums over kFoldTiles tiles, then folded into float64 totals kept at the same running max: the
+  // error of a 2048-key row at any length (one fp32 sum over 2^22 keys was 3e-5 off; docs/numerics.md).
+  constexpr int kFoldTiles = 2048 / kKeys;
   float o[kRowsPerWarp][U], m_run[kRowsPerWarp], l_run[kRowsPerWarp];
+  double o_tot[kRowsPerWarp][U], l_tot[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     m_run[r] = -INFINITY;
     l_run[r] = 0.f;
+    l_tot[r] = 0.0;
 #pragma unroll
-    for (int u = 0; u < U; ++u) o[r][u] = 0.f;
+    for (int u = 0; u < U; ++u) o[r][u] = 0.f, o_tot[r][u] = 0.0;
   }
 
   for (int n = 0; n < kt.count; ++n) {
+    if (n > 0 && n % kFoldTiles == 0) {
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        l_tot[r] += l_run[r], l_run[r] = 0.f;
+#pragma unroll
+        for (int u = 0; u < U; ++u) o_tot[r][u] += o[r][u], o[r][u] = 0.f;
+      }
+    }
     const int j0 = kt.tile(n) * kKeys;
     __syncthreads();  // the previous tile is consumed (and sQ written, the first time)
     for (int c = tid; c < kKeys * D; c += kWarps * 32) {
@@ -94,6 +107,11 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_simt_f32_kernel(const __grid_
       l_run[r] = l_run[r] * alpha + x[r];  // per-lane partial sum, reduced at the end
 #pragma unroll
       for (int u = 0; u < U; ++u) o[r][u] *= alpha;
+      if (alpha != 1.f && n >= kFoldTiles) {  // uniform over the warp (m_run is the row's); rare after the start
+        l_tot[r] *= alpha;
+#pragma unroll
+        for (int u = 0; u < U; ++u) o_tot[r][u] *= alpha;
+      }
     }
     // O += P V: lane owns dimensions lane, lane + 32, ...
 #pragma unroll 4
@@ -114,7 +132,7 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_simt_f32_kernel(const __grid_
   float* og = static_cast<float*>(p.out) + w.tb * p.o_sb + w.q_row0 * p.o_ss + w.head * p.o_sh;
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
-    float l = l_run[r];
+    float l = float(l_tot[r] + l_run[r]);
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
     float lse;
@@ -122,7 +140,7 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_simt_f32_kernel(const __grid_
     const int i = wr0 + r;
     if (i >= sq) continue;
 #pragma unroll
-    for (int u = 0; u < U; ++u) og[int64_t(i) * p.o_ss + lane + 32 * u] = o[r][u] * f;
+    for (int u = 0; u < U; ++u) og[int64_t(i) * p.o_ss + lane + 32 * u] = float(o_tot[r][u] + o[r][u]) * f;
     if (p.lse && lane == 0) p.lse[w.tb * p.lse_sb + w.head * p.lse_sh + (w.q_row0 + i) * p.lse_ss] = lse;
   }
 }

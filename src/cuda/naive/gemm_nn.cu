@@ -24,8 +24,18 @@ __global__ void __launch_bounds__(kThreads) pv_kernel(const NaiveParams p) {
     T* o = static_cast<T*>(p.out) + s.tb * p.o_sb + s.q_row0 * p.o_ss + h * p.o_sh;
     const float* P = p.s + bh * p.seq_q * p.seq_k;  // (seq_q, seq_k) of this pair
     for (int64_t i0 = int64_t(blockIdx.y) * kTileM; i0 < s.sq; i0 += int64_t(gridDim.y) * kTileM) {
+      // fp32 sums over kFoldKeys keys, folded into float64 totals: the error of a short row at any length
+      // (docs/numerics.md, long rows).
+      constexpr int64_t kFoldKeys = 2048;
       float acc[4][4] = {};
+      double total[4][4] = {};
       for (int64_t j0 = 0; j0 < s.sk; j0 += kTileK) {
+        if (j0 % kFoldKeys == 0 && j0 > 0) {
+#pragma unroll
+          for (int rr = 0; rr < 4; ++rr)
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) total[rr][cc] += acc[rr][cc], acc[rr][cc] = 0.f;
+        }
         {  // P: 64 rows x 16 keys, 4 consecutive keys of one row per thread
           const int r = t / 4, c0 = (t % 4) * 4;
 #pragma unroll
@@ -55,7 +65,7 @@ __global__ void __launch_bounds__(kThreads) pv_kernel(const NaiveParams p) {
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) {
           const int64_t n = n0 + c0 + cc;
-          if (n < p.head_dim) cuda::store_f32(o, i * p.o_ss + n, acc[rr][cc]);
+          if (n < p.head_dim) cuda::store_f32(o, i * p.o_ss + n, float(total[rr][cc] + acc[rr][cc]));
         }
       }
     }

@@ -30,29 +30,32 @@ __global__ void __launch_bounds__(kRowThreads) scale_mask_kernel(const NaivePara
 }
 
 // Tree reduction over the block in shared memory (kRowThreads is a power of two). Returns the result to every thread.
-template <class Op>
-__device__ __forceinline__ float block_reduce(float x, float* red, Op op) {
+template <class F, class Op>
+__device__ __forceinline__ F block_reduce(F x, F* red, Op op) {
   red[threadIdx.x] = x;
   __syncthreads();
   for (int half = kRowThreads / 2; half > 0; half /= 2) {
     if (int(threadIdx.x) < half) red[threadIdx.x] = op(red[threadIdx.x], red[threadIdx.x + half]);
     __syncthreads();
   }
-  const float r = red[0];
+  const F r = red[0];
   __syncthreads();  // red is reused by the next reduction
   return r;
 }
 
+// The max keeps NaN (fmaxf drops it): a NaN score must make the row NaN (docs/numerics.md).
+__device__ __forceinline__ float max_keep_nan(float a, float b) { return a != a ? a : b != b ? b : fmaxf(a, b); }
 struct MaxOp {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  __device__ float operator()(float a, float b) const { return max_keep_nan(a, b); }
 };
 struct SumOp {
-  __device__ float operator()(float a, float b) const { return a + b; }
+  __device__ double operator()(double a, double b) const { return a + b; }
 };
 
 // grid: (query rows, pairs (strided)); block: kRowThreads.
 __global__ void __launch_bounds__(kRowThreads) softmax_kernel(const NaiveParams p) {
   __shared__ float red[kRowThreads];
+  __shared__ double red64[kRowThreads];
   const int64_t i = blockIdx.x;
   for (int64_t bh = blockIdx.y; bh < p.pairs(); bh += gridDim.y) {
     const int64_t h = bh % p.q_heads;
@@ -62,20 +65,22 @@ __global__ void __launch_bounds__(kRowThreads) softmax_kernel(const NaiveParams 
     const float sink = p.sink_logits ? p.sink_logits[h] : -INFINITY;
 
     float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < s.sk; j += blockDim.x) m = fmaxf(m, row[j]);
-    m = fmaxf(block_reduce(m, red, MaxOp{}), sink);
+    for (int64_t j = threadIdx.x; j < s.sk; j += blockDim.x) m = max_keep_nan(m, row[j]);
+    m = max_keep_nan(block_reduce(m, red, MaxOp{}), sink);
 
-    float l = 0.f;
+    // The row sum in float64: an fp32 sum of 2^24 equal terms stops growing (docs/numerics.md, long rows).
+    // A NaN or +inf score or sink logit makes m or a term NaN, so l, every P and the LSE turn NaN.
+    double l = 0.0;
     if (m != -INFINITY) {  // uniform: m is the block's
-      for (int64_t j = threadIdx.x; j < s.sk; j += blockDim.x) l += expf(row[j] - m);
+      for (int64_t j = threadIdx.x; j < s.sk; j += blockDim.x) l += double(expf(row[j] - m));
     }
-    l = block_reduce(l, red, SumOp{});
-    if (sink != -INFINITY) l += expf(sink - m);
+    l = block_reduce(l, red64, SumOp{});
+    if (sink != -INFINITY) l += double(expf(sink - m));
 
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    for (int64_t j = threadIdx.x; j < s.sk; j += blockDim.x) row[j] = inv > 0.f ? expf(row[j] - m) * inv : 0.f;
+    const float inv = l == 0.0 ? 0.f : float(1.0 / l);
+    for (int64_t j = threadIdx.x; j < s.sk; j += blockDim.x) row[j] = l == 0.0 ? 0.f : expf(row[j] - m) * inv;
     if (p.lse && threadIdx.x == 0) {
-      p.lse[s.tb * p.lse_sb + h * p.lse_sh + (s.q_row0 + i) * p.lse_ss] = l > 0.f ? m + logf(l) : -INFINITY;
+      p.lse[s.tb * p.lse_sb + h * p.lse_sh + (s.q_row0 + i) * p.lse_ss] = l == 0.0 ? -INFINITY : m + float(log(l));
     }
   }
 }

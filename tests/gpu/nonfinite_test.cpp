@@ -1,0 +1,245 @@
+// Non-finite inputs and long rows on the CUDA backends (skipped without a GPU): the cases of the CPU suite
+// (tests/cpu/nonfinite_util.h: NaN, +inf and -inf in q, in the K or V row of a key every / some / no query row sees, in
+// a sink logit; every mask kind; fp32 / fp16 / bf16) through the fused kernel (backend 'cuda': the Hopper kernel on
+// sm_90, mma.sync elsewhere or under FLASHLITE_FWD_HOPPER=0, the fp32 SIMT kernel for fp32) and the split naive
+// kernels (backend 'naive'); the KV-cache decode kernel (one split, forced splits with their merge in a cluster or,
+// under FLASHLITE_DECODE_CLUSTER=0, the combine kernel); then long rows (2^22 + 7 keys) against the float64 mean of V.
+// Every failure names the kernel that ran.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gpu_util.h"
+#include "nonfinite_kv.h"
+#include "nonfinite_util.h"
+
+namespace fltest::nonfinite {
+namespace {
+
+using Param = std::tuple<int, DType, Backend>;  // case index, dtype, backend (cuda or naive)
+
+class GpuNonFinite : public ::testing::TestWithParam<Param> {};
+
+TEST_P(GpuNonFinite, FollowsTheRule) {
+  FL_SKIP_WITHOUT_GPU();
+  const auto [index, dtype, backend] = GetParam();
+  const NfCase c = nf_cases(dtype, true)[size_t(index)];
+  Problem p(c.spec, seed_of("nonfinite " + c.name));
+  std::string kernel;
+  const auto run = [&] {
+    fill_outputs(p, kSentinel);
+    DeviceMirror m(p);  // copies the inputs as they are now (poison included) and the sentinel outputs
+    m.args.backend = backend;
+    kernel = flashlite::forward_kernel_name(m.args);
+    flashlite::forward(m.args);
+    m.copy_back();
+    return read_outputs(p);
+  };
+  const Outputs clean = run();
+  SCOPED_TRACE("kernel " + kernel);
+  reference_mismatches(c.spec, clean, reference64(p), out_tolerance(dtype), 1e-4);
+  for (const Poison& z : poisons(c)) {
+    SCOPED_TRACE(describe(z));
+    const float old = put(p, z, z.value);
+    const Outputs got = run();
+    rule_violations(p, z, clean, got, /*masked_v_leaks=*/true);
+    reference_mismatches(c.spec, got, reference64(p), out_tolerance(dtype), 1e-4, &z);
+    put(p, z, old);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuNonFinite,
+                         ::testing::Combine(::testing::Range(0, int(nf_cases(DType::f32, true).size())),
+                                            ::testing::Values(DType::f32, DType::f16, DType::bf16),
+                                            ::testing::Values(Backend::cuda, Backend::naive)),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           const DType t = std::get<1>(info.param);
+                           return nf_cases(t, true)[size_t(std::get<0>(info.param))].name + "_" + dtype_tag(t) + "_" +
+                                  flashlite::backend_name(std::get<2>(info.param));
+                         });
+
+// ---- The KV-cache decode kernel.
+
+void ck(cudaError_t e, const char* what) { cuda_check(e, what); }
+
+struct DevBytes {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit DevBytes(const std::vector<uint8_t>& host) : n(host.size()) {
+    ck(cudaMalloc(&p, std::max<size_t>(n, 16)), "cudaMalloc");
+    if (n) ck(cudaMemcpy(p, host.data(), n, cudaMemcpyHostToDevice), "H2D");
+  }
+  template <class T>
+  explicit DevBytes(const std::vector<T>& host)
+      : DevBytes(std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(host.data()),
+                                      reinterpret_cast<const uint8_t*>(host.data()) + host.size() * sizeof(T))) {}
+  DevBytes(const DevBytes&) = delete;
+  DevBytes& operator=(const DevBytes&) = delete;
+  ~DevBytes() { cudaFree(p); }
+  void down(std::vector<uint8_t>& host) const { ck(cudaMemcpy(host.data(), p, n, cudaMemcpyDeviceToHost), "D2H"); }
+};
+
+TensorView on_device(TensorView t, void* data) {
+  t.data = data;
+  t.device = Device::cuda(0);
+  return t;
+}
+
+// Runs decode() on device copies of p (its cache, q, sink logits, sentinel outputs) with `splits` KV splits (0: the
+// plan's choice); the outputs come back into p's host buffers. Returns the kernel's name.
+std::string decode_on_device(kvtest::DecodeProblem& p, int splits) {
+  kvtest::HostCache& c = p.cache;
+  DevBytes k(c.kbuf.bytes), v(c.vbuf.bytes), lens(c.seq_lens), indptr(c.indptr), indices(c.indices), last(c.last);
+  DevBytes q(p.qbuf.bytes), out(p.outbuf.bytes), lse(p.lsebuf.bytes), sink(p.sinkbuf.bytes);
+  flashlite::DecodeArgs a = p.args;
+  a.cache.k = on_device(c.view.k, k.p);
+  a.cache.v = on_device(c.view.v, v.p);
+  if (!c.spec.paged) {
+    a.cache.device.seq_lens = on_device(c.view.host.seq_lens, lens.p);
+  } else {
+    a.cache.device.page_indptr = on_device(c.view.host.page_indptr, indptr.p);
+    a.cache.device.page_indices = on_device(c.view.host.page_indices, indices.p);
+    a.cache.device.last_page_len = on_device(c.view.host.last_page_len, last.p);
+  }
+  a.q = on_device(p.args.q, q.p);
+  a.out = on_device(p.args.out, out.p);
+  a.lse = on_device(p.args.lse, lse.p);
+  if (p.spec.sink_logits) a.options.sink_logits = on_device(p.args.options.sink_logits, sink.p);
+  a.backend = Backend::cuda;
+  flashlite::DecodePlan plan;
+  if (splits > 0) {
+    plan = flashlite::plan_decode(a, -1, splits);
+    a.plan = &plan;
+  }
+  const std::string name = flashlite::decode_kernel_name(a);
+  flashlite::decode(a);
+  ck(cudaDeviceSynchronize(), "decode");
+  out.down(p.outbuf.bytes);
+  lse.down(p.lsebuf.bytes);
+  return name;
+}
+
+using KvParam = std::tuple<bool, DType, int>;  // paged, dtype, splits
+
+class GpuNonFiniteKv : public ::testing::TestWithParam<KvParam> {};
+
+TEST_P(GpuNonFiniteKv, DecodeFollowsTheRule) {
+  FL_SKIP_WITHOUT_GPU();
+  const auto [paged, dtype, splits] = GetParam();
+  kvtest::HostCache cache(kv_cache_spec(paged, dtype), seed_of("nonfinite kv"));
+  kvtest::DecodeProblem p(cache, kv_decode_spec(), seed_of("nonfinite kv q"));
+  std::string kernel;
+  const auto run = [&] {
+    kv_fill_outputs(p);
+    kernel = decode_on_device(p, splits);
+    return kv_read_outputs(p);
+  };
+  const Outputs clean = run();
+  SCOPED_TRACE("kernel " + kernel);
+  for (const KvPoison& z : kv_poisons()) {
+    SCOPED_TRACE(z.name);
+    const float old = kv_put(p, z, z.value);
+    kv_check(p, z, clean, run(), /*masked_v_leaks=*/true);
+    kv_put(p, z, old);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Caches, GpuNonFiniteKv,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(DType::f16, DType::bf16),
+                                            ::testing::Values(1, 4)),
+                         [](const ::testing::TestParamInfo<KvParam>& info) {
+                           return std::string(std::get<0>(info.param) ? "paged_" : "contiguous_") +
+                                  dtype_tag(std::get<1>(info.param)) + "_splits" + std::to_string(std::get<2>(info.param));
+                         });
+
+// ---- Long rows: uniform attention over 2^22 + 7 keys. The bound is the output's own rounding: 1e-5 for fp32
+// (measured on the CPU backends: 2.4e-8), 2 units of fp16 / bf16 rounding (2^-10, 2^-7) for the 16-bit outputs.
+
+double long_row_bound(DType t) { return t == DType::f32 ? 1e-5 : t == DType::f16 ? 1.0 / 1024 : 1.0 / 128; }
+
+struct DevBuffer {
+  Buffer& host;
+  void* p = nullptr;
+  explicit DevBuffer(Buffer& b) : host(b) {
+    ck(cudaMalloc(&p, b.bytes.size()), "cudaMalloc");
+    ck(cudaMemcpy(p, b.bytes.data(), b.bytes.size(), cudaMemcpyHostToDevice), "H2D");
+  }
+  DevBuffer(const DevBuffer&) = delete;
+  DevBuffer& operator=(const DevBuffer&) = delete;
+  ~DevBuffer() { cudaFree(p); }
+  void down() { ck(cudaMemcpy(host.bytes.data(), p, host.bytes.size(), cudaMemcpyDeviceToHost), "D2H"); }
+};
+
+using LongParam = std::tuple<int64_t, DType, Backend>;  // rows, dtype, backend
+
+class GpuLongRows : public ::testing::TestWithParam<LongParam> {};
+
+TEST_P(GpuLongRows, StayNearOutputRounding) {
+  FL_SKIP_WITHOUT_GPU();
+  const auto [rows, dtype, backend] = GetParam();
+  LongRow r(rows, (int64_t(1) << 22) + 7, 32, rows > 1, dtype, /*broadcast_k=*/false);
+  DevBuffer q(r.q), k(r.k), v(r.v), out(r.out), lse(r.lse);
+  ForwardArgs a = r.args;
+  a.q = on_device(a.q, q.p), a.k = on_device(a.k, k.p), a.v = on_device(a.v, v.p);
+  a.out = on_device(a.out, out.p), a.lse = on_device(a.lse, lse.p);
+  a.backend = backend;
+  const std::string kernel = flashlite::forward_kernel_name(a);
+  flashlite::forward(a);
+  ck(cudaDeviceSynchronize(), "forward");
+  out.down();
+  lse.down();
+  const auto [out_err, lse_err] = r.errors(r.out.bytes.data(), r.lse.bytes.data());
+  EXPECT_LT(out_err, long_row_bound(dtype)) << kernel << ": ||out - mean V|| / ||mean V|| over " << r.n << " keys";
+  EXPECT_LT(lse_err, 1e-5) << kernel << ": LSE vs score + log(keys)";
+  std::printf("  %s: out error %.3g, lse error %.3g\n", kernel.c_str(), out_err, lse_err);
+}
+
+INSTANTIATE_TEST_SUITE_P(Keys4M, GpuLongRows,
+                         ::testing::Values(LongParam{1, DType::f32, Backend::cuda},
+                                           LongParam{9, DType::f32, Backend::cuda},
+                                           LongParam{1, DType::f16, Backend::cuda},
+                                           LongParam{9, DType::f16, Backend::cuda},
+                                           LongParam{1, DType::bf16, Backend::cuda},
+                                           LongParam{1, DType::f32, Backend::naive}),
+                         [](const ::testing::TestParamInfo<LongParam>& info) {
+                           return (std::get<0>(info.param) == 1 ? std::string("onerow_") : "causal9rows_") +
+                                  dtype_tag(std::get<1>(info.param)) + "_" +
+                                  flashlite::backend_name(std::get<2>(info.param));
+                         });
+
+// The decode kernel over a cache of 2^22 + 7 tokens (fp16, head_dim 64, one query, the plan's splits).
+TEST(GpuLongRowsDecode, StayNearOutputRounding) {
+  FL_SKIP_WITHOUT_GPU();
+  const int64_t n = (int64_t(1) << 22) + 7, d = 64;
+  LongRow r(1, n, d, false, DType::f16, /*broadcast_k=*/false);
+  std::vector<int32_t> lens{int32_t(n)};
+  DevBuffer q(r.q), k(r.k), v(r.v), out(r.out), lse(r.lse);
+  DevBytes lens_d(lens);
+  flashlite::DecodeArgs a;
+  a.cache.layout = flashlite::KvLayout::contiguous;
+  a.cache.k = on_device(view_n(r.k.data(), DType::f16, {1, n, 1, d}, {n * d, d, d, 1}), k.p);
+  a.cache.v = on_device(view_n(r.v.data(), DType::f16, {1, n, 1, d}, {n * d, d, d, 1}), v.p);
+  a.cache.host.seq_lens = view_n(lens.data(), DType::i32, {1}, {1});
+  a.cache.device.seq_lens = on_device(a.cache.host.seq_lens, lens_d.p);
+  a.q = on_device(r.args.q, q.p);
+  a.out = on_device(r.args.out, out.p);
+  a.lse = on_device(r.args.lse, lse.p);
+  a.backend = Backend::cuda;
+  const std::string kernel = flashlite::decode_kernel_name(a);
+  flashlite::decode(a);
+  ck(cudaDeviceSynchronize(), "decode");
+  out.down();
+  lse.down();
+  const auto [out_err, lse_err] = r.errors(r.out.bytes.data(), r.lse.bytes.data());
+  EXPECT_LT(out_err, long_row_bound(DType::f16)) << kernel;
+  EXPECT_LT(lse_err, 1e-5) << kernel;
+  std::printf("  %s: out error %.3g, lse error %.3g\n", kernel.c_str(), out_err, lse_err);
+}
+
+}  // namespace
+}  // namespace fltest::nonfinite
