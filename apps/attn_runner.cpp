@@ -8,7 +8,7 @@
 #include <random>
 
 #include "cli_checks.h"
-#include "common/half.h"
+#include "flashlite/dtype.h"
 #include "flashlite/errors.h"
 #include "flashlite/tensor.h"
 #include "progress.h"

@@ -31,6 +31,7 @@ struct ModelSettings {
   std::string model, tokenizer, device = "cpu", attention = "auto", precision = "auto";
   int threads = 0, context = 0;
   bool json_out = false;
+  bool no_graphs = false, profile = false, verbose = false;  // CUDA: CudaEngineOptions
 };
 
 struct SamplingSettings {
@@ -62,6 +63,12 @@ void add_model_options(CLI::App* cmd, ModelSettings& m) {
   cmd->add_option("--precision", m.precision, "CUDA weights and activations: auto (bf16), bf16 or fp32")
       ->check(CLI::IsMember({"auto", "bf16", "fp32"}))->capture_default_str();
   cmd->add_flag("--json", m.json_out, "Print one JSON object instead of streaming text");
+  cmd->add_flag("--no-graphs", m.no_graphs, "CUDA: launch each decode step's kernels one by one instead of replaying "
+                                            "a CUDA graph (debugging; slower)");
+  cmd->add_flag("--profile", m.profile, "CUDA: print per-kernel-group times of decode steps on stderr every 16 steps "
+                                        "(those steps run eagerly, without graphs)");
+  cmd->add_flag("--verbose", m.verbose, "CUDA: print how the model runs (device, GEMVs or cuBLASLt, graphs, PDL, "
+                                        "attention kernel) on stderr");
 }
 
 void add_sampling_options(CLI::App* cmd, SamplingSettings& s) {
@@ -183,6 +190,18 @@ void print_stats(const eng::GenerationStats& st, const eng::LlamaModel& model) {
 
 // Refuses, before the model allocates it, a context past the model's maximum or a KV cache that cannot fit in memory
 // (the CPU's: fp32 K and V per layer, sequence and position, plus a logits row per sequence).
+// The runtime options every engine command takes from its flags (slots and context are the command's).
+eng::RuntimeOptions runtime_options(const ModelSettings& m) {
+  eng::RuntimeOptions ro;
+  ro.threads = m.threads;
+  ro.attention = parse_backend(m.attention);
+  ro.precision = m.precision;
+  ro.cuda.graphs = !m.no_graphs;
+  ro.cuda.profile = m.profile;
+  ro.cuda.verbose = m.verbose;
+  return ro;
+}
+
 void check_runtime_fits(const eng::ModelConfig& c, const eng::RuntimeOptions& ro, const std::string& device) {
   if (ro.context > c.max_seq_len) {
     throw Error(ErrorKind::invalid_value, "--context " + std::to_string(ro.context) + " exceeds the model's maximum of " +
@@ -266,11 +285,8 @@ void run_generate(const GenerateSettings& g) {
     throw Error(ErrorKind::invalid_value, "prompt has " + std::to_string(longest) + " tokens; the model's context holds " +
                                               std::to_string(max_ctx));
   }
-  eng::RuntimeOptions ro;
+  eng::RuntimeOptions ro = runtime_options(g.m);
   ro.slots = int(prompts.size());
-  ro.threads = g.m.threads;
-  ro.attention = parse_backend(g.m.attention);
-  ro.precision = g.m.precision;
   // (int64: a huge --max-tokens must not wrap around to a small context)
   ro.context = g.m.context > 0 ? g.m.context : int(std::min<int64_t>(max_ctx, int64_t(longest) + g.s.max_tokens));
   check_runtime_fits(l.weights.config, ro, g.m.device);
@@ -324,10 +340,7 @@ struct ChatSettings {
 
 void run_chat(const ChatSettings& c) {
   Loaded l = load(c.m, false);
-  eng::RuntimeOptions ro;
-  ro.threads = c.m.threads;
-  ro.attention = parse_backend(c.m.attention);
-  ro.precision = c.m.precision;
+  eng::RuntimeOptions ro = runtime_options(c.m);
   ro.context = c.m.context > 0 ? c.m.context : std::min(l.weights.config.max_seq_len, 4096);
   check_runtime_fits(l.weights.config, ro, c.m.device);
   std::unique_ptr<eng::LlamaModel> model_ptr = eng::create_model(l.weights, ro, c.m.device);
@@ -415,10 +428,7 @@ void run_score(const ScoreSettings& sc) {
     for (int t : tok->encode(sc.text, false)) ids.push_back(t);
   }
   if (ids.empty()) throw Error(ErrorKind::invalid_value, "nothing to score: pass --ids or --text");
-  eng::RuntimeOptions ro;
-  ro.threads = m.threads;
-  ro.attention = parse_backend(m.attention);
-  ro.precision = m.precision;
+  eng::RuntimeOptions ro = runtime_options(m);
   ro.context = m.context > 0 ? m.context : std::min<int>(w.config.max_seq_len, int(ids.size()));
   check_runtime_fits(w.config, ro, m.device);
   std::unique_ptr<eng::LlamaModel> model = eng::create_model(w, ro, m.device);

@@ -90,68 +90,12 @@ def weight_bytes(model_dir):
     return total
 
 
-# Engine switches measured against the default at batch 1 / prompt 512 with --ablations (environment of the CLI).
-ABLATIONS = {"fused GEMVs off (FLASHLITE_ENGINE_GEMV=0: cuBLASLt + separate norm/SwiGLU/residual kernels)":
-             {"FLASHLITE_ENGINE_GEMV": "0"},
-             "programmatic dependent launch off (FLASHLITE_ENGINE_PDL=0)": {"FLASHLITE_ENGINE_PDL": "0"},
-             "CUDA graph off (FLASHLITE_ENGINE_GRAPH=0)": {"FLASHLITE_ENGINE_GRAPH": "0"}}
-
-# Engine variants (docs/perf-notes.md, Engine (CUDA), Round 3), each relative to the engine's defaults (split-K auto,
-# fused RoPE, fused argmax, preload: the round-3 winner), measured with --variants at every batch and prompt of the
-# run, engine only; the JSON gets a "variants" object {name: {"env": ..., "rows": [...]}} beside "rows".
-SWITCHES_OFF = {"FLASHLITE_ENGINE_SPLITK": "0", "FLASHLITE_ENGINE_FUSE_ROPE": "0", "FLASHLITE_ENGINE_FUSE_ARGMAX": "0",
-                "FLASHLITE_ENGINE_PRELOAD": "0"}
-VARIANTS = {  # in the order they run (the most telling first: a run cut short keeps them)
-    "pdl_off": {"FLASHLITE_ENGINE_PDL": "0"},
-    "switches_off": SWITCHES_OFF,  # the defaults before round 3
-    "late_trigger": {"FLASHLITE_ENGINE_PDL_TRIGGER": "late"},
-    "late_trigger_pdl_off": {"FLASHLITE_ENGINE_PDL_TRIGGER": "late", "FLASHLITE_ENGINE_PDL": "0"},
-    "preload_small": {"FLASHLITE_ENGINE_PRELOAD": "small"},
-    "evict_normal": {"FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST": "0"},
-    "norm_late": {"FLASHLITE_ENGINE_NORM_EARLY": "0"},
-    "gateup_grid_wave": {"FLASHLITE_ENGINE_GATEUP_GRID": "wave"},  # the launch before round 12
-    "gateup_grid_tiles": {"FLASHLITE_ENGINE_GATEUP_GRID": "tiles"},
-    "lmhead_grid_wave": {"FLASHLITE_ENGINE_LMHEAD_GRID": "wave"},  # the launch before round 13
-    "lmhead_grid_tiles": {"FLASHLITE_ENGINE_LMHEAD_GRID": "tiles"},
-    "down_grid_tiles": {"FLASHLITE_ENGINE_DOWN_GRID": "tiles"},
-    "lmhead_down_grid_tiles": {"FLASHLITE_ENGINE_LMHEAD_GRID": "tiles", "FLASHLITE_ENGINE_DOWN_GRID": "tiles"},
-    "preload_after": {"FLASHLITE_ENGINE_PRELOAD": "after"},
-    "preload_after_prefetch_16": {"FLASHLITE_ENGINE_PRELOAD": "after", "FLASHLITE_ENGINE_PREFETCH": "16"},
-    "preload_off": {"FLASHLITE_ENGINE_PRELOAD": "0"},
-    "preload_off_prefetch_16": {"FLASHLITE_ENGINE_PRELOAD": "0", "FLASHLITE_ENGINE_PREFETCH": "16"},
-    "preload_off_prefetch_32": {"FLASHLITE_ENGINE_PRELOAD": "0", "FLASHLITE_ENGINE_PREFETCH": "32"},
-    "prefetch_16": {"FLASHLITE_ENGINE_PREFETCH": "16"},
-    "splitk_off": {"FLASHLITE_ENGINE_SPLITK": "0"},
-    "decode_splits_1": {"FLASHLITE_ENGINE_DECODE_SPLITS": "1"},
-    "decode_splits_2": {"FLASHLITE_ENGINE_DECODE_SPLITS": "2"},
-    "decode_splits_4": {"FLASHLITE_ENGINE_DECODE_SPLITS": "4"},
-    "decode_splits_5": {"FLASHLITE_ENGINE_DECODE_SPLITS": "5"},
-    "decode_splits_6": {"FLASHLITE_ENGINE_DECODE_SPLITS": "6"},
-    "decode_splits_12": {"FLASHLITE_ENGINE_DECODE_SPLITS": "12"},
-    "decode_cluster_off": {"FLASHLITE_DECODE_CLUSTER": "0"},
-    "decode_kv_evict_first": {"FLASHLITE_DECODE_KV_POLICY": "evict_first"},  # round 14: -1.1% at batch 1
-    "stream": {"FLASHLITE_ENGINE_STREAM": "1"},
-    "stream_8": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_STAGES": "8"},
-    "stream_blocks_2": {"FLASHLITE_ENGINE_STREAM": "1", "FLASHLITE_ENGINE_STREAM_BLOCKS": "2"},
-    "default_again": {},  # the defaults once more, listed last: the run's own spread
-}
-# Switches that act only on the fused GEMVs, i.e. on steps of <= 8 rows (kGemvMaxRows): at a larger batch a variant
-# made of these alone runs the default's kernels, so --variants skips those rows (recorded as skipped) instead of
-# spending three engine processes on a copy of the default row.
-GEMV_ONLY_SWITCHES = {"FLASHLITE_ENGINE_SPLITK", "FLASHLITE_ENGINE_FUSE_ROPE", "FLASHLITE_ENGINE_FUSE_ARGMAX",
-                      "FLASHLITE_ENGINE_PRELOAD", "FLASHLITE_ENGINE_PDL_TRIGGER", "FLASHLITE_ENGINE_PREFETCH",
-                      "FLASHLITE_ENGINE_STREAM", "FLASHLITE_ENGINE_STREAM_STAGES", "FLASHLITE_ENGINE_STREAM_BLOCKS",
-                      "FLASHLITE_ENGINE_NORM_EARLY", "FLASHLITE_ENGINE_WEIGHT_EVICT_FIRST", "FLASHLITE_ENGINE_GATEUP_GRID",
-                      "FLASHLITE_ENGINE_LMHEAD_GRID", "FLASHLITE_ENGINE_DOWN_GRID"}
-GEMV_MAX_ROWS = 8
-
-
-def run_engine(args, model_dir, batch, prompt, new, env=None):
+def run_engine(args, model_dir, batch, prompt, new):
     cmd = [args.flashlite, "generate", "--model", str(model_dir), "--device", "cuda", "--prompt-tokens", str(prompt),
            "--batch", str(batch), "--max-tokens", str(new), "--ignore-eos", "--warmup", "1", "--json"]
     runs = []
     for _ in range(args.repeats):
-        proc = subprocess.run(cmd, capture_output=True, env={**os.environ, **args.engine_env, **(env or {})})
+        proc = subprocess.run(cmd, capture_output=True)
         if proc.returncode != 0:  # keep going: the row records the CLI's error instead of the numbers
             err = proc.stderr.decode(errors="replace").strip()
             print(f"e2e: {' '.join(cmd)} exited {proc.returncode}:\n{err}", file=sys.stderr)
@@ -197,21 +141,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--engine-repeats", type=int, default=1)
     ap.add_argument("--skip-transformers", action="store_true")
-    ap.add_argument("--ablations", action="store_true", help="also batch 1 / prompt 512 with each engine switch off")
-    ap.add_argument("--variants", default=None, metavar="NAME,NAME|all",
-                    help="also every batch and prompt with these opt-in engine variants (VARIANTS; engine only)")
-    ap.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
-                    help="environment variable for every engine run (repeatable), e.g. FLASHLITE_ENGINE_PDL=0")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    args.engine_env = dict(kv.split("=", 1) for kv in args.engine_env)
 
-    variant_names = []
-    if args.variants:
-        variant_names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
-        unknown = [v for v in variant_names if v not in VARIANTS]
-        if unknown:
-            raise SystemExit(f"e2e: unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     model_dir = make_checkpoint(args.checkpoint, args.tokenizer_dir)
     bw = copy_bandwidth()
     wbytes = weight_bytes(model_dir)
@@ -222,16 +154,12 @@ def main():
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = args.out or str(REPO / "bench" / "results" / torch.cuda.get_device_name().replace(" ", "_") / "e2e.json")
     pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
-    rows, ablations, variants = [], {}, {}
+    rows = []
 
     def write():  # after every measurement, so a run cut short keeps what it measured
         result = {"benchmark": "e2e", "device": torch.cuda.get_device_name(), "commit": commit,
                   "torch": torch.__version__, "transformers": transformers.__version__,
-                  "copy_bandwidth_gb_s": bw / 1e9, "weight_bytes": wbytes, "engine_env": args.engine_env, "rows": rows}
-        if ablations:
-            result["ablations"] = ablations
-        if variants:
-            result["variants"] = variants
+                  "copy_bandwidth_gb_s": bw / 1e9, "weight_bytes": wbytes, "rows": rows}
         pathlib.Path(out).write_text(json.dumps(result, indent=2) + "\n")
 
     for b in map(int, args.batches.split(",")):
@@ -252,27 +180,6 @@ def main():
             rows.append(row)
             print(json.dumps(row))
             write()
-    if args.ablations:
-        for name, env in ABLATIONS.items():
-            ablations[name] = run_engine(args, model_dir, 1, 512, args.new_tokens, env)
-            print(name, json.dumps(ablations[name]))
-            write()
-    for name in variant_names:
-        env = VARIANTS[name]
-        variants[name] = {"env": env, "rows": []}
-        for b in map(int, args.batches.split(",")):
-            for p in map(int, args.prompts.split(",")):
-                if b > GEMV_MAX_ROWS and set(env) <= GEMV_ONLY_SWITCHES:
-                    r = {"skipped": f"batch {b} > {GEMV_MAX_ROWS} rows: cuBLASLt steps, the default's kernels"}
-                    variants[name]["rows"].append({"batch": b, "prompt": p, "new_tokens": args.new_tokens, "flashlite": r})
-                    continue
-                r = run_engine(args, model_dir, b, p, args.new_tokens, env)
-                if "tbt_ms" in r:
-                    r["weight_gb_s"] = wbytes / (r["tbt_ms"] / 1e3) / 1e9
-                    r["fraction_of_copy_bw"] = r["weight_gb_s"] * 1e9 / bw
-                variants[name]["rows"].append({"batch": b, "prompt": p, "new_tokens": args.new_tokens, "flashlite": r})
-                print(f"variant {name} batch {b} prompt {p}", json.dumps(r))
-                write()
     write()
     print(f"wrote {out}")
 

@@ -3,9 +3,8 @@
 // activations in bf16 (or fp32 for exactness checks), fp32 residual stream and accumulation, GEMMs through cuBLASLt,
 // small kernels for embedding / RMSNorm / RoPE + cache append / SwiGLU / residual adds, attention through
 // flashlite::forward on device tensors (the fused kernel; the split "naive" kernels for head dims it lacks).
-// Decode steps of <= 8 rows take the fused GEMVs (engine/cuda_ops/gemv.h) and flashlite::decode, replayed from CUDA
-// graphs; opt-in variants and profile modes are FLASHLITE_ENGINE_* switches read when the model is built (listed at
-// read_variant_switches in engine/cuda_ops/llama_cuda.cpp; docs/perf-notes.md, Engine (CUDA), Round 3).
+// Decode steps of <= 8 rows take the fused GEMVs (engine/cuda_ops/gemv_sites.h) and flashlite::decode, replayed from
+// CUDA graphs; RuntimeOptions::cuda (CudaEngineOptions) turns graphs, GEMVs or PDL off and the profiler on.
 #include <memory>
 
 #include "engine/model.h"

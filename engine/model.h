@@ -37,6 +37,18 @@ struct LogitsOutput {
   const float* values = nullptr;   // top_k: (rows, k), the logits of `ids`
 };
 
+// Settings of the CUDA model (flashlite generate / chat / score: --no-graphs, --profile, --verbose). The defaults are
+// what the engine measured fastest; turning one off keeps the results (tests compare the tokens) and exists for
+// debugging and so that tests reach, on one GPU, the paths other models and devices take.
+struct CudaEngineOptions {
+  bool graphs = true;    // decode steps replayed from CUDA graphs; off: launched one by one (debugging)
+  bool gemv = true;      // steps of <= 8 rows through the fused GEMVs (bf16); off: cuBLASLt and separate small kernels,
+                         // the path of fp32, of larger batches and of models the GEMVs do not fit
+  bool pdl = true;       // programmatic dependent launch (sm_90+); off: plain stream order, as on older GPUs
+  bool profile = false;  // per-kernel-group times of decode steps on stderr (those steps run eagerly)
+  bool verbose = false;  // the model's plan on stderr when it is built
+};
+
 struct RuntimeOptions {
   int slots = 1;          // sequences held at once (batch)
   int context = 0;        // KV capacity per sequence; 0 = the model's max_seq_len
@@ -44,6 +56,7 @@ struct RuntimeOptions {
   Backend attention = Backend::automatic;  // flashlite backend; automatic = cpu on the CPU, cuda on the GPU
   std::string precision = "auto";          // CUDA: "bf16", "fp32", or auto (= bf16); the CPU path is fp32
   int device_index = 0;                    // CUDA device
+  CudaEngineOptions cuda;
 };
 
 class LlamaModel {

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/errors.h"
-#include "src/common/half.h"
+#include "flashlite/dtype.h"
 
 namespace flashlite::engine {
 

@@ -4,8 +4,7 @@
 #      models), pytest tests/python, compute-sanitizer;
 #   2. bench/fwd/side_by_side.py: the default forward kernel (the Hopper kernel on sm_90) and torch SDPA flash / cuDNN
 #      in one process on the same tensors, every reference shape;
-#   3. bench/e2e.py, engine only, batch 1 and 16 (E2E_BATCHES), prompt 512: the defaults and a few variants
-#      (E2E_VARIANTS, names from bench/e2e.py VARIANTS);
+#   3. bench/e2e.py, engine only, batch 1 and 16 (E2E_BATCHES), prompt 512;
 #   4. (only when PHASES lists it) tests/engine/test_engine_gpu_parity.py: the engine against transformers on the
 #      Llama-3.2-1B-shaped random checkpoint (e2e's, cached under FLASHLITE_PARITY_CACHE).
 #   5. (only when PHASES lists `build`, for a quick call instead of check) configure and build only the CLI and the
@@ -82,7 +81,7 @@ echo "== $(date +%T) engine e2e ($(left) s left)"
 if has e2e && [ "$(left)" -gt 60 ]; then
   timeout -s KILL "$(cap 600)" python3 bench/e2e.py --flashlite "$build/bin/flashlite" \
     --checkpoint "$FLASHLITE_PARITY_CACHE/llama32_1b_random" --tokenizer-dir "$FLASHLITE_MODELS/llama3-tokenizer" \
-    --skip-transformers --batches "${E2E_BATCHES:-1,16}" --prompts 512 --variants "${E2E_VARIANTS:-pdl_off,switches_off}" \
+    --skip-transformers --batches "${E2E_BATCHES:-1,16}" --prompts 512 \
     --out "$dest/e2e.json" > "$logs/e2e.log" 2>&1 || status=1
   grep -E "tok/s|variant|tbt" "$logs/e2e.log" | cut -c1-220 | tail -12
 else

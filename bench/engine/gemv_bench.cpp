@@ -1,7 +1,7 @@
 // The engine's decode GEMVs timed at the Llama-3.2-1B shapes (GPU machine; was cuda_ops_test's GemvBandwidth): QKV,
-// O, gate/up + SwiGLU, down and the LM head, at 1, 2, 4 and 8 rows, the default kernel and, at one row, the variants
-// (automatic / forced split-K, preload, the streamed kernel). Nothing is checked here: tests/engine/cuda_ops_test.cpp
-// holds every variant against float64.
+// O, gate/up + SwiGLU, down and the LM head, at 1, 2, 4 and 8 rows, with the engine's split-K (gemv_auto_split) and,
+// at one row, forced splits beside it. Nothing is checked here: tests/engine/cuda_ops_test.cpp holds the GEMV at
+// every split against float64.
 //
 //   flashlite_engine_gemv_bench [--rows 1,2,4,8] [--iters 20]
 //
@@ -37,13 +37,9 @@ const Shape kShapes[] = {{"qkv", ops::GemvIn::rmsnorm, ops::GemvOut::bf16, 3072,
 
 struct Variant {
   const char* name;
-  int split;  // 0: gemv_auto_split
-  bool preload;
-  int stream_stages = 0;  // > 0: the streamed kernel with this many ring slots (where it takes the shape)
+  int split;  // 0: gemv_auto_split (the engine's choice)
 };
-const Variant kVariants[] = {{"default", 1, false},    {"split auto", 0, false},  {"split 2", 2, false},
-                             {"split 4", 4, false},    {"preload", 1, true},      {"split auto+preload", 0, true},
-                             {"stream 8", 1, false, 8}, {"stream 16", 1, false, 16}};
+const Variant kVariants[] = {{"split auto", 0}, {"split 1", 1}, {"split 2", 2}, {"split 4", 4}};
 
 std::vector<int> int_list(const std::string& s) {
   std::vector<int> v;
@@ -81,8 +77,8 @@ int main(int argc, char** argv) {
     for (int rows : rows_list) {
       for (const Shape& s : kShapes) {
         for (const Variant& v : kVariants) {
-          if (rows > 1 && (v.split != 1 || v.stream_stages)) continue;  // the variants at one row only (time)
-          if (s.epi == ops::GemvOut::swiglu_bf16 && v.split != 1) continue;  // split does not apply
+          if (rows > 1 && v.split != 0) continue;  // forced splits at one row only (time)
+          if (s.epi == ops::GemvOut::swiglu_bf16 && v.split > 1) continue;  // split does not apply
           ops::GemvParams p;
           p.in = s.in;
           p.epi = s.epi;
@@ -90,11 +86,8 @@ int main(int argc, char** argv) {
           p.out = s.out;
           p.k = s.k;
           p.eps = 1e-5f;
-          p.split = v.split ? v.split : ops::gemv_auto_split(s.out, s.k);
-          p.preload = v.preload;
-          p.stream = v.stream_stages > 0;
-          p.stream_stages = std::max(2, v.stream_stages);
-          const double us = dt::gemv_time_us(p, iters), us_stream = dt::gemv_stream_time_us(p, iters);
+          p.split = v.split ? v.split : s.epi == ops::GemvOut::add_f32 ? ops::gemv_auto_split(s.out, s.k) : 1;
+          const double us = dt::gemv_time_us(p, iters), us_stream = dt::gemv_back_to_back_time_us(p, iters);
           const double bytes = double(s.weight_rows) * s.k * 2;
           std::printf("gemv %-15s rows %d %-19s split %d: %8.1f us alone %7.1f GB/s | %8.1f us in a stream %7.1f GB/s "
                       "(%.1f MB)\n", s.name, rows, v.name, p.split, us, bytes / us / 1e3, us_stream,

@@ -32,70 +32,14 @@ size_t max_staged_bytes() {
   return bytes;
 }
 
-// R: activation rows the kernel is unrolled for (p.rows <= R; rows beyond p.rows repeat the last one, unstored).
+// The GEMV: block-uniform tiles (so that split-K and the fused RoPE epilogue can meet in shared memory), each warp's
+// first batch of weights loaded before the wait. R: activation rows the kernel is unrolled for (p.rows <= R; rows
+// beyond p.rows repeat the last one, unstored).
+// Registers: a fixed budget, spill-free: 64 (4 blocks per SM) for a one-row bf16 input, 80 (3 blocks) for a one-row
+// RMSNorm prologue (the preloaded batch lives through it; 64 spilled up to 52 bytes there) and for two rows, no cap
+// for 4-8 rows. The launch sizes the grid from the occupancy this gives.
 template <int R, GemvIn IN, GemvOut OUT>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvParams p) {
-  extern __shared__ uint4 staged[];  // rmsnorm: (rows, k) bf16
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int kc = p.k >> 3;  // 16-byte chunks per row
-  constexpr int NW = rows_per_warp<OUT>(), kUnroll = unroll<OUT>();
-  constexpr int U = OUT == GemvOut::swiglu_bf16 ? NW / 2 : NW;  // output columns per warp
-  const uint4* W = static_cast<const uint4*>(p.w);
-  const int groups = (p.out + U - 1) / U;
-  const uint64_t pol = weight_policy(p);
-  // Weight rows of output group `grp`, row j of the warp (past the end: the last row again, never stored).
-  auto weight_row = [&](int grp, int j) {
-    const int u = min(grp * U + j % U, p.out - 1);
-    return W + size_t(j < U ? u : p.out + u) * kc;
-  };
-  // Before waiting for the previous kernel: let the next one launch, and start the head of this warp's first weight
-  // rows towards L2 (a bounded amount: prefetching whole rows while the previous GEMV streams evicts them again).
-  pdl_launch_dependents();
-  if (blockIdx.x * kWarps + warp < groups && lane < p.prefetch_lines) {
-#pragma unroll
-    for (int j = 0; j < NW; ++j) {
-      const uint4* wr = weight_row(blockIdx.x * kWarps + warp, j);
-      for (int line = lane; line < min(p.prefetch_lines, (kc + 7) / 8); line += 32)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + line * 8));
-    }
-  }
-  const NormPre pre = norm_preload<R, IN>(p, kc);
-  pdl_wait();
-  const uint4* xrow[R];
-  activation_rows<R, IN>(p, staged, xrow, lane, warp, kc, pre);
-
-  for (int grp = blockIdx.x * kWarps + warp; grp < groups; grp += gridDim.x * kWarps) {
-    const int u0 = grp * U;
-    const uint4* wr[NW];
-#pragma unroll
-    for (int j = 0; j < NW; ++j) wr[j] = weight_row(grp, j);
-    float acc[NW][R];
-#pragma unroll
-    for (int j = 0; j < NW; ++j)
-#pragma unroll
-      for (int r = 0; r < R; ++r) acc[j][r] = 0.f;
-    for (int c0 = lane; c0 < kc; c0 += 32 * kUnroll) {
-      uint4 wv[kUnroll][NW];  // all loads of the batch issued before any math
-#pragma unroll
-      for (int t = 0; t < kUnroll; ++t)
-#pragma unroll
-        for (int j = 0; j < NW; ++j) wv[t][j] = c0 + 32 * t < kc ? load_stream(wr[j] + c0 + 32 * t, pol) : make_uint4(0, 0, 0, 0);
-      dot_batch(acc, wv, xrow, c0, kc);
-    }
-    warp_sum(acc);
-    if (lane == 0) store_group<OUT, U>(p, acc, u0, [](int, int, int) {});
-  }
-}
-
-// The opt-in variants (gemv.h): gemv_kernel's loop in block-uniform tiles, so that split-K and the fused RoPE
-// epilogue can meet in shared memory, with the preload, the late trigger and the argmax epilogue. A separate kernel so
-// that the default one (above) stays exactly as measured.
-// Registers: a fixed budget, spill-free: 64 (4 blocks per SM, as the default kernel) at 1-2 rows, except 80 (3 blocks)
-// where a preloaded batch lives through the RMSNorm prologue (64 spilled up to 52 bytes there); 128 for 4-8 rows. The
-// launch sizes the grid from the occupancy this gives.
-// P: the preload compiled in (p.preload is then honoured); without it the RMSNorm variants fit 64 registers too.
-template <int R, GemvIn IN, GemvOut OUT, bool P>
-__global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !P) ? 64 : 80) gemv_variant_kernel(const GemvParams p) {
+__global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : IN == GemvIn::bf16 ? 64 : 80) gemv_kernel(const GemvParams p) {
   extern __shared__ uint4 staged[];  // rmsnorm: (rows, k) bf16
   constexpr bool kRope = OUT == GemvOut::rope_bf16, kArgmax = OUT == GemvOut::f32_argmax;
   constexpr int NW = rows_per_warp<OUT>(), kUnroll = unroll<OUT>();
@@ -105,7 +49,6 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
   const int kc = p.k >> 3;  // 16-byte chunks per row
   // Split-K: `S` warps share a row group, warp `sub` of them reducing chunks [c_begin, c_end).
   const int S = (OUT == GemvOut::swiglu_bf16 || kRope) ? 1 : p.split;
-  const bool preload = P && p.preload, late_trigger = p.late_trigger;
   const int per_tile = kWarps / S, sub = warp % S, slot = warp / S;
   const int slice = (kc + S - 1) / S, c_begin = min(kc, sub * slice), c_end = min(kc, c_begin + slice);
   const uint4* W = static_cast<const uint4*>(p.w);
@@ -118,7 +61,7 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
     const int u = min(grp * U + j % U, p.out - 1);
     return W + size_t(j < U ? u : p.out + u) * kc;
   };
-  const uint64_t pol = weight_policy(p);
+  const uint64_t pol = weight_policy();
   uint4 wv[kUnroll][NW];  // one batch of loads: all issued before any math
   auto load_batch = [&](const uint4* const* wr, int c0) {
 #pragma unroll
@@ -126,49 +69,24 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
 #pragma unroll
       for (int j = 0; j < NW; ++j) wv[t][j] = c0 + 32 * t < c_end ? load_stream(wr[j] + c0 + 32 * t, pol) : make_uint4(0, 0, 0, 0);
   };
-  // Before waiting for the previous kernel: let the next one launch, and start this warp's first weights on their
-  // way: the head of its first rows towards L2 (a bounded amount: prefetching whole rows while the previous GEMV
-  // streams evicts them again) and/or (preload) its first batch into registers. Weights are never written by a
-  // predecessor, so neither needs the wait.
-  gemv_stamp(p, 0);
-  if (!late_trigger) pdl_launch_dependents();
+  // Before waiting for the previous kernel: let the next one launch, and load this warp's first batch of weights into
+  // registers (weights are never written by a predecessor, so this needs no wait).
+  pdl_launch_dependents();
   bool preloaded = false;
-  // preload_after_x: the first batch is issued after the wait, right behind the RMSNorm prologue's activation loads
-  // (a batch issued before the wait is still in flight then and queues those loads behind it).
-  const bool preload_after = preload && p.preload_after_x && IN == GemvIn::rmsnorm;
   if (blockIdx.x < tiles) {
     const int first = group_of(blockIdx.x);
     if (first < groups) {
       const uint4* wr[NW];
 #pragma unroll
       for (int j = 0; j < NW; ++j) wr[j] = weight_row(first, j);
-      if (lane < p.prefetch_lines) {
-#pragma unroll
-        for (int j = 0; j < NW; ++j)
-          for (int line = lane; line < min(p.prefetch_lines, (c_end - c_begin + 7) / 8); line += 32)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[j] + c_begin + line * 8));
-      }
-      if (preload && !preload_after) {
-        load_batch(wr, c_begin + lane);
-        preloaded = true;
-      }
+      load_batch(wr, c_begin + lane);
+      preloaded = true;
     }
   }
   const NormPre pre = norm_preload<R, IN>(p, kc);
   pdl_wait();
-  gemv_stamp(p, 3);
   const uint4* xrow[R];
-  activation_rows<R, IN>(p, staged, xrow, lane, warp, kc, pre, [&] {
-    if (!preload_after || blockIdx.x >= tiles) return;
-    const int first = group_of(blockIdx.x);  // recomputed: nothing stays live through the prologue
-    if (first >= groups) return;
-    const uint4* wr[NW];
-#pragma unroll
-    for (int j = 0; j < NW; ++j) wr[j] = weight_row(first, j);
-    load_batch(wr, c_begin + lane);
-    preloaded = true;
-  });
-  gemv_stamp(p, 1);
+  activation_rows<R, IN>(p, staged, xrow, lane, warp, kc, pre);
 
   uint64_t best[R];  // f32_argmax: this warp's largest key per activation row so far
 #pragma unroll
@@ -198,9 +116,7 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : (IN == GemvIn::bf16 || !
     preloaded = false;  // a lane with no chunk in its first tile never consumed its (empty) batch
     finish_tile<R, OUT>(p, acc, part, best, tile, warp, lane, active, S, sub, u0);
   }
-  if (late_trigger) pdl_launch_dependents();
   if constexpr (kArgmax) fold_argmax<R>(p, best, warp, lane);
-  gemv_stamp(p, 2);
 }
 
 int sm_count() {
@@ -213,12 +129,9 @@ int sm_count() {
   return n;
 }
 
-template <int R, GemvIn IN, GemvOut OUT, bool V, bool P = false>
+template <int R, GemvIn IN, GemvOut OUT>
 void launch(const GemvParams& p, cudaStream_t s) {
-  auto* kernel = [] {
-    if constexpr (V) return gemv_variant_kernel<R, IN, OUT, P>;
-    else return gemv_kernel<R, IN, OUT>;
-  }();
+  auto* kernel = gemv_kernel<R, IN, OUT>;
   const size_t smem = IN == GemvIn::rmsnorm ? size_t(p.rows) * p.k * 2 : 0;
   if (smem > 48 * 1024) {
     static bool raised = false;  // once per instantiation (the limit is per kernel), once it succeeded
@@ -232,47 +145,31 @@ void launch(const GemvParams& p, cudaStream_t s) {
     }
   }
   constexpr int U = OUT == GemvOut::swiglu_bf16 ? 1 : rows_per_warp<OUT>();
-  int blocks;
-  if constexpr (!V) {
-    // A tile is a block's kWarps groups; its warps stride over the groups, so any grid covers them.
-    const int groups = (p.out + U - 1) / U, tiles = (groups + kWarps - 1) / kWarps;
-    blocks = std::max(1, std::min(tiles, p.grid_blocks > 0 ? p.grid_blocks : sm_count() * 4));
-  } else {
-    const int S = (OUT == GemvOut::swiglu_bf16 || OUT == GemvOut::rope_bf16) ? 1 : p.split;
-    const int groups = (p.out + U - 1) / U, per_tile = kWarps / S;
-    const int tiles = OUT == GemvOut::rope_bf16 ? p.out / 8 : (groups + per_tile - 1) / per_tile;
-    // One resident wave at most: the blocks per SM this kernel's registers and shared memory allow (queried once
-    // per instantiation and staged size, on the first, eager step: nothing but the launch happens under capture).
-    static size_t queried_smem = ~size_t(0);
-    static int per_sm = 1;
-    if (smem != queried_smem) {
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess || per_sm < 1) {
-        cudaGetLastError();
-        per_sm = 1;
-      }
-      queried_smem = smem;
+  const int S = (OUT == GemvOut::swiglu_bf16 || OUT == GemvOut::rope_bf16) ? 1 : p.split;
+  const int groups = (p.out + U - 1) / U, per_tile = kWarps / S;
+  const int tiles = OUT == GemvOut::rope_bf16 ? p.out / 8 : (groups + per_tile - 1) / per_tile;
+  // One resident wave at most: the blocks per SM this kernel's registers and shared memory allow (queried once per
+  // instantiation and staged size, on the first, eager step: nothing but the launch happens under capture).
+  static size_t queried_smem = ~size_t(0);
+  static int per_sm = 1;
+  if (smem != queried_smem) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess || per_sm < 1) {
+      cudaGetLastError();
+      per_sm = 1;
     }
-    blocks = std::max(1, std::min(tiles, p.grid_blocks > 0 ? p.grid_blocks : sm_count() * per_sm));
+    queried_smem = smem;
   }
-  const cudaError_t e = launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, s, p);
+  const int blocks = std::max(1, std::min(tiles, p.grid_blocks > 0 ? p.grid_blocks : sm_count() * per_sm));
+  const cudaError_t e = launch_pdl(p.pdl, kernel, dim3(blocks), dim3(kThreads), smem, s, p);
   if (e != cudaSuccess) fail_runtime(std::string("CUDA launch of gemv failed: ") + cudaGetErrorString(e));
 }
 
-template <GemvIn IN, GemvOut OUT, bool V, bool P = false>
-void launch_rows_v(const GemvParams& p, cudaStream_t s) {
-  if (p.rows <= 1) launch<1, IN, OUT, V, P>(p, s);
-  else if (p.rows <= 2) launch<2, IN, OUT, V, P>(p, s);
-  else if (p.rows <= 4) launch<4, IN, OUT, V, P>(p, s);
-  else launch<8, IN, OUT, V, P>(p, s);
-}
-
-// The fused RoPE and argmax epilogues exist only in the variant kernel; the others in both.
 template <GemvIn IN, GemvOut OUT>
 void launch_rows(const GemvParams& p, cudaStream_t s) {
-  constexpr bool kOnlyVariant = OUT == GemvOut::rope_bf16 || OUT == GemvOut::f32_argmax;
-  if (p.preload) launch_rows_v<IN, OUT, true, true>(p, s);
-  else if (kOnlyVariant || p.split > 1 || p.late_trigger) launch_rows_v<IN, OUT, true, false>(p, s);
-  else if constexpr (!kOnlyVariant) launch_rows_v<IN, OUT, false>(p, s);
+  if (p.rows <= 1) launch<1, IN, OUT>(p, s);
+  else if (p.rows <= 2) launch<2, IN, OUT>(p, s);
+  else if (p.rows <= 4) launch<4, IN, OUT>(p, s);
+  else launch<8, IN, OUT>(p, s);
 }
 
 }  // namespace
@@ -304,10 +201,7 @@ void gemv(const GemvParams& p, void* stream) {
     }
   }
   if (p.epi == GemvOut::f32_argmax && !p.argmax_keys) fail("gemv with the argmax epilogue needs argmax_keys");
-  if (p.stream && (p.stream_stages < 8 || p.stream_stages % 8 != 0))
-    fail("gemv stream_stages " + std::to_string(p.stream_stages) + "; expected a multiple of 8 (a ring slot per consumer warp)");
   if (p.out <= 0) return;
-  if (p.stream && gemv_stream_supported(p)) return gemv_stream(p, stream);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // The combinations the engine uses: QKV, gate/up + SwiGLU and the LM head read the normed stream; O and down add.
   if (p.in == GemvIn::rmsnorm && p.epi == GemvOut::bf16) launch_rows<GemvIn::rmsnorm, GemvOut::bf16>(p, s);

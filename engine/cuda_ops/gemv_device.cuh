@@ -1,16 +1,32 @@
 #pragma once
-// Device code of the register GEMVs (gemv.cu: the default kernel and the variant kernel): the block shape, loads,
-// the RMSNorm prologue, the dot products and the tile epilogue (split-K, fused RoPE + cache append, stores, argmax).
+// Device code of the engine's GEMV (gemv.cu): the block shape, loads, the RMSNorm prologue, the dot products and the
+// tile epilogue (split-K, fused RoPE + cache append, stores, argmax).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "engine/cuda_ops/bf16_dot.cuh"
 #include "engine/cuda_ops/gemv.h"
 #include "engine/cuda_ops/select_keys.cuh"
 
 namespace flashlite::engine::cuda_ops::gemv_device {
+
+// A bf16 pair in a 32-bit word: element 2i in the low half. A bf16 is the top half of the fp32 with the same value.
+__device__ __forceinline__ float lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+// acc + w . x over 8 bf16 pairs packed in a uint4, one fp32 fma each.
+__device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc) {
+  acc = fmaf(lo(w.x), lo(x.x), acc);
+  acc = fmaf(hi(w.x), hi(x.x), acc);
+  acc = fmaf(lo(w.y), lo(x.y), acc);
+  acc = fmaf(hi(w.y), hi(x.y), acc);
+  acc = fmaf(lo(w.z), lo(x.z), acc);
+  acc = fmaf(hi(w.z), hi(x.z), acc);
+  acc = fmaf(lo(w.w), lo(x.w), acc);
+  acc = fmaf(hi(w.w), hi(x.w), acc);
+  return acc;
+}
 
 constexpr int kWarps = 8, kThreads = kWarps * 32;
 // Weight rows a warp streams together: one (more warps for the short O / down / QKV matrices), two for SwiGLU (a
@@ -20,12 +36,11 @@ __host__ __device__ constexpr int rows_per_warp() { return OUT == GemvOut::swigl
 template <GemvOut OUT>
 __host__ __device__ constexpr int unroll() { return 8 / rows_per_warp<OUT>(); }
 
-// The L2 policy of the weight stream (GemvParams::weight_evict_first): evict-first keeps the step's 2.5 GB of
-// weights, read once per step, from evicting what is read again (KV cache, activations, norm weights, kernel code).
-__device__ __forceinline__ uint64_t weight_policy(const GemvParams& p) {
+// The L2 policy of the weight stream: evict-first keeps the step's 2.5 GB of weights, read once per step, from
+// evicting what is read again (KV cache, activations, norm weights, kernel code).
+__device__ __forceinline__ uint64_t weight_policy() {
   uint64_t pol;
-  if (p.weight_evict_first) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  else asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   return pol;
 }
 
@@ -36,23 +51,6 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p, uint64_t pol) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p), "l"(pol));
   return v;
-}
-
-// Diagnostic builds (gemv.h, GemvParams::timeline): stamp k (0 start, 1 after the wait and prologue, 2 end, 3 right
-// after the wait, 4 once thread 0's prologue loads have arrived) of this block; the end stamp waits for the whole
-// block. Compiled out by default.
-__device__ __forceinline__ void gemv_stamp(const GemvParams& p, int k, float dep = 0.f) {
-#if FLASHLITE_DECODE_TIMELINE
-  if (p.timeline == nullptr) return;
-  if (k == 2) __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "f"(dep));  // read once `dep` has arrived
-    p.timeline[size_t(blockIdx.x) * kGemvTimelineStamps + k] = t;
-  }
-#else
-  (void)p, (void)k, (void)dep;
-#endif
 }
 
 // Chunk c (8 elements) of the norm weight, as 16 bytes where it is 16-byte aligned.
@@ -67,10 +65,10 @@ __device__ __forceinline__ uint4 norm_chunk(const GemvParams& p, int c) {
   return g.v;
 }
 
-// GemvParams::norm_early (the engine's default since it measured -22 us per step, H100): the norm weight's chunk of this thread for the
-// one-round-trip RMSNorm prologue below (up to 2 rows, k <= 8 x kThreads), loaded before griddepcontrol.wait: it is
-// a weight (no predecessor writes it), and after the wait it is likely a DRAM miss (the step's weight stream evicts
-// it from L2): the timeline measured x + norm weight arriving 1.5-2 us after the wait.
+// The norm weight's chunk of this thread for the one-round-trip RMSNorm prologue below (up to 2 rows,
+// k <= 8 x kThreads), loaded before griddepcontrol.wait: it is a weight (no predecessor writes it), and after the wait
+// it is likely a DRAM miss (the step's weight stream evicts it from L2; loading it early measured -22 us per step on
+// the H100).
 struct NormPre {
   uint4 g;
 };
@@ -78,27 +76,22 @@ template <int R, GemvIn IN>
 __device__ __forceinline__ NormPre norm_preload(const GemvParams& p, int kc) {
   NormPre pre{};
   if constexpr (IN == GemvIn::rmsnorm && R <= 2) {
-    if (p.norm_early && kc <= kThreads && int(threadIdx.x) < kc) pre.g = norm_chunk(p, threadIdx.x);
+    if (kc <= kThreads && int(threadIdx.x) < kc) pre.g = norm_chunk(p, threadIdx.x);
   }
   return pre;
 }
 
 // The activation rows a GEMV multiplies (after pdl_wait: x is the previous kernel's output): RMSNorm'd rows staged in
 // shared memory as bf16 (fp32 math), or the bf16 input itself; rows past p.rows repeat the last one (never stored).
-// The RMSNorm prologue sits on the step's critical path twice per layer (the engine timeline: ~4 us from the previous
-// GEMV's end when one warp summed a row with a dependent load per iteration), so the whole block loads: thread t
-// takes the 8-element chunks t, t + kThreads, ... of every row with all rows' loads issued before any math, then one
-// block reduction. Up to 2 rows and k <= 8 x kThreads (one chunk a thread) x and the norm weight come in one round
-// trip (with norm_early the weight was loaded before the wait) and x stays in registers; otherwise a second pass
-// re-reads the thread's own chunks (L1) and loads the norm weight.
-// after_issue() runs once the prologue's loads are issued, before their values are used (the variant kernel issues
-// its first weight batch there).
-struct NoIssue {
-  __device__ void operator()() const {}
-};
-template <int R, GemvIn IN, class AfterIssue = NoIssue>
+// The RMSNorm prologue sits on the step's critical path twice per layer (per-block timer stamps measured ~4 us from
+// the previous GEMV's end when one warp summed a row with a dependent load per iteration), so the whole block loads:
+// thread t takes the 8-element chunks t, t + kThreads, ... of every row with all rows' loads issued before any math,
+// then one block reduction. Up to 2 rows and k <= 8 x kThreads (one chunk a thread) x and the norm weight (loaded
+// before the wait: norm_preload) come in one round trip and x stays in registers; otherwise a second pass re-reads
+// the thread's own chunks (L1) and loads the norm weight.
+template <int R, GemvIn IN>
 __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* staged, const uint4* (&xrow)[R], int lane,
-                                                int warp, int kc, const NormPre& pre, AfterIssue after_issue = {}) {
+                                                int warp, int kc, const NormPre& pre) {
   if constexpr (IN == GemvIn::rmsnorm) {
     __shared__ float red[kWarps][R];
     __shared__ float inv[R];
@@ -120,14 +113,12 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
         const bool mine = c < kc;
         float4 a[R], b[R];
         Chunk g;
-        g.v = pre.g;  // norm_preload: before the wait (GemvParams::norm_early)
+        g.v = pre.g;  // norm_preload: before the wait
         if (mine) {
-          if (!p.norm_early) g.v = norm_chunk(p, c);
 #pragma unroll
           for (int r = 0; r < R; ++r)
             if (r < p.rows) a[r] = xr[r][2 * c], b[r] = xr[r][2 * c + 1];
         }
-        after_issue();
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           float ss = 0.f;
@@ -135,7 +126,6 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
             ss += a[r].x * a[r].x + a[r].y * a[r].y + a[r].z * a[r].z + a[r].w * a[r].w;
             ss += b[r].x * b[r].x + b[r].y * b[r].y + b[r].z * b[r].z + b[r].w * b[r].w;
           }
-          if (r == 0) gemv_stamp(p, 4, ss);
           for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
           if (lane == 0) red[warp][r] = ss;
         }
@@ -169,7 +159,6 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
       for (int r = 0; r < R; ++r) {
         if (r < p.rows) a[r] = xr[r][2 * c], b[r] = xr[r][2 * c + 1];
       }
-      if (c == int(threadIdx.x)) after_issue();
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (r < p.rows) {
@@ -209,7 +198,6 @@ __device__ __forceinline__ void activation_rows(const GemvParams& p, uint4* stag
     for (int r = 0; r < R; ++r) xrow[r] = staged + size_t(min(r, p.rows - 1)) * kc;
   } else {
     (void)lane, (void)warp;
-    after_issue();
 #pragma unroll
     for (int r = 0; r < R; ++r) xrow[r] = static_cast<const uint4*>(p.x) + size_t(min(r, p.rows - 1)) * kc;
   }
@@ -263,7 +251,7 @@ __device__ __forceinline__ void store_column(const GemvParams& p, const float (&
 }
 
 // The warp's U output columns from u0 for every activation row, stored (lane 0 of the warp); each(j, r, u) runs
-// after column j of row r is stored (the variant kernel's argmax keeps its best key there).
+// after column j of row r is stored (the argmax epilogue keeps its best key there).
 template <GemvOut OUT, int U, int NW, int R, class Each>
 __device__ __forceinline__ void store_group(const GemvParams& p, const float (&acc)[NW][R], int u0, Each each) {
 #pragma unroll
@@ -302,7 +290,7 @@ __device__ __forceinline__ RopeSlot rope_slot(const GemvRope& rp, int tile, int 
   return s;
 }
 
-// The end of one block-uniform tile of the variant kernel, after each active warp's sums (acc) are
+// The end of one block-uniform tile of the kernel, after each active warp's sums (acc) are
 // warp-reduced: the fused RoPE rotation and cache append, or split-K's fixed-order sum of the row's slices, then the
 // stores (lane 0) and, for f32_argmax, the warp's best key per row. Every warp of the block calls it for every tile
 // (its barriers); `part` is the block's shared scratch.

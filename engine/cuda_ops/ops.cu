@@ -166,8 +166,8 @@ void rope_append(const RopeAppendParams& p, void* stream) {
   const size_t n = size_t(p.rows) * ((p.heads + p.kv_heads) * (p.head_dim / 2) + p.kv_heads * p.head_dim);
   if (n == 0) return;
   const cudaError_t e = p.elem == Elem::f32
-      ? launch_pdl(rope_append_kernel<float>, dim3(blocks_for(n, 256)), dim3(256), 0, st(stream), p)
-      : launch_pdl(rope_append_kernel<__nv_bfloat16>, dim3(blocks_for(n, 256)), dim3(256), 0, st(stream), p);
+      ? launch_pdl(p.pdl, rope_append_kernel<float>, dim3(blocks_for(n, 256)), dim3(256), 0, st(stream), p)
+      : launch_pdl(p.pdl, rope_append_kernel<__nv_bfloat16>, dim3(blocks_for(n, 256)), dim3(256), 0, st(stream), p);
   if (e != cudaSuccess) fail_runtime(std::string("CUDA launch of rope_append failed: ") + cudaGetErrorString(e));
 }
 

@@ -16,8 +16,8 @@ size_t elem_size(Elem e);
 void embed(float* x, const void* table, const int32_t* tokens, int rows, int dim, Elem e, void* stream,
            uint64_t* zero_keys = nullptr, int n_keys = 0);
 
-// Blocks the stream until *flag becomes nonzero (host-written pinned memory) or about `timeout_ms` pass: the
-// engine's profile mode queues a whole step behind it so the GPU runs the step without host gaps.
+// Blocks the stream until *flag becomes nonzero (host-written pinned memory) or about `timeout_ms` pass: --profile
+// queues a whole step behind it so the GPU runs the step without host gaps (step_profile.h).
 void wait_flag(const volatile int* flag, int timeout_ms, void* stream);
 
 // out[r, :] = x[src, :] * rsqrt(mean(x[src, :]^2) + eps) * w, src = row_index ? row_index[r] : r.
@@ -36,6 +36,7 @@ struct RopeAppendParams {
   int rows = 0, heads = 0, kv_heads = 0, head_dim = 0;
   bool interleaved = false;       // llama2.c pairs (2i, 2i+1); else (i, i + D/2)
   Elem elem = Elem::bf16;
+  bool pdl = true;                // launched as a programmatic dependent of the QKV projection where the device has it
 };
 // Rotates q and k (RoPE) and appends k and v to the cache, one launch.
 void rope_append(const RopeAppendParams& p, void* stream);

@@ -43,29 +43,7 @@ std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& v) {
 
 bool bf16_output(GemvOut e) { return e == GemvOut::bf16 || e == GemvOut::swiglu_bf16; }
 
-// The streamed GEMV's work counters (zeroed); after the launches they must be back at zero for the next launch.
-struct Counters {
-  Dev d{8};
-  explicit Counters(GemvParams& p) {
-    check(cudaMemset(d.p, 0, 8), "zero counters");
-    if (p.stream) p.counters = static_cast<uint32_t*>(d.p);
-  }
-  void expect_zero() const {
-    uint32_t c[2];
-    check(cudaMemcpy(c, d.p, 8, cudaMemcpyDeviceToHost), "download counters");
-    if (c[0] || c[1]) fail_runtime("the streamed gemv left its counters at " + std::to_string(c[0]) + ", " + std::to_string(c[1]));
-  }
-};
-
 }  // namespace
-
-int device_compute_major() {
-  if (!device_available()) return 0;
-  int dev = 0, major = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  return major;
-}
 
 bool device_available() {
   int n = 0;
@@ -99,13 +77,11 @@ void gemv(const GemvParams& shape, const std::vector<float>& w, const std::vecto
   p.norm_w = dg.p;
   p.row_index = row_index.empty() ? nullptr : static_cast<const int32_t*>(dri.p);
   p.y = dy.p;
-  const Counters counters(p);
   cudaStream_t stream = nullptr;
   if (own_stream) check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   for (int i = 0; i < launches; ++i) cuda_ops::gemv(p, stream);  // back to back: a launch may start before the last ends
   check(own_stream ? cudaStreamSynchronize(stream) : cudaDeviceSynchronize(), "gemv");
   if (own_stream) cudaStreamDestroy(stream);
-  counters.expect_zero();
   if (b16) {
     std::vector<__nv_bfloat16> out(ny);
     check(cudaMemcpy(out.data(), dy.p, ny * 2, cudaMemcpyDeviceToHost), "download");
@@ -139,7 +115,6 @@ double time_gemv(const GemvParams& shape, int iters, bool stream) {
   p.norm_w = dg.p;
   p.row_index = nullptr;
   p.y = dy.p;
-  const Counters counters(p);
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
@@ -166,7 +141,7 @@ double time_gemv(const GemvParams& shape, int iters, bool stream) {
 }  // namespace
 
 double gemv_time_us(const GemvParams& shape, int iters) { return time_gemv(shape, iters, false); }
-double gemv_stream_time_us(const GemvParams& shape, int iters) { return time_gemv(shape, iters, true); }
+double gemv_back_to_back_time_us(const GemvParams& shape, int iters) { return time_gemv(shape, iters, true); }
 
 void gemv_rope(const GemvParams& shape, bool fused, const std::vector<float>& w, const std::vector<float>& xf,
                const std::vector<float>& norm_w, const std::vector<float>& cos, const std::vector<float>& sin,
@@ -191,7 +166,6 @@ void gemv_rope(const GemvParams& shape, bool fused, const std::vector<float>& w,
   p.norm_w = dg.p;
   p.row_index = nullptr;
   p.y = dy.p;
-  const Counters counters(p);
   if (fused) {
     p.epi = GemvOut::rope_bf16;
     p.rope.cos = static_cast<const float*>(dcos.p);
@@ -221,7 +195,6 @@ void gemv_rope(const GemvParams& shape, bool fused, const std::vector<float>& w,
     rope_append(rp, nullptr);
   }
   check(cudaDeviceSynchronize(), "gemv_rope");
-  counters.expect_zero();
   auto down = [](const Dev& d, size_t n, std::vector<float>& out) {
     std::vector<__nv_bfloat16> b(n);
     check(cudaMemcpy(b.data(), d.p, n * 2, cudaMemcpyDeviceToHost), "download");

@@ -10,13 +10,12 @@
 namespace flashlite::engine::cuda_ops::testing {
 
 bool device_available();
-int device_compute_major();  // 0 without a device
 
 // Runs gemv with `shape`'s sizes, modes and eps (its pointers are ignored). w, x, norm_w are rounded to bf16 on the
 // way up (pass values already representable to compare exactly); xf is fp32 (stream rows as row_index needs);
 // y holds (rows, out) and is read first where the epilogue accumulates. `launches` back-to-back launches (the
-// accumulating epilogue adds that many times); with shape.stream, fresh zeroed counters are passed and must come back
-// zero (else Error). own_stream: on a stream created for the call (non-blocking) instead of the legacy default one.
+// accumulating epilogue adds that many times; each a programmatic dependent of the one before where the device has
+// PDL). own_stream: on a stream created for the call (non-blocking) instead of the legacy default one.
 void gemv(const GemvParams& shape, const std::vector<float>& w, const std::vector<float>& x, const std::vector<float>& xf,
           const std::vector<float>& norm_w, const std::vector<int32_t>& row_index, std::vector<float>& y,
           int launches = 1, bool own_stream = false);
@@ -24,7 +23,7 @@ void gemv(const GemvParams& shape, const std::vector<float>& w, const std::vecto
 // Median microseconds of `iters` launches of gemv at these sizes on random data (no check; for the record).
 double gemv_time_us(const GemvParams& shape, int iters);
 // Microseconds per launch of `iters` launches queued back to back between two events (median of 5 such streams).
-double gemv_stream_time_us(const GemvParams& shape, int iters);
+double gemv_back_to_back_time_us(const GemvParams& shape, int iters);
 
 // The QKV GEMV with RoPE + KV-cache append: fused (one gemv with the rope_bf16 epilogue) or unfused (the bf16
 // epilogue, then ops.h's rope_append), on the same inputs. shape: sizes, eps and shape.rope's heads / kv_heads /

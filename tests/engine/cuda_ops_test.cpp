@@ -1,9 +1,8 @@
 // The engine's decode-step CUDA kernels against host references: the fused GEMVs (RMSNorm prologue; bf16, fp32,
 // residual-add and SwiGLU epilogues) against float64 dot products of the same bf16-rounded operands, at odd sizes;
-// the device argmax and top-k against the host sampler's rules, ties included. The opt-in GEMV variants of Round 3
-// (split-K, preload, late trigger; the fused RoPE + cache append and fused argmax epilogues) against the same float64
-// references and against the unfused path. Built only with CUDA; skips without a device. The streamed GEMV
-// (gemv_stream.cu) against the same references, and the fused RoPE epilogue through it. (The GEMV times at the
+// the device argmax and top-k against the host sampler's rules, ties included. The GEMV's split-K and grid choices,
+// back-to-back launches, and its fused RoPE + cache append and fused argmax epilogues against the same float64
+// references and against the unfused path. Built only with CUDA; skips without a device. (The GEMV times at the
 // Llama-3.2-1B shapes: bench/engine/gemv_bench.cpp.)
 #include <gtest/gtest.h>
 
@@ -149,24 +148,14 @@ TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
       {ops::GemvIn::bf16, ops::GemvOut::add_f32, 7, 130, 8, false},
       {ops::GemvIn::bf16, ops::GemvOut::add_f32, 8, 2048, 2048, false},
   };
-  // The default kernel, then the variant kernel: split-K (warps per row), preload before the wait, late trigger.
+  // Split-K (warps per row) and the grid (0: one resident wave; a block per tile, as the engine's one-row gate/up and
+  // LM head; a few looping blocks).
   struct Variant {
     int split;
-    bool preload, late, after = false;  // after: the preloaded batch issued behind the RMSNorm prologue's loads
-    bool norm_early = false;            // the norm weight loaded before the wait
-    bool evict_first = false;           // the weight loads marked evict-first in L2
-    int grid = 0;                       // variant kernel's blocks (0: one resident wave)
+    int grid = 0;
   };
-  const std::vector<Variant> variants = {{1, false, false}, {1, true, true}, {2, false, false}, {4, true, false},
-                                         {8, false, true}, {2, true, true}, {1, true, false, true}, {2, true, true, true},
-                                         {1, true, false, false, true}, {2, false, true, true, true},
-                                         {1, false, false, false, false, true}, {1, true, false, false, true, true},
-                                         {2, true, true, false, false, true},
-                                         {1, true, false, false, true, true, ops::kGemvBlockPerTile},
-                                         {1, true, false, false, true, true, 3},
-                                         {2, false, true, false, false, true, ops::kGemvBlockPerTile},
-                                         {2, true, false, false, true, true, ops::kGemvBlockPerTile},  // the engine's down
-                                         {1, false, false, false, false, false, 3}};  // the default kernel, 3 blocks
+  const std::vector<Variant> variants = {{1}, {2}, {4}, {8}, {1, ops::kGemvBlockPerTile}, {1, 3},
+                                         {2, ops::kGemvBlockPerTile}, {2, 3}};
   std::vector<Case> all = cases;
   // Odd sizes for the split: fewer chunks than warps x lanes, a slice boundary inside a batch, one output row.
   all.push_back({ops::GemvIn::bf16, ops::GemvOut::add_f32, 2, 1, 1032, false});
@@ -174,96 +163,50 @@ TEST(EngineCudaOps, FusedGemvMatchesFloat64) {
   all.push_back({ops::GemvIn::rmsnorm, ops::GemvOut::f32, 1, 77, 4104, true});
   for (const Variant& v : variants) {
     for (const Case& c : all) {
-      SCOPED_TRACE(case_name(c) + " split " + std::to_string(v.split) + " preload " + std::to_string(v.preload) +
-                   " late " + std::to_string(v.late) + " after " + std::to_string(v.after) + " norm early " +
-                   std::to_string(v.norm_early) + " evict first " + std::to_string(v.evict_first) + " grid " +
-                   std::to_string(v.grid));
+      SCOPED_TRACE(case_name(c) + " split " + std::to_string(v.split) + " grid " + std::to_string(v.grid));
       const int stream_rows = c.row_index ? c.rows + 3 : c.rows;
       std::vector<int32_t> ri;
       if (c.row_index)
         for (int r = 0; r < c.rows; ++r) ri.push_back((r * 5 + 2) % stream_rows);
       ops::GemvParams p;
       p.split = v.split;
-      p.preload = v.preload;
-      p.late_trigger = v.late;
-      p.preload_after_x = v.after;
-      p.norm_early = v.norm_early;
-      p.weight_evict_first = v.evict_first;
       p.grid_blocks = v.grid;
       const double worst = expect_gemv_matches(c, p, rng, stream_rows, ri);
-      std::printf("gemv in %d epi %d rows %d out %d k %d split %d preload %d late %d: worst error / tolerance %.3f\n",
-                  int(c.in), int(c.epi), c.rows, c.out, c.k, v.split, int(v.preload), int(v.late), worst);
+      std::printf("gemv in %d epi %d rows %d out %d k %d split %d grid %d: worst error / tolerance %.3f\n", int(c.in),
+                  int(c.epi), c.rows, c.out, c.k, v.split, v.grid, worst);
     }
   }
 }
 
-// The streamed GEMV (gemv_stream.cu; one row, k a multiple of 256, sm_90) against the same float64 reference, at
-// sizes that cut units and stages unevenly (a last unit with fewer rows, rows longer than a ring slot with a short
-// last stage, one output row, more units than a ring's worth per block so the counter hands out the rest), ring
-// depths and blocks per SM, and several launches back to back on the same counters (an accumulating epilogue adds
-// each; the counters must come back zero). Shapes it does not take fall back to the register kernel, checked too.
-TEST(EngineCudaOps, StreamedGemvMatchesFloat64) {
+// Launches back to back, each a programmatic dependent of the one before (sm_90): the residual-adding epilogue adds
+// every launch's sums (the next may start before the last ends and must wait for it), on the legacy default stream
+// and on a created one, with and without PDL; the other epilogues write the same values again.
+TEST(EngineCudaOps, BackToBackGemvLaunchesMatchFloat64) {
   DEVICE_OR_SKIP();
   std::mt19937 rng(23);
-  const bool sm90 = dt::device_compute_major() >= 9;
   const std::vector<Case> cases = {
       {ops::GemvIn::bf16, ops::GemvOut::add_f32, 1, 2048, 2048, false},
       {ops::GemvIn::bf16, ops::GemvOut::add_f32, 1, 257, 8448, false},
-      {ops::GemvIn::bf16, ops::GemvOut::add_f32, 1, 1, 256, false},
-      {ops::GemvIn::bf16, ops::GemvOut::add_f32, 1, 1000, 14336, false},
-      {ops::GemvIn::rmsnorm, ops::GemvOut::bf16, 1, 301, 256, true},
-      {ops::GemvIn::rmsnorm, ops::GemvOut::bf16, 1, 3072, 2048, false},
-      {ops::GemvIn::rmsnorm, ops::GemvOut::swiglu_bf16, 1, 173, 512, false},
-      {ops::GemvIn::rmsnorm, ops::GemvOut::swiglu_bf16, 1, 8192, 2048, false},
-      {ops::GemvIn::rmsnorm, ops::GemvOut::swiglu_bf16, 1, 37, 8192, true},
-      // Not taken by the streamed kernel (two rows; k not a multiple of 256; an fp32 store): the register kernel.
       {ops::GemvIn::bf16, ops::GemvOut::add_f32, 2, 130, 2048, false},
-      {ops::GemvIn::rmsnorm, ops::GemvOut::bf16, 1, 64, 264, false},
-      {ops::GemvIn::rmsnorm, ops::GemvOut::f32, 1, 77, 2048, false},
+      {ops::GemvIn::rmsnorm, ops::GemvOut::bf16, 1, 3072, 2048, false},
+      {ops::GemvIn::rmsnorm, ops::GemvOut::swiglu_bf16, 1, 8192, 2048, false},
+      {ops::GemvIn::rmsnorm, ops::GemvOut::f32, 1, 77, 2048, true},
   };
-  struct Variant {
-    int stages, blocks, launches;
-    bool own_stream = false;  // on a created (non-blocking) stream instead of the legacy default one
-  };
-  const std::vector<Variant> variants = {{8, 1, 1}, {16, 1, 3}, {16, 2, 2}, {8, 4, 1}, {16, 1, 2, true}};
-  for (const Variant& v : variants) {
-    for (const Case& c : cases) {
-      SCOPED_TRACE(case_name(c) + " stages " + std::to_string(v.stages) + " blocks " + std::to_string(v.blocks) +
-                   " launches " + std::to_string(v.launches) + (v.own_stream ? " on a created stream" : ""));
-      const int stream_rows = c.row_index ? 4 : c.rows;
-      std::vector<int32_t> ri;
-      if (c.row_index) ri.push_back(2);
-      ops::GemvParams p = shaped(c);
-      p.stream = true;
-      p.stream_stages = v.stages;
-      p.stream_blocks_per_sm = v.blocks;
-      uint32_t dummy[2];
-      ops::GemvParams probe = p;
-      probe.counters = dummy;  // gemv_stream_supported looks only at the shape, not at the counters
-      const bool streamed = c.rows == 1 && c.k % 256 == 0 && c.epi != ops::GemvOut::f32;
-      ASSERT_EQ(ops::gemv_stream_supported(probe), streamed && sm90);
-      const int launches = c.epi == ops::GemvOut::add_f32 ? v.launches : std::max(1, v.launches - 1);
-      const double worst = expect_gemv_matches(c, p, rng, stream_rows, ri, launches, v.own_stream);
-      std::printf("gemv %s in %d epi %d out %d k %d stages %d blocks %d launches %d: worst error / tolerance %.3f\n",
-                  streamed && sm90 ? "streamed" : "register", int(c.in), int(c.epi), c.out, c.k, v.stages, v.blocks,
-                  launches, worst);
+  for (const bool pdl : {true, false}) {
+    for (const bool own_stream : {false, true}) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(case_name(c) + (pdl ? " pdl" : " no pdl") + (own_stream ? " on a created stream" : ""));
+        const int stream_rows = c.row_index ? 4 : c.rows;
+        std::vector<int32_t> ri;
+        if (c.row_index) ri.push_back(2);
+        ops::GemvParams p;
+        p.split = c.epi == ops::GemvOut::add_f32 ? ops::gemv_auto_split(c.out, c.k) : 1;
+        p.pdl = pdl;
+        const double worst = expect_gemv_matches(c, p, rng, stream_rows, ri, 3, own_stream);
+        std::printf("gemv in %d epi %d out %d k %d pdl %d, 3 launches: worst error / tolerance %.3f\n", int(c.in),
+                    int(c.epi), c.out, c.k, int(pdl), worst);
+      }
     }
-  }
-  // A ring that is no multiple of 8 slots (a slot per consumer warp) is refused before anything runs.
-  ops::GemvParams bad;
-  bad.in = ops::GemvIn::bf16;
-  bad.epi = ops::GemvOut::add_f32;
-  bad.rows = 1;
-  bad.out = 8;
-  bad.k = 256;
-  bad.stream = true;
-  bad.stream_stages = 4;
-  std::vector<float> y(8, 0.f);
-  try {
-    dt::gemv(bad, std::vector<float>(8 * 256, 0.f), std::vector<float>(256, 0.f), {}, std::vector<float>(256, 1.f), {}, y);
-    ADD_FAILURE() << "stream_stages 4 was accepted";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("stream_stages 4; expected a multiple of 8"), std::string::npos) << e.what();
   }
 }
 
@@ -290,21 +233,15 @@ TEST(EngineCudaOps, FusedRopeAppendMatchesUnfusedAndFloat64) {
     int heads, kv_heads, head_dim;
     bool interleaved;
     int rows, k;
-    bool preload;
-    int stream_stages = 0;  // > 0: the streamed kernel (one row, k a multiple of 256), for the fused and unfused GEMV
   };
-  const std::vector<RCase> cases = {{4, 2, 64, false, 1, 264, false}, {3, 1, 16, true, 3, 136, true},
-                                    {2, 2, 8, false, 8, 520, false},  {5, 1, 32, true, 2, 64, true},
-                                    {32, 8, 64, false, 1, 2048, true}, {6, 3, 24, false, 5, 8, false},
-                                    {32, 8, 64, false, 1, 2048, false, 8}, {32, 8, 64, true, 1, 2048, false, 16},
-                                    {8, 2, 128, false, 1, 4096, false, 8},  {6, 3, 96, false, 1, 768, false, 16},
-                                    {3, 1, 16, true, 1, 256, false, 8},     {2, 2, 8, false, 1, 8192, false, 16}};
-  const bool sm90 = dt::device_compute_major() >= 9;
+  const std::vector<RCase> cases = {{4, 2, 64, false, 1, 264},  {3, 1, 16, true, 3, 136},   {2, 2, 8, false, 8, 520},
+                                    {5, 1, 32, true, 2, 64},    {32, 8, 64, false, 1, 2048}, {6, 3, 24, false, 5, 8},
+                                    {32, 8, 64, true, 1, 2048}, {8, 2, 128, false, 1, 4096}, {6, 3, 96, false, 1, 768},
+                                    {3, 1, 16, true, 1, 256},   {2, 2, 8, false, 1, 8192}};
   for (const RCase& rc : cases) {
     SCOPED_TRACE("heads " + std::to_string(rc.heads) + "/" + std::to_string(rc.kv_heads) + " D " +
                  std::to_string(rc.head_dim) + (rc.interleaved ? " interleaved" : " half-split") + " rows " +
-                 std::to_string(rc.rows) + " k " + std::to_string(rc.k) + " stream stages " +
-                 std::to_string(rc.stream_stages));
+                 std::to_string(rc.rows) + " k " + std::to_string(rc.k));
     const int D = rc.head_dim, half = D / 2, kvd = rc.kv_heads * D, out = (rc.heads + 2 * rc.kv_heads) * D;
     const int positions = 300, cache_rows = 3 * rc.rows + 5;
     const auto w = random_vec(size_t(out) * rc.k, rng, -0.1f, 0.1f);
@@ -323,21 +260,10 @@ TEST(EngineCudaOps, FusedRopeAppendMatchesUnfusedAndFloat64) {
     p.out = out;
     p.k = rc.k;
     p.eps = 1e-5f;
-    p.preload = rc.preload;
     p.rope.heads = rc.heads;
     p.rope.kv_heads = rc.kv_heads;
     p.rope.head_dim = D;
     p.rope.interleaved = rc.interleaved;
-    if (rc.stream_stages) {
-      p.stream = true;
-      p.stream_stages = rc.stream_stages;
-      ops::GemvParams probe = p;
-      uint32_t dummy[2];
-      probe.counters = dummy;
-      probe.in = ops::GemvIn::rmsnorm;  // as gemv_rope runs it
-      probe.epi = ops::GemvOut::rope_bf16;
-      ASSERT_EQ(ops::gemv_stream_supported(probe), sm90);
-    }
     std::vector<float> y1, k1, v1, y0, k0, v0;
     dt::gemv_rope(p, true, w, xf, g, cs, sn, pos, cache_row, cache_rows, y1, k1, v1);
     dt::gemv_rope(p, false, w, xf, g, cs, sn, pos, cache_row, cache_rows, y0, k0, v0);
@@ -398,9 +324,8 @@ TEST(EngineCudaOps, FusedRopeAppendMatchesUnfusedAndFloat64) {
         ASSERT_TRUE(std::isnan(v1[size_t(row) * kvd + i])) << "v cache row " << row << " written";
       }
     }
-    std::printf("fused rope+append heads %d/%d D %d %s rows %d k %d stream %d: %d/%d values bit-equal to the unfused path\n",
-                rc.heads, rc.kv_heads, D, rc.interleaved ? "interleaved" : "half-split", rc.rows, rc.k, rc.stream_stages,
-                exact, compared);
+    std::printf("fused rope+append heads %d/%d D %d %s rows %d k %d: %d/%d values bit-equal to the unfused path\n",
+                rc.heads, rc.kv_heads, D, rc.interleaved ? "interleaved" : "half-split", rc.rows, rc.k, exact, compared);
   }
 }
 
@@ -411,12 +336,11 @@ TEST(EngineCudaOps, FusedArgmaxIsTheHostArgmaxOfItsLogits) {
   std::mt19937 rng(23);
   struct ACase {
     int rows, out, k;
-    bool row_index, tie, preload;
+    bool row_index, tie;
   };
-  const std::vector<ACase> cases = {{1, 1001, 64, false, false, false}, {3, 5003, 136, true, true, true},
-                                    {8, 257, 8, true, true, false},      {1, 128256, 64, false, true, true},
-                                    {2, 1, 264, false, false, false},    {5, 40000, 24, false, false, true}};
-  // Each case in one resident wave (0) and as a block per tile (the engine's FLASHLITE_ENGINE_LMHEAD_GRID=tiles).
+  const std::vector<ACase> cases = {{1, 1001, 64, false, false}, {3, 5003, 136, true, true}, {8, 257, 8, true, true},
+                                    {1, 128256, 64, false, true}, {2, 1, 264, false, false}, {5, 40000, 24, false, false}};
+  // Each case in one resident wave (0) and as a block per tile (the engine's one-row LM head).
   for (const int grid : {0, ops::kGemvBlockPerTile})
   for (const ACase& ac : cases) {
     SCOPED_TRACE("rows " + std::to_string(ac.rows) + " out " + std::to_string(ac.out) + " k " + std::to_string(ac.k) +
@@ -438,7 +362,6 @@ TEST(EngineCudaOps, FusedArgmaxIsTheHostArgmaxOfItsLogits) {
     p.out = ac.out;
     p.k = ac.k;
     p.eps = 1e-5f;
-    p.preload = ac.preload;
     p.grid_blocks = grid;
     std::vector<float> y;
     const std::vector<int32_t> ids = dt::gemv_argmax(p, w, xf, g, ri, y);

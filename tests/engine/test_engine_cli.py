@@ -252,6 +252,20 @@ def test_short_flags_mean_the_long_ones(flashlite_bin, models_dir):
     assert other["outputs"][0]["ids"] != short["outputs"][0]["ids"], "-s must reach the sampler"
 
 
+def test_cuda_debug_flags_are_documented_and_change_no_cpu_output(flashlite_bin, models_dir):
+    # --no-graphs, --profile and --verbose are the CUDA engine's settings (no environment variable reaches it): each
+    # is in the help of generate, chat and score, and on the CPU they leave the tokens alone.
+    for cmd in ("generate", "chat", "score"):
+        help_text = run_cli(flashlite_bin, [cmd, "--help"]).stdout.decode()
+        for flag in ("--no-graphs", "--profile", "--verbose"):
+            assert flag in help_text, (cmd, flag)
+    m, t = stories(models_dir)
+    args = ["generate", "--model", m, "--tokenizer", t, "--prompt", "Lily", "--max-tokens", "15", "--json"]
+    plain = json.loads(run_cli(flashlite_bin, args).stdout)["outputs"][0]["ids"]
+    flagged = json.loads(run_cli(flashlite_bin, args + ["--no-graphs", "--profile", "--verbose"]).stdout)
+    assert flagged["outputs"][0]["ids"] == plain
+
+
 def test_full_context_says_why_it_stopped(flashlite_bin, models_dir):
     m, t = stories(models_dir)
     base = ["generate", "--model", m, "--tokenizer", t, "--prompt", "Once upon a time", "--ignore-eos"]

@@ -1,0 +1,47 @@
+#include "engine/cuda_ops/step_graphs.h"
+
+#include <exception>
+
+#include "engine/cuda_ops/device_buffer.h"
+
+namespace flashlite::engine::cuda_ops {
+
+StepGraphs::~StepGraphs() {
+  for (auto& [key, g] : graphs_)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+}
+
+void StepGraphs::run(const Key& key, cudaStream_t stream, const std::function<void()>& step) {
+  if (!on_) return step();
+  Entry& g = graphs_[key];
+  if (g.exec && g.generation != DeviceBuffer::generation()) {  // a buffer moved since the capture
+    cudaGraphExecDestroy(g.exec);
+    g.exec = nullptr;
+  }
+  if (!g.exec && ++g.seen >= 2) capture(g, stream, step);
+  if (g.exec) cuda_check(cudaGraphLaunch(g.exec, stream), "decode graph launch");
+  else step();
+}
+
+void StepGraphs::capture(Entry& g, cudaStream_t stream, const std::function<void()>& step) {
+  cudaGraph_t graph = nullptr;
+  cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "graph capture");
+  bool ok = true;
+  try {
+    step();
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  cudaError_t e = cudaStreamEndCapture(stream, &graph);
+  if (ok && e == cudaSuccess) e = cudaGraphInstantiate(&g.exec, graph, 0);
+  if (graph) cudaGraphDestroy(graph);
+  if (!ok || e != cudaSuccess) {  // eager steps from now on
+    cudaGetLastError();
+    g.exec = nullptr;
+    on_ = false;
+    return;
+  }
+  g.generation = DeviceBuffer::generation();
+}
+
+}  // namespace flashlite::engine::cuda_ops

@@ -1,0 +1,38 @@
+#pragma once
+// Decode steps replayed from CUDA graphs, one graph per (batch size, selection kind, k): captured the second time a
+// key is seen (the first step runs eagerly, so lazy module loading and cuBLASLt heuristics stay out of the capture),
+// captured again once a DeviceBuffer moved (the graph holds raw pointers). A capture that fails turns the graphs off
+// for good: every later step runs eagerly.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <tuple>
+
+namespace flashlite::engine::cuda_ops {
+
+class StepGraphs {
+ public:
+  using Key = std::tuple<int, int, int>;  // (rows, selection kind, k)
+  explicit StepGraphs(bool on) : on_(on) {}
+  ~StepGraphs();
+  StepGraphs(const StepGraphs&) = delete;
+  StepGraphs& operator=(const StepGraphs&) = delete;
+
+  // Queues `step` on `stream`: the key's graph when there is one (captured from `step` when due), else `step` itself.
+  void run(const Key& key, cudaStream_t stream, const std::function<void()>& step);
+
+ private:
+  struct Entry {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t generation = 0;  // DeviceBuffer::generation() at the capture
+    int seen = 0;
+  };
+  void capture(Entry& g, cudaStream_t stream, const std::function<void()>& step);
+
+  bool on_;
+  std::map<Key, Entry> graphs_;
+};
+
+}  // namespace flashlite::engine::cuda_ops
