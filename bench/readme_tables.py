@@ -44,44 +44,53 @@ def source_line(rel, data, device):
 def table_fwd():
     rel = SOURCES["fwd"]
     d = load(rel)
-    lines = [source_line(rel, d, d["device"]) + f" torch {d.get('torch', '?')}; TFLOP/s of useful work "
-             "(causal counts half), bf16, batch x seq = 16384, heads x head_dim = 2048, every backend on the same "
-             "tensors in one process.", "",
-             "| D | causal | S | flashlite | SDPA flash | SDPA cuDNN | vs flash | vs cuDNN |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
-    rows = sorted(d["rows"], key=lambda r: (r["head_dim"], r["causal"], r["seq"]))
-    for r in rows:
-        fl, fa, cu = r["flashlite"]["tflops"], r["sdpa_flash"]["tflops"], r["sdpa_cudnn"]["tflops"]
-        lines.append(f"| {r['head_dim']} | {'yes' if r['causal'] else 'no'} | {r['seq']} | {fl:.0f} | {fa:.0f} | "
-                     f"{cu:.0f} | {fl / fa:.2f}x | {fl / cu:.2f}x |")
+    seqs = sorted({r["seq"] for r in d["rows"]})
+    lines = [source_line(rel, d, d["device"]) + f" torch {d.get('torch', '?')}; bf16, batch x seq = 16384, "
+             "heads x head_dim = 2048, every backend on the same tensors in one process. Each cell: flashlite's "
+             "TFLOP/s of useful work (causal counts half), then its speed relative to SDPA's flash (FlashAttention-2) "
+             "and cuDNN backends (> 1: flashlite faster).", "",
+             "| D, mask | " + " | ".join(f"S {s}" for s in seqs) + " |",
+             "|---|" + "---:|" * len(seqs)]
+    by = {(r["head_dim"], r["causal"], r["seq"]): r for r in d["rows"]}
+    for dim, causal in sorted({(r["head_dim"], r["causal"]) for r in d["rows"]}):
+        cells = []
+        for s in seqs:
+            r = by.get((dim, causal, s))
+            if not r:
+                cells.append("-")
+                continue
+            fl = r["flashlite"]["tflops"]
+            cells.append(f"{fl:.0f}, {fl / r['sdpa_flash']['tflops']:.2f}x / {fl / r['sdpa_cudnn']['tflops']:.2f}x")
+        lines.append(f"| {dim}, {'causal' if causal else 'full'} | " + " | ".join(cells) + " |")
     return lines
 
 
 def table_decode():
     rel, rel_sdpa = SOURCES["decode"]
     d, s = load(rel), load(rel_sdpa)
+    bw = d["read_bw_tbps"] * 1e12
     sdpa = {(r["batch"], r["kv_len"]): r for r in s["rows"] if r.get("peer") == "sdpa_cudnn"}
-    lines = [source_line(rel, d, d["device"]) + f" SDPA (torch {s.get('torch', '?')}, cuDNN backend) from the same "
-             f"device call, `bench/results/{rel_sdpa}`. Hq 32, Hkv 8, D 128, bf16, one query token; the step "
-             f"replayed from a CUDA graph as the engine runs it; % of the read bandwidth measured in the same run "
-             f"({d['read_bw_tbps']:.2f} TB/s).", "",
-             "| batch | kv_len | flashlite us (% bw) | paged (16) us | SDPA cuDNN us (% bw) |",
-             "|---:|---:|---:|---:|---:|"]
     main = {(r["batch"], r["kv_len"]): r for r in d["rows"]
             if r.get("kind") == "main" and r.get("layout") == "contiguous" and r.get("q_len") == 1}
     paged = {(r["batch"], r["kv_len"]): r for r in d["rows"]
              if r.get("layout") == "paged" and r.get("page_size") == 16 and r.get("q_len") == 1}
-    for key in sorted(main):
-        r = main[key]
-        p = paged.get(key)
-        c = sdpa.get(key)
-        kv_bytes = r["kv_bytes"]
-        c_cell = "-"
-        if c:
-            c_cell = f"{c['us_graph']:.1f} ({100 * kv_bytes / (c['us_graph'] * 1e-6) / (d['read_bw_tbps'] * 1e12):.0f}%)"
-        lines.append(f"| {key[0]} | {key[1]} | {r['us_graph']:.1f} ({r['pct_read_bw_graph']:.0f}%) | "
-                     f"{p['us_graph']:.1f} | {c_cell} |" if p else
-                     f"| {key[0]} | {key[1]} | {r['us_graph']:.1f} ({r['pct_read_bw_graph']:.0f}%) | - | {c_cell} |")
+    extra = [100 * (paged[k]["us_graph"] / main[k]["us_graph"] - 1) for k in main if k in paged]
+    paged_note = (f" Paged caches (16-token pages) take {min(extra):.0f}-{max(extra):.0f}% longer." if extra else "")
+    lens = sorted({k[1] for k in main})
+    lines = [source_line(rel, d, d["device"]) + f" SDPA (torch {s.get('torch', '?')}, cuDNN backend) from the same "
+             f"device call, `bench/results/{rel_sdpa}`. Hq 32, Hkv 8, D 128, bf16, one query token, contiguous cache; "
+             f"us per call replayed from a CUDA graph as the engine runs it, in brackets % of the read bandwidth "
+             f"measured in the same run ({d['read_bw_tbps']:.2f} TB/s).{paged_note}", "",
+             "| batch | " + " | ".join(f"kv {n}: flashlite | SDPA cuDNN" for n in lens) + " |",
+             "|---:|" + "---:|---:|" * len(lens)]
+    for batch in sorted({k[0] for k in main}):
+        cells = []
+        for n in lens:
+            r, c = main.get((batch, n)), sdpa.get((batch, n))
+            cells.append(f"{r['us_graph']:.1f} ({r['pct_read_bw_graph']:.0f}%)" if r else "-")
+            cells.append(f"{c['us_graph']:.1f} ({100 * r['kv_bytes'] / (c['us_graph'] * 1e-6) / bw:.0f}%)"
+                         if c and r else "-")
+        lines.append(f"| {batch} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -107,18 +116,22 @@ def table_cpu():
              f"`bench/results/{rel}` (`flashlite bench cpu`); fp32, B 1, H 8, D 64; % of the FMA peak measured in "
              f"the same run ({d['fma_peak_gflops']:.0f} GFLOP/s); load average at the start "
              f"{d.get('load_average_start', '?')}.", "",
-             "| S | causal | naive ms | cpu (tiled) ms | cpu GFLOP/s (% peak) | speed-up | extra memory naive / cpu MiB |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+             "| S | naive ms | cpu (tiled) ms | cpu GFLOP/s (% peak) | speed-up | causal: naive / cpu ms | "
+             "extra memory naive / cpu MiB |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
     by = {}
     for r in d["rows"]:  # the cpu rows of every instruction set; the table shows the one the machine runs by default
         if r["backend"] == "naive" or r.get("simd", d["simd_variant"]) == d["simd_variant"]:
             by.setdefault((r["seq"], r["causal"]), {})[r["backend"]] = r
-    for (seq, causal), b in sorted(by.items()):
-        n, t = b.get("naive"), b.get("cpu")
+    for seq in sorted({s for s, _ in by}):
+        n, t = by.get((seq, False), {}).get("naive"), by.get((seq, False), {}).get("cpu")
         if not (n and t):
             continue
-        lines.append(f"| {seq} | {'yes' if causal else 'no'} | {n['median_ms']:.2f} | {t['median_ms']:.2f} | "
-                     f"{t['gflops']:.1f} ({t['pct_of_fma_peak']:.0f}%) | {n['median_ms'] / t['median_ms']:.1f}x | "
+        c = by.get((seq, True), {})
+        causal = (f"{c['naive']['median_ms']:.1f} / {c['cpu']['median_ms']:.1f}" if "naive" in c and "cpu" in c
+                  else "-")
+        lines.append(f"| {seq} | {n['median_ms']:.1f} | {t['median_ms']:.2f} | {t['gflops']:.1f} "
+                     f"({t['pct_of_fma_peak']:.0f}%) | {n['median_ms'] / t['median_ms']:.1f}x | {causal} | "
                      f"{n['extra_peak_rss_mib']:.1f} / {t['extra_peak_rss_mib']:.1f} |")
     return lines
 

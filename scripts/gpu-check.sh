@@ -4,8 +4,8 @@
 # attn`) on a few shapes, pytest tests/python (GPU backends vs float64 and torch SDPA, torch.compile, CUDA graphs),
 # compute-sanitizer (memcheck, racecheck, initcheck) on a small driver, and the attention benchmark. Results go to
 # OUTDIR (argument, else $OUT, else ./out): attn_main_job.json, attention.json and plots as files, every log bundled
-# into gpu_check_logs.tgz (a GPU lease returns at most 8 files). The fused kernel's sweep/profiling live in
-# bench/fwd/run_device.sh.
+# into gpu_check_logs.tgz (a GPU lease returns at most 8 files). The per-area benchmarks (forward side by side,
+# decode, engine e2e, CPU) are described in bench/README.md.
 #
 #   bash scripts/gpu-check.sh [OUTDIR] [--only STEP[,STEP...]] [--skip STEP[,STEP...]]
 #   steps, in order: info build ctest attn pytest sanitize bench

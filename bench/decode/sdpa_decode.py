@@ -58,6 +58,17 @@ def graphed(fn, n_inputs, reps):
     return ms[len(ms) // 2] * 1e3 / n
 
 
+def tree_commit():
+    """The commit of the tree that runs: $FLASHLITE_COMMIT, else git HEAD, else "unknown" (readme_tables.py needs one)."""
+    import os
+    import subprocess
+    if os.environ.get("FLASHLITE_COMMIT"):
+        return os.environ["FLASHLITE_COMMIT"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() or "unknown"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="sdpa_decode.json")
@@ -129,7 +140,7 @@ def main():
                     print(r, flush=True)
             del qs, ks, vs, ref
             torch.cuda.empty_cache()
-    json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
+    json.dump({"device": torch.cuda.get_device_name(), "commit": tree_commit(), "torch": torch.__version__, "rows": rows},
               open(args.out, "w"), indent=1)
 
 

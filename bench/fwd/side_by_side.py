@@ -26,6 +26,17 @@ def load(path):
     return lib
 
 
+def tree_commit():
+    """The commit of the tree that runs: $FLASHLITE_COMMIT, else git HEAD, else "unknown" (readme_tables.py needs one)."""
+    import os
+    import subprocess
+    if os.environ.get("FLASHLITE_COMMIT"):
+        return os.environ["FLASHLITE_COMMIT"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() or "unknown"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -37,7 +48,7 @@ def main():
     args = ap.parse_args()
     lib = load(args.lib)
     stream = torch.cuda.current_stream().cuda_stream
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "protocol": __doc__.strip().split("\n\n")[1],
+    res = {"device": torch.cuda.get_device_name(), "commit": tree_commit(), "torch": torch.__version__, "protocol": __doc__.strip().split("\n\n")[1],
            "rounds": args.rounds, "reps_per_round": args.reps, "rows": []}
     print(res["device"], flush=True)
     for d in map(int, args.dims.split(",")):
