@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <nlohmann/json.hpp>
-#include <numbers>
 
 #include "engine/errors.h"
 #include "engine/mapped_file.h"
@@ -225,29 +224,22 @@ ModelConfig load_hf_config(const std::string& dir) {
   }
 }
 
-std::vector<double> rope_inv_freq(const ModelConfig& c) {
-  const int half = c.head_dim / 2;
-  std::vector<double> inv(half);
-  for (int i = 0; i < half; ++i) inv[i] = 1.0 / std::pow(c.rope_theta, double(2 * i) / c.head_dim);
+RopeOptions rope_options(const ModelConfig& c) {
+  RopeOptions r;
+  r.enabled = true;
+  r.theta = c.rope_theta;
+  r.layout = c.rope_style == RopeStyle::interleaved ? RopeLayout::interleaved : RopeLayout::half_split;
   const RopeScaling& s = c.rope_scaling;
   if (s.type == "linear") {
-    for (double& f : inv) f /= s.factor;
+    r.linear_factor = s.factor;
   } else if (s.type == "llama3") {
-    // Long wavelengths are slowed by `factor`, short ones kept, the band between blended (Llama 3.1 recipe).
-    const double old_len = s.original_max_position;
-    const double low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
-    for (double& f : inv) {
-      const double wavelen = 2 * std::numbers::pi / f;
-      if (wavelen < high_wavelen) continue;
-      if (wavelen > low_wavelen) {
-        f /= s.factor;
-      } else {
-        const double smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-        f = (1 - smooth) * f / s.factor + smooth * f;
-      }
-    }
+    r.llama3 = true;
+    r.llama3_factor = s.factor;
+    r.llama3_low_freq_factor = s.low_freq_factor;
+    r.llama3_high_freq_factor = s.high_freq_factor;
+    r.llama3_original_max_position = s.original_max_position;
   }
-  return inv;
+  return r;
 }
 
 }  // namespace flashlite::engine

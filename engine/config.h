@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "flashlite/kv_cache.h"
+
 namespace flashlite::engine {
 
 // How RoPE pairs the elements of a head: llama2.c rotates adjacent pairs (2i, 2i+1); Hugging Face checkpoints
@@ -54,7 +56,7 @@ struct ModelConfig {
 // Parses config.json (and generation_config.json when present) of a Hugging Face Llama-family checkpoint.
 ModelConfig load_hf_config(const std::string& dir);
 
-// Inverse frequencies per rotary pair (head_dim / 2 of them), with the configured scaling applied (float64).
-std::vector<double> rope_inv_freq(const ModelConfig& c);
+// The model's RoPE as flashlite applies it (append_kv, flashlite/rope.h): theta, pair layout, llama3 / linear scaling.
+RopeOptions rope_options(const ModelConfig& c);
 
 }  // namespace flashlite::engine

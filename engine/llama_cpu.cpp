@@ -20,16 +20,7 @@ LlamaCpu::LlamaCpu(const ModelWeights& weights, const RuntimeOptions& options) :
   threads_ = opt_.threads > 0 ? opt_.threads : (w_.parameter_count() < 5'000'000 ? 1 : omp_get_num_procs());
   omp_set_num_threads(threads_);  // flashlite's CPU attention uses the same OpenMP pool
   cache_ = KvCache({c.n_layers, opt_.slots, context, c.n_kv_heads, c.head_dim});
-  // RoPE tables in float64, rounded once: cos/sin(pos * inv_freq[i]).
-  const std::vector<double> inv = rope_inv_freq(c);
-  const int half = c.head_dim / 2;
-  cos_.resize(size_t(context) * half);
-  sin_.resize(size_t(context) * half);
-  for (int p = 0; p < context; ++p)
-    for (int i = 0; i < half; ++i) {
-      cos_[size_t(p) * half + i] = float(std::cos(p * inv[i]));
-      sin_[size_t(p) * half + i] = float(std::sin(p * inv[i]));
-    }
+  rope_ = rope_options(c);
 }
 
 void LlamaCpu::ensure_scratch(int rows, int logit_rows) {
@@ -47,31 +38,62 @@ void LlamaCpu::ensure_scratch(int rows, int logit_rows) {
   logits_.resize(size_t(logit_rows) * c.vocab_size);
 }
 
-// Rotates q and k of every row in place. Interleaved (llama2.c) pairs (2i, 2i+1); half-split (HF) pairs (i, i+D/2).
-void LlamaCpu::rope_rows(float* qkv, const std::vector<int>& positions, int rows) {
+void LlamaCpu::attend(int layer, const KvGroup& g, int row) {
   const ModelConfig& c = w_.config;
-  const int D = c.head_dim, half = D / 2, heads = c.n_heads + c.n_kv_heads;
-  const int64_t stride = c.q_dim() + 2 * c.kv_dim();
-  const bool interleaved = c.rope_style == RopeStyle::interleaved;
-  for (int r = 0; r < rows; ++r) {
-    const float* cs = cos_.data() + size_t(positions[r]) * half;
-    const float* sn = sin_.data() + size_t(positions[r]) * half;
-    for (int h = 0; h < heads; ++h) {  // q heads then k heads: contiguous in the fused row
-      float* v = qkv + r * stride + h * D;
-      for (int i = 0; i < half; ++i) {
-        float* a = interleaved ? v + 2 * i : v + i;
-        float* b = interleaved ? v + 2 * i + 1 : v + i + half;
-        const float x0 = *a, x1 = *b;
-        *a = x0 * cs[i] - x1 * sn[i];
-        *b = x0 * sn[i] + x1 * cs[i];
-      }
-    }
+  const int D = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim(), qkv_w = qd + 2 * kvd;
+  // [count, n, heads, head_dim] views of the group's rows (sequence i's n rows follow sequence i - 1's).
+  auto rows = [&](float* p, int heads, int64_t ld) {
+    return TensorView::strided(p, DType::f32, Device::cpu(), {g.count, g.n, heads, D}, {g.n * ld, ld, D, 1});
+  };
+  float* qkv = &qkv_[size_t(row) * qkv_w];
+  AppendArgs ap;
+  ap.cache = cache_.view(layer, g.slot0, g.count);  // lengths already grown by this call's tokens
+  ap.k = rows(qkv + qd, c.n_kv_heads, qkv_w);
+  ap.v = rows(qkv + qd + kvd, c.n_kv_heads, qkv_w);
+  ap.q = rows(qkv, c.n_heads, qkv_w);
+  ap.q_out = ap.q;  // rotated in place
+  ap.rope = rope_;
+  ap.backend = Backend::cpu;
+  append_kv(ap);
+  const TensorView out = rows(&att_[size_t(row) * qd], c.n_heads, qd);
+  if (opt_.attention == Backend::automatic || opt_.attention == Backend::cpu) {
+    // Bottom-right causal: new row i of a sequence of length L sees positions [0, L - n + i].
+    auto args = [&](auto a) {  // DecodeArgs or PrefillArgs
+      a.q = ap.q;
+      a.cache = ap.cache;
+      a.out = out;
+      a.options.causal = true;
+      a.backend = Backend::cpu;
+      return a;
+    };
+    if (g.n <= 8) flashlite::decode(args(DecodeArgs{}));
+    else flashlite::prefill(args(PrefillArgs{}));
+    return;
+  }
+  // --attention naive / reference: flashlite::forward over each sequence's cached rows.
+  for (int i = 0; i < g.count; ++i) {
+    const int len = cache_.length(g.slot0 + i);
+    auto at = [&](const TensorView& t, int64_t rows_from, int64_t n) {
+      TensorView s = t;
+      s.data = static_cast<float*>(t.data) + i * t.strides[0] + rows_from * t.strides[1];
+      s.shape[0] = 1;
+      s.shape[1] = n;
+      return s;
+    };
+    ForwardArgs a;
+    a.q = at(ap.q, 0, g.n);
+    a.k = at(ap.cache.k, 0, len);
+    a.v = at(ap.cache.v, 0, len);
+    a.out = at(out, 0, g.n);
+    a.options.causal = true;
+    a.backend = opt_.attention;
+    flashlite::forward(a);
   }
 }
 
 const std::vector<float>& LlamaCpu::forward(const std::vector<SequenceInput>& inputs) {
   const ModelConfig& c = w_.config;
-  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, D = c.head_dim;
+  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
   const int qkv_w = qd + 2 * kvd;
   // Rows: every new token of every input, in order. Validate before touching the cache.
   int rows = 0, logit_rows = 0;
@@ -100,11 +122,8 @@ const std::vector<float>& LlamaCpu::forward(const std::vector<SequenceInput>& in
     logit_rows += in.all_logits ? n : 1;
   }
   ensure_scratch(rows, logit_rows);
-  std::vector<int> positions(rows);
   for (size_t s = 0; s < inputs.size(); ++s) {
-    const int len = cache_.length(inputs[s].slot);
     for (size_t i = 0; i < inputs[s].tokens.size(); ++i) {
-      positions[row0[s] + i] = len + int(i);
       std::copy_n(w_.embedding + size_t(inputs[s].tokens[i]) * dim, dim, x_.data() + size_t(row0[s] + i) * dim);
     }
   }
@@ -112,41 +131,30 @@ const std::vector<float>& LlamaCpu::forward(const std::vector<SequenceInput>& in
   auto mm = [&](float* y, const float* x, const float* w, int in, int out, int ldx, int ldy) {
     cpu::matmul({y, x, w, rows, in, out, ldx, ldy, threads_});
   };
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& L = w_.layers[l];
-    for (int r = 0; r < rows; ++r) cpu::rmsnorm(&xb_[size_t(r) * dim], &x_[size_t(r) * dim], L.rms_att, dim, c.rms_eps);
-    mm(qkv_.data(), xb_.data(), L.wqkv, dim, qkv_w, dim, qkv_w);
-    rope_rows(qkv_.data(), positions, rows);
-    // Append K and V of the new rows to each sequence's cache, then attend over the cached prefix.
-    for (size_t s = 0; s < inputs.size(); ++s) {
-      const int slot = inputs[s].slot, n = int(inputs[s].tokens.size()), len = cache_.length(slot);
-      for (int i = 0; i < n; ++i) {
-        const float* row = &qkv_[size_t(row0[s] + i) * qkv_w];
-        std::copy_n(row + qd, kvd, cache_.k(l, slot, len + i));
-        std::copy_n(row + qd + kvd, kvd, cache_.v(l, slot, len + i));
-      }
-      ForwardArgs a;
-      a.q = TensorView::strided(&qkv_[size_t(row0[s]) * qkv_w], DType::f32, Device::cpu(), {1, n, c.n_heads, D},
-                                {int64_t(n) * qkv_w, qkv_w, D, 1});
-      a.k = cache_.k_view(l, slot, len + n);
-      a.v = cache_.v_view(l, slot, len + n);
-      a.out = TensorView::strided(&att_[size_t(row0[s]) * qd], DType::f32, Device::cpu(), {1, n, c.n_heads, D},
-                                  {int64_t(n) * qd, qd, D, 1});
-      a.options.causal = true;  // bottom-right: new row i sees cached keys [0, len + i]
-      a.backend = opt_.attention == Backend::automatic ? Backend::cpu : opt_.attention;
-      flashlite::forward(a);
-    }
-    mm(xo_.data(), att_.data(), L.wo, qd, dim, qd, dim);
-    for (size_t i = 0; i < size_t(rows) * dim; ++i) x_[i] += xo_[i];
-    for (int r = 0; r < rows; ++r) cpu::rmsnorm(&xb_[size_t(r) * dim], &x_[size_t(r) * dim], L.rms_ffn, dim, c.rms_eps);
-    mm(h13_.data(), xb_.data(), L.w13, dim, 2 * hid, dim, 2 * hid);
-    for (int r = 0; r < rows; ++r) cpu::swiglu(&hb_[size_t(r) * hid], &h13_[size_t(r) * 2 * hid], &h13_[size_t(r) * 2 * hid + hid], hid);
-    mm(xo_.data(), hb_.data(), L.w2, hid, dim, hid, dim);
-    for (size_t i = 0; i < size_t(rows) * dim; ++i) x_[i] += xo_[i];
-  }
+  // The library's order: the cache lengths include this call's tokens before the appends (restored on an error).
+  std::vector<int> before(inputs.size());
   for (size_t s = 0; s < inputs.size(); ++s) {
-    const int slot = inputs[s].slot;
-    cache_.set_length(slot, cache_.length(slot) + int(inputs[s].tokens.size()));
+    before[s] = cache_.length(inputs[s].slot);
+    cache_.set_length(inputs[s].slot, before[s] + int(inputs[s].tokens.size()));
+  }
+  const std::vector<KvGroup> groups = kv_groups(inputs);
+  try {
+    for (int l = 0; l < c.n_layers; ++l) {
+      const LayerWeights& L = w_.layers[l];
+      for (int r = 0; r < rows; ++r) cpu::rmsnorm(&xb_[size_t(r) * dim], &x_[size_t(r) * dim], L.rms_att, dim, c.rms_eps);
+      mm(qkv_.data(), xb_.data(), L.wqkv, dim, qkv_w, dim, qkv_w);
+      for (const KvGroup& g : groups) attend(l, g, row0[g.first]);  // q, k rotated; k, v cached; att = attention
+      mm(xo_.data(), att_.data(), L.wo, qd, dim, qd, dim);
+      for (size_t i = 0; i < size_t(rows) * dim; ++i) x_[i] += xo_[i];
+      for (int r = 0; r < rows; ++r) cpu::rmsnorm(&xb_[size_t(r) * dim], &x_[size_t(r) * dim], L.rms_ffn, dim, c.rms_eps);
+      mm(h13_.data(), xb_.data(), L.w13, dim, 2 * hid, dim, 2 * hid);
+      for (int r = 0; r < rows; ++r) cpu::swiglu(&hb_[size_t(r) * hid], &h13_[size_t(r) * 2 * hid], &h13_[size_t(r) * 2 * hid + hid], hid);
+      mm(xo_.data(), hb_.data(), L.w2, hid, dim, hid, dim);
+      for (size_t i = 0; i < size_t(rows) * dim; ++i) x_[i] += xo_[i];
+    }
+  } catch (...) {
+    for (size_t s = 0; s < inputs.size(); ++s) cache_.set_length(inputs[s].slot, before[s]);
+    throw;
   }
 
   // Final norm of the rows that need logits, gathered contiguously, then one LM-head matmul.
@@ -168,14 +176,28 @@ namespace flashlite::engine {
 std::string LlamaCpu::attention_kernel() {
   const ModelConfig& c = w_.config;
   std::vector<float> q(size_t(c.q_dim())), o(size_t(c.q_dim()));
-  ForwardArgs a;
-  a.q = TensorView::contiguous(q.data(), DType::f32, Device::cpu(), {1, 1, c.n_heads, c.head_dim});
-  a.k = cache_.k_view(0, 0, 1);
-  a.v = cache_.v_view(0, 0, 1);
-  a.out = TensorView::contiguous(o.data(), DType::f32, Device::cpu(), {1, 1, c.n_heads, c.head_dim});
+  const int32_t one = 1;  // a one-token decode step of slot 0
+  const KvCacheShape& s = cache_.shape();
+  KvCacheView cache = cache_.view(0, 0, 1);
+  cache.host.seq_lens.data = const_cast<int32_t*>(&one);
+  DecodeArgs a;
+  a.q = TensorView::contiguous(q.data(), DType::f32, Device::cpu(), {1, 1, c.n_heads, s.head_dim});
+  a.cache = cache;
+  a.out = TensorView::contiguous(o.data(), DType::f32, Device::cpu(), {1, 1, c.n_heads, s.head_dim});
   a.options.causal = true;
-  a.backend = opt_.attention == Backend::automatic ? Backend::cpu : opt_.attention;
-  return forward_kernel_name(a);
+  if (opt_.attention == Backend::automatic || opt_.attention == Backend::cpu) {
+    a.backend = Backend::cpu;
+    return decode_kernel_name(a);
+  }
+  ForwardArgs f;  // --attention naive / reference
+  f.q = a.q;
+  f.k = cache.k;
+  f.v = cache.v;
+  f.k.shape[1] = f.v.shape[1] = 1;
+  f.out = a.out;
+  f.options.causal = true;
+  f.backend = opt_.attention;
+  return forward_kernel_name(f);
 }
 
 }  // namespace flashlite::engine

@@ -1,7 +1,9 @@
 #pragma once
-// The Llama forward pass on the CPU (fp32): embedding, RMSNorm, fused QKV matmul, RoPE, KV-cache append,
-// attention through flashlite::forward (causal, bottom-right aligned, so a chunk of new queries attends to the whole
-// cached prefix), output projection, SwiGLU MLP, final norm and LM head.
+// The Llama forward pass on the CPU (fp32): embedding, RMSNorm, fused QKV matmul, then per layer the library: the new
+// tokens' K and V appended to the flashlite KV cache with q and k rotated on the way (flashlite::append_kv, the
+// repository's one RoPE), attention over the cache through flashlite::decode (<= 8 new tokens per sequence) or
+// flashlite::prefill (causal, bottom-right aligned, so a chunk of new queries attends to the whole cached prefix);
+// output projection, SwiGLU MLP, final norm and LM head.
 #include <string>
 #include <vector>
 
@@ -28,17 +30,23 @@ class LlamaCpu final : public LlamaModel {
   void reset(int slot) override { cache_.reset(slot); }
   int threads() const override { return threads_; }
   std::string device() const override { return "cpu"; }
-  std::string attention_kernel() override;  // e.g. "cpu_tiled_avx2"
+  std::string attention_kernel() override;  // e.g. "cpu_decode (tiled cpu_tiled_avx2)"
+
+  // The last layer's rows of the last forward call, for tests that check the cache against the public API: the fused
+  // QKV rows (rows, q_dim + 2 kv_dim) with q rotated (k and v are in the cache), and the attention output (rows, q_dim).
+  const float* last_qkv() const { return qkv_.data(); }
+  const float* last_attention() const { return att_.data(); }
 
  private:
   void ensure_scratch(int rows, int logit_rows);
-  void rope_rows(float* qkv, const std::vector<int>& positions, int rows);
+  // Appends the group's new K / V (rotating q and k) to layer `layer`'s cache, then attends; `row`: its first row.
+  void attend(int layer, const KvGroup& g, int row);
 
   const ModelWeights& w_;
   RuntimeOptions opt_;
   int threads_ = 1;
   KvCache cache_;
-  std::vector<float> cos_, sin_;  // (context, head_dim / 2)
+  RopeOptions rope_;
   // Scratch, grown on demand.
   std::vector<float> x_;       // (rows, dim) residual stream
   std::vector<float> xb_;      // (rows, dim) normed input

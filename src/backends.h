@@ -1,14 +1,22 @@
 #pragma once
-// Entry points of every backend. Each receives a validated problem (src/dispatch.cpp) and trusts it.
+// Entry points of every backend. Each receives a validated problem (src/dispatch.cpp) and its plan, and trusts them.
 #include <cstddef>
 #include <string>
 
 #include "common/problem.h"
+#include "flashlite/attention.h"
 
 namespace flashlite {
 
-// The kernel forward() runs; chosen in exactly one place (choose_kernel in dispatch.cpp).
-enum class KernelChoice { reference, cpu_naive, cpu_tiled, cuda_naive, cuda_fused };
+// A forward plan with its launch parameters: made in exactly one place (plan_forward in dispatch.cpp; the CUDA fused
+// kernels' part in plan_cuda_fused), read by the launchers and by the kernel names.
+struct FwdPlan {
+  ForwardKernel kernel = ForwardKernel::automatic;  // automatic: unsupported
+  std::string unsupported;                          // why not (empty when supported)
+  int mma_config = 0;  // cuda_mma: cuda_fwd::MmaConfig
+  int block_rows = 0;  // CUDA fused kernels: query rows per block
+  int rank_group = 0;  // CUDA fused, causal: (sequence, head) pairs per rank-major group (block_order.h; 0: one group)
+};
 
 void run_reference(const AttentionProblem& p);
 void reference_compute(const AttentionProblem& p, double* out64, double* lse64);
@@ -21,12 +29,15 @@ const char* cpu_tiled_variant(const AttentionProblem& p);  // the same for this 
 inline constexpr int64_t kMaxCpuHeadDim = 512;
 
 #if FLASHLITE_WITH_CUDA
+struct KvCacheDesc;
 size_t cuda_naive_workspace_bytes(const AttentionProblem& p);
 void run_cuda_naive(const AttentionProblem& p, void* stream, void* workspace, size_t workspace_bytes);
-// Empty string when the fused kernel supports p; otherwise why not (e.g. "head_dim 48 is not one of 64, 128").
-std::string cuda_fused_unsupported_reason(const AttentionProblem& p);
-void run_cuda_fused(const AttentionProblem& p, void* stream);
-std::string cuda_fused_kernel_name(const AttentionProblem& p);
+// The CUDA fused kernels' part of the forward plan (src/cuda/fwd/plan.cpp): simt, mma.sync or Hopper and their tiles,
+// or why not. forced: automatic or one of cuda_simt / cuda_mma / cuda_hopper. cache: prefill from this KV cache (the
+// mma.sync kernel's cache variant).
+FwdPlan plan_cuda_fused(const AttentionProblem& p, ForwardKernel forced, const KvCacheDesc* cache = nullptr);
+void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream);
+std::string cuda_fused_kernel_name(const AttentionProblem& p, const FwdPlan& plan);
 #endif
 
 }  // namespace flashlite

@@ -1,7 +1,9 @@
-// Validates every argument once, resolves the problem, picks the kernel (choose_kernel) and runs it.
+// The forward op: validates every argument once, plans (plan_forward: the one place that decides which kernel runs,
+// whether one can, and what it is called) and runs.
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "backends.h"
 #include "common/problem.h"
@@ -115,11 +117,6 @@ const int32_t* check_cu_seqlens(const TensorView& t, const char* name, int64_t b
   }
   return cu;
 }
-
-struct Resolved {
-  AttentionProblem problem;
-  KernelChoice kernel;
-};
 
 AttentionProblem validate(const ForwardArgs& a) {
   const AttentionOptions& o = a.options;
@@ -257,87 +254,179 @@ AttentionProblem validate(const ForwardArgs& a) {
   return p;
 }
 
-KernelChoice choose_kernel(const AttentionProblem& p, Backend requested) {
+// The backend a forced kernel belongs to.
+Backend backend_of(ForwardKernel k) {
+  switch (k) {
+    case ForwardKernel::reference: return Backend::reference;
+    case ForwardKernel::cpu_naive:
+    case ForwardKernel::cuda_naive: return Backend::naive;
+    case ForwardKernel::cpu_tiled: return Backend::cpu;
+    case ForwardKernel::cuda_simt:
+    case ForwardKernel::cuda_mma:
+    case ForwardKernel::cuda_hopper: return Backend::cuda;
+    case ForwardKernel::automatic: break;
+  }
+  return Backend::automatic;
+}
+
+bool on_cuda(ForwardKernel k) {
+  return k == ForwardKernel::cuda_naive || k == ForwardKernel::cuda_simt || k == ForwardKernel::cuda_mma ||
+         k == ForwardKernel::cuda_hopper;
+}
+
+FwdPlan kernel_plan(ForwardKernel k) {
+  FwdPlan plan;
+  plan.kernel = k;
+  return plan;
+}
+
+FwdPlan unsupported_plan(std::string why) {
+  FwdPlan plan;
+  plan.unsupported = std::move(why);
+  return plan;
+}
+
+// THE forward kernel choice. A backend that contradicts the tensors' device (or the forced kernel) is a bad argument
+// (throws); a kernel that cannot run the problem is an answer (the plan's `unsupported`).
+FwdPlan plan_problem(const AttentionProblem& p, Backend requested, ForwardKernel forced) {
   const bool on_cpu = p.device.type == DeviceType::cpu;
   const std::string where = device_name(p.device);
+  if (forced != ForwardKernel::automatic) {
+    const Backend b = backend_of(forced);
+    if (requested != Backend::automatic && requested != b) {
+      fail(std::string("the forced kernel ") + forward_kernel_kind(forced) + " does not belong to backend '" +
+           backend_name(requested) + "'");
+    }
+    requested = b;
+    if (on_cpu == on_cuda(forced)) {
+      fail(std::string("the forced kernel ") + forward_kernel_kind(forced) + " needs " + (on_cpu ? "CUDA" : "CPU") +
+           " tensors, but the tensors are on " + where);
+    }
+  }
   switch (requested) {
     case Backend::reference:
       if (!on_cpu) fail("backend 'reference' runs on CPU tensors only, but the tensors are on " + where);
-      return KernelChoice::reference;
+      return kernel_plan(ForwardKernel::reference);
     case Backend::cpu:
       if (!on_cpu) fail("backend 'cpu' needs CPU tensors, but the tensors are on " + where);
-      if (p.head_dim > kMaxCpuHeadDim) fail("head_dim " + std::to_string(p.head_dim) + " is unsupported by backend 'cpu'; expected at most " + std::to_string(kMaxCpuHeadDim));
-      return KernelChoice::cpu_tiled;
+      if (p.head_dim > kMaxCpuHeadDim) {
+        return unsupported_plan("head_dim " + std::to_string(p.head_dim) + " is unsupported by backend 'cpu'; expected at most " +
+                                std::to_string(kMaxCpuHeadDim));
+      }
+      return kernel_plan(ForwardKernel::cpu_tiled);
     case Backend::naive:
-      if (on_cpu) return KernelChoice::cpu_naive;
+      if (on_cpu) return kernel_plan(ForwardKernel::cpu_naive);
 #if FLASHLITE_WITH_CUDA
-      return KernelChoice::cuda_naive;
+      return kernel_plan(ForwardKernel::cuda_naive);
 #else
-      fail("the tensors are on " + where + " but flashlite was built without CUDA");
+      return unsupported_plan("the tensors are on " + where + " but flashlite was built without CUDA");
 #endif
     case Backend::cuda:
     case Backend::automatic:
       if (on_cpu) {
         if (requested == Backend::cuda) fail("backend 'cuda' needs CUDA tensors, but the tensors are on cpu");
-        if (p.head_dim > kMaxCpuHeadDim) fail("head_dim " + std::to_string(p.head_dim) + " is unsupported on the CPU; expected at most " + std::to_string(kMaxCpuHeadDim));
-        return KernelChoice::cpu_tiled;
+        if (p.head_dim > kMaxCpuHeadDim) {
+          return unsupported_plan("head_dim " + std::to_string(p.head_dim) + " is unsupported on the CPU; expected at most " +
+                                  std::to_string(kMaxCpuHeadDim));
+        }
+        return kernel_plan(ForwardKernel::cpu_tiled);
       }
 #if FLASHLITE_WITH_CUDA
-      if (std::string why = cuda_fused_unsupported_reason(p); !why.empty()) fail(why);
-      return KernelChoice::cuda_fused;
+      return plan_cuda_fused(p, forced);
 #else
-      fail("the tensors are on " + where + " but flashlite was built without CUDA");
+      return unsupported_plan("the tensors are on " + where + " but flashlite was built without CUDA");
 #endif
   }
   fail("backend value " + std::to_string(int(requested)) + " is unknown");
 }
 
+std::string kernel_name(const AttentionProblem& p, const FwdPlan& plan) {
+  switch (plan.kernel) {
+    case ForwardKernel::reference: return "reference_f64";
+    case ForwardKernel::cpu_naive: return "cpu_naive_three_step";
+    case ForwardKernel::cpu_tiled: return std::string("cpu_tiled_") + cpu_tiled_variant(p);
+    case ForwardKernel::cuda_naive: return "cuda_naive_split";
+#if FLASHLITE_WITH_CUDA
+    case ForwardKernel::cuda_simt:
+    case ForwardKernel::cuda_mma:
+    case ForwardKernel::cuda_hopper: return cuda_fused_kernel_name(p, plan);
+#endif
+    default: return "unknown";
+  }
+}
+
+struct Resolved {
+  AttentionProblem problem;
+  FwdPlan plan;
+};
+
+// Validated and planned; throws the reason when nothing (or not the forced kernel) can run the arguments.
 Resolved resolve(const ForwardArgs& args) {
-  AttentionProblem p = validate(args);
-  return {p, choose_kernel(p, args.backend)};
+  Resolved r{validate(args), {}};
+  r.plan = plan_problem(r.problem, args.backend, args.plan ? args.plan->overrides.kernel : ForwardKernel::automatic);
+  if (!r.plan.unsupported.empty()) fail(r.plan.unsupported);
+  return r;
 }
 
 }  // namespace
 
+const char* forward_kernel_kind(ForwardKernel kernel) {
+  switch (kernel) {
+    case ForwardKernel::automatic: return "automatic";
+    case ForwardKernel::reference: return "reference";
+    case ForwardKernel::cpu_naive: return "cpu_naive";
+    case ForwardKernel::cpu_tiled: return "cpu_tiled";
+    case ForwardKernel::cuda_naive: return "cuda_naive";
+    case ForwardKernel::cuda_simt: return "cuda_simt";
+    case ForwardKernel::cuda_mma: return "cuda_mma";
+    case ForwardKernel::cuda_hopper: return "cuda_hopper";
+  }
+  return "unknown";
+}
+
+ForwardPlan plan_forward(const ForwardArgs& args, const ForwardOverrides& overrides) {
+  const AttentionProblem p = validate(args);
+  const FwdPlan fp = plan_problem(p, args.backend, overrides.kernel);
+  ForwardPlan plan;
+  plan.overrides = overrides;
+  plan.unsupported = fp.unsupported;
+  if (!plan.supported()) return plan;
+  plan.kernel = fp.kernel;
+  plan.name = kernel_name(p, fp);
+#if FLASHLITE_WITH_CUDA
+  if (fp.kernel == ForwardKernel::cuda_naive) plan.workspace_bytes = cuda_naive_workspace_bytes(p);
+#endif
+  return plan;
+}
+
 size_t forward_workspace_bytes(const ForwardArgs& args) {
   [[maybe_unused]] const Resolved r = resolve(args);
 #if FLASHLITE_WITH_CUDA
-  if (r.kernel == KernelChoice::cuda_naive) return cuda_naive_workspace_bytes(r.problem);
+  if (r.plan.kernel == ForwardKernel::cuda_naive) return cuda_naive_workspace_bytes(r.problem);
 #endif
   return 0;
 }
 
 std::string forward_kernel_name(const ForwardArgs& args) {
   const Resolved r = resolve(args);
-  switch (r.kernel) {
-    case KernelChoice::reference: return "reference_f64";
-    case KernelChoice::cpu_naive: return "cpu_naive_three_step";
-    case KernelChoice::cpu_tiled: return std::string("cpu_tiled_") + cpu_tiled_variant(r.problem);
-    case KernelChoice::cuda_naive: return "cuda_naive_split";
-    case KernelChoice::cuda_fused:
-#if FLASHLITE_WITH_CUDA
-      return cuda_fused_kernel_name(r.problem);
-#else
-      break;
-#endif
-  }
-  return "unknown";
+  return kernel_name(r.problem, r.plan);
 }
 
 void forward(const ForwardArgs& args) {
   const Resolved r = resolve(args);
   const AttentionProblem& p = r.problem;
   if (p.batch == 0 || p.seq_q == 0) return;  // nothing to compute
-  switch (r.kernel) {
-    case KernelChoice::reference: run_reference(p); return;
-    case KernelChoice::cpu_naive: run_cpu_naive(p); return;
-    case KernelChoice::cpu_tiled: run_cpu_tiled(p); return;
+  switch (r.plan.kernel) {
+    case ForwardKernel::reference: run_reference(p); return;
+    case ForwardKernel::cpu_naive: run_cpu_naive(p); return;
+    case ForwardKernel::cpu_tiled: run_cpu_tiled(p); return;
 #if FLASHLITE_WITH_CUDA
-    case KernelChoice::cuda_naive: run_cuda_naive(p, args.stream, args.workspace, args.workspace_bytes); return;
-    case KernelChoice::cuda_fused: run_cuda_fused(p, args.stream); return;
-#else
-    default: break;
+    case ForwardKernel::cuda_naive: run_cuda_naive(p, args.stream, args.workspace, args.workspace_bytes); return;
+    case ForwardKernel::cuda_simt:
+    case ForwardKernel::cuda_mma:
+    case ForwardKernel::cuda_hopper: run_cuda_fused(p, r.plan, args.stream); return;
 #endif
+    default: break;
   }
   throw Error(ErrorKind::runtime, "internal error: no kernel for the chosen backend");
 }
@@ -345,6 +434,7 @@ void forward(const ForwardArgs& args) {
 void reference_forward_f64(const ForwardArgs& args, double* out, double* lse) {
   ForwardArgs a = args;
   a.backend = Backend::reference;
+  a.plan = nullptr;
   const Resolved r = resolve(a);
   reference_compute(r.problem, out, lse);
 }

@@ -260,7 +260,7 @@ Result run_case(const Case& c, Flusher& fl, int reps, int forced_splits, bool ch
   a.q = TensorView::contiguous(q, DType::bf16, Device::cuda(0), {B, c.q_len, Hq, D});
   a.out = TensorView::contiguous(out, DType::bf16, Device::cuda(0), {B, c.q_len, Hq, D});
   a.options.causal = true;
-  const DecodePlan plan = plan_decode(a, -1, forced_splits);
+  const DecodePlan plan = plan_decode(a, -1, {forced_splits});
   void* ws = plan.workspace_bytes ? dalloc<char>(plan.workspace_bytes) : nullptr;
   a.plan = &plan;
   a.workspace = ws;

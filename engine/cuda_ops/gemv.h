@@ -6,9 +6,10 @@
 //   epilogues          bf16 store (QKV where RoPE cannot be fused), fp32 store (logits), fp32 accumulate into the
 //                      residual stream (O, down), SwiGLU (gate row i and up row i + out computed by the same warp;
 //                      h = silu(g) * u in bf16), and:
-//   rope_bf16          the QKV epilogue rotates q and k (RoPE) and appends k and v to the KV cache, no separate
-//                      rope_append launch: a block owns 8 rows of one head that form 4 rotation pairs; the values are
-//                      rounded to bf16 before the rotation exactly as the unfused path stores and reloads them;
+//   rope_bf16          the QKV epilogue rotates q and k (RoPE: flashlite/cuda/rope.cuh, the library's) and appends
+//                      k and v to the flashlite KV cache, no separate append_kv launch: a block owns 8 rows of one
+//                      head that form 4 rotation pairs; the values are rounded to bf16 before the rotation exactly as
+//                      the unfused path stores them and append_kv reloads them;
 //   f32_argmax         the LM-head epilogue also folds each row's argmax key (select.h's) into argmax_keys with one
 //                      64-bit atomicMax per block and row (order-independent: deterministic); keys zeroed beforehand.
 // A warp owns one weight row (SwiGLU: a gate row and its up row) over the whole reduction, 4 KB of loads in flight, or
@@ -30,11 +31,12 @@ enum class GemvIn { bf16, rmsnorm };
 enum class GemvOut { bf16, f32, add_f32, swiglu_bf16, rope_bf16, f32_argmax };
 
 // rope_bf16: where the QKV row's parts go. y receives the rotated q heads only (the k and v columns of y are not
-// written); k (rotated) and v go to row cache_row[r] of the caches. Requires head_dim % 8 == 0 and
-// out == (heads + 2 kv_heads) * head_dim.
+// written); k (rotated) and v go to row cache_row[r] of the caches: a contiguous flashlite KV cache
+// [slots, capacity, kv_heads, head_dim] seen as (slots * capacity) rows, row slot * capacity + position (what
+// append_kv writes). Requires head_dim % 8 == 0 and out == (heads + 2 kv_heads) * head_dim.
 struct GemvRope {
-  const float* cos = nullptr;          // (positions, head_dim / 2)
-  const float* sin = nullptr;
+  const float* cos = nullptr;          // (positions, head_dim / 2): flashlite::cuda::rope_cos_sin of each (position,
+  const float* sin = nullptr;          //   pair), as ops.h's rope_tables fills them
   const int32_t* pos = nullptr;        // (rows) position of each activation row
   const int64_t* cache_row = nullptr;  // (rows) KV-cache row receiving this row's k and v
   void* k_cache = nullptr;             // (cache rows, kv_heads, head_dim) bf16

@@ -8,6 +8,7 @@
 
 #include "engine/cuda_ops/gemv.h"
 #include "engine/cuda_ops/select_keys.cuh"
+#include "flashlite/cuda/rope.cuh"
 
 namespace flashlite::engine::cuda_ops::gemv_device {
 
@@ -268,7 +269,8 @@ __device__ __forceinline__ void store_group(const GemvParams& p, const float (&a
 }
 
 // Which weight row warp `w` of tile `t` owns in the fused-RoPE layout: a tile is 8 rows of one head forming 4 rotation
-// pairs; the warp's partner (the other element of its pair) is warp w ^ 4 (half-split) or w ^ 1 (interleaved).
+// pairs (flashlite/rope.h's rope_pair); the warp's partner (the other element of its pair) is warp w ^ 4 (half-split)
+// or w ^ 1 (interleaved).
 struct RopeSlot {
   int row, head, d, pair;  // weight row, head, element within the head, pair index i (cos/sin column)
   bool second;             // the pair's second element (i + D/2, or 2i + 1)
@@ -277,15 +279,10 @@ __device__ __forceinline__ RopeSlot rope_slot(const GemvRope& rp, int tile, int 
   const int D = rp.head_dim, per_head = D / 8, h = tile / per_head, part = tile % per_head;
   RopeSlot s;
   s.head = h;
-  if (rp.interleaved) {
-    s.pair = part * 4 + (w >> 1);
-    s.second = w & 1;
-    s.d = 2 * s.pair + (w & 1);
-  } else {
-    s.pair = part * 4 + (w & 3);
-    s.second = w >> 2;
-    s.d = s.pair + (w >> 2) * (D / 2);
-  }
+  s.pair = part * 4 + (rp.interleaved ? w >> 1 : w & 3);
+  s.second = rp.interleaved ? w & 1 : w >> 2;
+  const RopePairIndex e = rope_pair(s.pair, D, rp.interleaved);
+  s.d = s.second ? e.b : e.a;
   s.row = h * D + s.d;
   return s;
 }
@@ -301,7 +298,8 @@ __device__ __forceinline__ void finish_tile(const GemvParams& p, float (&acc)[NW
   constexpr bool kRope = OUT == GemvOut::rope_bf16, kArgmax = OUT == GemvOut::f32_argmax;
   constexpr int U = OUT == GemvOut::swiglu_bf16 ? NW / 2 : NW;  // output columns per warp
   if constexpr (kRope) {
-    // Round as the unfused path stores q/k/v in bf16, rotate pairs across warps, route q / k / v.
+    // Round as the unfused path stores q/k/v in bf16, rotate pairs across warps (the library's rotation and, from the
+    // table, its cos / sin: flashlite/cuda/rope.cuh), route q / k / v.
     if (lane == 0 && active) {
 #pragma unroll
       for (int r = 0; r < R; ++r) part[warp][0][r] = __bfloat162float(__float2bfloat16(acc[0][r]));
@@ -321,9 +319,10 @@ __device__ __forceinline__ void finish_tile(const GemvParams& p, float (&acc)[NW
               __float2bfloat16(self);
           continue;
         }
-        const float c = rp.cos[size_t(rp.pos[r]) * half + sl.pair], s = rp.sin[size_t(rp.pos[r]) * half + sl.pair];
-        const float x0 = sl.second ? other : self, x1 = sl.second ? self : other;
-        const __nv_bfloat16 y = __float2bfloat16(sl.second ? x0 * s + x1 * c : x0 * c - x1 * s);
+        const size_t at = size_t(rp.pos[r]) * half + sl.pair;
+        const float2 cs = make_float2(rp.cos[at], rp.sin[at]);
+        const float xa = sl.second ? other : self, xb = sl.second ? self : other;
+        const __nv_bfloat16 y = __float2bfloat16(::flashlite::cuda::rope_rotate_element(xa, xb, cs, sl.second));
         if (sl.head < rp.heads) static_cast<__nv_bfloat16*>(p.y)[size_t(r) * p.out + sl.row] = y;
         else static_cast<__nv_bfloat16*>(rp.k_cache)[size_t(rp.cache_row[r]) * kvd + (sl.head - rp.heads) * D + sl.d] = y;
       }

@@ -3,7 +3,7 @@
 // measured fastest on the H100 (docs/perf-notes.md, Engine (CUDA), rounds 3, 12 and 13), made from the model's shape
 // and the step's rows alone:
 //   QKV       RMSNorm prologue; RoPE + KV-cache append fused into its epilogue where head_dim % 8 == 0 (else a bf16
-//             store, then ops.h's rope_append);
+//             store, then flashlite::append_kv);
 //   O, down   residual-adding epilogue, split-K by gemv_auto_split (2 warps per row for Llama-3.2-1B's down);
 //   gate/up   RMSNorm prologue, SwiGLU epilogue; a block per tile in one-row steps (tiles are handed to the SMs as
 //             blocks finish: 918-924 against 885-909 tok/s at batch 1), one resident wave otherwise;

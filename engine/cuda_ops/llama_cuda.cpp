@@ -1,8 +1,10 @@
 // The Llama model on a CUDA GPU: weights, KV cache and scratch on the device, and one forward call (a prefill, a
 // decode step, or a mix) as a sequence of launches: embedding, per layer QKV + RoPE + cache append, attention, O,
-// gate/up + SwiGLU, down, then the LM head and the selection the sampler asked for. Decode steps of few rows take the
-// fused GEMVs (gemv_sites.h) and flashlite::decode and are replayed from CUDA graphs (step_graphs.h); everything else
-// takes cuBLASLt (gemm.h), the small kernels of ops.h and flashlite::forward.
+// gate/up + SwiGLU, down, then the LM head and the selection the sampler asked for. The KV cache is a flashlite KV
+// cache on the device (engine/kv_cache.h: contiguous, per layer [slots, context, kv_heads, head_dim]). Decode steps of
+// few rows take the fused GEMVs (gemv_sites.h; the QKV one rotates with the library's device RoPE and appends to the
+// cache in its epilogue) and flashlite::decode and are replayed from CUDA graphs (step_graphs.h); everything else
+// takes cuBLASLt (gemm.h), flashlite::append_kv, the small kernels of ops.h and flashlite::forward over the cache.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include "engine/cuda_ops/step_graphs.h"
 #include "engine/cuda_ops/step_profile.h"
 #include "engine/errors.h"
+#include "engine/kv_cache.h"
 #include "engine/llama_cuda.h"
 #include "flashlite/kv_cache.h"
 
@@ -41,7 +44,8 @@ struct Step {
   bool gemv = false;          // through the fused GEMVs
   bool decode = false;        // one new token for each of slots 0..rows-1: one batched decode launch per layer
   bool fused_argmax = false;  // the greedy argmax folded into the LM-head GEMV
-  std::vector<int32_t> lens_after;  // decode: each sequence's length after this step
+  std::vector<int32_t> lens_after;  // each input's sequence length after this step (host; device: step_in(3))
+  std::vector<KvGroup> groups;      // the inputs as runs of slots (append_kv calls)
   DecodePlan plan;                  // decode
 };
 
@@ -67,19 +71,13 @@ class LlamaCuda final : public LlamaModel {
     gemm_ = std::make_unique<cuda_ops::Gemm>();  // after the device checks: it allocates on the device
     if (o.cuda.profile) profile_.emplace(stream_);
     upload_weights(w);
-    // RoPE tables, float64 math rounded once (the CPU path's numbers exactly).
-    const std::vector<double> inv = rope_inv_freq(c_);
-    const int half = c_.head_dim / 2;
-    std::vector<float> cs(size_t(context_) * half), sn(cs.size());
-    for (int p = 0; p < context_; ++p)
-      for (int i = 0; i < half; ++i) {
-        cs[size_t(p) * half + i] = float(std::cos(p * inv[i]));
-        sn[size_t(p) * half + i] = float(std::sin(p * inv[i]));
-      }
-    cos_.reserve(cs.size() * 4, "RoPE cos");
-    sin_.reserve(sn.size() * 4, "RoPE sin");
-    cuda_check(cudaMemcpy(cos_.ptr, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice), "RoPE upload");
-    cuda_check(cudaMemcpy(sin_.ptr, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice), "RoPE upload");
+    // RoPE: the library's (append_kv; the fused QKV epilogue reads its cos / sin from tables of the same values).
+    rope_ = rope_options(c_);
+    const size_t table = size_t(context_) * (c_.head_dim / 2) * 4;
+    cos_.reserve(table, "RoPE cos");
+    sin_.reserve(table, "RoPE sin");
+    cuda_ops::rope_tables(cos_.as<float>(), sin_.as<float>(), rope_, context_, c_.head_dim);
+    kv_shape_ = {c_.n_layers, slots_, context_, c_.n_kv_heads, c_.head_dim};
     const size_t kv_bytes = size_t(slots_) * context_ * c_.kv_dim() * esize();
     k_cache_.resize(c_.n_layers);
     v_cache_.resize(c_.n_layers);
@@ -158,18 +156,31 @@ class LlamaCuda final : public LlamaModel {
     }
   }
 
-  // Device views of sequence `slot`: `n` new query rows starting at fused row `row0`, keys [0, len + n).
+  // Layer `layer`'s flashlite KV cache over the `count` slots from slot0, holding host_lens / device_lens tokens.
+  KvCacheView cache_view(int layer, int slot0, int count, const int32_t* host_lens, const int32_t* device_lens) const {
+    return kv_cache_view(kv_shape_, k_cache_[layer]->ptr, v_cache_[layer]->ptr, dtype(), Device::cuda(opt_.device_index),
+                         slot0, count, host_lens, device_lens);
+  }
+
+  // [count, n, heads, head_dim] device view of `heads` heads from column `col` of the fused QKV rows from `row0`
+  // (sequence i's n rows follow sequence i - 1's).
+  TensorView qkv_rows(int row0, int col, int count, int n, int heads) const {
+    const int qkv_w = c_.q_dim() + 2 * c_.kv_dim();
+    return TensorView::strided(qkv_.bytes_ptr() + (size_t(row0) * qkv_w + col) * esize(), dtype(),
+                               Device::cuda(opt_.device_index), {count, n, heads, c_.head_dim},
+                               {int64_t(n) * qkv_w, qkv_w, c_.head_dim, 1});
+  }
+
+  // Device views of sequence `slot`: `n` new query rows starting at fused row `row0`, keys [0, kv_len) of its cache.
   ForwardArgs attention_args(int layer, int slot, int row0, int n, int kv_len) {
-    const int D = c_.head_dim, qkv_w = c_.q_dim() + 2 * c_.kv_dim(), kvd = c_.kv_dim();
+    const int D = c_.head_dim;
     const Device dev = Device::cuda(opt_.device_index);
     ForwardArgs a;
-    a.q = TensorView::strided(qkv_.bytes_ptr() + size_t(row0) * qkv_w * esize(), dtype(), dev, {1, n, c_.n_heads, D},
-                              {int64_t(n) * qkv_w, qkv_w, D, 1});
-    const size_t slot_off = size_t(slot) * context_ * kvd * esize();
-    a.k = TensorView::strided(k_cache_[layer]->bytes_ptr() + slot_off, dtype(), dev, {1, kv_len, c_.n_kv_heads, D},
-                              {int64_t(context_) * kvd, kvd, D, 1});
-    a.v = TensorView::strided(v_cache_[layer]->bytes_ptr() + slot_off, dtype(), dev, {1, kv_len, c_.n_kv_heads, D},
-                              {int64_t(context_) * kvd, kvd, D, 1});
+    a.q = qkv_rows(row0, 0, 1, n, c_.n_heads);
+    const KvCacheView cache = cache_view(layer, slot, 1, &kv_len, nullptr);
+    a.k = cache.k;
+    a.v = cache.v;
+    a.k.shape[1] = a.v.shape[1] = kv_len;
     a.out = TensorView::strided(att_.bytes_ptr() + size_t(row0) * c_.q_dim() * esize(), dtype(), dev,
                                 {1, n, c_.n_heads, D}, {int64_t(n) * c_.q_dim(), c_.q_dim(), D, 1});
     a.options.causal = true;
@@ -183,29 +194,18 @@ class LlamaCuda final : public LlamaModel {
     if (opt_.attention != Backend::automatic) return opt_.attention;
     ensure_scratch(1, 1);
     attention_ = Backend::cuda;
-    try {
-      forward_kernel_name(attention_args(0, 0, 0, 1, 1));
-      return Backend::cuda;
-    } catch (const Error&) {
-      return Backend::naive;
-    }
+    return plan_forward(attention_args(0, 0, 0, 1, 1)).supported() ? Backend::cuda : Backend::naive;
   }
 
   // Decode steps (one new token per sequence, slots 0..batch-1): flashlite's split-KV decode kernel over the batch in
   // one launch per layer. Lengths are those after this step's append (host copy for planning, device copy for the kernel).
   DecodeArgs decode_args(int layer, int batch, const int32_t* host_lens, const DecodePlan* plan) {
-    const int D = c_.head_dim, qkv_w = c_.q_dim() + 2 * c_.kv_dim(), kvd = c_.kv_dim(), qd = c_.q_dim();
+    const int D = c_.head_dim, qd = c_.q_dim();
     const Device dev = Device::cuda(opt_.device_index);
     DecodeArgs a;
-    a.q = TensorView::strided(qkv_.ptr, dtype(), dev, {batch, 1, c_.n_heads, D}, {qkv_w, qkv_w, D, 1});
+    a.q = qkv_rows(0, 0, batch, 1, c_.n_heads);
     a.out = TensorView::strided(att_.ptr, dtype(), dev, {batch, 1, c_.n_heads, D}, {qd, qd, D, 1});
-    a.cache.layout = KvLayout::contiguous;
-    a.cache.k = TensorView::strided(k_cache_[layer]->ptr, dtype(), dev, {batch, context_, c_.n_kv_heads, D},
-                                    {int64_t(context_) * kvd, kvd, D, 1});
-    a.cache.v = TensorView::strided(v_cache_[layer]->ptr, dtype(), dev, {batch, context_, c_.n_kv_heads, D},
-                                    {int64_t(context_) * kvd, kvd, D, 1});
-    a.cache.host.seq_lens = TensorView::contiguous(const_cast<int32_t*>(host_lens), DType::i32, Device::cpu(), {batch});
-    a.cache.device.seq_lens = TensorView::contiguous(step_in(3), DType::i32, dev, {batch});
+    a.cache = cache_view(layer, 0, batch, host_lens, step_in(3));
     a.options.causal = true;
     a.backend = Backend::cuda;
     a.stream = stream_;
@@ -222,12 +222,7 @@ class LlamaCuda final : public LlamaModel {
     // the library rejects the probe and batched decode and graphs would be off for no reason.
     ensure_scratch(1, 1);  // covers the step inputs (slots_ rows) too
     const int32_t one = 1;
-    try {
-      decode_kernel_name(decode_args(0, 1, &one, nullptr));
-      return true;
-    } catch (const Error&) {
-      return false;
-    }
+    return plan_decode(decode_args(0, 1, &one, nullptr)).supported();
   }
 
   // CudaEngineOptions::verbose: how this model's steps run.
@@ -283,15 +278,17 @@ class LlamaCuda final : public LlamaModel {
   int context_ = 0, slots_ = 1;
   Backend attention_ = Backend::cuda;
   bool decode_ok_ = false;  // the batched decode kernel takes this model
+  RopeOptions rope_;        // the model's RoPE as the library applies it
+  KvCacheShape kv_shape_;   // the flashlite KV cache of every layer: [slots, context, kv_heads, head_dim]
   std::vector<int> lengths_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda_ops::Gemm> gemm_;
   cuda_ops::StepGraphs graphs_;
   std::optional<cuda_ops::StepProfile> profile_;  // CudaEngineOptions::profile
   DeviceBuffer embedding_, rms_final_, lm_head_;  // (vocab, dim), (dim), (vocab, dim) unless tied
-  DeviceBuffer cos_, sin_;                        // (context, head_dim / 2) fp32
+  DeviceBuffer cos_, sin_;                        // (context, head_dim / 2) fp32: rope_cos_sin of the library
   std::vector<Layer> layers_;
-  std::vector<std::unique_ptr<DeviceBuffer>> k_cache_, v_cache_;  // per layer (slots * context, kv_heads, head_dim)
+  std::vector<std::unique_ptr<DeviceBuffer>> k_cache_, v_cache_;  // per layer [slots, context, kv_heads, head_dim]
   // Activations for `rows` rows: x (rows, dim) fp32 residual stream; xb (rows, dim) normed; qkv (rows, q_dim + 2 kv_dim);
   // att (rows, q_dim); h13 (rows, 2 hidden); hb (rows, hidden); xo (rows, dim) a projection before its residual add.
   DeviceBuffer x_, xb_, qkv_, att_, h13_, hb_, xo_;
@@ -351,9 +348,10 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
   st.fused_argmax = st.gemv && request.kind == LogitsRequest::Kind::argmax;
   st.decode = decode_ok_ && st.rows == int(inputs.size());
   for (size_t q = 0; st.decode && q < inputs.size(); ++q) st.decode = inputs[q].slot == int(q);
+  for (const SequenceInput& in : inputs) st.lens_after.push_back(int32_t(lengths_[in.slot] + int(in.tokens.size())));
+  std::copy(st.lens_after.begin(), st.lens_after.end(), step_in_host(3));
+  st.groups = kv_groups(inputs);
   if (st.decode) {
-    for (const SequenceInput& in : inputs) st.lens_after.push_back(int32_t(lengths_[in.slot] + 1));
-    std::copy(st.lens_after.begin(), st.lens_after.end(), step_in_host(3));
     st.plan = plan_decode(decode_args(0, st.rows, st.lens_after.data(), nullptr), context_);  // graph-stable
     if (st.plan.workspace_bytes > decode_ws_.bytes) {
       cuda_check(cudaStreamSynchronize(stream_), "decode workspace");
@@ -397,22 +395,20 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
         gemm_->run(qkv_.ptr, xb_.ptr, L.wqkv.ptr, rows, dim, qkv_w, elem_, false, s);
       }
       mark("qkv");
-      cuda_ops::RopeAppendParams rp;
-      rp.qkv = qkv_.ptr;
-      rp.cos = cos_.as<float>();
-      rp.sin = sin_.as<float>();
-      rp.pos = step_in(1);
-      rp.cache_row = cache_rows_dev();
-      rp.k_cache = k_cache_[l]->ptr;
-      rp.v_cache = v_cache_[l]->ptr;
-      rp.rows = rows;
-      rp.heads = c_.n_heads;
-      rp.kv_heads = c_.n_kv_heads;
-      rp.head_dim = c_.head_dim;
-      rp.interleaved = c_.rope_style == RopeStyle::interleaved;
-      rp.elem = elem_;
-      rp.pdl = opt_.cuda.pdl;
-      cuda_ops::rope_append(rp, s);
+      // q rotated in place, k rotated and v appended to the cache: flashlite::append_kv, one launch per run of slots.
+      for (const KvGroup& g : st.groups) {
+        AppendArgs ap;
+        ap.cache = cache_view(l, g.slot0, g.count, st.lens_after.data() + g.first, step_in(3) + g.first);
+        const int row0 = st.row0[g.first];
+        ap.k = qkv_rows(row0, qd, g.count, g.n, c_.n_kv_heads);
+        ap.v = qkv_rows(row0, qd + c_.kv_dim(), g.count, g.n, c_.n_kv_heads);
+        ap.q = qkv_rows(row0, 0, g.count, g.n, c_.n_heads);
+        ap.q_out = ap.q;
+        ap.rope = rope_;
+        ap.backend = Backend::cuda;
+        ap.stream = s;
+        append_kv(ap);
+      }
       mark("rope");
     }
     // att = attention(q, the cache)

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "engine/cuda_ops/ops.h"
-#include "engine/cuda_ops/pdl.cuh"
 #include "engine/errors.h"
+#include "flashlite/cuda/rope.cuh"
 
 namespace flashlite::engine::cuda_ops {
 
@@ -62,41 +62,12 @@ __global__ void rmsnorm_kernel(T* out, const float* x, const T* w, const int32_t
   for (int i = threadIdx.x; i < dim; i += blockDim.x) out[size_t(r) * dim + i] = from_f<T>(xr[i] * inv * to_f(w[i]));
 }
 
-// Work items per row: (heads + kv_heads) * D/2 rotations, then kv_heads * D copies of v.
-// Launched as a programmatic dependent of the QKV projection (pdl.cuh): waits for it before touching qkv.
-template <typename T>
-__global__ void rope_append_kernel(RopeAppendParams p) {
-  pdl_launch_dependents();
-  pdl_wait();
-  T* qkv = static_cast<T*>(p.qkv);
-  T* kc = static_cast<T*>(p.k_cache);
-  T* vc = static_cast<T*>(p.v_cache);
-  const int D = p.head_dim, half = D / 2, kvd = p.kv_heads * D, width = p.heads * D + 2 * kvd;
-  const int rot = (p.heads + p.kv_heads) * half, per_row = rot + kvd;
-  const size_t n = size_t(p.rows) * per_row;
-  for (size_t t = blockIdx.x * size_t(blockDim.x) + threadIdx.x; t < n; t += size_t(gridDim.x) * blockDim.x) {
-    const int r = int(t / per_row), j = int(t % per_row);
-    T* row = qkv + size_t(r) * width;
-    const size_t dst = size_t(p.cache_row[r]) * kvd;
-    if (j < rot) {
-      const int h = j / half, i = j % half;
-      T* v = row + h * D;  // q heads, then k heads (contiguous in the fused row)
-      const int a = p.interleaved ? 2 * i : i, b = p.interleaved ? 2 * i + 1 : i + half;
-      const float c = p.cos[size_t(p.pos[r]) * half + i], s = p.sin[size_t(p.pos[r]) * half + i];
-      const float x0 = to_f(v[a]), x1 = to_f(v[b]);
-      const T y0 = from_f<T>(x0 * c - x1 * s), y1 = from_f<T>(x0 * s + x1 * c);
-      if (h < p.heads) {
-        v[a] = y0;
-        v[b] = y1;
-      } else {
-        T* k = kc + dst + (h - p.heads) * D;
-        k[a] = y0;
-        k[b] = y1;
-      }
-    } else {
-      const int c = j - rot;
-      vc[dst + c] = row[p.heads * D + kvd + c];
-    }
+__global__ void rope_table_kernel(float* cos, float* sin, const double* inv_freq, int positions, int half) {
+  const size_t n = size_t(positions) * half;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float2 cs = ::flashlite::cuda::rope_cos_sin(int64_t(i / half), inv_freq[i % half]);
+    cos[i] = cs.x;
+    sin[i] = cs.y;
   }
 }
 
@@ -162,13 +133,20 @@ void rmsnorm(void* out, const float* x, const void* w, const int32_t* row_index,
   check_launch("rmsnorm");
 }
 
-void rope_append(const RopeAppendParams& p, void* stream) {
-  const size_t n = size_t(p.rows) * ((p.heads + p.kv_heads) * (p.head_dim / 2) + p.kv_heads * p.head_dim);
-  if (n == 0) return;
-  const cudaError_t e = p.elem == Elem::f32
-      ? launch_pdl(p.pdl, rope_append_kernel<float>, dim3(blocks_for(n, 256)), dim3(256), 0, st(stream), p)
-      : launch_pdl(p.pdl, rope_append_kernel<__nv_bfloat16>, dim3(blocks_for(n, 256)), dim3(256), 0, st(stream), p);
-  if (e != cudaSuccess) fail_runtime(std::string("CUDA launch of rope_append failed: ") + cudaGetErrorString(e));
+void rope_tables(float* cos, float* sin, const RopeOptions& rope, int positions, int head_dim) {
+  const int half = head_dim / 2;
+  std::vector<double> inv(half);
+  for (int c = 0; c < half; ++c) inv[c] = rope_frequency(rope, head_dim, c);
+  double* dinv = nullptr;
+  cudaError_t e = cudaMalloc(&dinv, inv.size() * sizeof(double));
+  if (e == cudaSuccess) e = cudaMemcpy(dinv, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) {
+    rope_table_kernel<<<blocks_for(size_t(positions) * half, 256), 256>>>(cos, sin, dinv, positions, half);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  cudaFree(dinv);
+  if (e != cudaSuccess) fail_runtime(std::string("RoPE tables: ") + cudaGetErrorString(e));
 }
 
 void swiglu(void* h, const void* h13, int rows, int hidden, Elem e, void* stream) {

@@ -1,9 +1,11 @@
 #pragma once
-// The engine's small CUDA kernels (everything but GEMMs and attention), host-callable. Element type of weights and
+// The engine's small CUDA kernels (everything but GEMMs, the KV append and attention: the library's), host-callable. Element type of weights and
 // activations is `Elem` (fp32 or bf16); the residual stream is always fp32 and every reduction accumulates in fp32.
 // Streams are cudaStream_t passed as void* so this header needs no CUDA include.
 #include <cstddef>
 #include <cstdint>
+
+#include "flashlite/kv_cache.h"
 
 namespace flashlite::engine::cuda_ops {
 
@@ -25,21 +27,10 @@ void wait_flag(const volatile int* flag, int timeout_ms, void* stream);
 void rmsnorm(void* out, const float* x, const void* w, const int32_t* row_index, int rows, int dim, float eps, Elem e,
              void* stream);
 
-struct RopeAppendParams {
-  void* qkv = nullptr;            // (rows, (heads + 2 kv_heads) * head_dim) Elem: q and k rotated in place
-  const float* cos = nullptr;     // (context, head_dim / 2)
-  const float* sin = nullptr;     // (context, head_dim / 2)
-  const int32_t* pos = nullptr;   // (rows) position of each row
-  const int64_t* cache_row = nullptr;  // (rows) row of the KV cache that receives this row's k and v
-  void* k_cache = nullptr;        // (cache rows, kv_heads, head_dim) Elem, this layer
-  void* v_cache = nullptr;
-  int rows = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  bool interleaved = false;       // llama2.c pairs (2i, 2i+1); else (i, i + D/2)
-  Elem elem = Elem::bf16;
-  bool pdl = true;                // launched as a programmatic dependent of the QKV projection where the device has it
-};
-// Rotates q and k (RoPE) and appends k and v to the cache, one launch.
-void rope_append(const RopeAppendParams& p, void* stream);
+// The fused QKV epilogue's RoPE tables (gemv.h's GemvRope): cos / sin (positions, head_dim / 2) fp32 =
+// flashlite::cuda::rope_cos_sin(p, rope_frequency(rope, head_dim, c)), the values the library's append kernel
+// computes per token. Synchronous (once per model).
+void rope_tables(float* cos, float* sin, const RopeOptions& rope, int positions, int head_dim);
 
 // h[r, i] = silu(g[r, i]) * u[r, i] with g, u the halves of h13 (rows, 2 hidden) -> h (rows, hidden), Elem
 void swiglu(void* h, const void* h13, int rows, int hidden, Elem e, void* stream);

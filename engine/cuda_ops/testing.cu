@@ -10,6 +10,8 @@
 #include "engine/cuda_ops/ops.h"
 #include "engine/cuda_ops/select.h"
 #include "engine/errors.h"
+#include "engine/kv_cache.h"
+#include "flashlite/kv_cache.h"
 
 namespace flashlite::engine::cuda_ops::testing {
 
@@ -144,18 +146,26 @@ double gemv_time_us(const GemvParams& shape, int iters) { return time_gemv(shape
 double gemv_back_to_back_time_us(const GemvParams& shape, int iters) { return time_gemv(shape, iters, true); }
 
 void gemv_rope(const GemvParams& shape, bool fused, const std::vector<float>& w, const std::vector<float>& xf,
-               const std::vector<float>& norm_w, const std::vector<float>& cos, const std::vector<float>& sin,
-               const std::vector<int32_t>& pos, const std::vector<int64_t>& cache_row, int cache_rows,
+               const std::vector<float>& norm_w, double theta, int positions, const std::vector<int32_t>& pos,
                std::vector<float>& y, std::vector<float>& k_cache, std::vector<float>& v_cache) {
   require_device();
   const GemvRope& r = shape.rope;
-  const int kvd = r.kv_heads * r.head_dim;
+  const int D = r.head_dim, kvd = r.kv_heads * D, qd = r.heads * D, rows = shape.rows;
+  RopeOptions rope;
+  rope.enabled = true;
+  rope.theta = theta;
+  rope.layout = r.interleaved ? RopeLayout::interleaved : RopeLayout::half_split;
+  std::vector<int64_t> cache_row(rows);
+  std::vector<int32_t> lens(rows);
+  for (int i = 0; i < rows; ++i) {
+    cache_row[i] = int64_t(i) * positions + pos[i];
+    lens[i] = pos[i] + 1;
+  }
   const auto wb = to_bf16(w), gb = to_bf16(norm_w);
   Dev dw(wb.data(), wb.size() * 2), dxf(xf.data(), xf.size() * 4), dg(gb.data(), gb.size() * 2),
-      dcos(cos.data(), cos.size() * 4), dsin(sin.data(), sin.size() * 4), dpos(pos.data(), pos.size() * 4),
-      drow(cache_row.data(), cache_row.size() * 8);
-  const size_t ny = size_t(shape.rows) * shape.out, nc = size_t(cache_rows) * kvd;
-  Dev dy(ny * 2), dk(nc * 2), dv(nc * 2);
+      dpos(pos.data(), pos.size() * 4), drow(cache_row.data(), cache_row.size() * 8), dlens(lens.data(), lens.size() * 4);
+  const size_t ny = size_t(rows) * shape.out, nc = size_t(rows) * positions * kvd, half = size_t(D / 2);
+  Dev dy(ny * 2), dk(nc * 2), dv(nc * 2), dcos(size_t(positions) * half * 4), dsin(size_t(positions) * half * 4);
   check(cudaMemset(dy.p, 0xff, ny * 2), "poison");
   check(cudaMemset(dk.p, 0xff, nc * 2), "poison");
   check(cudaMemset(dv.p, 0xff, nc * 2), "poison");
@@ -167,6 +177,7 @@ void gemv_rope(const GemvParams& shape, bool fused, const std::vector<float>& w,
   p.row_index = nullptr;
   p.y = dy.p;
   if (fused) {
+    rope_tables(static_cast<float*>(dcos.p), static_cast<float*>(dsin.p), rope, positions, D);
     p.epi = GemvOut::rope_bf16;
     p.rope.cos = static_cast<const float*>(dcos.p);
     p.rope.sin = static_cast<const float*>(dsin.p);
@@ -178,21 +189,23 @@ void gemv_rope(const GemvParams& shape, bool fused, const std::vector<float>& w,
   } else {
     p.epi = GemvOut::bf16;
     cuda_ops::gemv(p, nullptr);
-    RopeAppendParams rp;
-    rp.qkv = dy.p;
-    rp.cos = static_cast<const float*>(dcos.p);
-    rp.sin = static_cast<const float*>(dsin.p);
-    rp.pos = static_cast<const int32_t*>(dpos.p);
-    rp.cache_row = static_cast<const int64_t*>(drow.p);
-    rp.k_cache = dk.p;
-    rp.v_cache = dv.p;
-    rp.rows = shape.rows;
-    rp.heads = r.heads;
-    rp.kv_heads = r.kv_heads;
-    rp.head_dim = r.head_dim;
-    rp.interleaved = r.interleaved;
-    rp.elem = Elem::bf16;
-    rope_append(rp, nullptr);
+    int cur = 0;
+    check(cudaGetDevice(&cur), "device");
+    const KvCacheShape ks{1, rows, positions, r.kv_heads, D};
+    auto cols = [&](int col, int heads) {
+      return TensorView::strided(static_cast<char*>(dy.p) + size_t(col) * 2, DType::bf16, Device::cuda(cur),
+                                 {rows, 1, heads, D}, {shape.out, shape.out, D, 1});
+    };
+    AppendArgs ap;
+    ap.cache = kv_cache_view(ks, dk.p, dv.p, DType::bf16, Device::cuda(cur), 0, rows, lens.data(),
+                             static_cast<const int32_t*>(dlens.p));
+    ap.k = cols(qd, r.kv_heads);
+    ap.v = cols(qd + kvd, r.kv_heads);
+    ap.q = cols(0, r.heads);
+    ap.q_out = ap.q;
+    ap.rope = rope;
+    ap.backend = Backend::cuda;
+    append_kv(ap);
   }
   check(cudaDeviceSynchronize(), "gemv_rope");
   auto down = [](const Dev& d, size_t n, std::vector<float>& out) {

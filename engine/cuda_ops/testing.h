@@ -25,14 +25,16 @@ double gemv_time_us(const GemvParams& shape, int iters);
 // Microseconds per launch of `iters` launches queued back to back between two events (median of 5 such streams).
 double gemv_back_to_back_time_us(const GemvParams& shape, int iters);
 
-// The QKV GEMV with RoPE + KV-cache append: fused (one gemv with the rope_bf16 epilogue) or unfused (the bf16
-// epilogue, then ops.h's rope_append), on the same inputs. shape: sizes, eps and shape.rope's heads / kv_heads /
-// head_dim / interleaved (its pointers are ignored); cos, sin: (positions, head_dim / 2); pos, cache_row: (rows).
-// y comes back (rows, out) with only the q columns defined for the fused form; the caches (cache_rows,
-// kv_heads * head_dim) start as NaN everywhere, so rows nobody wrote come back NaN.
+// The QKV GEMV with RoPE + KV-cache append, fused (one gemv with the rope_bf16 epilogue, its cos / sin from ops.h's
+// rope_tables) or unfused (the bf16 epilogue, then flashlite::append_kv: the library's RoPE and cache), on the same
+// inputs, into one flashlite KV cache [rows, positions, kv_heads, head_dim] bf16 in which activation row r is
+// sequence r and its token sits at position pos[r] (the sequence holds pos[r] + 1 tokens; the engine's cache rows
+// r * positions + pos[r]). shape: sizes, eps and shape.rope's heads / kv_heads / head_dim / interleaved (its
+// pointers are ignored); RoPE theta `theta`. y comes back (rows, out): the fused form defines only the q columns,
+// the unfused one has q rotated in place; the caches (rows * positions, kv_heads * head_dim) start as NaN
+// everywhere, so rows nobody wrote come back NaN.
 void gemv_rope(const GemvParams& shape, bool fused, const std::vector<float>& w, const std::vector<float>& xf,
-               const std::vector<float>& norm_w, const std::vector<float>& cos, const std::vector<float>& sin,
-               const std::vector<int32_t>& pos, const std::vector<int64_t>& cache_row, int cache_rows,
+               const std::vector<float>& norm_w, double theta, int positions, const std::vector<int32_t>& pos,
                std::vector<float>& y, std::vector<float>& k_cache, std::vector<float>& v_cache);
 
 // The LM-head GEMV with the argmax epilogue: the keys start as all ones, the embedding kernel zeroes them (as the

@@ -64,6 +64,34 @@ struct AttentionOptions {
   TensorView cu_seqlens_k;      // optional int32 [batch + 1] (CPU memory)
 };
 
+// The kernels forward() may run. plan_forward() picks one (the same function answers "supported?" and names it).
+enum class ForwardKernel {
+  automatic,    // in ForwardOverrides: the planner's choice; in a plan: none (unsupported)
+  reference,    // CPU float64 oracle
+  cpu_naive,    // CPU three steps with an S x S buffer
+  cpu_tiled,    // CPU tiled FlashAttention-2 (its SIMD build: FLASHLITE_CPU_SIMD or the CPU's best)
+  cuda_naive,   // CUDA split kernels (GEMM, softmax, GEMM) with a workspace
+  cuda_simt,    // CUDA fused fp32 kernel (CUDA cores)
+  cuda_mma,     // CUDA fused mma.sync tensor-core kernel (sm_80+; fp16 / bf16)
+  cuda_hopper,  // CUDA fused wgmma + TMA kernel, ping-pong consumers (sm_90a; fp16 / bf16, head_dim 64 / 128)
+};
+const char* forward_kernel_kind(ForwardKernel kernel);  // "cuda_mma", ...
+
+// Tests and benchmarks force a kernel here; the default choice needs none.
+struct ForwardOverrides {
+  ForwardKernel kernel = ForwardKernel::automatic;  // must agree with ForwardArgs::backend
+};
+
+// What forward() runs for given arguments: the kernel, its readable name and workspace, or why nothing can run them.
+struct ForwardPlan {
+  ForwardKernel kernel = ForwardKernel::automatic;
+  std::string unsupported;  // non-empty: no kernel (or not the forced one) can run these arguments, and why
+  std::string name;         // e.g. "cuda_fused_mma_bf16_d128_br128_bc64_w4_s2_f3" (forward_kernel_name)
+  size_t workspace_bytes = 0;
+  ForwardOverrides overrides;  // what it was planned under (forward() with this plan plans again under them)
+  bool supported() const { return unsupported.empty(); }
+};
+
 struct ForwardArgs {
   TensorView q, k, v;
   TensorView out;
@@ -75,9 +103,16 @@ struct ForwardArgs {
   // forward_workspace_bytes(). When absent such a backend allocates (and frees) it itself.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // null: planned here; else the overrides of this plan apply (a plan of plan_forward(args, overrides)).
+  const ForwardPlan* plan = nullptr;
 };
 
-// Validates every argument (throws Error, nothing is written), picks the kernel and runs it.
+// Validates every argument (throws Error on a bad one), then picks the kernel: the default choice, or the one the
+// overrides force. Arguments no kernel (or not the forced one) can run give a plan with `unsupported` set, the reason
+// forward() would throw. FLASHLITE_FWD_HOPPER=0 (read once) takes the mma.sync kernel where the Hopper kernel would run.
+ForwardPlan plan_forward(const ForwardArgs& args, const ForwardOverrides& overrides = {});
+
+// Validates every argument and plans (throws Error, nothing is written; unsupported: the plan's reason), then runs.
 void forward(const ForwardArgs& args);
 
 // The float64 oracle (CPU tensors only): writes contiguous float64 buffers shaped like q
@@ -93,7 +128,8 @@ void forward(const TensorView& q, const TensorView& k, const TensorView& v, cons
 // Bytes of workspace the chosen backend needs for these arguments (0 for most). Validates the arguments.
 size_t forward_workspace_bytes(const ForwardArgs& args);
 
-// Which kernel forward() would run, as a readable name (e.g. "cpu_tiled_avx2"). Validates the arguments.
+// Which kernel forward() would run, as a readable name (e.g. "cpu_tiled_avx2"): plan_forward(args).name; throws
+// the reason when unsupported.
 std::string forward_kernel_name(const ForwardArgs& args);
 
 }  // namespace flashlite

@@ -55,8 +55,10 @@ enum class RopeLayout {
 // Token at cache position p (0-based within its sequence) rotates pair c by the angle p * inv_freq(c), with
 // inv_freq(c) = theta^(-2c / head_dim), optionally rescaled by Llama-3's 'llama3' rule (rope_scaling.rope_type
 // "llama3" in Hugging Face configs): wavelengths longer than original_max_position / low_freq_factor are divided
-// by factor, shorter than original_max_position / high_freq_factor kept, and smoothly interpolated between.
-// (x, y) -> (x cos - y sin, y cos + x sin). Angles are computed in float64 on every backend.
+// by factor, shorter than original_max_position / high_freq_factor kept, and smoothly interpolated between; then
+// divided by linear_factor ("linear" rope_type: position interpolation). (x, y) -> (x cos - y sin, y cos + x sin).
+// Angles are computed in float64 on every backend. The rule, the pairs and the rotation: flashlite/rope.h (host and
+// device); the device's cos / sin: flashlite/cuda/rope.cuh.
 struct RopeOptions {
   bool enabled = false;
   double theta = 10000.0;
@@ -66,6 +68,7 @@ struct RopeOptions {
   double llama3_low_freq_factor = 1.0;
   double llama3_high_freq_factor = 4.0;
   double llama3_original_max_position = 8192.0;
+  double linear_factor = 1.0;  // every inv_freq divided by it (1: none)
 };
 
 // inv_freq(c) of the rule above, 0 <= c < head_dim / 2.
@@ -92,13 +95,26 @@ void append_kv(const AppendArgs& args);
 
 // A decode plan: computed on the host from shapes and a length bound only (no device sync), so a decode step
 // can be captured in a CUDA graph and replayed while the lengths (read by the kernels from cache.device) grow.
+// How a split decode's partials merge on CUDA: in a thread-block cluster (sm_90, splits that fit one cluster, no
+// partials in global memory) or by the combine kernel (any device, any split count).
+enum class DecodeMerge { automatic, cluster, combine };
+
+// Tests and benchmarks force the plan's choices here; the default choice needs none.
+struct DecodeOverrides {
+  int num_splits = 0;                          // 0: chosen from batch, kv heads, the bound and the SM count; > 0 forces it
+  DecodeMerge merge = DecodeMerge::automatic;  // cluster: an error where it cannot run (pre-sm_90, too many splits)
+};
+
 struct DecodePlan {
-  int num_splits = 1;         // KV splits per (sequence, kv head): flash-decoding; their partials merge by LSE
-  int64_t max_kv_len = 0;     // the longest sequence this plan serves
+  int num_splits = 1;          // KV splits per (sequence, kv head): flash-decoding; their partials merge by LSE
+  bool cluster_merge = false;  // CUDA: the splits merge in a cluster, else (num_splits > 1) in the combine kernel
+  int64_t max_kv_len = 0;      // the longest sequence this plan serves
   int64_t batch = 0, q_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   DType dtype = DType::bf16;
   Device device{};
   size_t workspace_bytes = 0;  // device scratch decode() needs with this plan (0 when num_splits == 1)
+  std::string unsupported;     // non-empty: no decode kernel (or not the forced choice) can run these arguments, and why
+  bool supported() const { return unsupported.empty(); }
 };
 
 struct DecodeArgs {
@@ -116,16 +132,19 @@ struct DecodeArgs {
   size_t workspace_bytes = 0;        // (cudaMallocAsync/cudaFreeAsync on the stream)
 };
 
-// max_kv_len: the bound the plan must serve (e.g. the cache capacity for a graph replayed over many steps);
-// -1 = the longest sequence in args.cache now. num_splits: 0 = chosen from batch, kv heads, the bound and the SM
-// count; > 0 forces it (benchmarks). Validates args like decode().
-DecodePlan plan_decode(const DecodeArgs& args, int64_t max_kv_len = -1, int num_splits = 0);
+// THE decode choice: whether a kernel can run args (else the plan's `unsupported` says why; decode() would throw it),
+// the split count and how the splits merge. max_kv_len: the bound the plan must serve (e.g. the cache capacity for a
+// graph replayed over many steps); -1 = the longest sequence in args.cache now. Validates args like decode() (throws
+// Error on a bad argument). A plan passed in DecodeArgs::plan is re-checked against the call.
+DecodePlan plan_decode(const DecodeArgs& args, int64_t max_kv_len = -1, const DecodeOverrides& overrides = {});
 
 // Validates everything (throws Error, writes nothing), then runs: CPU, or on CUDA one split-KV kernel (GQA heads of
-// a KV head packed as rows of one tile: one pass over that head's K/V) plus, when split, one combine kernel.
+// a KV head packed as rows of one tile: one pass over that head's K/V) whose splits merge in a cluster or, when
+// split otherwise, in one combine kernel.
 void decode(const DecodeArgs& args);
 
-// Which kernel decode() runs, e.g. "cuda_decode_split_bf16_d128 (splits 32)". Validates args.
+// Which kernel decode() runs (with args.plan: under that plan), e.g. "cuda_decode_split_bf16_d128_contiguous (splits
+// 32, combine kernel)". Validates args; throws the reason when unsupported.
 std::string decode_kernel_name(const DecodeArgs& args);
 
 // ------------------------------------------------------------------------------------------------ prefill

@@ -114,7 +114,7 @@ DecodeArgs make_decode(const InArray& q, const nb::tuple& cache, const OutArray&
 // `allocate(nbytes)` when the plan needs one (torch's caching allocator: graph-capturable), then runs.
 void py_decode(FL_KV_DECODE_PARAMS, int64_t max_kv_len, int num_splits, nb::object allocate) {
   DecodeArgs a = make_decode(FL_KV_DECODE_ARGS);
-  const DecodePlan plan = plan_decode(a, max_kv_len, num_splits);
+  const DecodePlan plan = plan_decode(a, max_kv_len, {num_splits});
   std::optional<OutArray> ws;  // keeps the workspace alive until the launches are queued
   if (plan.workspace_bytes > 0 && !allocate.is_none()) {
     ws = nb::cast<OutArray>(allocate(plan.workspace_bytes));

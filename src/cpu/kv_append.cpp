@@ -4,21 +4,21 @@
 #include <vector>
 
 #include "common/problem.h"
+#include "flashlite/rope.h"
 #include "kv/kv_backends.h"
 
 namespace flashlite {
 namespace {
 
-// Rotates one head row in place (float64), pairs per the layout.
-void rotate(std::vector<double>& x, const std::vector<double>& inv_freq, int64_t pos, bool interleaved) {
-  const int64_t half = int64_t(x.size()) / 2;
-  for (int64_t c = 0; c < half; ++c) {
-    const double angle = double(pos) * inv_freq[size_t(c)];
-    const double cs = std::cos(angle), sn = std::sin(angle);
-    const int64_t a = interleaved ? 2 * c : c, b = interleaved ? 2 * c + 1 : c + half;
-    const double xa = x[size_t(a)], xb = x[size_t(b)];
-    x[size_t(a)] = xa * cs - xb * sn;
-    x[size_t(b)] = xb * cs + xa * sn;
+// Rotates one head row in place (float64): flashlite/rope.h's pairs and rotation; cs, sn: the token's cos / sin per
+// pair (float64 angles).
+void rotate(std::vector<double>& x, const std::vector<double>& cs, const std::vector<double>& sn, bool interleaved) {
+  const int head_dim = int(x.size()), half = head_dim / 2;
+  for (int c = 0; c < half; ++c) {
+    const RopePairIndex i = rope_pair(c, head_dim, interleaved);
+    const double xa = x[size_t(i.a)], xb = x[size_t(i.b)];
+    x[size_t(i.a)] = rope_rotated_a(xa, xb, cs[size_t(c)], sn[size_t(c)]);
+    x[size_t(i.b)] = rope_rotated_b(xa, xb, cs[size_t(c)], sn[size_t(c)]);
   }
 }
 
@@ -29,9 +29,9 @@ void cpu_kv_append(const AppendProblem& p) {
   const int64_t D = c.head_dim;
   std::vector<double> inv_freq(static_cast<size_t>(D / 2));
   if (p.rope.enabled) {
-    for (int64_t i = 0; i < D / 2; ++i) inv_freq[size_t(i)] = rope_inv_freq(p.rope.options, D, i);
+    for (int64_t i = 0; i < D / 2; ++i) inv_freq[size_t(i)] = rope_frequency(p.rope.options, D, i);
   }
-  std::vector<double> row(static_cast<size_t>(D));
+  std::vector<double> row(static_cast<size_t>(D)), cs(inv_freq.size()), sn(inv_freq.size());
   auto load_row = [&](const void* base, int64_t off) {
     for (int64_t e = 0; e < D; ++e) row[size_t(e)] = load_as_float(base, c.dtype, off + e);
   };
@@ -42,16 +42,21 @@ void cpu_kv_append(const AppendProblem& p) {
     const int64_t first = c.length(b) - p.n_new;  // position of the first new token
     for (int64_t t = 0; t < p.n_new; ++t) {
       const int64_t pos = first + t;
+      for (size_t i = 0; i < inv_freq.size() && p.rope.enabled; ++i) {  // once per token, for every head
+        const double angle = double(pos) * inv_freq[i];
+        cs[i] = std::cos(angle);
+        sn[i] = std::sin(angle);
+      }
       for (int64_t h = 0; h < c.kv_heads; ++h) {
         load_row(p.k, b * p.k_st.s0 + t * p.k_st.s1 + h * p.k_st.s2);
-        if (p.rope.enabled) rotate(row, inv_freq, pos, p.rope.interleaved);
+        if (p.rope.enabled) rotate(row, cs, sn, p.rope.interleaved);
         store_row(c.k, c.offset(b, pos, h, false));
         load_row(p.v, b * p.v_st.s0 + t * p.v_st.s1 + h * p.v_st.s2);
         store_row(c.v, c.offset(b, pos, h, true));
       }
       for (int64_t h = 0; h < (p.q ? p.q_heads : 0); ++h) {
         load_row(p.q, b * p.q_st.s0 + t * p.q_st.s1 + h * p.q_st.s2);
-        rotate(row, inv_freq, pos, p.rope.interleaved);
+        rotate(row, cs, sn, p.rope.interleaved);
         store_row(p.q_out, b * p.qo_st.s0 + t * p.qo_st.s1 + h * p.qo_st.s2);
       }
     }

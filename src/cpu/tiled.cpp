@@ -58,30 +58,30 @@ bool cpu_has(const std::string& level) {
   return true;
 }
 
-const TiledKernels& choose_kernels_uncached() {
-  if (const char* forced = std::getenv("FLASHLITE_CPU_SIMD"); forced && *forced) {
-    const std::string level = forced;
-    if (level != "portable" && level != "avx2" && level != "avx512") {
-      throw Error(ErrorKind::invalid_value, "FLASHLITE_CPU_SIMD is '" + level + "'; expected portable, avx2 or avx512");
+// FLASHLITE_CPU_SIMD, read once per process: the forced level, or "" (the CPU's best).
+const std::string& forced_simd() {
+  static const std::string level = [] {
+    const char* e = std::getenv("FLASHLITE_CPU_SIMD");
+    const std::string v = e ? e : "";
+    if (!v.empty() && v != "portable" && v != "avx2" && v != "avx512") {
+      throw Error(ErrorKind::invalid_value, "FLASHLITE_CPU_SIMD is '" + v + "'; expected portable, avx2 or avx512");
     }
-    if (!cpu_has(level)) throw Error(ErrorKind::invalid_value, "FLASHLITE_CPU_SIMD=" + level + " but this CPU lacks " + level);
-    return level == "avx512" ? kernels_avx512() : level == "avx2" ? kernels_avx2() : kernels_portable();
-  }
-  if (cpu_has("avx512")) return kernels_avx512();
-  if (cpu_has("avx2")) return kernels_avx2();
-  return kernels_portable();
+    if (!v.empty() && !cpu_has(v)) throw Error(ErrorKind::invalid_value, "FLASHLITE_CPU_SIMD=" + v + " but this CPU lacks " + v);
+    return v;
+  }();
+  return level;
 }
 
-// Chosen once per process (the environment variable is read once): a decode step calls the backend once per layer,
-// and getenv plus the CPU checks were a visible part of a ~5 us call.
+// Chosen once per process: a decode step calls the backend once per layer, and reading the variable plus the CPU
+// checks were a visible part of a ~5 us call.
 const TiledKernels& choose_kernels() {
-  static const TiledKernels& chosen = choose_kernels_uncached();
+  static const TiledKernels& chosen = [&]() -> const TiledKernels& {
+    const std::string& level = forced_simd();
+    if (level == "avx512" || (level.empty() && cpu_has("avx512"))) return kernels_avx512();
+    if (level == "avx2" || (level.empty() && cpu_has("avx2"))) return kernels_avx2();
+    return kernels_portable();
+  }();
   return chosen;
-}
-
-bool simd_forced() {
-  const char* forced = std::getenv("FLASHLITE_CPU_SIMD");
-  return forced && *forced;
 }
 
 // The kernels of one call. AVX-512 has no small-q (decode) kernels: a call whose tasks are all decode-shaped runs
@@ -90,7 +90,7 @@ bool simd_forced() {
 const TiledKernels& kernels_for(const AttentionProblem& p) {
   const TiledKernels& chosen = choose_kernels();
   if (chosen.small_scores) return chosen;
-  static const bool avx2_decode = !simd_forced() && cpu_has("avx2") && kernels_avx2().small_scores != nullptr;
+  static const bool avx2_decode = forced_simd().empty() && cpu_has("avx2") && kernels_avx2().small_scores != nullptr;
   if (!avx2_decode) return chosen;
   const int64_t heads = std::min(p.group_size(), kQueryCols);
   const int64_t rows = std::min(std::max<int64_t>(1, kQueryCols / heads), p.seq_q);

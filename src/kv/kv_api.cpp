@@ -1,5 +1,6 @@
 // The public KV-cache entry points (include/flashlite/kv_cache.h): validate once (kv_validate.cpp,
-// kv_prefill_validate.cpp), pick the backend (pick_backend, the one place that decides), plan, run.
+// kv_prefill_validate.cpp), take the requested backend (on_cuda), plan (decode: plan_decode; prefill: the forward's
+// CUDA planner), run.
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -9,6 +10,7 @@
 #include "backends.h"
 #include "flashlite/errors.h"
 #include "flashlite/kv_cache.h"
+#include "flashlite/rope.h"
 #include "kv/kv_backends.h"
 #include "kv/kv_prefill.h"
 
@@ -17,8 +19,8 @@ namespace {
 
 [[noreturn]] void fail(const std::string& msg) { throw Error(ErrorKind::invalid_value, msg); }
 
-// true: CUDA kernels; false: the CPU implementation.
-bool pick_backend(Backend requested, Device dev, const char* op) {
+// Whether the op runs on CUDA (else on the CPU): the cache's device; a backend that contradicts it is a bad argument.
+bool on_cuda(Backend requested, Device dev, const char* op) {
   const bool on_cpu = dev.type == DeviceType::cpu;
   switch (requested) {
     case Backend::automatic: break;
@@ -42,43 +44,73 @@ bool pick_backend(Backend requested, Device dev, const char* op) {
 struct DecodeRun {
   DecodeProblem p;
   bool cuda = false;
-  int splits = 1;
+  std::string unsupported;  // "decode: why" when no kernel (or not the forced choice) can run it
+#if FLASHLITE_WITH_CUDA
+  CudaDecodeLaunch launch;
+#endif
   size_t workspace = 0;
 };
 
-#if FLASHLITE_WITH_CUDA
-// slots: cuda_decode_slots(p), the device's resident split blocks.
-int plan_splits(const DecodeProblem& p, int64_t bound, int forced, int64_t slots) {
-  if (forced > 0) return std::min(forced, kDecodeMaxSplits);
-  const int64_t rows = p.group() * p.q_len;
-  const int64_t units = p.cache.batch * p.cache.kv_heads * ((rows + kDecodeRowsPerBlock - 1) / kDecodeRowsPerBlock);
-  return choose_num_splits(units, decode_visible_keys_bound(p.mask, p.q_len, bound), slots, kDecodeTileKeys,
-                           kDecodeMaxSplits);
-}
-#endif
-
-DecodeRun prepare(const DecodeArgs& args, int64_t bound, int forced_splits) {
+// Validates (throws on a bad argument) and plans under the overrides: the one decode planner.
+DecodeRun prepare(const DecodeArgs& args, int64_t bound, const DecodeOverrides& overrides) {
   DecodeRun r;
   r.p = validate_decode(args);
-  r.cuda = pick_backend(args.backend, r.p.cache.device, "decode");
-#if FLASHLITE_WITH_CUDA
-  if (r.cuda) {
-    if (std::string why = cuda_decode_unsupported_reason(r.p); !why.empty()) fail("decode: " + why);
-  }
-#endif
+  r.cuda = on_cuda(args.backend, r.p.cache.device, "decode");
   if (bound < 0) bound = r.p.cache.max_length;
   if (bound < r.p.cache.max_length) {
     fail("max_kv_len " + std::to_string(bound) + " is below the longest sequence in the cache (" +
          std::to_string(r.p.cache.max_length) + " tokens)");
   }
-  if (forced_splits < 0) fail("num_splits is " + std::to_string(forced_splits) + "; expected 0 (choose) or > 0");
+  if (overrides.num_splits < 0) {
+    fail("num_splits is " + std::to_string(overrides.num_splits) + "; expected 0 (choose) or > 0");
+  }
 #if FLASHLITE_WITH_CUDA
   if (r.cuda) {
-    // Also sets the kernels' attributes, asks for the cluster size and reads FLASHLITE_DECODE_CLUSTER on the first
-    // call, for a forced split count too: planning runs before any graph capture, so a captured decode holds nothing
-    // but launches.
-    r.splits = plan_splits(r.p, bound, forced_splits, cuda_decode_slots(r.p));
-    r.workspace = decode_workspace_bytes(r.p, r.splits);
+    if (std::string why = cuda_decode_unsupported_reason(r.p); !why.empty()) {
+      r.unsupported = "decode: " + why;
+      return r;
+    }
+    // Also sets the kernels' attributes and asks for the cluster size on the first call: planning runs before any
+    // graph capture, so a captured decode holds nothing but launches.
+    if (std::string why = plan_cuda_decode(r.p, bound, overrides, cuda_decode_device(r.p), r.launch); !why.empty()) {
+      r.unsupported = "decode: " + why;
+      return r;
+    }
+    r.workspace = decode_workspace_bytes(r.p, r.launch.splits);
+  }
+#endif
+  return r;
+}
+
+// The plan's choices as overrides: decode() with a plan plans again under them (and checks the plan fits the call).
+DecodeOverrides overrides_of(const DecodePlan& plan) {
+  DecodeOverrides o;
+  o.num_splits = plan.num_splits;
+  o.merge = plan.cluster_merge ? DecodeMerge::cluster : plan.num_splits > 1 ? DecodeMerge::combine : DecodeMerge::automatic;
+  return o;
+}
+
+// The call's run: under args.plan (checked against the call) or planned here; throws the reason when unsupported.
+DecodeRun prepare_call(const DecodeArgs& args) {
+  const DecodePlan* plan = args.plan;
+  if (plan && !plan->supported()) fail(plan->unsupported);
+  DecodeRun r = plan ? prepare(args, plan->max_kv_len, overrides_of(*plan)) : prepare(args, -1, {});
+  if (!r.unsupported.empty()) fail(r.unsupported);
+  if (!plan) return r;
+  const DecodeProblem& p = r.p;
+  if (plan->batch != p.cache.batch || plan->q_len != p.q_len || plan->q_heads != p.q_heads ||
+      plan->kv_heads != p.cache.kv_heads || plan->head_dim != p.cache.head_dim || plan->dtype != p.cache.dtype ||
+      !(plan->device == p.cache.device)) {
+    fail("plan was made for batch " + std::to_string(plan->batch) + ", q_len " + std::to_string(plan->q_len) + ", " +
+         std::to_string(plan->q_heads) + "/" + std::to_string(plan->kv_heads) + " heads, head_dim " +
+         std::to_string(plan->head_dim) + ", " + dtype_name(plan->dtype) + " on " + device_name(plan->device) +
+         "; expected it to match the call (batch " + std::to_string(p.cache.batch) + ", q_len " + std::to_string(p.q_len) +
+         ", " + std::to_string(p.q_heads) + "/" + std::to_string(p.cache.kv_heads) + " heads, head_dim " +
+         std::to_string(p.cache.head_dim) + ", " + dtype_name(p.cache.dtype) + " on " + device_name(p.cache.device) + ")");
+  }
+#if FLASHLITE_WITH_CUDA
+  if (r.cuda && plan->num_splits != r.launch.splits) {
+    fail("plan.num_splits " + std::to_string(plan->num_splits) + " is out of range");
   }
 #endif
   return r;
@@ -93,20 +125,11 @@ int64_t kv_length(const KvCacheView& c, int64_t b) {
   return pages == 0 ? 0 : (pages - 1) * c.k.shape[1] + static_cast<const int32_t*>(c.host.last_page_len.data)[b];
 }
 
-double rope_inv_freq(const RopeOptions& r, int64_t head_dim, int64_t c) {
-  const double inv = std::pow(r.theta, -2.0 * double(c) / double(head_dim));
-  if (!r.llama3) return inv;
-  const double wavelen = 2.0 * std::numbers::pi / inv;
-  const double orig = r.llama3_original_max_position;
-  if (wavelen < orig / r.llama3_high_freq_factor) return inv;  // high frequencies: kept
-  if (wavelen > orig / r.llama3_low_freq_factor) return inv / r.llama3_factor;  // low frequencies: scaled
-  const double smooth = (orig / wavelen - r.llama3_low_freq_factor) / (r.llama3_high_freq_factor - r.llama3_low_freq_factor);
-  return (1.0 - smooth) * inv / r.llama3_factor + smooth * inv;
-}
+double rope_inv_freq(const RopeOptions& r, int64_t head_dim, int64_t c) { return rope_frequency(r, head_dim, c); }
 
 void append_kv(const AppendArgs& args) {
   const AppendProblem p = validate_append(args);
-  const bool cuda = pick_backend(args.backend, p.cache.device, "append_kv");
+  const bool cuda = on_cuda(args.backend, p.cache.device, "append_kv");
   if (p.n_new == 0 || p.cache.batch == 0) return;
   if (!cuda) return cpu_kv_append(p);
 #if FLASHLITE_WITH_CUDA
@@ -115,10 +138,16 @@ void append_kv(const AppendArgs& args) {
 #endif
 }
 
-DecodePlan plan_decode(const DecodeArgs& args, int64_t max_kv_len, int num_splits) {
-  const DecodeRun r = prepare(args, max_kv_len, num_splits);
+DecodePlan plan_decode(const DecodeArgs& args, int64_t max_kv_len, const DecodeOverrides& overrides) {
+  const DecodeRun r = prepare(args, max_kv_len, overrides);
   DecodePlan plan;
-  plan.num_splits = r.splits;
+  plan.unsupported = r.unsupported;
+#if FLASHLITE_WITH_CUDA
+  if (r.cuda) {
+    plan.num_splits = r.launch.splits;
+    plan.cluster_merge = r.launch.cluster_merge;
+  }
+#endif
   plan.max_kv_len = max_kv_len < 0 ? r.p.cache.max_length : max_kv_len;
   plan.batch = r.p.cache.batch;
   plan.q_len = r.p.q_len;
@@ -132,24 +161,7 @@ DecodePlan plan_decode(const DecodeArgs& args, int64_t max_kv_len, int num_split
 }
 
 void decode(const DecodeArgs& args) {
-  DecodeRun r;
-  if (const DecodePlan* plan = args.plan) {
-    r = prepare(args, plan->max_kv_len, plan->num_splits);
-    const DecodeProblem& p = r.p;
-    if (plan->batch != p.cache.batch || plan->q_len != p.q_len || plan->q_heads != p.q_heads ||
-        plan->kv_heads != p.cache.kv_heads || plan->head_dim != p.cache.head_dim || plan->dtype != p.cache.dtype ||
-        !(plan->device == p.cache.device)) {
-      fail("plan was made for batch " + std::to_string(plan->batch) + ", q_len " + std::to_string(plan->q_len) + ", " +
-           std::to_string(plan->q_heads) + "/" + std::to_string(plan->kv_heads) + " heads, head_dim " +
-           std::to_string(plan->head_dim) + ", " + dtype_name(plan->dtype) + " on " + device_name(plan->device) +
-           "; expected it to match the call (batch " + std::to_string(p.cache.batch) + ", q_len " + std::to_string(p.q_len) +
-           ", " + std::to_string(p.q_heads) + "/" + std::to_string(p.cache.kv_heads) + " heads, head_dim " +
-           std::to_string(p.cache.head_dim) + ", " + dtype_name(p.cache.dtype) + " on " + device_name(p.cache.device) + ")");
-    }
-    if (r.cuda && plan->num_splits != r.splits) fail("plan.num_splits " + std::to_string(plan->num_splits) + " is out of range");
-  } else {
-    r = prepare(args, -1, 0);
-  }
+  const DecodeRun r = prepare_call(args);
   if (r.cuda && args.workspace != nullptr && args.workspace_bytes < r.workspace) {
     fail("workspace_bytes is " + std::to_string(args.workspace_bytes) + "; expected at least " + std::to_string(r.workspace) +
          " (DecodePlan::workspace_bytes)");
@@ -157,46 +169,58 @@ void decode(const DecodeArgs& args) {
   if (r.p.cache.batch == 0) return;
   if (!r.cuda) return cpu_decode(r.p);
 #if FLASHLITE_WITH_CUDA
-  run_cuda_decode(r.p, r.splits, args.stream, args.workspace, args.workspace_bytes);
+  run_cuda_decode(r.p, r.launch, args.stream, args.workspace);
 #endif
 }
 
-// Validated prefill problem and its backend (true: CUDA); unsupported CUDA cases fail here, before anything runs.
-static std::pair<PrefillProblem, bool> prepare_prefill(const PrefillArgs& args) {
-  PrefillProblem p = validate_prefill(args);
-  const bool cuda = pick_backend(args.backend, p.cache.device, "prefill");
+namespace {
+
+// A validated prefill problem and its plan: the CPU tiled kernel, or on CUDA the forward's planner for the fused
+// kernel's KV-cache variant; unsupported CUDA cases fail here, before anything runs.
+struct PrefillRun {
+  PrefillProblem p;
+  bool cuda = false;
+  FwdPlan plan;
+};
+
+PrefillRun prepare_prefill(const PrefillArgs& args) {
+  PrefillRun r{validate_prefill(args), false, {}};
+  r.cuda = on_cuda(args.backend, r.p.cache.device, "prefill");
 #if FLASHLITE_WITH_CUDA
-  if (cuda) {
-    if (std::string why = cuda_prefill_unsupported_reason(p); !why.empty()) fail("prefill: " + why);
+  if (r.cuda) {
+    r.plan = plan_cuda_fused(r.p.attn, ForwardKernel::automatic, &r.p.cache);
+    if (!r.plan.unsupported.empty()) fail("prefill: " + r.plan.unsupported);
   }
 #endif
-  return {p, cuda};
+  return r;
 }
 
+}  // namespace
+
 void prefill(const PrefillArgs& args) {
-  const auto [p, cuda] = prepare_prefill(args);
-  if (p.cache.batch == 0 || p.attn.seq_q == 0) return;
-  if (!cuda) return cpu_prefill(p);
+  const PrefillRun r = prepare_prefill(args);
+  if (r.p.cache.batch == 0 || r.p.attn.seq_q == 0) return;
+  if (!r.cuda) return cpu_prefill(r.p);
 #if FLASHLITE_WITH_CUDA
-  run_cuda_prefill(p, args.stream);
+  run_cuda_prefill(r.p, r.plan, args.stream);
 #endif
 }
 
 std::string prefill_kernel_name(const PrefillArgs& args) {
-  const auto [p, cuda] = prepare_prefill(args);
-  if (!cuda) return std::string("cpu_prefill (") + cpu_tiled_variant() + ")";
+  const PrefillRun r = prepare_prefill(args);
+  if (!r.cuda) return std::string("cpu_prefill (") + cpu_tiled_variant() + ")";
 #if FLASHLITE_WITH_CUDA
-  return cuda_prefill_kernel_name(p);
+  return cuda_prefill_kernel_name(r.p, r.plan);
 #else
   return "unknown";
 #endif
 }
 
 std::string decode_kernel_name(const DecodeArgs& args) {
-  const DecodeRun r = args.plan ? prepare(args, args.plan->max_kv_len, args.plan->num_splits) : prepare(args, -1, 0);
+  const DecodeRun r = prepare_call(args);
   if (!r.cuda) return std::string("cpu_decode (tiled ") + cpu_tiled_variant(prefill_from_decode(r.p).attn) + ")";
 #if FLASHLITE_WITH_CUDA
-  return cuda_decode_kernel_name(r.p, r.splits);
+  return cuda_decode_kernel_name(r.p, r.launch);
 #else
   return "unknown";
 #endif

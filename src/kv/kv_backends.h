@@ -34,6 +34,27 @@ inline constexpr int kDecodeMaxSplits = 256;
 // Workspace of a split decode: partial outputs (fp32) and LSEs, 256-byte aligned parts.
 size_t decode_workspace_bytes(const DecodeProblem& p, int num_splits);
 
+// What the device offers the decode kernels of a problem (cuda_decode_device).
+struct CudaDecodeDevice {
+  int64_t slots = 1;       // resident split blocks: SM count x blocks per SM
+  int sms = 1;
+  int l2_bytes = 1;
+  int cluster_splits = 0;  // the largest cluster of split blocks that fits (0: no cluster launch)
+  bool sm90_code = false;  // sm_90 device running code with griddepcontrol (PDL) and clusters
+};
+
+// A decode plan's CUDA launch parameters.
+struct CudaDecodeLaunch {
+  int splits = 1;
+  bool cluster_merge = false;   // splits merge in a cluster (no partials in memory, no combine kernel)
+  bool kv_evict_first = false;  // K/V read with an L2 evict-first policy
+  bool pdl = false;             // programmatic dependent launches
+};
+// THE CUDA decode choice (pure: tested on the CPU): split count for the length bound, how the splits merge, the L2
+// policy and PDL, under the overrides; empty, or why the overrides cannot be honoured on this device.
+std::string plan_cuda_decode(const DecodeProblem& p, int64_t bound, const DecodeOverrides& o, const CudaDecodeDevice& d,
+                             CudaDecodeLaunch& out);
+
 // ---------------------------------------------------------------- CPU (src/cpu/kv_*.cpp)
 void cpu_kv_append(const AppendProblem& p);
 void cpu_decode(const DecodeProblem& p);
@@ -45,22 +66,12 @@ std::string cuda_append_unsupported_reason(const AppendProblem& p);
 void run_cuda_append(const AppendProblem& p, void* stream);
 
 std::string cuda_decode_unsupported_reason(const DecodeProblem& p);
-// Resident blocks of the kernel decode() would run for p: SM count x blocks per SM (cached per device; the first
-// call also sets the kernels' attributes and asks for the cluster size, so later calls are launches only).
-int64_t cuda_decode_slots(const DecodeProblem& p);
-void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream, void* workspace, size_t workspace_bytes);
-// "cuda_decode_split_<dtype>_d<D>_<layout>"; with num_splits > 0 also how the splits merge (cluster or combine kernel).
-std::string cuda_decode_kernel_name(const DecodeProblem& p, int num_splits = 0);
-// Split merge in a thread-block cluster (sm_90; src/cuda/decode/cluster_merge.cuh) instead of the combine kernel:
-// when the splits fit one cluster (<= 16) and the grid is at most one block per SM. FLASHLITE_DECODE_CLUSTER, read
-// once per process: 1 / on (the default) or 0 / off (always the combine kernel); anything else is an error naming
-// the variable.
-int parse_decode_cluster_mode(const char* value);
-bool cuda_decode_merges_in_cluster(const DecodeProblem& p, int num_splits);
-// The split kernel's L2 policy for K/V. FLASHLITE_DECODE_KV_POLICY, read once per process: auto (the default:
-// evict-first for calls whose K/V is at least half the L2), evict_first or normal; returns 0, 1, 2; anything else is
-// an error naming the variable.
-int parse_decode_kv_policy(const char* value);
+// Cached per device and kernel; the first call also sets the kernels' attributes and asks for the cluster size, so
+// later calls (e.g. inside a graph capture) are launches only.
+CudaDecodeDevice cuda_decode_device(const DecodeProblem& p);
+void run_cuda_decode(const DecodeProblem& p, const CudaDecodeLaunch& plan, void* stream, void* workspace);
+// "cuda_decode_split_<dtype>_d<D>_<layout> (splits N, cluster merge | combine kernel[, K/V evict-first])".
+std::string cuda_decode_kernel_name(const DecodeProblem& p, const CudaDecodeLaunch& plan);
 #endif
 
 }  // namespace flashlite

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backends.h"
 #include "common/problem.h"
 #include "kv/kv_problem.h"
 
@@ -36,10 +37,9 @@ PrefillProblem prefill_from_decode(const DecodeProblem& dp);
 void cpu_prefill(const PrefillProblem& p);
 
 #if FLASHLITE_WITH_CUDA
-// src/cuda/fwd/launch.cu: empty when the fused kernel's KV-cache variant supports p, else why not.
-std::string cuda_prefill_unsupported_reason(const PrefillProblem& p);
-void run_cuda_prefill(const PrefillProblem& p, void* stream);
-std::string cuda_prefill_kernel_name(const PrefillProblem& p);
+// src/cuda/fwd/launch.cu: the fused kernel's KV-cache variant, as planned by plan_cuda_fused(p.attn, ..., &p.cache).
+void run_cuda_prefill(const PrefillProblem& p, const FwdPlan& plan, void* stream);
+std::string cuda_prefill_kernel_name(const PrefillProblem& p, const FwdPlan& plan);
 #endif
 
 }  // namespace flashlite

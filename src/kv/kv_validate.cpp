@@ -73,13 +73,34 @@ ByteRange byte_range(const TensorView& t) {
   return {base + uintptr_t(lo * es), base + uintptr_t((hi + 1) * es)};
 }
 
-// a is written while b is read (or written): their address ranges must not meet.
-// (Names are C strings: this runs a dozen times per call, and a message is only built on failure.)
+// Whether two [d0, d1, heads, head_dim] views whose address ranges interleave still share no element: both on one
+// lattice of rows (the same row pitch P = strides[1], strides[0] multiples of it), each view's (heads, head_dim) block
+// inside a row, at offsets within the row that do not meet. The column blocks of one fused QKV buffer (q, k and v
+// of each token side by side in a row) are such views.
+bool disjoint_in_rows(const TensorView& a, const TensorView& b) {
+  if (a.rank != 4 || b.rank != 4 || dtype_size(a.dtype) != dtype_size(b.dtype)) return false;
+  const int64_t P = a.strides[1], es = int64_t(dtype_size(a.dtype));
+  if (P <= 0 || b.strides[1] != P) return false;
+  int64_t w[2];
+  for (int v = 0; v < 2; ++v) {
+    const TensorView& t = v ? b : a;
+    if (t.strides[0] < 0 || t.strides[0] % P != 0 || t.strides[2] < 0 || t.strides[3] < 0) return false;
+    w[v] = (t.shape[2] - 1) * t.strides[2] + (t.shape[3] - 1) * t.strides[3] + 1;  // elements of a row the view uses
+    if (w[v] > P) return false;
+  }
+  const int64_t bytes = int64_t(reinterpret_cast<uintptr_t>(b.data) - reinterpret_cast<uintptr_t>(a.data));
+  if (bytes % es != 0) return false;
+  const int64_t d = ((bytes / es) % P + P) % P;  // b's block starts d elements into a's row
+  return w[0] <= d && d + w[1] <= P;
+}
+
+// a is written while b is read (or written): their address ranges must not meet (or, interleaving, their elements:
+// disjoint_in_rows). (Names are C strings: this runs a dozen times per call, and a message is only built on failure.)
 void check_no_overlap(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
   if (a.data == nullptr || b.data == nullptr || !(a.device == b.device)) return;
   const ByteRange ra = byte_range(a), rb = byte_range(b);
   if (ra.lo == ra.hi || rb.lo == rb.hi) return;
-  if (ra.lo < rb.hi && rb.lo < ra.hi) {
+  if (ra.lo < rb.hi && rb.lo < ra.hi && !disjoint_in_rows(a, b)) {
     fail(std::string(a_name) + " overlaps " + b_name + " in memory; expected separate buffers");
   }
 }
@@ -225,6 +246,9 @@ void check_rope(const RopeOptions& r, int64_t head_dim) {
   if (!r.enabled) return;
   if (!(std::isfinite(r.theta) && r.theta > 0)) fail("rope.theta is " + to_string(r.theta) + "; expected a finite number > 0");
   if (head_dim % 2 != 0) fail("head_dim " + to_string(head_dim) + " is odd; rotary embedding needs an even head_dim");
+  if (!(std::isfinite(r.linear_factor) && r.linear_factor > 0)) {
+    fail("rope.linear_factor is " + to_string(r.linear_factor) + "; expected a finite number > 0");
+  }
   if (r.llama3) {
     if (!(std::isfinite(r.llama3_factor) && r.llama3_factor > 0)) {
       fail("rope.llama3_factor is " + to_string(r.llama3_factor) + "; expected a finite number > 0");

@@ -3,7 +3,7 @@
 // bf16: logits within bf16 tolerance and the same top-1 on almost every position; batches equal single runs; every
 // CudaEngineOptions setting (the paths other models and devices take: cuBLASLt instead of the fused GEMVs, eager
 // steps, no PDL, the profiler) generates the default's greedy tokens; a head_dim the fused RoPE epilogue does not
-// take runs the GEMVs with the separate RoPE kernel.
+// take runs the GEMVs with the library's append_kv (RoPE + cache append) apart.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -232,7 +232,7 @@ void expect_logits_near_float64(const eng::ModelWeights& w, const eng::CudaEngin
 // Each CudaEngineOptions setting against the defaults on one bf16 model: the same greedy tokens for one sequence and
 // a batch of three (decode steps replayed from graphs, several rows through the GEMVs). The settings that keep every
 // rounding (graphs off, PDL off, the profiler, verbose) must match exactly; the GEMVs off (cuBLASLt, the separate
-// RMSNorm / RoPE + append / SwiGLU / residual / argmax kernels) sums in another order and may part only where the
+// RMSNorm / SwiGLU / residual / argmax kernels, flashlite::append_kv for RoPE + append) sums in another order and may part only where the
 // reference's own logits are a near tie. Then logits within the bf16 tolerance of float64, prefill + decode.
 TEST(CudaEngine, EngineOptionsGenerateTheDefaultTokens) {
   const synth::Spec spec{"cuda_options", 256, 1024, 2, 4, 2, 64, 3000, "BF16", true, true, 0};
@@ -279,8 +279,8 @@ TEST(CudaEngine, EngineOptionsGenerateTheDefaultTokens) {
   std::filesystem::remove_all(dir);
 }
 
-// head_dim 20 (not a multiple of 8): the GEMVs run with the QKV GEMV's plain bf16 epilogue and the separate RoPE +
-// append kernel, and attention through flashlite::forward (no batched decode kernel for this head_dim). Logits within
+// head_dim 20 (not a multiple of 8): the GEMVs run with the QKV GEMV's plain bf16 epilogue and the library's
+// append_kv (RoPE + cache append) apart, and attention through flashlite::forward (no batched decode kernel for this head_dim). Logits within
 // the bf16 tolerance of float64 with the GEMVs and without (cuBLASLt), and the two generate the same tokens but at a
 // near tie.
 TEST(CudaEngine, HeadDimOutsideTheFusedRopeUsesTheSeparateRopeKernel) {

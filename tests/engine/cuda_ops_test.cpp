@@ -210,7 +210,7 @@ TEST(EngineCudaOps, BackToBackGemvLaunchesMatchFloat64) {
   }
 }
 
-// RoPE tables as the engine builds them (float64 math rounded once), theta 10000.
+// RoPE tables as the library computes them (float64 angles rounded once), theta 10000: the float64 reference's.
 void rope_tables(int positions, int head_dim, std::vector<float>& cs, std::vector<float>& sn) {
   const int half = head_dim / 2;
   cs.resize(size_t(positions) * half);
@@ -224,7 +224,8 @@ void rope_tables(int positions, int head_dim, std::vector<float>& cs, std::vecto
 }
 
 // The QKV GEMV with RoPE + cache append in its epilogue: against float64 (the projection rounded to bf16 as the
-// unfused path stores it, then rotated) and against the unfused path (gemv, then rope_append) on the same inputs;
+// unfused path stores it, then rotated) and against the unfused path (gemv, then the library's flashlite::append_kv
+// into a flashlite KV cache) on the same inputs, so the epilogue writes the library's cache and rotates with its RoPE;
 // poisoned outputs, so an unwritten element or cache row shows.
 TEST(EngineCudaOps, FusedRopeAppendMatchesUnfusedAndFloat64) {
   DEVICE_OR_SKIP();
@@ -243,17 +244,17 @@ TEST(EngineCudaOps, FusedRopeAppendMatchesUnfusedAndFloat64) {
                  std::to_string(rc.head_dim) + (rc.interleaved ? " interleaved" : " half-split") + " rows " +
                  std::to_string(rc.rows) + " k " + std::to_string(rc.k));
     const int D = rc.head_dim, half = D / 2, kvd = rc.kv_heads * D, out = (rc.heads + 2 * rc.kv_heads) * D;
-    const int positions = 300, cache_rows = 3 * rc.rows + 5;
+    const int positions = 300, cache_rows = rc.rows * positions;
     const auto w = random_vec(size_t(out) * rc.k, rng, -0.1f, 0.1f);
     const auto xf = random_vec(size_t(rc.rows) * rc.k, rng, -3.f, 3.f);
     const auto g = random_vec(rc.k, rng, 0.5f, 1.5f);
     std::vector<float> cs, sn;
     rope_tables(positions, D, cs, sn);
     std::vector<int32_t> pos;
-    std::vector<int64_t> cache_row;
+    std::vector<int64_t> cache_row;  // activation row r: sequence r of the cache, its token at position pos[r]
     for (int r = 0; r < rc.rows; ++r) {
       pos.push_back(int32_t((r * 97 + 13) % positions));
-      cache_row.push_back(int64_t(3 * r + 2));
+      cache_row.push_back(int64_t(r) * positions + pos[r]);
     }
     ops::GemvParams p;
     p.rows = rc.rows;
@@ -265,8 +266,8 @@ TEST(EngineCudaOps, FusedRopeAppendMatchesUnfusedAndFloat64) {
     p.rope.head_dim = D;
     p.rope.interleaved = rc.interleaved;
     std::vector<float> y1, k1, v1, y0, k0, v0;
-    dt::gemv_rope(p, true, w, xf, g, cs, sn, pos, cache_row, cache_rows, y1, k1, v1);
-    dt::gemv_rope(p, false, w, xf, g, cs, sn, pos, cache_row, cache_rows, y0, k0, v0);
+    dt::gemv_rope(p, true, w, xf, g, 10000.0, positions, pos, y1, k1, v1);
+    dt::gemv_rope(p, false, w, xf, g, 10000.0, positions, pos, y0, k0, v0);
     // float64: the projection, then the rotation. The kernels round the projection to bf16 before rotating (<= 2^-8
     // of each input) and the result once more (<= 2^-8 of it): the tolerance is those bounds plus accumulation order.
     const Case c{ops::GemvIn::rmsnorm, ops::GemvOut::bf16, rc.rows, out, rc.k, false};

@@ -38,13 +38,13 @@ TEST(FusedFeatures, RepeatedRunsAreBitwiseIdentical) {
     s.mask = {true, 100, -1, 4};
     Problem p(s, seed_of("determinism"));
     DeviceMirror m(p);
-    flashlite::forward(m.args);
+    fltest::suite_forward(m.args);
     FL_CUDA_OK(cudaDeviceSynchronize());
     const auto first = device_bytes(m.device_of(p.outbuf), p.outbuf.bytes.size());
     const auto first_lse = device_bytes(m.device_of(p.lsebuf), p.lsebuf.bytes.size());
     for (int run = 0; run < 5; ++run) {
       m.poison_outputs(p);
-      flashlite::forward(m.args);
+      fltest::suite_forward(m.args);
       FL_CUDA_OK(cudaDeviceSynchronize());
       EXPECT_TRUE(device_bytes(m.device_of(p.outbuf), p.outbuf.bytes.size()) == first) << "run " << run;
       EXPECT_TRUE(device_bytes(m.device_of(p.lsebuf), p.lsebuf.bytes.size()) == first_lse) << "run " << run;
@@ -78,7 +78,7 @@ void capture_and_check(const Spec& s, const std::string& name) {
   StreamCase c(s, name);
   cudaGraph_t graph;
   cuda_check(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeGlobal), "begin capture");
-  flashlite::forward(c.m.args);
+  fltest::suite_forward(c.m.args);
   cuda_check(cudaStreamEndCapture(c.stream, &graph), "end capture (the call must not sync or allocate)");
   cudaGraphExec_t exec;
   cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
@@ -132,7 +132,7 @@ TEST(FusedFeatures, LongVarlenCallIsRefusedUnderCapture) {
   StreamCase c(s, "graph_long_varlen");
   cuda_check(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeGlobal), "begin capture");
   try {
-    flashlite::forward(c.m.args);
+    fltest::suite_forward(c.m.args);
     ADD_FAILURE() << "a 130-sequence varlen call was captured";
   } catch (const flashlite::Error& e) {
     EXPECT_NE(std::string(e.what()).find("CUDA graph cannot capture"), std::string::npos) << e.what();
@@ -143,7 +143,7 @@ TEST(FusedFeatures, LongVarlenCallIsRefusedUnderCapture) {
   cuda_check(cudaGraphGetNodes(graph, nullptr, &nodes), "cudaGraphGetNodes");
   EXPECT_EQ(nodes, 0u) << "the refused call enqueued work";
   cudaGraphDestroy(graph);
-  flashlite::forward(c.m.args);
+  fltest::suite_forward(c.m.args);
   c.check("the call outside the capture");
 }
 
@@ -151,7 +151,7 @@ TEST(FusedFeatures, KernelNameNamesTheTile) {
   FL_SKIP_WITHOUT_GPU();
   Problem p(small_spec(DType::bf16, 128), 1);
   DeviceMirror m(p);
-  const std::string name = flashlite::forward_kernel_name(m.args);
+  const std::string name = fltest::suite_forward_kernel_name(m.args);
   // sm_90 takes the Hopper kernel by default (tests/gpu/hopper_fwd_test.cpp); every other device the mma.sync tile.
   if (name.rfind("cuda_hopper_", 0) == 0) {
     EXPECT_EQ(name.rfind("cuda_hopper_wgmma_bf16_d128", 0), 0u) << name;
@@ -160,7 +160,7 @@ TEST(FusedFeatures, KernelNameNamesTheTile) {
   }
   Problem p32(small_spec(DType::f32, 64), 1);
   DeviceMirror m32(p32);
-  EXPECT_EQ(flashlite::forward_kernel_name(m32.args), "cuda_fused_simt_f32_d64");
+  EXPECT_EQ(fltest::suite_forward_kernel_name(m32.args), "cuda_fused_simt_f32_d64");
 }
 
 // Views with fake device pointers: dispatch rejects them before anything touches memory, GPU or not.
@@ -183,7 +183,7 @@ TEST(FusedFeatures, UnsupportedHeadDimIsRejectedWithItsValue) {
   for (DType t : {DType::f32, DType::f16, DType::bf16})
     for (int64_t d : {8, 48, 80, 160, 512}) {
       try {
-        flashlite::forward(fake_cuda_args(t, d));
+        fltest::suite_forward(fake_cuda_args(t, d));
         ADD_FAILURE() << "head_dim " << d << " was accepted";
       } catch (const flashlite::Error& e) {
         const std::string msg = e.what();
@@ -200,7 +200,7 @@ TEST(FusedFeatures, CudaBackendRefusesCpuTensors) {
   ForwardArgs a = p.args;
   a.backend = Backend::cuda;
   try {
-    flashlite::forward(a);
+    fltest::suite_forward(a);
     ADD_FAILURE() << "CPU tensors were accepted by backend 'cuda'";
   } catch (const flashlite::Error& e) {
     EXPECT_NE(std::string(e.what()).find("backend 'cuda' needs CUDA tensors"), std::string::npos) << e.what();

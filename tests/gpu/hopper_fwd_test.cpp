@@ -1,10 +1,10 @@
-// The Hopper forward kernel (src/cuda/fwd_hopper/: wgmma + TMA, warp-specialised) against the float64
-// reference. With FLASHLITE_FWD_HOPPER unset (schedule 3, ping-pong) or 1 / 2 (plain, pipelined; the library reads it
-// once; 0: the device tests skip, see kHopperEnv), on an sm_90 device every
-// eligible call of this executable takes the Hopper kernel: each case first checks forward_kernel_name, then the
-// numbers (NaN-poisoned outputs, LSE, untouched bytes; tests/cpu/test_util.h). Cases the kernel rejects must fall
-// back to the mma.sync / fp32 kernels and still be right. The eligibility logic is unit-tested without a device.
-// Without a GPU, or on a GPU other than sm_90, or in a build without the 90a target, the device tests skip.
+// The Hopper forward kernel (src/cuda/fwd_hopper/: wgmma + TMA, warp-specialised, ping-pong consumers) against the
+// float64 reference. With FLASHLITE_FWD_HOPPER unset or 1 (0: the device tests skip, see kHopperEnv), on an sm_90
+// device every eligible call of this executable takes the Hopper kernel: each case first checks forward_kernel_name,
+// then the numbers (NaN-poisoned outputs, LSE, untouched bytes; tests/cpu/test_util.h). Cases the kernel rejects must
+// fall back to the mma.sync / fp32 kernels and still be right. The eligibility logic and the setting's parser are
+// unit-tested without a device. Without a GPU, or on a GPU other than sm_90, or in a build without the 90a target, the
+// device tests skip.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -22,10 +22,9 @@
 namespace fltest {
 namespace {
 
-// The Hopper kernel is the default on sm_90 (schedule 3); FLASHLITE_FWD_HOPPER=1|2 tests the other schedules
-// (bench/fwd/hopper_first_run.sh runs all three) and FLASHLITE_FWD_HOPPER=0 turns it off, so these tests skip.
+// The Hopper kernel is the default on sm_90; the user setting FLASHLITE_FWD_HOPPER=0 turns it off, so these tests skip.
 namespace h = flashlite::cuda_fwd_hopper;
-const bool kHopperEnv = h::hopper_fwd_mode() != 0;
+const bool kHopperEnv = h::parse_fwd_hopper_setting(std::getenv("FLASHLITE_FWD_HOPPER"));
 
 bool is_sm90() {
   if (!has_gpu()) return false;
@@ -291,16 +290,14 @@ TEST(HopperEligibility, VarlenUsesTheLastSequenceEnd) {
   EXPECT_NE(h::hopper_fwd_reject_reason(p, 90), "");
 }
 
-TEST(HopperEligibility, SwitchValues) {
-  EXPECT_EQ(h::parse_hopper_mode(nullptr), 3);
-  EXPECT_EQ(h::parse_hopper_mode(""), 3);
-  for (const char* off : {"0", "off", "OFF", "False", "no"}) EXPECT_EQ(h::parse_hopper_mode(off), 0) << off;
-  EXPECT_EQ(h::parse_hopper_mode("1"), 1);
-  EXPECT_EQ(h::parse_hopper_mode("2"), 2);
-  for (const char* on : {"3", "on", "TRUE", "yes"}) EXPECT_EQ(h::parse_hopper_mode(on), 3) << on;
-  for (const char* bad : {"4", "-1", "of", "2x", " 0"}) {
+TEST(HopperEligibility, SettingValues) {  // FLASHLITE_FWD_HOPPER, parsed strictly
+  EXPECT_TRUE(h::parse_fwd_hopper_setting(nullptr));
+  EXPECT_TRUE(h::parse_fwd_hopper_setting(""));
+  EXPECT_TRUE(h::parse_fwd_hopper_setting("1"));
+  EXPECT_FALSE(h::parse_fwd_hopper_setting("0"));
+  for (const char* bad : {"2", "3", "-1", "on", "off", "true", "2x", " 0"}) {
     try {
-      (void)h::parse_hopper_mode(bad);
+      (void)h::parse_fwd_hopper_setting(bad);
       ADD_FAILURE() << "accepted FLASHLITE_FWD_HOPPER=" << bad;
     } catch (const flashlite::Error& e) {
       EXPECT_EQ(e.kind(), flashlite::ErrorKind::invalid_value);
@@ -309,19 +306,9 @@ TEST(HopperEligibility, SwitchValues) {
   }
 }
 
-TEST(HopperEligibility, NameAndSwitch) {
-  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::bf16, 128), 1), "cuda_hopper_wgmma_bf16_d128");
-  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::f16, 64), 1), "cuda_hopper_wgmma_f16_d64");
-  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::f16, 64), 2), "cuda_hopper_wgmma_f16_d64_pipe");
-  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::bf16, 64), 3), "cuda_hopper_wgmma_bf16_d64_pingpong");
-  EXPECT_EQ(h::hopper_fwd_enabled(), kHopperEnv);  // the library reads the variable once
-  EXPECT_TRUE(h::hopper_fwd_mode() >= 0 && h::hopper_fwd_mode() <= 3);
-  const char* env = std::getenv("FLASHLITE_FWD_HOPPER");
-  if (env == nullptr) {
-    EXPECT_EQ(h::hopper_fwd_mode(), 3);  // the default schedule
-  } else if (std::string(env) == "0") {
-    EXPECT_EQ(h::hopper_fwd_mode(), 0);
-  }
+TEST(HopperEligibility, Name) {
+  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::bf16, 128)), "cuda_hopper_wgmma_bf16_d128_pingpong");
+  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::f16, 64)), "cuda_hopper_wgmma_f16_d64_pingpong");
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
 // Non-finite inputs and long rows on the CUDA backends (skipped without a GPU): the cases of the CPU suite
 // (tests/cpu/nonfinite_util.h: NaN, +inf and -inf in q, in the K or V row of a key every / some / no query row sees, in
 // a sink logit; every mask kind; fp32 / fp16 / bf16) through the fused kernel (backend 'cuda': the Hopper kernel on
-// sm_90, mma.sync elsewhere or under FLASHLITE_FWD_HOPPER=0, the fp32 SIMT kernel for fp32) and the split naive
-// kernels (backend 'naive'); the KV-cache decode kernel (one split, forced splits with their merge in a cluster or,
-// under FLASHLITE_DECODE_CLUSTER=0, the combine kernel); then long rows (2^22 + 7 keys) against the float64 mean of V.
+// sm_90, mma.sync elsewhere or in the --no-hopper re-run, the fp32 SIMT kernel for fp32) and the split naive kernels
+// (backend 'naive'); the KV-cache decode kernel (one split, forced splits with their merge in a cluster or, in the
+// --combine re-run, the combine kernel); then long rows (2^22 + 7 keys) against the float64 mean of V.
 // Every failure names the kernel that ran.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -35,8 +35,8 @@ TEST_P(GpuNonFinite, FollowsTheRule) {
     fill_outputs(p, kSentinel);
     DeviceMirror m(p);  // copies the inputs as they are now (poison included) and the sentinel outputs
     m.args.backend = backend;
-    kernel = flashlite::forward_kernel_name(m.args);
-    flashlite::forward(m.args);
+    kernel = fltest::suite_forward_kernel_name(m.args);
+    fltest::suite_forward(m.args);
     m.copy_back();
     return read_outputs(p);
   };
@@ -111,11 +111,9 @@ std::string decode_on_device(kvtest::DecodeProblem& p, int splits) {
   a.lse = on_device(p.args.lse, lse.p);
   if (p.spec.sink_logits) a.options.sink_logits = on_device(p.args.options.sink_logits, sink.p);
   a.backend = Backend::cuda;
-  flashlite::DecodePlan plan;
-  if (splits > 0) {
-    plan = flashlite::plan_decode(a, -1, splits);
-    a.plan = &plan;
-  }
+  // Under the suite's merge (--combine: the combine kernel), one split or the forced count.
+  const flashlite::DecodePlan plan = fltest::suite_plan_decode(a, -1, splits);
+  a.plan = &plan;
   const std::string name = flashlite::decode_kernel_name(a);
   flashlite::decode(a);
   ck(cudaDeviceSynchronize(), "decode");
@@ -194,8 +192,8 @@ TEST_P(GpuLongRows, StayNearOutputRounding) {
   a.q = on_device(a.q, q.p), a.k = on_device(a.k, k.p), a.v = on_device(a.v, v.p);
   a.out = on_device(a.out, out.p), a.lse = on_device(a.lse, lse.p);
   a.backend = backend;
-  const std::string kernel = flashlite::forward_kernel_name(a);
-  flashlite::forward(a);
+  const std::string kernel = fltest::suite_forward_kernel_name(a);
+  fltest::suite_forward(a);
   ck(cudaDeviceSynchronize(), "forward");
   out.down();
   lse.down();
@@ -240,8 +238,8 @@ TEST(GpuLongRowsDecode, StayNearOutputRounding) {
   a.out = on_device(r.args.out, out.p);
   a.lse = on_device(r.args.lse, lse.p);
   a.backend = Backend::cuda;
-  const std::string kernel = flashlite::decode_kernel_name(a);
-  flashlite::decode(a);
+  const std::string kernel = fltest::suite_decode_kernel_name(a);
+  fltest::suite_decode(a);
   ck(cudaDeviceSynchronize(), "decode");
   out.down();
   lse.down();

@@ -13,6 +13,7 @@
 
 #include "kv/kv_backends.h"
 #include "kv_gpu_util.h"
+#include "test_overrides.h"
 #include "kv_test_util.h"
 
 namespace kvtest {
@@ -100,12 +101,12 @@ struct GpuCase {
   bool cluster = false;  // splits chosen at run time: the most a one-block-per-SM grid allows (the cluster merge)
 };
 
-// Whether split decodes merge in a cluster here: sm_90+ and FLASHLITE_DECODE_CLUSTER not 0 (the kernels are built
-// for sm_90a in the device builds this suite runs in).
+// Whether split decodes merge in a cluster here: sm_90+ and not the --combine re-run (the kernels are built for
+// sm_90a in the device builds this suite runs in).
 bool cluster_merge_on() {
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) return false;
-  return major >= 9 && flashlite::parse_decode_cluster_mode(std::getenv("FLASHLITE_DECODE_CLUSTER")) == 1;
+  return major >= 9 && !fltest::suite_overrides().combine;
 }
 
 int sm_count() {
@@ -113,11 +114,9 @@ int sm_count() {
   return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess ? sms : 0;
 }
 
-// Whether a split kernel reading `kv_bytes` of K/V copies it with the L2 evict-first policy (launch.cu): at least
-// half the L2 under FLASHLITE_DECODE_KV_POLICY=auto (the default), or as the variable forces.
+// Whether a split kernel reading `kv_bytes` of K/V copies it with the L2 evict-first policy (the plan,
+// src/kv/kv_plan.cpp): at least half the L2.
 bool expect_kv_evict_first(int64_t kv_bytes) {
-  const int mode = flashlite::parse_decode_kv_policy(std::getenv("FLASHLITE_DECODE_KV_POLICY"));
-  if (mode != 0) return mode == 1;
   int l2 = 0;
   if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0) != cudaSuccess || l2 <= 0) l2 = 1;
   return 2 * kv_bytes >= int64_t(l2);
@@ -232,7 +231,6 @@ void run_grid_case(const GpuCase& tc) {
   const std::vector<uint8_t> out_before = p.outbuf.bytes, k_before = cache.kbuf.bytes;
   DeviceCache dc(cache);
   DeviceDecode dd(p, dc);
-  flashlite::DecodePlan plan;
   int splits = tc.splits;
   bool expect_cluster = false;
   if (tc.cluster) {
@@ -241,15 +239,13 @@ void run_grid_case(const GpuCase& tc) {
     splits = int(std::clamp<int64_t>(sm_count() / units, 2, 16));
     expect_cluster = cluster_merge_on() && units * splits <= sm_count();
   }
-  if (splits > 0) {
-    plan = flashlite::plan_decode(dd.args, -1, splits);
-    dd.args.plan = &plan;
-  }
-  const std::string name = flashlite::decode_kernel_name(dd.args);
+  const flashlite::DecodePlan plan = fltest::suite_plan_decode(dd.args, -1, splits);  // under the suite's merge
+  dd.args.plan = &plan;
+  const std::string name = fltest::suite_decode_kernel_name(dd.args);
   if (tc.cluster) {
     EXPECT_EQ(name.find("cluster merge") != std::string::npos, expect_cluster) << name;
   }
-  flashlite::decode(dd.args);
+  fltest::suite_decode(dd.args);
   dd.download();
   expect_decode_matches(p, out_before);
   dc.download_kv();
@@ -350,7 +346,7 @@ TEST(GpuKv, AppendThenDecodeEqualsAttentionOverConcatenation) {
     DecodeProblem p(cache, ds, fltest::seed_of("gpu_concat q"));
     DecodeProblem pe(expected, ds, fltest::seed_of("gpu_concat q"));  // same q
     DeviceDecode dd(p, dc);
-    flashlite::decode(dd.args);
+    fltest::suite_decode(dd.args);
     dd.download();
     const std::vector<uint8_t> out_before = pe.outbuf.bytes;
     pe.outbuf.bytes = p.outbuf.bytes;
@@ -398,7 +394,7 @@ TEST(GpuKv, DecodeStepCapturedInGraphReplaysAsLengthsGrow) {
     a.cache = dc.view;
     a.k = on_device(f1.args.k, k.p);
     a.v = on_device(f1.args.v, v.p);
-    const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, 4096);  // the capacity: valid for every step
+    const flashlite::DecodePlan plan = fltest::suite_plan_decode(dd.args, 4096);  // the capacity: valid for every step
     EXPECT_GT(plan.num_splits, 1);
     DevBuf ws(nullptr, 0);
     ck(cudaMalloc(&ws.p, std::max<size_t>(plan.workspace_bytes, 16)), "workspace");
@@ -411,7 +407,7 @@ TEST(GpuKv, DecodeStepCapturedInGraphReplaysAsLengthsGrow) {
     cudaGraph_t graph;
     ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
     flashlite::append_kv(a);
-    flashlite::decode(dd.args);
+    fltest::suite_decode(dd.args);
     ck(cudaStreamEndCapture(stream, &graph), "end capture (append + decode must not sync or allocate)");
     cudaGraphExec_t exec;
     ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
@@ -491,7 +487,7 @@ TEST(GpuKv, SplitMergeRepeatsAcrossCallsAndGraphReplays) {
     const std::vector<uint8_t> poisoned_out = p.outbuf.bytes, poisoned_lse = p.lsebuf.bytes;
     DeviceCache dc(cache);
     DeviceDecode dd(p, dc);
-    const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, -1, cfg.splits);
+    const flashlite::DecodePlan plan = fltest::suite_plan_decode(dd.args, -1, cfg.splits);
     EXPECT_GT(plan.num_splits, 1);
     DevBuf ws(nullptr, 0);
     ck(cudaMalloc(&ws.p, std::max<size_t>(plan.workspace_bytes, 16)), "workspace");
@@ -512,7 +508,7 @@ TEST(GpuKv, SplitMergeRepeatsAcrossCallsAndGraphReplays) {
       dd.args.workspace = call == 1 ? nullptr : ws.p;  // call 1: decode allocates its workspace
       dd.args.workspace_bytes = call == 1 ? 0 : plan.workspace_bytes;
       poison();
-      flashlite::decode(dd.args);
+      fltest::suite_decode(dd.args);
       check(call == 0 ? "eager call 0" : call == 1 ? "eager call 1 (own workspace)" : "eager call 2");
     }
     dd.args.workspace = ws.p;
@@ -522,8 +518,8 @@ TEST(GpuKv, SplitMergeRepeatsAcrossCallsAndGraphReplays) {
     dd.args.stream = stream;
     cudaGraph_t graph;
     ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-    flashlite::decode(dd.args);
-    flashlite::decode(dd.args);
+    fltest::suite_decode(dd.args);
+    fltest::suite_decode(dd.args);
     ck(cudaStreamEndCapture(stream, &graph), "end capture");
     cudaGraphExec_t exec;
     ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
@@ -542,42 +538,11 @@ TEST(GpuKv, SplitMergeRepeatsAcrossCallsAndGraphReplays) {
 
 // ------------------------------------------------------------------------------------------------ cluster merge
 
-// Each value makes `parse` throw an Error that names the variable.
-void expect_values_rejected(int (*parse)(const char*), const char* var, std::initializer_list<const char*> values) {
-  for (const char* v : values) {
-    try {
-      (void)parse(v);
-      ADD_FAILURE() << var << "=" << v << " should be rejected";
-    } catch (const flashlite::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << e.what();
-    }
-  }
-}
-
-TEST(GpuKv, ClusterModeSwitchParses) {  // FLASHLITE_DECODE_CLUSTER (no GPU needed)
-  using flashlite::parse_decode_cluster_mode;
-  EXPECT_EQ(parse_decode_cluster_mode(nullptr), 1);
-  EXPECT_EQ(parse_decode_cluster_mode(""), 1);
-  for (const char* v : {"0", "off", "OFF", "false", "no"}) EXPECT_EQ(parse_decode_cluster_mode(v), 0) << v;
-  for (const char* v : {"1", "on", "True", "yes"}) EXPECT_EQ(parse_decode_cluster_mode(v), 1) << v;
-  expect_values_rejected(parse_decode_cluster_mode, "FLASHLITE_DECODE_CLUSTER", {"2", "fit", "maybe", " on"});
-}
-
 // On sm_90 the splits of a (sequence, kv head) merge inside a cluster when they fit one (<= 16) and the grid is at
-// most one block per SM; otherwise (and before sm_90, or with FLASHLITE_DECODE_CLUSTER=0) the combine kernel merges
+// most one block per SM; otherwise (and before sm_90, or in the --combine re-run) the combine kernel merges
 // them. Batch 1, 8 kv heads: 2..16 splits take the cluster, 17 and 32 the combine kernel; each against float64, for
 // bf16 / D 128 / contiguous / q_len 1 and f16 / D 64 / pages of 16 / q_len 8 (causal) with sink logits. The first
 // also reads its K/V with the L2 evict-first policy (at least half the L2), the second with the normal one.
-TEST(GpuKv, KvPolicySwitchParses) {  // FLASHLITE_DECODE_KV_POLICY (no GPU needed)
-  using flashlite::parse_decode_kv_policy;
-  EXPECT_EQ(parse_decode_kv_policy(nullptr), 0);
-  EXPECT_EQ(parse_decode_kv_policy(""), 0);
-  EXPECT_EQ(parse_decode_kv_policy("auto"), 0);
-  EXPECT_EQ(parse_decode_kv_policy("Evict_First"), 1);
-  EXPECT_EQ(parse_decode_kv_policy("normal"), 2);
-  expect_values_rejected(parse_decode_kv_policy, "FLASHLITE_DECODE_KV_POLICY", {"1", "first", "evict-first", " auto"});
-}
-
 TEST(GpuKv, SplitsMergeInAClusterOrTheCombineKernel) {
   SKIP_WITHOUT_GPU();
   const bool clusters = cluster_merge_on();
@@ -604,9 +569,9 @@ TEST(GpuKv, SplitsMergeInAClusterOrTheCombineKernel) {
       p.outbuf.bytes = out_before;  // the poisoned output and LSE again (the device copies are made from these)
       p.lsebuf.bytes = lse_before;
       DeviceDecode dd(p, dc);
-      const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, -1, s);
+      const flashlite::DecodePlan plan = fltest::suite_plan_decode(dd.args, -1, s);
       dd.args.plan = &plan;
-      const std::string name = flashlite::decode_kernel_name(dd.args);
+      const std::string name = fltest::suite_decode_kernel_name(dd.args);
       std::printf("  %s\n", name.c_str());
       const bool in_cluster = name.find("cluster merge") != std::string::npos;
       const bool expect = clusters && plan.num_splits > 1 && plan.num_splits <= 16 && 8 * plan.num_splits <= sms;
@@ -615,11 +580,55 @@ TEST(GpuKv, SplitsMergeInAClusterOrTheCombineKernel) {
       // The first case reads 8192 x 8 x 128 x 4 B = 32 MiB (evict-first on an H100's 50 MB L2), the second 6 MB.
       const int64_t kv_bytes = int64_t(cs.lens[0]) * cs.kv_heads * cs.head_dim * 2 * 2;
       EXPECT_EQ(name.find("K/V evict-first") != std::string::npos, expect_kv_evict_first(kv_bytes)) << name;
-      flashlite::decode(dd.args);
+      fltest::suite_decode(dd.args);
       dd.download();
       expect_decode_matches(p, out_before);
     }
   }
+}
+
+// The decode planner's merge overrides on the device: the combine kernel at any split count, the cluster merge where it
+// can run (sm_90, splits that fit one cluster: at most 16), else an unsupported plan that names why, and decode() under
+// it throws that. Every run against float64 (bf16, D 128, batch 1, 8 kv heads, GQA 4).
+TEST(GpuKv, PlannerMergeOverrides) {
+  SKIP_WITHOUT_GPU();
+  int major = 0;
+  ck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), "compute capability");
+  CacheSpec cs;
+  cs.lens = {3000};
+  cs.kv_heads = 8;
+  cs.head_dim = 128;
+  cs.dtype = DType::bf16;
+  DecodeSpec ds;
+  ds.q_heads = 32;
+  HostCache cache(cs, 51);
+  DecodeProblem p(cache, ds, 52);
+  const std::vector<uint8_t> out_before = p.outbuf.bytes, lse_before = p.lsebuf.bytes;
+  DeviceCache dc(cache);
+  for (const flashlite::DecodeMerge merge : {flashlite::DecodeMerge::combine, flashlite::DecodeMerge::cluster})
+    for (const int splits : {4, 32}) {
+      const bool cluster = merge == flashlite::DecodeMerge::cluster;
+      SCOPED_TRACE(std::string(cluster ? "cluster" : "combine") + ", splits " + std::to_string(splits));
+      p.outbuf.bytes = out_before;
+      p.lsebuf.bytes = lse_before;
+      DeviceDecode dd(p, dc);
+      const flashlite::DecodePlan plan = flashlite::plan_decode(dd.args, -1, {splits, merge});
+      dd.args.plan = &plan;
+      if (cluster && (major < 9 || splits > 16)) {
+        EXPECT_FALSE(plan.supported());
+        EXPECT_NE(plan.unsupported.find("the cluster merge needs"), std::string::npos) << plan.unsupported;
+        EXPECT_THROW(flashlite::decode(dd.args), flashlite::Error);
+        continue;
+      }
+      ASSERT_TRUE(plan.supported()) << plan.unsupported;
+      EXPECT_EQ(plan.num_splits, splits);
+      EXPECT_EQ(plan.cluster_merge, cluster);
+      const std::string name = flashlite::decode_kernel_name(dd.args);
+      EXPECT_NE(name.find(cluster ? "cluster merge" : "combine kernel"), std::string::npos) << name;
+      flashlite::decode(dd.args);
+      dd.download();
+      expect_decode_matches(p, out_before);
+    }
 }
 
 // The decode kernels' attributes (shared-memory opt-in, carveout) belong to the CUDA context: after cudaDeviceReset
@@ -655,7 +664,7 @@ TEST(GpuKv, CudaSpecificErrors) {
   DeviceCache dc(cache);
   DeviceDecode dd(p, dc);
   try {
-    flashlite::decode(dd.args);
+    fltest::suite_decode(dd.args);
     ADD_FAILURE() << "float32 decode on CUDA should be rejected";
   } catch (const flashlite::Error& e) {
     EXPECT_NE(std::string(e.what()).find("float16 or bfloat16"), std::string::npos) << e.what();
@@ -667,15 +676,15 @@ TEST(GpuKv, CudaSpecificErrors) {
   DeviceCache dc2(c2);
   DeviceDecode dd2(p2, dc2);
   dd2.args.cache.device.seq_lens = TensorView{};
-  EXPECT_THROW(flashlite::decode(dd2.args), flashlite::Error);
+  EXPECT_THROW(fltest::suite_decode(dd2.args), flashlite::Error);
   // A workspace smaller than the plan's.
   dd2.args.cache = dc2.view;
-  const flashlite::DecodePlan plan = flashlite::plan_decode(dd2.args, -1, 4);
+  const flashlite::DecodePlan plan = fltest::suite_plan_decode(dd2.args, -1, 4);
   dd2.args.plan = &plan;
   dd2.args.workspace = dc2.k.p;
   dd2.args.workspace_bytes = plan.workspace_bytes - 1;
   try {
-    flashlite::decode(dd2.args);
+    fltest::suite_decode(dd2.args);
     ADD_FAILURE() << "a short workspace should be rejected";
   } catch (const flashlite::Error& e) {
     EXPECT_NE(std::string(e.what()).find("workspace_bytes"), std::string::npos) << e.what();

@@ -223,6 +223,51 @@ TEST(DecodePlan, SplitCountFillsOneWaveAndEvensChunks) {
   EXPECT_EQ(flashlite::decode_visible_keys_bound(m, 2, 5000), 100 + 2 + 3 + 4);
 }
 
+// The CUDA decode choice as a pure function of the problem and what the device offers (H100-like numbers): the split
+// count, the merge (cluster when the splits fit one and the grid is at most one block per SM), the L2 policy, PDL, and
+// the overrides (forced splits; the combine kernel anywhere; the cluster merge only where it can run).
+TEST(DecodePlan, CudaChoiceAndOverrides) {
+  using flashlite::DecodeMerge;
+  flashlite::DecodeProblem p;
+  p.cache.batch = 1, p.cache.kv_heads = 8, p.cache.head_dim = 128, p.cache.dtype = DType::bf16;
+  p.cache.max_length = 8192;
+  p.q_len = 1, p.q_heads = 32;
+  flashlite::CudaDecodeDevice h100;
+  h100.sms = 132, h100.slots = 264, h100.l2_bytes = 50 << 20, h100.cluster_splits = 16, h100.sm90_code = true;
+  flashlite::CudaDecodeLaunch l;
+  EXPECT_EQ(flashlite::plan_cuda_decode(p, 8192, {}, h100, l), "");
+  EXPECT_EQ(l.splits, 32);           // 33 slots per kv head, 128 key tiles
+  EXPECT_FALSE(l.cluster_merge);     // 32 splits do not fit a cluster of 16
+  EXPECT_TRUE(l.kv_evict_first);     // 2 x 32 MiB of K/V >= a 50 MiB L2
+  EXPECT_TRUE(l.pdl);
+  EXPECT_EQ(flashlite::plan_cuda_decode(p, 8192, {8, DecodeMerge::automatic}, h100, l), "");
+  EXPECT_EQ(l.splits, 8);
+  EXPECT_TRUE(l.cluster_merge);      // 8 splits x 8 heads = 64 blocks <= 132 SMs
+  EXPECT_EQ(flashlite::plan_cuda_decode(p, 8192, {8, DecodeMerge::combine}, h100, l), "");
+  EXPECT_FALSE(l.cluster_merge);
+  EXPECT_NE(flashlite::plan_cuda_decode(p, 8192, {32, DecodeMerge::cluster}, h100, l).find("at most 16 splits"), std::string::npos);
+  p.cache.batch = 4;                 // 4 x 8 x 8 = 256 blocks > 132 SMs: the combine kernel by default ...
+  EXPECT_EQ(flashlite::plan_cuda_decode(p, 8192, {8, DecodeMerge::automatic}, h100, l), "");
+  EXPECT_FALSE(l.cluster_merge);
+  EXPECT_EQ(flashlite::plan_cuda_decode(p, 8192, {8, DecodeMerge::cluster}, h100, l), "");
+  EXPECT_TRUE(l.cluster_merge);      // ... and the cluster merge when forced
+  flashlite::CudaDecodeDevice a100 = h100;  // no sm_90 code: no cluster, no PDL
+  a100.cluster_splits = 0, a100.sm90_code = false;
+  p.cache.batch = 1;
+  EXPECT_EQ(flashlite::plan_cuda_decode(p, 8192, {8, DecodeMerge::automatic}, a100, l), "");
+  EXPECT_FALSE(l.cluster_merge);
+  EXPECT_FALSE(l.pdl);
+  const std::string why = flashlite::plan_cuda_decode(p, 8192, {8, DecodeMerge::cluster}, a100, l);
+  EXPECT_NE(why.find("the cluster merge needs"), std::string::npos) << why;
+  // L2 policy: evict-first once the call's K/V is at least half the L2 (here 8192 x 8 x 128 x 2 x 2 B = 32 MiB).
+  h100.l2_bytes = 64 << 20;
+  EXPECT_EQ(flashlite::plan_cuda_decode(p, 8192, {}, h100, l), "");
+  EXPECT_TRUE(l.kv_evict_first);
+  h100.l2_bytes = (64 << 20) + 1;
+  EXPECT_EQ(flashlite::plan_cuda_decode(p, 8192, {}, h100, l), "");
+  EXPECT_FALSE(l.kv_evict_first);
+}
+
 TEST(DecodePlan, CpuPlanHasOneSplitAndNoWorkspace) {
   CacheSpec cs;
   cs.lens = {10, 300};

@@ -187,6 +187,8 @@ std::vector<BadAppend> bad_appends() {
       {"rope_llama3_factors", false, [](KvFixture& s) {
          s.app.rope.enabled = true, s.app.rope.llama3 = true, s.app.rope.llama3_low_freq_factor = 5;
        }, V, {"llama3_low_freq_factor", "0 < low < high"}},
+      {"rope_linear_factor", false, [](KvFixture& s) { s.app.rope.enabled = true, s.app.rope.linear_factor = 0; }, V,
+       {"rope.linear_factor is 0", "expected a finite number > 0"}},
       {"backend_reference", false, [](KvFixture& s) { s.app.backend = Backend::reference; }, V, {"append_kv: backend 'reference' is not available"}},
   };
 }

@@ -120,7 +120,7 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, uint32_t o_
   cluster_sync_relaxed_arrive();
 #else
   (void)p, (void)o_s, (void)lse_s, (void)b, (void)kvh, (void)r_base, (void)r_blk, (void)stamp;
-  __trap();  // launch.cu merges in a cluster only on sm_90+
+  __trap();  // the plan (kv_plan.cpp) merges in a cluster only on sm_90+
 #endif
 }
 

@@ -50,8 +50,8 @@ struct DecodeParams {
   // Split > 1 on sm_90 with the splits launched as one cluster: merged in distributed shared memory instead
   // (cluster_merge.cuh; no partials in global memory, no combine kernel).
   bool cluster_merge = false;
-  // K/V copies with an L2 evict-first policy: set for calls that read at least half the L2 (launch.cu), whose K/V
-  // cannot stay resident until the next step anyway.
+  // K/V copies with an L2 evict-first policy: set for calls that read at least half the L2 (the plan, kv_plan.cpp),
+  // whose K/V cannot stay resident until the next step anyway.
   bool kv_evict_first = false;
 #if FLASHLITE_DECODE_TIMELINE
   // Diagnostic builds only (-DFLASHLITE_DECODE_TIMELINE=1, bench/decode/run_device.sh phase "timeline"): thread 0 of

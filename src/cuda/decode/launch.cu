@@ -1,17 +1,17 @@
-// Host side of CUDA decode: what the kernels support, the resident-block count the plan needs, and the launch
-// (split kernel, then, when split, the combine kernel as a programmatic dependent launch on sm_90).
+// Host side of CUDA decode: what the kernels support, what the device offers them (resident blocks, cluster size; the
+// plan's inputs, src/kv/kv_plan.cpp) and the launch of a plan (split kernel, then, when split and not merged in a
+// cluster, the combine kernel, as programmatic dependent launches on sm_90).
 // Nothing here synchronises with the device or reads device memory: a decode step can be captured in a CUDA graph
 // (with a caller-provided workspace; without one, the per-call cudaMallocAsync/cudaFreeAsync are captured too).
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cctype>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/common/check.h"
 #include "cuda/common/context_cache.h"
+#include "cuda/common/device_props.h"
 #include "cuda/common/kernel_arch.h"
 #include "cuda/decode/cluster_merge.cuh"
 #include "cuda/decode/decode_kernels.h"
@@ -42,8 +42,8 @@ bool aligned16(const void* ptr, const Strides3& s) {
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && s.s0 % 8 == 0 && s.s1 % 8 == 0 && s.s2 % 8 == 0;
 }
 
-// Per device: SM count, compute capability, and per kernel instance the opt-in shared memory being set and its
-// resident blocks per SM (cached; attribute calls never synchronise).
+// Per device and kernel instance: the opt-in shared memory being set and its resident blocks per SM, the cluster size
+// and whether its sm_90 code runs (cached; attribute calls never synchronise).
 struct KernelState {
   std::atomic<int> blocks_per_sm{0};    // 0: not prepared yet (stored last: the fields below are set by then)
   std::atomic<int> cluster_splits{0};   // largest cluster of split CTAs that fits the device (0: none)
@@ -51,30 +51,8 @@ struct KernelState {
   std::atomic<uint64_t> context{0};     // the context the attributes were set in (cudaDeviceReset makes a new one)
 };
 KernelState g_state[64][4];  // device x (dtype, head_dim) instance
-std::atomic<int> g_sms[64], g_cc[64], g_l2_bytes[64];
-
-// A device attribute, queried once per device (attribute calls never synchronise; later calls read the cache).
-int cached_attribute(std::atomic<int> (&cache)[64], cudaDeviceAttr attr, int dev) {
-  int n = cache[dev & 63].load();
-  if (n > 0) return n;
-  FL_CUDA_CHECK(cudaDeviceGetAttribute(&n, attr, dev));
-  if (n < 1) n = 1;
-  cache[dev & 63].store(n);
-  return n;
-}
 
 int instance_index(const DecodeProblem& p) { return (p.cache.dtype == DType::bf16 ? 0 : 2) + (p.cache.head_dim == 64 ? 0 : 1); }
-
-int compute_capability(int dev) {
-  int cc = g_cc[dev & 63].load();
-  if (cc > 0) return cc;
-  int major = 0, minor = 0;
-  FL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  FL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  cc = major * 10 + minor;
-  g_cc[dev & 63].store(cc);
-  return cc;
-}
 
 // The largest cluster of split CTAs (kClusterMaxSplits down to 2) with at least one resident cluster on the device.
 int query_cluster_splits(const DecodeKernels& k) {
@@ -99,79 +77,32 @@ int query_cluster_splits(const DecodeKernels& k) {
   return 0;
 }
 
-// Prepares the split kernel on the current device (opt-in shared memory) and returns its resident blocks per SM.
-int prepare_kernel(int dev, const DecodeProblem& p, const DecodeKernels& k) {
+// Prepares the split kernel on the current device (opt-in shared memory, cluster size) once per context.
+const KernelState& prepare_kernel(int dev, const DecodeProblem& p, const DecodeKernels& k) {
   KernelState& st = g_state[dev & 63][instance_index(p)];
-  int n = st.blocks_per_sm.load();
-  if (n > 0 && st.context.load() == cuda::current_context_id()) return n;
-  (void)compute_capability(dev);  // cached now: nothing but launches happen later (e.g. inside a graph capture)
+  if (st.blocks_per_sm.load() > 0 && st.context.load() == cuda::current_context_id()) return st;
   FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributeMaxDynamicSharedMemorySize, k.split_smem_bytes));
   // Both kernels ask for the same L1 / shared split, so the SMs need no reconfiguration between them (the combine
   // kernel's blocks start beside the split kernel's tail as programmatic dependents).
   FL_CUDA_CHECK(cudaFuncSetAttribute(k.split, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   FL_CUDA_CHECK(cudaFuncSetAttribute(k.combine, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  int n = 0;
   FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.split, kSplitThreads, k.split_smem_bytes));
-  if (n < 1) n = 1;
   // PDL and the cluster merge need an sm_90 device running code built with them (else the merge is a trap and
   // griddepcontrol.wait is compiled out).
-  const bool sm90 = compute_capability(dev) >= 90 && cuda::kernel_has_sm90_code(k.split);
+  const cuda::DeviceProps& props = cuda::device_props(dev);
+  const bool sm90 = props.cc >= 90 && cuda::kernel_has_sm90_code(k.split);
   st.sm90_code.store(sm90);
-  st.cluster_splits.store(sm90 ? query_cluster_splits(k) : 0);
+  st.cluster_splits.store(sm90 && props.clusters ? query_cluster_splits(k) : 0);
   st.context.store(cuda::current_context_id());
-  st.blocks_per_sm.store(n);
-  return n;
+  st.blocks_per_sm.store(n < 1 ? 1 : n);
+  return st;
 }
-
-const KernelState& state(int dev, const DecodeProblem& p) { return g_state[dev & 63][instance_index(p)]; }
 
 #if FLASHLITE_DECODE_TIMELINE
 unsigned long long* g_timeline = nullptr;
 size_t g_timeline_slot = 0, g_timeline_calls = 0, g_timeline_slots = 2;
 #endif
-
-int cluster_mode() {
-  static const int mode = parse_decode_cluster_mode(std::getenv("FLASHLITE_DECODE_CLUSTER"));
-  return mode;
-}
-
-int kv_policy_mode() {
-  static const int mode = parse_decode_kv_policy(std::getenv("FLASHLITE_DECODE_KV_POLICY"));
-  return mode;
-}
-
-
-// K/V read with an L2 evict-first policy: calls whose K/V (bounded by the longest sequence) is at least half the L2.
-// Their lines cannot survive until the next step, and under the normal policy they push out the small data the
-// kernels wait on. Measured on the H100 (perf-notes "Decode", round 14): b1 kv8192 / kv32768 -0.4 / -0.9 us, equal
-// at batch 16 / 64; the engine at batch 1 (1.3 MB per call, its whole cache fits the L2 between steps) lost 1.1%
-// with it, so small calls keep the normal policy.
-bool kv_evict_first(int dev, const DecodeProblem& p) {
-  const int mode = kv_policy_mode();
-  if (mode != 0) return mode == 1;
-  const int64_t bytes =
-      p.cache.batch * p.cache.max_length * p.cache.kv_heads * p.cache.head_dim * 2 * int64_t(dtype_size(p.cache.dtype));
-  return 2 * bytes >= cached_attribute(g_l2_bytes, cudaDevAttrL2CacheSize, dev);
-}
-
-int sm_count(int dev) { return cached_attribute(g_sms, cudaDevAttrMultiProcessorCount, dev); }
-
-// Programmatic dependent launch: sm_90+ and kernels compiled with their griddepcontrol.wait (after prepare_kernel).
-bool use_pdl(int dev, const DecodeProblem& p) {
-  static const bool off = [] {
-    const char* e = std::getenv("FLASHLITE_DECODE_PDL");
-    return e != nullptr && e[0] == '0';
-  }();
-  return !off && state(dev, p).sm90_code.load();
-}
-
-// The merge of num_splits splits runs in a cluster (after prepare_kernel). Measured on the H100 (perf-notes,
-// "Decode, round 6"): the cluster merge wins where the grid is at most one block per SM (batch 1: 8 kv heads x <= 16
-// splits) and loses at two (the engine at batch 16: 2 splits x 128 pairs).
-bool merges_in_cluster(int dev, const DecodeProblem& p, int num_splits) {
-  if (num_splits <= 1 || cluster_mode() == 0 || num_splits > state(dev, p).cluster_splits.load()) return false;
-  const int64_t blocks = p.cache.batch * p.cache.kv_heads * row_chunks(p) * int64_t(num_splits);
-  return blocks <= sm_count(dev);
-}
 
 }  // namespace
 
@@ -183,40 +114,6 @@ void cuda_decode_set_timeline(unsigned long long* buffer, size_t slot_blocks, si
   g_timeline_slots = slots > 0 ? slots : 1;
 }
 #endif
-
-namespace {
-std::string lowered(const char* value) {
-  std::string v(value);
-  for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return v;
-}
-}  // namespace
-
-int parse_decode_cluster_mode(const char* value) {
-  if (value == nullptr || *value == '\0') return 1;
-  const std::string v = lowered(value);
-  if (v == "0" || v == "off" || v == "false" || v == "no") return 0;
-  if (v == "1" || v == "on" || v == "true" || v == "yes") return 1;
-  throw Error(ErrorKind::invalid_value, std::string("FLASHLITE_DECODE_CLUSTER=") + value +
-                                            ": expected 0 (off, false, no) or 1 (the default; on, true, yes)");
-}
-
-int parse_decode_kv_policy(const char* value) {
-  if (value == nullptr || *value == '\0') return 0;
-  const std::string v = lowered(value);
-  if (v == "auto") return 0;
-  if (v == "evict_first") return 1;
-  if (v == "normal") return 2;
-  throw Error(ErrorKind::invalid_value, std::string("FLASHLITE_DECODE_KV_POLICY=") + value +
-                                            ": expected auto (the default: evict_first for calls that read at least "
-                                            "half the L2), evict_first or normal");
-}
-
-bool cuda_decode_merges_in_cluster(const DecodeProblem& p, int num_splits) {
-  cuda::DeviceGuard guard(p.cache.device.index);
-  prepare_kernel(p.cache.device.index, p, kernels_for(p));
-  return merges_in_cluster(p.cache.device.index, p, num_splits);
-}
 
 std::string cuda_decode_unsupported_reason(const DecodeProblem& p) {
   const KvCacheDesc& c = p.cache;
@@ -237,27 +134,33 @@ std::string cuda_decode_unsupported_reason(const DecodeProblem& p) {
   return "";
 }
 
-int64_t cuda_decode_slots(const DecodeProblem& p) {
-  (void)cluster_mode();  // FLASHLITE_DECODE_CLUSTER is checked when a decode is planned, whatever its split count
-  cuda::DeviceGuard guard(p.cache.device.index);
+CudaDecodeDevice cuda_decode_device(const DecodeProblem& p) {
   const int dev = p.cache.device.index;
-  (void)kv_evict_first(dev, p);  // FLASHLITE_DECODE_KV_POLICY and the L2 size: read when planning, not inside a capture
-  return int64_t(sm_count(dev)) * prepare_kernel(dev, p, kernels_for(p));
+  cuda::DeviceGuard guard(dev);
+  const cuda::DeviceProps& props = cuda::device_props(dev);
+  const KernelState& st = prepare_kernel(dev, p, kernels_for(p));
+  CudaDecodeDevice d;
+  d.sms = props.sms;
+  d.l2_bytes = props.l2_bytes;
+  d.slots = int64_t(props.sms) * st.blocks_per_sm.load();
+  d.cluster_splits = st.cluster_splits.load();
+  d.sm90_code = st.sm90_code.load();
+  return d;
 }
 
-std::string cuda_decode_kernel_name(const DecodeProblem& p, int num_splits) {
+std::string cuda_decode_kernel_name(const DecodeProblem& p, const CudaDecodeLaunch& plan) {
   std::string name = std::string("cuda_decode_split_") + (p.cache.dtype == DType::bf16 ? "bf16" : "f16") + "_d" +
                      std::to_string(p.cache.head_dim) + (p.cache.paged ? "_paged" : "_contiguous");
-  if (num_splits <= 0) return name;
-  name += " (splits " + std::to_string(num_splits);
-  if (num_splits > 1) name += cuda_decode_merges_in_cluster(p, num_splits) ? ", cluster merge" : ", combine kernel";
-  if (kv_evict_first(p.cache.device.index, p)) name += ", K/V evict-first";
+  name += " (splits " + std::to_string(plan.splits);
+  if (plan.splits > 1) name += plan.cluster_merge ? ", cluster merge" : ", combine kernel";
+  if (plan.kv_evict_first) name += ", K/V evict-first";
   return name + ")";
 }
 
-void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle, void* workspace, size_t workspace_bytes) {
+void run_cuda_decode(const DecodeProblem& p, const CudaDecodeLaunch& plan, void* stream_handle, void* workspace) {
   const KvCacheDesc& c = p.cache;
   const int dev = c.device.index;
+  const int num_splits = plan.splits;
   cuda::DeviceGuard guard(dev);
   auto stream = static_cast<cudaStream_t>(stream_handle);
   const DecodeKernels kern = kernels_for(p);
@@ -302,12 +205,11 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   if (g_timeline) P.timeline = g_timeline + (g_timeline_calls++ % g_timeline_slots) * g_timeline_slot;
 #endif
 
-  // Splits that fit one cluster merge there (no partials in global memory, no combine kernel). The plan's workspace
-  // stays reserved either way (decode_workspace_bytes does not depend on the merge), so FLASHLITE_DECODE_CLUSTER
-  // never changes what a caller must provide.
-  const int cluster = merges_in_cluster(dev, p, num_splits) ? num_splits : 0;
-  P.cluster_merge = cluster > 0;
-  P.kv_evict_first = kv_evict_first(dev, p);
+  // Splits merged in a cluster need no partials in global memory and no combine kernel. The plan's workspace stays
+  // reserved either way (decode_workspace_bytes does not depend on the merge).
+  const int cluster = plan.cluster_merge ? num_splits : 0;
+  P.cluster_merge = plan.cluster_merge;
+  P.kv_evict_first = plan.kv_evict_first;
 
   void* ws = workspace;
   const size_t need = decode_workspace_bytes(p, num_splits);
@@ -322,7 +224,6 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
     P.part_o = static_cast<float*>(ws);
     P.part_lse = reinterpret_cast<float*>(static_cast<char*>(ws) + o_bytes);
   }
-  (void)workspace_bytes;  // checked against the plan by decode()
 
   // Both kernels are programmatic dependents of what precedes them in the stream (sm_90): the split kernel's blocks
   // launch while the previous kernel (e.g. the last decode's combine) drains and wait for it in griddepcontrol.wait
@@ -330,7 +231,7 @@ void run_cuda_decode(const DecodeProblem& p, int num_splits, void* stream_handle
   void* args[] = {&P};
   cudaLaunchAttribute attr[2];
   int n_attr = 0;
-  const bool pdl = use_pdl(dev, p);
+  const bool pdl = plan.pdl;
   if (pdl) {
     attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n_attr++].val.programmaticStreamSerializationAllowed = 1;

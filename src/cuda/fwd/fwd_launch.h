@@ -16,7 +16,7 @@ namespace flashlite::cuda_fwd {
 
 // X(name, head_dim, block_rows BR, block_keys BC, warps, stages, q_in_registers, feat) where feat = the kernel's
 // optional steps (fwd_mma.cuh: 1 fold scale into exp2, 2 skip rescale, 4 early P pack). Picked from bench/fwd's
-// sweep on an H100 (docs/perf-notes.md, "Fused forward").
+// sweep on an H100 (docs/performance.md).
 // smem = (STAGES * 2 * BC + (Q in regs and BR <= 2 BC ? 0 : BR)) * (D + 8) * 2 bytes.
 #define FL_FWD_MMA_CONFIGS(X)                                     \
   X(d32_br128_bc128_w4_s2_qreg, 32, 128, 128, 4, 2, true, 7)      \
@@ -29,7 +29,7 @@ namespace flashlite::cuda_fwd {
   X(d256_br32_bc32_w2_s2, 256, 32, 32, 2, 2, false, 7)
 
 // The configurations that also get a KV-cache variant (prefill: K/V read from a contiguous or paged cache,
-// fwd_mma_kernel<..., CACHE = true>): the ones choose_prefill_kernel (launch.cu) may pick, nothing else, so the
+// fwd_mma_kernel<..., CACHE = true>): the ones the plan (plan.cpp, cache_tiles) may pick, nothing else, so the
 // build stays small. X(name) with a name of FL_FWD_MMA_CONFIGS.
 #define FL_FWD_CACHE_CONFIGS(X)  \
   X(d64_br128_bc64_w4_s2_qreg)   \

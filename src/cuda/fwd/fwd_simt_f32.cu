@@ -165,7 +165,7 @@ void launch_fwd_simt_f32(int head_dim, const FwdParams& p, cudaStream_t stream) 
     case 96: launch_d<96>(p, stream); break;
     case 128: launch_d<128>(p, stream); break;
     case 256: launch_d<256>(p, stream); break;
-    default: break;  // unreachable: cuda_fused_unsupported_reason rejects other head dims
+    default: break;  // unreachable: plan_cuda_fused rejects other head dims
   }
 }
 

@@ -1,9 +1,6 @@
 // Host side of the Hopper forward kernel that every CUDA build compiles (whether or not the 90a objects exist):
-// the opt-in switch and the eligibility check.
-#include <cctype>
+// the eligibility check and the name.
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "cuda/fwd_hopper/hopper_fwd.h"
@@ -17,24 +14,6 @@ bool hopper_fwd_built() {
 #else
   return false;
 #endif
-}
-
-int parse_hopper_mode(const char* value) {
-  if (value == nullptr || *value == '\0') return 3;  // the default: pipelined + ping-pong, the fastest on the H100
-  std::string v(value);
-  for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
-  if (v == "0" || v == "off" || v == "false" || v == "no") return 0;
-  if (v == "1") return 1;
-  if (v == "2") return 2;
-  if (v == "3" || v == "on" || v == "true" || v == "yes") return 3;
-  throw Error(ErrorKind::invalid_value, std::string("FLASHLITE_FWD_HOPPER=") + value +
-                                            ": expected 0 (off, false, no), 1 (plain), 2 (pipelined) or 3 (ping-pong, "
-                                            "the default; on, true, yes)");
-}
-
-int hopper_fwd_mode() {
-  static const int mode = parse_hopper_mode(std::getenv("FLASHLITE_FWD_HOPPER"));
-  return mode;
 }
 
 namespace {
@@ -75,9 +54,9 @@ std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc) {
   return {};
 }
 
-std::string hopper_fwd_kernel_name(const AttentionProblem& p, int mode) {
+std::string hopper_fwd_kernel_name(const AttentionProblem& p) {
   return std::string("cuda_hopper_wgmma_") + (p.dtype == DType::f16 ? "f16" : "bf16") + "_d" +
-         std::to_string(p.head_dim) + (mode == 2 ? "_pipe" : mode == 3 ? "_pingpong" : "");
+         std::to_string(p.head_dim) + "_pingpong";
 }
 
 }  // namespace flashlite::cuda_fwd_hopper

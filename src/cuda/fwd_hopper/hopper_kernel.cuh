@@ -17,15 +17,14 @@
 //                  varlen: on the tile that crosses the sequence end, the V rows past the end (the next sequence's,
 //                  masked but 0 x Inf = NaN) are zeroed first (clear_v_tail)
 //   At the end the sink logit joins the denominator and O and the LSE are written straight from registers.
-// Three schedules of the consumer loop (template SCHED = FLASHLITE_FWD_HOPPER's value 1, 2 or 3):
-//   plain      one tile at a time: S, wait, softmax, P V, wait (the two consumer warpgroups overlap each other
-//              only through the warp schedulers). The reference version, built to be checked first.
-//   pipelined  FlashAttention-3's intra-warpgroup overlap: S(n) and P(n-1) V(n-1) are in flight together and the
-//              softmax of S(n) runs while P V is still on the tensor cores.
-//   ping-pong  pipelined, and the two consumer warpgroups take turns to issue their wgmmas (named barriers 1 and
-//              2, FlashAttention-3's inter-warpgroup schedule), so one's softmax runs under the other's GEMMs.
-// Next steps (docs/perf-notes.md, "Hopper kernel"): a third stage (D64), an smem-staged TMA store of O, a persistent
-// grid with longest-first causal scheduling.
+// The consumer loop overlaps within and across warpgroups (FlashAttention-3's ping-pong schedule; plainer schedules
+// measured slower on the H100 and live in git history):
+//   pipelined  S(n) and P(n-1) V(n-1) are in flight together and the softmax of S(n) runs while P V is still on the
+//              tensor cores.
+//   ping-pong  the two consumer warpgroups take turns to issue their wgmmas (named barriers 1 and 2), so one's
+//              softmax runs under the other's GEMMs.
+// Next steps (docs/history/perf-notes.md, "Hopper kernel"): a third stage (D64), an smem-staged TMA store of O, a
+// persistent grid with longest-first causal scheduling.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -72,10 +71,8 @@ struct HopperTile {
   static_assert(128 * REGS_PRODUCER + 256 * REGS_CONSUMER <= THREADS * REGS_ENTRY, "setmaxnreg would exceed the pool");
 };
 
-template <class T, int D, int SCHED>
+template <class T, int D>
 __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constant__ HopperParams hp) {
-  static_assert(SCHED >= 1 && SCHED <= 3, "schedules 1 (plain), 2 (pipelined), 3 (pipelined + ping-pong)");
-  constexpr bool PIPE = SCHED >= 2, PING = SCHED == 3;
   using Cfg = HopperTile<D>;
   constexpr int BR = Cfg::BR, BC = Cfg::BC, DB = Cfg::DB, STAGES = Cfg::STAGES;
   const FwdParams& p = hp.f;
@@ -277,109 +274,76 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
     };
 
     mbar_wait(q_full, 0);
-    if constexpr (!PIPE) {
-      // One tile at a time: S, softmax, rescale, P V, each waiting for the previous step.
-      for (int n = 0; n < kt.count; ++n) {
-        const int st = n % STAGES;
-        const uint32_t ph = uint32_t((n / STAGES) & 1);
-        float s[BC / 2];
-        uint32_t pk[BC / 8][2];
-        float alpha[2];
-        mbar_wait(k_full(st), ph);
-        issue_s(s, st);
-        wgmma_wait<0>();
-        pin_regs(s);
-        if (lane == 0) mbar_arrive(k_empty(st));  // this warp no longer reads the K tile
-        if (softmax(s, kt.tile(n) * BC, pk, alpha)) rescale(alpha);
-        mbar_wait(v_full(st), ph);
-        clear_v_tail(n, st);
-        pin_regs(o);
-        issue_pv(pk, st);
-        wgmma_wait<0>();
-        pin_regs(o);
-        pin_regs(pk);
-        if (lane == 0) mbar_arrive(v_empty(st));  // ... nor the V tile
+    // Overlapped within the warpgroup (FlashAttention-3's intra-warpgroup pipelining): S(n) is issued, then
+    // P(n-1) V(n-1); the softmax of S(n) runs while P V is still on the tensor cores, and O is rescaled by
+    // tile n's factor only after P(n-1) V(n-1) has landed. P alternates between two register buffers (no copy
+    // between them), and the buffer an in-flight wgmma reads is pinned until after its wait, so the compiler
+    // cannot hand its registers to the next P.
+    uint32_t pa[BC / 8][2], pb[BC / 8][2];
+    // Ping-pong: each issue of wgmmas is a turn; warpgroup cw waits on barrier 1 + cw for the other's turn to
+    // end (128 of its threads sync, the other's 128 arrive). Warpgroup 1 lets warpgroup 0 start; both take the
+    // same number of turns, and warpgroup 0 takes one extra sync at the end for warpgroup 1's last arrival.
+    const auto turn_begin = [&] { named_sync(1 + cw, 256); };
+    const auto turn_end = [&] { named_arrive(2 - cw, 256); };
+    if (cw == 1) named_arrive(1, 256);
+    // Tile n: P(n-1) in p_prev (read by the wgmma), P(n) into p_next.
+    const auto step = [&](int n, uint32_t (&p_prev)[BC / 8][2], uint32_t (&p_next)[BC / 8][2]) {
+      const int st = n % STAGES, prev = (n - 1) % STAGES;
+      float s[BC / 2];
+      float alpha[2];
+      mbar_wait(k_full(st), uint32_t((n / STAGES) & 1));
+      mbar_wait(v_full(prev), uint32_t(((n - 1) / STAGES) & 1));
+      clear_v_tail(n - 1, prev);
+      turn_begin();
+      issue_s(s, st);
+      issue_pv(p_prev, prev);
+      turn_end();
+      wgmma_wait<1>();  // S(n) has landed; P(n-1) V(n-1) may still run
+      pin_regs(s);
+      if (lane == 0) mbar_arrive(k_empty(st));
+      const bool raised = softmax(s, kt.tile(n) * BC, p_next, alpha);
+      wgmma_wait<0>();
+      pin_regs(o);
+      pin_regs(p_prev);
+      if (lane == 0) mbar_arrive(v_empty(prev));
+      if (raised) rescale(alpha);
+    };
+    const auto last_pv = [&](uint32_t (&p_last)[BC / 8][2]) {
+      const int last = kt.count - 1, st = last % STAGES;
+      mbar_wait(v_full(st), uint32_t((last / STAGES) & 1));
+      clear_v_tail(last, st);
+      turn_begin();
+      issue_pv(p_last, st);
+      turn_end();
+      wgmma_wait<0>();
+      pin_regs(o);
+      pin_regs(p_last);
+      if (lane == 0) mbar_arrive(v_empty(st));
+    };
+    if (kt.count > 0) {
+      float s[BC / 2];
+      float alpha[2];
+      mbar_wait(k_full(0), 0);
+      turn_begin();
+      issue_s(s, 0);
+      turn_end();
+      wgmma_wait<0>();
+      pin_regs(s);
+      if (lane == 0) mbar_arrive(k_empty(0));
+      softmax(s, kt.tile(0) * BC, pa, alpha);  // O is still zero: no rescale
+      int n = 1;
+      for (; n + 1 < kt.count; n += 2) {
+        step(n, pa, pb);
+        step(n + 1, pb, pa);
       }
-    } else {
-      // Overlapped within the warpgroup (FlashAttention-3's intra-warpgroup pipelining): S(n) is issued, then
-      // P(n-1) V(n-1); the softmax of S(n) runs while P V is still on the tensor cores, and O is rescaled by
-      // tile n's factor only after P(n-1) V(n-1) has landed. P alternates between two register buffers (no copy
-      // between them), and the buffer an in-flight wgmma reads is pinned until after its wait, so the compiler
-      // cannot hand its registers to the next P.
-      uint32_t pa[BC / 8][2], pb[BC / 8][2];
-      // Ping-pong: each issue of wgmmas is a turn; warpgroup cw waits on barrier 1 + cw for the other's turn to
-      // end (128 of its threads sync, the other's 128 arrive). Warpgroup 1 lets warpgroup 0 start; both take the
-      // same number of turns, and warpgroup 0 takes one extra sync at the end for warpgroup 1's last arrival.
-      const auto turn_begin = [&] {
-        if constexpr (PING) named_sync(1 + cw, 256);
-      };
-      const auto turn_end = [&] {
-        if constexpr (PING) named_arrive(2 - cw, 256);
-      };
-      if constexpr (PING) {
-        if (cw == 1) named_arrive(1, 256);
-      }
-      // Tile n: P(n-1) in p_prev (read by the wgmma), P(n) into p_next.
-      const auto step = [&](int n, uint32_t (&p_prev)[BC / 8][2], uint32_t (&p_next)[BC / 8][2]) {
-        const int st = n % STAGES, prev = (n - 1) % STAGES;
-        float s[BC / 2];
-        float alpha[2];
-        mbar_wait(k_full(st), uint32_t((n / STAGES) & 1));
-        mbar_wait(v_full(prev), uint32_t(((n - 1) / STAGES) & 1));
-        clear_v_tail(n - 1, prev);
-        turn_begin();
-        issue_s(s, st);
-        issue_pv(p_prev, prev);
-        turn_end();
-        wgmma_wait<1>();  // S(n) has landed; P(n-1) V(n-1) may still run
-        pin_regs(s);
-        if (lane == 0) mbar_arrive(k_empty(st));
-        const bool raised = softmax(s, kt.tile(n) * BC, p_next, alpha);
-        wgmma_wait<0>();
-        pin_regs(o);
-        pin_regs(p_prev);
-        if (lane == 0) mbar_arrive(v_empty(prev));
-        if (raised) rescale(alpha);
-      };
-      const auto last_pv = [&](uint32_t (&p_last)[BC / 8][2]) {
-        const int last = kt.count - 1, st = last % STAGES;
-        mbar_wait(v_full(st), uint32_t((last / STAGES) & 1));
-        clear_v_tail(last, st);
-        turn_begin();
-        issue_pv(p_last, st);
-        turn_end();
-        wgmma_wait<0>();
-        pin_regs(o);
-        pin_regs(p_last);
-        if (lane == 0) mbar_arrive(v_empty(st));
-      };
-      if (kt.count > 0) {
-        float s[BC / 2];
-        float alpha[2];
-        mbar_wait(k_full(0), 0);
-        turn_begin();
-        issue_s(s, 0);
-        turn_end();
-        wgmma_wait<0>();
-        pin_regs(s);
-        if (lane == 0) mbar_arrive(k_empty(0));
-        softmax(s, kt.tile(0) * BC, pa, alpha);  // O is still zero: no rescale
-        int n = 1;
-        for (; n + 1 < kt.count; n += 2) {
-          step(n, pa, pb);
-          step(n + 1, pb, pa);
-        }
-        if (n < kt.count) {  // one tile left: P(n-1) is in pa
-          step(n, pa, pb);
-          last_pv(pb);
-        } else {
-          last_pv(pa);
-        }
-      }
-      if constexpr (PING) {
-        if (cw == 0) named_sync(1, 256);  // warpgroup 1's last arrival
+      if (n < kt.count) {  // one tile left: P(n-1) is in pa
+        step(n, pa, pb);
+        last_pv(pb);
+      } else {
+        last_pv(pa);
       }
     }
+    if (cw == 0) named_sync(1, 256);  // warpgroup 1's last arrival
 
     // Epilogue: normalise (the sink logit joins the denominator), store O pairs and the LSE.
     const float sink2 = p.sink_logits ? p.sink_logits[w.head] * cuda_fwd::kLog2e : -INFINITY;
@@ -415,13 +379,13 @@ bool hopper_smem_optin(Kernel* kernel, int bytes, ::flashlite::cuda::PerContextF
 
 // Launches one instantiation: one CTA per (query tile, sequence, head). Instantiated once per variant file
 // (wgmma_<dtype>_d<D>.cu); launch_hopper.cu only refers to them. Returns the launch error, if any.
-template <class T, int D, int SCHED>
+template <class T, int D>
 cudaError_t launch_hopper_variant(const HopperParams& hp, cudaStream_t stream) {
   static ::flashlite::cuda::PerContextFlag configured;
   constexpr int smem = int(HopperTile<D>::SMEM_BYTES);
-  if (!hopper_smem_optin(fwd_hopper_kernel<T, D, SCHED>, smem, configured)) return cudaGetLastError();
+  if (!hopper_smem_optin(fwd_hopper_kernel<T, D>, smem, configured)) return cudaGetLastError();
   const int64_t blocks = int64_t(hp.f.q_tiles) * hp.f.q_heads * hp.f.batch;
-  fwd_hopper_kernel<T, D, SCHED><<<unsigned(blocks), HopperTile<D>::THREADS, smem, stream>>>(hp);
+  fwd_hopper_kernel<T, D><<<unsigned(blocks), HopperTile<D>::THREADS, smem, stream>>>(hp);
   return cudaGetLastError();
 }
 
@@ -431,10 +395,7 @@ cudaError_t launch_hopper_variant(const HopperParams& hp, cudaStream_t stream) {
   X(__half, 64)               \
   X(__half, 128)
 
-#define FL_HOPPER_EXTERN(T, D)                                                                \
-  extern template cudaError_t launch_hopper_variant<T, D, 1>(const HopperParams&, cudaStream_t); \
-  extern template cudaError_t launch_hopper_variant<T, D, 2>(const HopperParams&, cudaStream_t); \
-  extern template cudaError_t launch_hopper_variant<T, D, 3>(const HopperParams&, cudaStream_t);
+#define FL_HOPPER_EXTERN(T, D) extern template cudaError_t launch_hopper_variant<T, D>(const HopperParams&, cudaStream_t);
 FL_HOPPER_VARIANTS(FL_HOPPER_EXTERN)
 #undef FL_HOPPER_EXTERN
 

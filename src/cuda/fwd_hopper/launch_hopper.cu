@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
 #include "cuda/fwd_hopper/hopper_fwd.h"
 #include "cuda/fwd_hopper/hopper_kernel.cuh"
@@ -74,7 +73,7 @@ CUtensorMap make_map(const void* base, DType dtype, int64_t head_dim, int64_t ro
 
 }  // namespace
 
-void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, int mode, cudaStream_t stream) {
+void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, cudaStream_t stream) {
   HopperParams hp;
   hp.f = f;
   const int64_t tb = p.varlen() ? 1 : p.batch;
@@ -85,16 +84,12 @@ void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, 
   hp.tk = make_map(p.k, p.dtype, p.head_dim, rows_k, p.kv_heads, tb, p.k_stride, kBlockKeys, "k");
   hp.tv = make_map(p.v, p.dtype, p.head_dim, rows_k, p.kv_heads, tb, p.v_stride, kBlockKeys, "v");
   const bool f16 = p.dtype == DType::f16;
-  const auto pick = [&](auto sched) {
-    constexpr int S = decltype(sched)::value;
-    if (p.head_dim == 64) {
-      return f16 ? launch_hopper_variant<__half, 64, S>(hp, stream) : launch_hopper_variant<__nv_bfloat16, 64, S>(hp, stream);
-    }
-    return f16 ? launch_hopper_variant<__half, 128, S>(hp, stream) : launch_hopper_variant<__nv_bfloat16, 128, S>(hp, stream);
-  };
-  const cudaError_t e = mode == 3   ? pick(std::integral_constant<int, 3>{})
-                        : mode == 2 ? pick(std::integral_constant<int, 2>{})
-                                    : pick(std::integral_constant<int, 1>{});
+  cudaError_t e;
+  if (p.head_dim == 64) {
+    e = f16 ? launch_hopper_variant<__half, 64>(hp, stream) : launch_hopper_variant<__nv_bfloat16, 64>(hp, stream);
+  } else {
+    e = f16 ? launch_hopper_variant<__half, 128>(hp, stream) : launch_hopper_variant<__nv_bfloat16, 128>(hp, stream);
+  }
   if (e != cudaSuccess) fail(std::string("launch failed: ") + cudaGetErrorString(e));
 }
 

@@ -1,11 +1,8 @@
-// The Hopper forward kernel, __half, head_dim 128, the three consumer schedules (sm_90a only; see
-// hopper_kernel.cuh).
+// The Hopper forward kernel, __half, head_dim 128 (sm_90a only; see hopper_kernel.cuh).
 #include "cuda/fwd_hopper/hopper_kernel.cuh"
 
 namespace flashlite::cuda_fwd_hopper {
 
-template cudaError_t launch_hopper_variant<__half, 128, 1>(const HopperParams&, cudaStream_t);
-template cudaError_t launch_hopper_variant<__half, 128, 2>(const HopperParams&, cudaStream_t);
-template cudaError_t launch_hopper_variant<__half, 128, 3>(const HopperParams&, cudaStream_t);
+template cudaError_t launch_hopper_variant<__half, 128>(const HopperParams&, cudaStream_t);
 
 }  // namespace flashlite::cuda_fwd_hopper

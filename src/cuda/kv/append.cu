@@ -1,16 +1,21 @@
 // CUDA append of one step's (or a prefill chunk's) K/V into the cache, all sequences in one launch, with the rotary
-// embedding of K (and Q) fused in. One block per new token: it computes the token's cos/sin table once (float64
-// angles from the host's inv_freq table, so long positions stay exact), then writes every kv head's K (rotated)
-// and V row and rotates every q head. Positions come from the device index (graph-safe): the token t of n new ones
-// of sequence b sits at length(b) - n + t.
+// embedding of K (and Q) fused in. Blocks per new token (append_kernel): each computes the token's cos/sin table once
+// (float64 angles from the host's inv_freq table, so long positions stay exact), then writes its share of every kv
+// head's K (rotated) and V row and of the rotated q heads, all through flashlite/cuda/rope.cuh (the RoPE of the whole
+// repository). Positions come from the device index (graph-safe): the token t of n new ones of sequence b sits at
+// length(b) - n + t.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
 
 #include "cuda/common/check.h"
 #include "cuda/common/dtype.cuh"
+#include "cuda/common/kernel_arch.h"
+#include "cuda/common/pdl.cuh"
+#include "flashlite/cuda/rope.cuh"
 #include "kv/kv_backends.h"
 
 namespace flashlite {
@@ -42,8 +47,15 @@ struct AppendParams {
   double inv_freq[kMaxPairs];
 };
 
+// One token per blockIdx.x; its work items, [K: kv_heads * half rotated pairs (kv_heads * head_dim copies without
+// RoPE) | V: kv_heads * head_dim copies | q: q_heads * half rotated pairs], spread over gridDim.y blocks (item
+// y * threads + thread, stepping by gridDim.y * threads), so that a decode step of a few tokens still fills the GPU.
+// A programmatic dependent on sm_90: it waits for the kernel before it (which wrote the new K / V / q and the index)
+// before its first read.
 template <class T>
 __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_constant__ AppendParams p) {
+  cuda::pdl_launch_dependents();
+  cuda::pdl_wait();
   __shared__ float2 cs[kMaxPairs];  // (cos, sin) of this token's angles
   const int b = int(blockIdx.x) / p.n_new, t = int(blockIdx.x) % p.n_new;
   const int half = p.head_dim / 2;
@@ -57,11 +69,7 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
   }
   const int pos = L - p.n_new + t;
   if (p.rope) {
-    for (int c = int(threadIdx.x); c < half; c += kAppendThreads) {
-      double sn, cn;
-      sincos(double(pos) * p.inv_freq[c], &sn, &cn);
-      cs[c] = make_float2(float(cn), float(sn));
-    }
+    for (int c = int(threadIdx.x); c < half; c += kAppendThreads) cs[c] = cuda::rope_cos_sin(pos, p.inv_freq[c]);
     __syncthreads();
   }
   int64_t page = b, slot = pos;
@@ -74,36 +82,29 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
   const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_s0 + t * p.kn_s1;
   const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_s0 + t * p.vn_s1;
 
-  // K: rotated pairs, one pair per thread and step (or plain copies); V: copies.
-  if (p.rope) {
-    for (int it = int(threadIdx.x); it < p.kv_heads * half; it += kAppendThreads) {
+  const int k_items = p.rope ? p.kv_heads * half : p.kv_heads * p.head_dim, v_items = p.kv_heads * p.head_dim;
+  const int items = k_items + v_items + (p.q != nullptr ? p.q_heads * half : 0);
+  for (int it = int(blockIdx.y * kAppendThreads + threadIdx.x); it < items; it += int(gridDim.y) * kAppendThreads) {
+    if (it < k_items && p.rope) {  // K: a rotated pair
       const int h = it / half, c = it % half;
-      const int ia = p.interleaved ? 2 * c : c, ib = p.interleaved ? 2 * c + 1 : c + half;
-      const float xa = cuda::to_float(kn[h * p.kn_s2 + ia]), xb = cuda::to_float(kn[h * p.kn_s2 + ib]);
-      const float2 r = cs[c];
-      kc[h * p.kc_s2 + ia] = cuda::from_float<T>(xa * r.x - xb * r.y);
-      kc[h * p.kc_s2 + ib] = cuda::from_float<T>(xb * r.x + xa * r.y);
-    }
-  } else {
-    for (int it = int(threadIdx.x); it < p.kv_heads * p.head_dim; it += kAppendThreads) {
+      const RopePairIndex i = rope_pair(c, p.head_dim, p.interleaved);
+      const float xa = cuda::to_float(kn[h * p.kn_s2 + i.a]), xb = cuda::to_float(kn[h * p.kn_s2 + i.b]);
+      kc[h * p.kc_s2 + i.a] = cuda::from_float<T>(cuda::rope_rotate_element(xa, xb, cs[c], false));
+      kc[h * p.kc_s2 + i.b] = cuda::from_float<T>(cuda::rope_rotate_element(xa, xb, cs[c], true));
+    } else if (it < k_items) {  // K: a copy
       const int h = it / p.head_dim, e = it % p.head_dim;
       kc[h * p.kc_s2 + e] = kn[h * p.kn_s2 + e];
-    }
-  }
-  for (int it = int(threadIdx.x); it < p.kv_heads * p.head_dim; it += kAppendThreads) {
-    const int h = it / p.head_dim, e = it % p.head_dim;
-    vc[h * p.vc_s2 + e] = vn[h * p.vn_s2 + e];
-  }
-  if (p.q != nullptr) {
-    const T* q = static_cast<const T*>(p.q) + b * p.q_s0 + t * p.q_s1;
-    T* qo = static_cast<T*>(p.q_out) + b * p.qo_s0 + t * p.qo_s1;
-    for (int it = int(threadIdx.x); it < p.q_heads * half; it += kAppendThreads) {
-      const int h = it / half, c = it % half;
-      const int ia = p.interleaved ? 2 * c : c, ib = p.interleaved ? 2 * c + 1 : c + half;
-      const float xa = cuda::to_float(q[h * p.q_s2 + ia]), xb = cuda::to_float(q[h * p.q_s2 + ib]);
-      const float2 r = cs[c];
-      qo[h * p.qo_s2 + ia] = cuda::from_float<T>(xa * r.x - xb * r.y);  // in place: both read before either write
-      qo[h * p.qo_s2 + ib] = cuda::from_float<T>(xb * r.x + xa * r.y);
+    } else if (it < k_items + v_items) {  // V: a copy
+      const int h = (it - k_items) / p.head_dim, e = (it - k_items) % p.head_dim;
+      vc[h * p.vc_s2 + e] = vn[h * p.vn_s2 + e];
+    } else {  // q: a rotated pair, in place allowed (both read before either write)
+      const int h = (it - k_items - v_items) / half, c = (it - k_items - v_items) % half;
+      const T* q = static_cast<const T*>(p.q) + b * p.q_s0 + t * p.q_s1;
+      T* qo = static_cast<T*>(p.q_out) + b * p.qo_s0 + t * p.qo_s1;
+      const RopePairIndex i = rope_pair(c, p.head_dim, p.interleaved);
+      const float xa = cuda::to_float(q[h * p.q_s2 + i.a]), xb = cuda::to_float(q[h * p.q_s2 + i.b]);
+      qo[h * p.qo_s2 + i.a] = cuda::from_float<T>(cuda::rope_rotate_element(xa, xb, cs[c], false));
+      qo[h * p.qo_s2 + i.b] = cuda::from_float<T>(cuda::rope_rotate_element(xa, xb, cs[c], true));
     }
   }
 }
@@ -147,13 +148,28 @@ void run_cuda_append(const AppendProblem& p, void* stream) {
   P.head_dim = int(c.head_dim);
   P.rope = p.rope.enabled;
   P.interleaved = p.rope.interleaved;
-  for (int64_t i = 0; i < c.head_dim / 2 && p.rope.enabled; ++i) P.inv_freq[i] = rope_inv_freq(p.rope.options, c.head_dim, i);
-  const dim3 grid(unsigned(c.batch * p.n_new));
+  for (int64_t i = 0; i < c.head_dim / 2 && p.rope.enabled; ++i) P.inv_freq[i] = rope_frequency(p.rope.options, c.head_dim, i);
+  // Blocks per token: enough for one item per thread, while the grid holds fewer than ~2048 blocks (a prefill chunk of
+  // many tokens keeps one block per token).
+  const int64_t tokens = c.batch * p.n_new, half = c.head_dim / 2;
+  const int64_t items = (P.rope ? c.kv_heads * half : c.kv_heads * c.head_dim) + c.kv_heads * c.head_dim +
+                        (p.q ? p.q_heads * half : 0);
+  const int64_t per_token = std::clamp<int64_t>(std::min((items + cuda_kv::kAppendThreads - 1) / cuda_kv::kAppendThreads,
+                                                         2048 / std::max<int64_t>(tokens, 1)), 1, 65535);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(tokens), unsigned(per_token));
+  cfg.blockDim = dim3(cuda_kv::kAppendThreads);
+  cfg.stream = static_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
   cuda::dispatch_float_dtype(c.dtype, [&](auto tag) {
     using T = decltype(tag);
-    cuda_kv::append_kernel<T><<<grid, cuda_kv::kAppendThreads, 0, static_cast<cudaStream_t>(stream)>>>(P);
+    // A programmatic dependent where its code has griddepcontrol.wait (sm_90 code: cuda/common/kernel_arch.h).
+    cfg.numAttrs = cuda::kernel_has_sm90_code(reinterpret_cast<const void*>(&cuda_kv::append_kernel<T>)) ? 1 : 0;
+    FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cuda_kv::append_kernel<T>, P));
   });
-  FL_CUDA_CHECK_LAUNCH("append_kernel");
 }
 
 }  // namespace flashlite
