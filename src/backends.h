@@ -3,7 +3,9 @@
 #include <cstddef>
 #include <string>
 
+#include "common/backward_problem.h"
 #include "common/problem.h"
+#include "flashlite/attention.h"
 
 namespace flashlite {
 
@@ -16,6 +18,15 @@ void run_cpu_naive(const AttentionProblem& p);
 void run_cpu_tiled(const AttentionProblem& p);
 const char* cpu_tiled_variant();  // "avx512" / "avx2" / "portable": the code path run_cpu_tiled takes here
 const char* cpu_tiled_variant(const AttentionProblem& p);  // the same for this problem (decode shapes may differ)
+
+// Forward's validation (src/dispatch.cpp), shared with backward's.
+AttentionProblem validate_forward(const ForwardArgs& args);
+
+// Backward (src/backward/): the float64 oracle writes contiguous float64 gradients shaped like q, k, v (rows outside
+// every sequence zero) and dsink; any may be null.
+void reference_backward_compute(const BackwardProblem& p, double* dq64, double* dk64, double* dv64, double* dsink64);
+void run_backward_reference(const BackwardProblem& p);
+void run_backward_cpu(const BackwardProblem& p);
 
 // Largest head_dim per backend family.
 inline constexpr int64_t kMaxCpuHeadDim = 512;
