@@ -8,8 +8,8 @@
 //   dq_i  = scale sum_j dS_ij k_j                     dk_j = scale sum_i dS_ij q_i
 //   dsink_h = -sum_i exp(sink_h - lse_i) D_i           (over every row of q head h)
 // GQA: dk and dv of a kv head sum the contributions of all the q heads of its group. Rows and keys that no sequence
-// covers (varlen padding) get zero gradients. The gradient flows from out only: lse is an input here, as forward
-// wrote it, not something to differentiate.
+// covers (varlen padding) get zero gradients. When the loss also depends on lse, its gradient dlse joins as
+// D_i - dlse_i in place of D_i (d lse_i / d s_ij = P_ij, d lse_i / d sink = exp(sink - lse_i)).
 //
 // Tensors follow forward's rules ([batch, seq, heads, head_dim], any batch / seq / head strides, varlen through
 // options.cu_seqlens_q/k): dq is shaped like q, dk and dv like k and v, all in q's dtype; dout like out. Every bad
@@ -25,6 +25,7 @@ struct BackwardArgs {
   TensorView out;         // the forward's output
   TensorView lse;         // required: fp32 [batch, q_heads, seq_q] (varlen [1, q_heads, total_q]) as forward wrote it
   TensorView dout;        // gradient of the loss with respect to out, shaped like out
+  TensorView dlse;        // optional: gradient of the loss with respect to lse, fp32 shaped like lse
   TensorView dq, dk, dv;  // outputs, shaped like q, k, v
   // Output, fp32 [q_heads]: required when options.sink_logits is given, absent otherwise. Overwritten, not added to.
   TensorView dsink_logits;

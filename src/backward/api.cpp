@@ -57,6 +57,17 @@ Resolved resolve(const BackwardArgs& a) {
   p.dk_stride = bsh_strides(a.dk, "dk");
   p.dv_stride = bsh_strides(a.dv, "dv");
   p.k_tensor_rows = a.k.shape[1];
+  if (!a.dlse.empty()) {
+    check_present(a.dlse, "dlse");
+    if (a.dlse.dtype != DType::f32) fail_type(std::string("dlse has dtype ") + dtype_name(a.dlse.dtype) + "; expected float32");
+    check_device(a.dlse, "dlse", a.q.device);
+    if (a.dlse.rank != 3 || a.dlse.shape[0] != a.lse.shape[0] || a.dlse.shape[1] != a.lse.shape[1] ||
+        a.dlse.shape[2] != a.lse.shape[2]) {
+      fail("dlse has shape " + a.dlse.shape_string() + "; expected lse's shape " + a.lse.shape_string());
+    }
+    p.dlse = static_cast<const float*>(a.dlse.data);
+    p.dlse_stride_batch = a.dlse.strides[0], p.dlse_stride_head = a.dlse.strides[1], p.dlse_stride_seq = a.dlse.strides[2];
+  }
 
   const bool has_sink = !a.options.sink_logits.empty();
   if (has_sink != !a.dsink_logits.empty()) {
@@ -80,7 +91,7 @@ Resolved resolve(const BackwardArgs& a) {
       {&a.dq, "dq"}, {&a.dk, "dk"}, {&a.dv, "dv"}, {&a.dsink_logits, "dsink_logits"}};
   const std::pair<const TensorView*, const char*> inputs[] = {
       {&a.q, "q"},     {&a.k, "k"},       {&a.v, "v"},
-      {&a.out, "out"}, {&a.lse, "lse"},   {&a.dout, "dout"},
+      {&a.out, "out"}, {&a.lse, "lse"},   {&a.dout, "dout"}, {&a.dlse, "dlse"},
       {&a.options.sink_logits, "sink_logits"}, {&a.options.cu_seqlens_q, "cu_seqlens_q"},
       {&a.options.cu_seqlens_k, "cu_seqlens_k"}};
   for (size_t i = 0; i < std::size(outputs); ++i) {

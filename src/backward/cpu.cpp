@@ -55,7 +55,7 @@ void run_backward_cpu(const BackwardProblem& bp) {
         double dot = 0;
         for (int64_t c = 0; c < d; ++c) dot += double(load_as_float(p.out, p.dtype, o + c)) * load_as_float(bp.dout, p.dtype, g + c);
         const int64_t t = terms.index(tb, h, row);
-        terms.delta_[size_t(t)] = float(dot);
+        terms.delta_[size_t(t)] = float(dot - bp.dlse_at(tb, h, row));
         terms.lse_[size_t(t)] = p.lse[tb * p.lse_stride_batch + h * p.lse_stride_head + row * p.lse_stride_seq];
       }
     }

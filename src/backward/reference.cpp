@@ -77,7 +77,7 @@ void reference_backward_compute(const BackwardProblem& bp, double* dq64, double*
           probs[j] = keyless ? 0.0 : std::exp(scores[j] - lse);
           for (int64_t c = 0; c < d; ++c) o_row[c] += probs[j] * elem(p.v, p.v_stride, tb, s.k_row0 + j, kvh, c);
         }
-        double D = 0;
+        double D = -double(bp.dlse_at(tb, h, s.q_row0 + i));
         for (int64_t c = 0; c < d; ++c) D += do_row[c] * o_row[c];
 
         // Backward.

@@ -26,10 +26,11 @@ using flashlite::BackwardArgs;
 // A problem's forward (out, lse by the cpu backend), a random dout and poisoned gradient buffers.
 struct Grad {
   Problem p;
-  Buffer dout, dq, dk, dv, dsink;
+  Buffer dout, dq, dk, dv, dsink, dlse;
   BackwardArgs args;
 
-  Grad(const Spec& s, const std::string& name) : p(s, seed_of(name)) {
+  // with_dlse: a random gradient for lse too (the loss depends on both outputs).
+  Grad(const Spec& s, const std::string& name, bool with_dlse = false) : p(s, seed_of(name)) {
     ForwardArgs f = p.args;
     f.backend = Backend::cpu;
     flashlite::forward(f);
@@ -50,6 +51,11 @@ struct Grad {
       dsink = Buffer(DType::f32, s.hq);
       dsink.poison();
       args.dsink_logits = view_n(dsink.data(), DType::f32, {s.hq}, {1});
+    }
+    if (with_dlse) {
+      dlse = Buffer(DType::f32, B * s.hq * RQ);
+      for (int64_t i = 0; i < dlse.numel(); ++i) store(DType::f32, dlse.data(), i, normal(rng));
+      args.dlse = view_n(dlse.data(), DType::f32, {B, s.hq, RQ}, {s.hq * RQ, RQ, 1});
     }
   }
   TensorView make(Buffer& buf, Layout l, std::array<int64_t, 4> shape) {
@@ -127,6 +133,7 @@ double tolerance(DType t) { return t == DType::f32 ? 1e-4 : t == DType::f16 ? 4e
 struct FdCase {
   std::string name;
   Spec spec;
+  bool dlse = false;  // the loss depends on lse too
 };
 
 std::vector<FdCase> fd_cases() {
@@ -160,6 +167,8 @@ std::vector<FdCase> fd_cases() {
   b.batch = 2;
   b.scale = 0.7;
   cs.push_back({"batch2_scale", b});
+  cs.push_back({"window_sinklogits_dlse", w, true});
+  cs.push_back({"varlen_dlse", v, true});
   return cs;
 }
 
@@ -169,13 +178,22 @@ class ReferenceFiniteDifferences : public ::testing::TestWithParam<int> {};
 // over the values the element actually takes (x + h and x - h rounded to fp32), against the reference's gradient.
 TEST_P(ReferenceFiniteDifferences, GradientsMatch) {
   const FdCase c = fd_cases()[size_t(GetParam())];
-  Grad g(c.spec, "fd " + c.name);
+  Grad g(c.spec, "fd " + c.name, c.dlse);
   const Spec& s = c.spec;
   const Ref ref = reference(g);
   std::vector<double> out(size_t(s.tensor_batch() * s.rows_q() * s.hq * s.d));
+  std::vector<double> lse(size_t(s.tensor_batch() * s.hq * s.rows_q()));
   const auto loss = [&] {
-    flashlite::reference_forward_f64(g.p.args, out.data(), nullptr);
+    flashlite::reference_forward_f64(g.p.args, out.data(), lse.data());
     double sum = 0;
+    if (c.dlse) {
+      for (int64_t b = 0; b < s.tensor_batch(); ++b)
+        for (int64_t h = 0; h < s.hq; ++h)
+          for (int64_t r = 0; r < s.rows_q(); ++r) {
+            const double l = lse[size_t((b * s.hq + h) * s.rows_q() + r)];
+            if (std::isfinite(l)) sum += l * load(DType::f32, g.dlse.data(), (b * s.hq + h) * s.rows_q() + r);
+          }
+    }
     for (int64_t b = 0; b < s.tensor_batch(); ++b)
       for (int64_t r = 0; r < s.rows_q(); ++r)
         for (int64_t h = 0; h < s.hq; ++h)
@@ -226,14 +244,15 @@ INSTANTIATE_TEST_SUITE_P(Cases, ReferenceFiniteDifferences, ::testing::Range(0, 
 struct GridCase {
   std::string name;
   Spec spec;
+  bool dlse = false;
 };
 
 std::vector<GridCase> grid_cases() {
   std::vector<GridCase> cs;
-  const auto add = [&](std::string name, Spec s) {
+  const auto add = [&](std::string name, Spec s, bool dlse = false) {
     for (DType t : {DType::f32, DType::f16, DType::bf16}) {
       s.dtype = t;
-      cs.push_back({name + "_" + (t == DType::f32 ? "f32" : t == DType::f16 ? "f16" : "bf16"), s});
+      cs.push_back({name + "_" + (t == DType::f32 ? "f32" : t == DType::f16 ? "f16" : "bf16"), s, dlse});
     }
   };
   for (int64_t seq : {1, 2, 17, 64, 130}) {
@@ -273,6 +292,7 @@ std::vector<GridCase> grid_cases() {
   s.mask.causal = true;
   s.sink_logits = true;
   add("varlen_causal_sinklogits", s);
+  add("varlen_causal_sinklogits_dlse", s, true);
   return cs;
 }
 
@@ -280,7 +300,7 @@ class CpuBackwardGrid : public ::testing::TestWithParam<int> {};
 
 TEST_P(CpuBackwardGrid, MatchesReference) {
   const GridCase c = grid_cases()[size_t(GetParam())];
-  Grad g(c.spec, "grid " + c.name);
+  Grad g(c.spec, "grid " + c.name, c.dlse);
   const Ref ref = reference(g);
   g.args.backend = Backend::cpu;
   SCOPED_TRACE("kernel " + flashlite::backward_kernel_name(g.args));
