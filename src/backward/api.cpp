@@ -31,7 +31,7 @@ void check_like(const TensorView& t, const char* name, const TensorView& ref, co
   }
 }
 
-enum class BackwardKernel { reference, cpu };
+enum class BackwardKernel { reference, cpu, cuda };
 
 struct Resolved {
   BackwardProblem problem;
@@ -103,6 +103,18 @@ Resolved resolve(const BackwardArgs& a) {
   p.deterministic = a.deterministic;
 
   const bool on_cpu = p.fwd.device.type == DeviceType::cpu;
+  // CUDA tensors: the tensor-core kernels of src/cuda/bwd/ when they support the problem, otherwise a named refusal.
+  const auto cuda_kernel = [&]() -> BackwardKernel {
+#if FLASHLITE_WITH_CUDA
+    if (std::string why = cuda_backward_unsupported_reason(p); !why.empty()) {
+      if (why.rfind("dtype", 0) == 0) fail_type(why);
+      fail(why);
+    }
+    return BackwardKernel::cuda;
+#else
+    fail("the tensors are on " + device_name(p.fwd.device) + " but flashlite was built without CUDA");
+#endif
+  };
   switch (a.backend) {
     case Backend::reference:
       if (!on_cpu) fail("backend 'reference' runs on CPU tensors only; these are on " + device_name(p.fwd.device));
@@ -110,17 +122,19 @@ Resolved resolve(const BackwardArgs& a) {
     case Backend::automatic:
     case Backend::cpu:
       if (!on_cpu) {
-        fail(std::string("backward on ") + device_name(p.fwd.device) + " tensors is not available yet; " +
-             (a.backend == Backend::cpu ? "backend 'cpu' needs CPU tensors" : "use CPU tensors"));
+        if (a.backend == Backend::automatic) return {p, cuda_kernel()};
+        fail("backend 'cpu' needs CPU tensors; these are on " + device_name(p.fwd.device));
       }
       if (p.fwd.head_dim > kMaxCpuHeadDim) {
         fail("head_dim " + std::to_string(p.fwd.head_dim) + " is unsupported by backend 'cpu'; expected at most " +
              std::to_string(kMaxCpuHeadDim));
       }
       return {p, BackwardKernel::cpu};
-    case Backend::naive:
     case Backend::cuda:
-      fail(std::string("backend '") + backend_name(a.backend) + "' has no backward; use 'cpu' or 'reference'");
+      if (on_cpu) fail("backend 'cuda' needs CUDA tensors, but the tensors are on cpu");
+      return {p, cuda_kernel()};
+    case Backend::naive:
+      fail("backend 'naive' has no backward; use 'cuda', 'cpu' or 'reference'");
   }
   fail("backend value " + std::to_string(int(a.backend)) + " is unknown");
 }
@@ -132,11 +146,22 @@ void backward(const BackwardArgs& args) {
   switch (r.kernel) {
     case BackwardKernel::reference: run_backward_reference(r.problem); return;
     case BackwardKernel::cpu: run_backward_cpu(r.problem); return;
+    case BackwardKernel::cuda:
+#if FLASHLITE_WITH_CUDA
+      run_cuda_backward(r.problem, args.stream, args.workspace, args.workspace_bytes);
+      return;
+#else
+      break;
+#endif
   }
+  throw Error(ErrorKind::runtime, "internal error: no backward kernel for the chosen backend");
 }
 
 size_t backward_workspace_bytes(const BackwardArgs& args) {
-  resolve(args);
+  [[maybe_unused]] const Resolved r = resolve(args);
+#if FLASHLITE_WITH_CUDA
+  if (r.kernel == BackwardKernel::cuda) return cuda_backward_workspace_bytes(r.problem);
+#endif
   return 0;
 }
 
@@ -145,6 +170,12 @@ std::string backward_kernel_name(const BackwardArgs& args) {
   switch (r.kernel) {
     case BackwardKernel::reference: return "reference_backward_f64";
     case BackwardKernel::cpu: return "cpu_backward_tiled";
+    case BackwardKernel::cuda:
+#if FLASHLITE_WITH_CUDA
+      return cuda_backward_kernel_name(r.problem);
+#else
+      break;
+#endif
   }
   return "unknown";
 }
