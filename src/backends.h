@@ -38,6 +38,12 @@ void run_cuda_naive(const AttentionProblem& p, void* stream, void* workspace, si
 std::string cuda_fused_unsupported_reason(const AttentionProblem& p);
 void run_cuda_fused(const AttentionProblem& p, void* stream);
 std::string cuda_fused_kernel_name(const AttentionProblem& p);
+// The CUDA backward (src/cuda/bwd/): empty string when it supports p, otherwise why not (names the dtype or
+// head_dim); the kernel's name; its workspace; the run (all on `stream`, workspace allocated when null).
+std::string cuda_backward_unsupported_reason(const BackwardProblem& p);
+std::string cuda_backward_kernel_name(const BackwardProblem& p);
+size_t cuda_backward_workspace_bytes(const BackwardProblem& p);
+void run_cuda_backward(const BackwardProblem& p, void* stream, void* workspace, size_t workspace_bytes);
 #endif
 
 }  // namespace flashlite

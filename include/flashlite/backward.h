@@ -14,6 +14,10 @@
 // Tensors follow forward's rules ([batch, seq, heads, head_dim], any batch / seq / head strides, varlen through
 // options.cu_seqlens_q/k): dq is shaped like q, dk and dv like k and v, all in q's dtype; dout like out. Every bad
 // argument is named in an Error and nothing is written. Non-finite values propagate as IEEE arithmetic has it.
+//
+// Backends: 'reference' and 'cpu' (CPU tensors, any dtype); 'cuda' (automatic for CUDA tensors): float16 / bfloat16
+// with head_dim 64, 96 or 128 on sm_80 and newer (tensor cores, fp32 accumulation); other dtypes or head dims are
+// refused with an error naming them.
 #include <string>
 
 #include "flashlite/attention.h"
@@ -31,7 +35,10 @@ struct BackwardArgs {
   TensorView dsink_logits;
   AttentionOptions options;  // the forward's options
   Backend backend = Backend::automatic;
-  // Gradients bitwise identical from run to run (the CPU backends always are).
+  // Gradients bitwise identical from run to run. Every backend always is: the CPU backends sum in a fixed order
+  // whatever the thread count, and the CUDA backward uses no atomics (dK/dV and dQ are computed by separate kernels,
+  // each block owning what it writes; dsink's per-block shares are summed in a fixed order), so this is honoured
+  // at no cost.
   bool deterministic = false;
   void* stream = nullptr;  // cudaStream_t for CUDA tensors
   // Scratch memory on the tensors' device for backends that need it; size from backward_workspace_bytes(). When

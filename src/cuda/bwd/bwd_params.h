@@ -20,6 +20,7 @@ struct BwdParams {
   const void* dout = nullptr;  // (batch, seq_q, q_heads, head_dim)
   const float* lse = nullptr;  // (batch, q_heads, seq_q), natural log, as forward wrote it
   const float* sink_logits = nullptr;  // optional (q_heads)
+  const float* dlse = nullptr;  // optional (batch, q_heads, seq_q): the loss's gradient with respect to lse
   void* dq = nullptr;          // like q
   void* dk = nullptr;          // like k
   void* dv = nullptr;          // like v
@@ -35,6 +36,7 @@ struct BwdParams {
   int64_t dk_sb = 0, dk_ss = 0, dk_sh = 0;
   int64_t dv_sb = 0, dv_ss = 0, dv_sh = 0;
   int64_t lse_sb = 0, lse_sh = 0, lse_ss = 0;
+  int64_t dlse_sb = 0, dlse_sh = 0, dlse_ss = 0;
 
   int batch = 0;     // sequences
   int seq_q = 0;     // padded: every sequence; varlen: the longest
@@ -60,7 +62,7 @@ struct BwdParams {
   const int* cu_k = nullptr;
 
   // Workspace.
-  float* delta = nullptr;       // (tensor_batch, q_heads, rows_q): D = dout . out per row
+  float* delta = nullptr;       // (tensor_batch, q_heads, rows_q): D = dout . out (less dlse when given) per row
   float* dsink_part = nullptr;  // (batch, q_heads, q_tiles): each dQ block's share of dsink
 };
 
