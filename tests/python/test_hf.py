@@ -328,19 +328,26 @@ def test_training_gradients_match_eager(arch, calls, device):
     model, ids = _arch_model(arch, device), _ids(2, 37, device=device, vocab=256)
     model.train()
 
-    def grads(impl):
-        _set_impl(model, impl)
-        model.zero_grad(set_to_none=True)
-        model(ids, labels=ids).loss.backward()
-        return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    def grads(impl, dtype=torch.float32):
+        m = model.to(dtype)
+        _set_impl(m, impl)
+        m.zero_grad(set_to_none=True)
+        m(ids, labels=ids).loss.backward()
+        return {n: p.grad.detach().float().clone() for n, p in m.named_parameters() if p.grad is not None}
 
-    ref = grads("eager")
-    got = grads(flhf.NAME)
+    if device == "cpu":  # fp32: flashlite's gradients equal eager's to fp32 rounding
+        ref = grads("eager")
+        got = grads(flhf.NAME)
+        base, slack = ref, {n: 1e-3 * g.abs().max().item() for n, g in ref.items()}
+    else:  # the CUDA backward takes bf16: no further from fp32 eager than bf16 eager is (2x + a small term)
+        base = grads("eager")
+        ref = grads("eager", torch.bfloat16)
+        got = grads(flhf.NAME, torch.bfloat16)
+        slack = {n: 2 * (ref[n] - base[n]).abs().max().item() + 2e-2 * base[n].abs().max().item() for n in base}
     assert calls[0] == 2  # both layers ran flashlite
     assert got.keys() == ref.keys()
     if arch == "gpt_oss":
         assert any(n.endswith("sinks") for n in got), "the sinks got no gradient"
     for name in ref:
-        scale = ref[name].abs().max().item()
-        err = (got[name] - ref[name]).abs().max().item()
-        assert err <= 1e-3 * max(scale, 1e-6), f"{arch} {name}: max gradient error {err:.3g} (scale {scale:.3g})"
+        err = (got[name] - base[name]).abs().max().item()
+        assert err <= max(slack[name], 1e-9), f"{arch} {name}: max gradient error {err:.3g} (allowed {slack[name]:.3g})"
