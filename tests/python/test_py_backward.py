@@ -116,7 +116,7 @@ def test_cuda_fp32_refused():
     """fp32 on CUDA: the forward runs (the SIMT kernel), the backward says what it takes."""
     q, k, v, _ = _inputs(1, 16, 16, 2, 2, 64, device="cuda")
     out = flashlite.attention(q.requires_grad_(), k, v)
-    with pytest.raises(ValueError, match="float32 is unsupported by the CUDA backward"):
+    with pytest.raises(TypeError, match="float32 is unsupported by the CUDA backward"):
         out.sum().backward()
 
 
