@@ -48,7 +48,21 @@ def config(arch, tiny):
     return cfg, transformers.GptOssForCausalLM, "eager"
 
 
-def train(model, impl, data, device, dtype, lr):
+def train(model, impl, data, device, dtype, lr, reduced_precision_reduction=None):
+    """reduced_precision_reduction: set torch's bf16/fp16 GEMM reduction flag for this run (None: leave it), for a
+    baseline that differs from the reference only in rounding."""
+    flags = torch.backends.cuda.matmul
+    saved = (flags.allow_bf16_reduced_precision_reduction, flags.allow_fp16_reduced_precision_reduction)
+    if reduced_precision_reduction is not None:
+        flags.allow_bf16_reduced_precision_reduction = reduced_precision_reduction
+        flags.allow_fp16_reduced_precision_reduction = reduced_precision_reduction
+    try:
+        return _train(model, impl, data, device, dtype, lr)
+    finally:
+        flags.allow_bf16_reduced_precision_reduction, flags.allow_fp16_reduced_precision_reduction = saved
+
+
+def _train(model, impl, data, device, dtype, lr):
     model = copy.deepcopy(model).to(device=device, dtype=dtype)
     model.set_attn_implementation(impl)
     model.train()
@@ -94,10 +108,18 @@ def run(arch, args):
     data = batches(corpus(), args.steps, args.batch, args.seq, args.seed)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     runs = [train(model, impl, data, args.device, dtype, args.lr) for impl in (flhf.NAME, ref_impl)]
+    if args.baseline:  # the reference again with the GEMMs' reduction rounding flipped: the noise floor
+        flip = not torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        runs.append(train(model, ref_impl, data, args.device, dtype, args.lr, reduced_precision_reduction=flip))
+        runs[-1]["impl"] = ref_impl + " (GEMM reduction rounding flipped)"
     final = [sum(r["losses"][-args.average:]) / len(r["losses"][-args.average:]) for r in runs]
-    return dict(arch=arch, reference=ref_impl, params=sum(p.numel() for p in model.parameters()),
-                runs=runs, final_loss_flite=final[0], final_loss_reference=final[1],
-                final_loss_rel_diff=abs(final[0] - final[1]) / final[1])
+    res = dict(arch=arch, reference=ref_impl, params=sum(p.numel() for p in model.parameters()),
+               runs=runs, final_loss_flite=final[0], final_loss_reference=final[1],
+               final_loss_rel_diff=abs(final[0] - final[1]) / final[1])
+    if args.baseline:
+        res["final_loss_baseline"] = final[2]
+        res["final_loss_baseline_rel_diff"] = abs(final[2] - final[1]) / final[1]
+    return res
 
 
 def main(argv=None):
@@ -110,8 +132,10 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--average", type=int, default=20, help="final loss: mean of the last N steps")
+    ap.add_argument("--average", type=int, default=50, help="final loss: mean of the last N steps")
     ap.add_argument("--tiny", action="store_true", help="2-layer width-128 models (CI)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="a third run: the reference with its GEMM reduction rounding flipped (the noise floor)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="write the loss curves here (PNG, needs matplotlib)")
     ap.add_argument("--commit", default=None)
@@ -122,6 +146,7 @@ def main(argv=None):
     for r in results:
         print(f"{r['arch']:8s} {r['params'] / 1e6:6.1f}M params  final loss flite {r['final_loss_flite']:.4f}  "
               f"{r['reference']} {r['final_loss_reference']:.4f}  rel diff {r['final_loss_rel_diff']:.2%}  "
+              + (f"(noise floor {r['final_loss_baseline_rel_diff']:.2%})  " if "final_loss_baseline" in r else "")
               + "  ".join(f"{x['impl']} {x['tokens_per_s'] or 0:,.0f} tok/s"
                           + (f" {x['peak_memory_mib']:,.0f} MiB" if x["peak_memory_mib"] else "") for x in r["runs"]))
     out = dict(benchmark="train", device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
