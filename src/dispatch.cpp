@@ -13,6 +13,8 @@
 
 namespace flashlite {
 
+using namespace checks;
+
 const char* backend_name(Backend backend) {
   switch (backend) {
     case Backend::automatic: return "auto";
@@ -33,64 +35,6 @@ Backend parse_backend(const std::string& name) {
 }
 
 namespace {
-
-[[noreturn]] void fail(const std::string& msg) { throw Error(ErrorKind::invalid_value, msg); }
-[[noreturn]] void fail_type(const std::string& msg) { throw Error(ErrorKind::invalid_type, msg); }
-
-bool is_float_dtype(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
-
-void check_rank(const TensorView& t, const char* name, int rank, const char* layout) {
-  if (t.rank != rank) {
-    fail(std::string(name) + " has rank " + std::to_string(t.rank) + " (shape " + t.shape_string() +
-         "); expected rank " + std::to_string(rank) + " " + layout);
-  }
-}
-
-void check_dim(const TensorView& t, const char* name, int dim, int64_t expected, const char* what) {
-  if (t.shape[dim] != expected) {
-    fail(std::string(name) + " has " + what + " " + std::to_string(t.shape[dim]) + " (shape " + t.shape_string() +
-         "); expected " + std::to_string(expected));
-  }
-}
-
-BSHStrides bsh_strides(const TensorView& t, const char* name) {
-  // A tensor without elements is never read or written: any strides (numpy reports all-zero strides for them).
-  if (t.shape[3] > 1 && t.strides[3] != 1 && t.numel() > 0) {
-    fail(std::string(name) + " has head_dim stride " + std::to_string(t.strides[3]) + "; expected 1 (head_dim contiguous)");
-  }
-  return {t.strides[0], t.strides[1], t.strides[2]};
-}
-
-struct ByteRange {
-  uintptr_t lo, hi;
-};
-
-ByteRange byte_range(const TensorView& t) {
-  int64_t lo = 0, hi = 0;
-  for (int i = 0; i < t.rank; ++i) {
-    if (t.shape[i] == 0) return {0, 0};
-    const int64_t ext = (t.shape[i] - 1) * t.strides[i];
-    (ext < 0 ? lo : hi) += ext;
-  }
-  const auto base = reinterpret_cast<uintptr_t>(t.data);
-  return {base + uintptr_t(lo * int64_t(dtype_size(t.dtype))), base + uintptr_t((hi + 1) * int64_t(dtype_size(t.dtype)))};
-}
-
-void check_no_overlap(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
-  if (a.data == nullptr || b.data == nullptr || !(a.device == b.device)) return;
-  const ByteRange ra = byte_range(a), rb = byte_range(b);
-  if (ra.lo == ra.hi || rb.lo == rb.hi) return;
-  if (ra.lo < rb.hi && rb.lo < ra.hi) {
-    fail(std::string(a_name) + " overlaps " + b_name + " in memory; the output must not alias an input");
-  }
-}
-
-void check_device(const TensorView& t, const char* name, Device expected) {
-  if (!(t.device == expected)) {
-    fail(std::string(name) + " is on " + device_name(t.device) + " but q is on " + device_name(expected) +
-         "; all tensors must be on the same device");
-  }
-}
 
 const int32_t* check_cu_seqlens(const TensorView& t, const char* name, int64_t batch, int64_t rows) {
   if (t.dtype != DType::i32) fail_type(std::string(name) + " has dtype " + dtype_name(t.dtype) + "; expected int32");
@@ -452,5 +396,7 @@ void forward(const TensorView& q, const TensorView& k, const TensorView& v, cons
   args.stream = stream;
   forward(args);
 }
+
+AttentionProblem validate_forward(const ForwardArgs& args) { return validate(args); }
 
 }  // namespace flashlite

@@ -147,3 +147,43 @@ def reference(q, k, v, **kwargs):
     lse64 = np.full(_lse_shape(q), np.nan, dtype=np.float64)
     _native(_C.reference_f64, "flashlite.reference", lib, arrays, stream=0, out64=out64, lse64=lse64, **opts)
     return out64, lse64
+
+
+def attention_backward(q, k, v, out, lse, dout, *, dlse=None, causal=False, scale=None, window=(-1, -1),
+                       sink_tokens=0, sink_logits=None, softcap=0.0, cu_seqlens_q=None, cu_seqlens_k=None,
+                       backend="auto", deterministic=False):
+    """The gradients (dq, dk, dv, dsink_logits) of attention() for numpy / cupy (and torch) arrays, for callers that
+    run their own autograd: q, k, v and the options of the forward call, its out and lse (return_lse=True), and dout
+    (and dlse) the loss's gradients with respect to them. dsink_logits is None without sink_logits. torch users need
+    not call this: flashlite.attention is differentiable."""
+    lib = _library(q)
+    _same_library(lib, k, v, out, sink_logits)
+    why = f" (q is a {_check.ARRAY[lib]}: pass arrays of one library)"
+    _check.require(lse, "lse", lib, why)
+    _check.require(dout, "dout", lib, why)
+    _check.require(dlse, "dlse", lib, why, optional=True)
+    opts = _options(causal, scale, window, sink_tokens, softcap, backend)
+    deterministic = _args.flag(deterministic, "deterministic")
+    cu_q, cu_k = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), _cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
+    if lib == "torch":
+        from . import _torch_ops
+        o = opts
+        return _torch_ops._run_backward(q, k, v, out, lse, dout, dlse, sink_logits, cu_q, cu_k, o["causal"],
+                                        o["scale"], o["window_left"], o["window_right"], o["sink_tokens"],
+                                        o["softcap"], o["backend"], deterministic)
+    if lib == "numpy":
+        import numpy as xp
+        stream = 0
+    else:
+        import cupy as xp
+        stream = xp.cuda.get_current_stream().ptr
+    dq, dk, dv = xp.empty(q.shape, q.dtype), xp.empty(k.shape, k.dtype), xp.empty(v.shape, v.dtype)
+    dsink = None if sink_logits is None else xp.empty(sink_logits.shape, xp.float32)
+    try:
+        _C.backward(q, k, v, out, lse, dout, dlse, dq, dk, dv, dsink, sink_logits, cu_q, cu_k, stream=stream,
+                    deterministic=deterministic, **opts)
+    except (TypeError, ValueError, BufferError) as err:
+        _check.explain(err, "flashlite.attention_backward", lib,
+                       _native_args(q, k, v, out, lse, sink_logits, cu_q, cu_k))
+        raise
+    return dq, dk, dv, dsink

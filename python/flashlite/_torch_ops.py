@@ -94,41 +94,73 @@ def _attention_out_fake(q, k, v, out, sink_logits, cu_seqlens_q, cu_seqlens_k, c
     return q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
-# Forward only, for now. The op gets an autograd formula anyway, so that .backward() names flashlite instead of
-# torch's generic "no autograd formula was registered", and torch.compile can trace a graph whose inputs require grad
-# (the forward runs; the backward raises when it runs). The error comes from an op of its own whose fake
-# implementation has the gradients' shapes: a backward that raised while AOTAutograd traces the joint graph would
-# fail the compile of the forward itself.
-BACKWARD_ERROR = ("flashlite.attention is forward-only: its backward is not implemented yet, so gradients cannot flow "
-                  "through it to q, k, v or sink_logits. Run it under torch.no_grad() / torch.inference_mode() or on "
-                  "detached inputs; to train, use torch.nn.functional.scaled_dot_product_attention.")
+def _run_backward(q, k, v, out, lse, dout, dlse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, scale,
+                  window_left, window_right, sink_tokens, softcap, backend, deterministic):
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dsink = None if sink_logits is None else torch.empty(sink_logits.shape, dtype=torch.float32, device=q.device)
+    if q.is_cuda:
+        stream, device = _current_stream(q.device), q.device
+
+        def allocate(nbytes):  # the CUDA backward's scratch, from torch's caching allocator
+            return _dl(torch.empty(nbytes, dtype=torch.uint8, device=device))
+    else:
+        stream, allocate = 0, None
+    try:
+        _C.backward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dout), _dl(dlse), _dl(dq), _dl(dk), _dl(dv),
+                    _dl(dsink), _dl(sink_logits), _dl(cu_seqlens_q), _dl(cu_seqlens_k), causal=causal, scale=scale,
+                    window_left=window_left, window_right=window_right, sink_tokens=sink_tokens, softcap=softcap,
+                    backend=backend, stream=stream, deterministic=deterministic, allocate=allocate)
+    except (TypeError, ValueError, BufferError, RuntimeError) as err:
+        _check.explain(err, "flashlite.attention (backward)", "torch",
+                       _native_args(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k))
+        raise
+    return dq, dk, dv, dsink
 
 
-@torch.library.custom_op("flashlite::attention_backward_unimplemented", mutates_args=())
-def backward_unimplemented_op(grad_out: Tensor, k_shape: List[int],
-                              v_shape: List[int]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Stands where flashlite::attention's backward will be: raises NotImplementedError (a RuntimeError) naming
-    flashlite. Its fake implementation gives (dq, dk, dv, dsink_logits) of the right shapes, for tracing."""
-    raise NotImplementedError(BACKWARD_ERROR)
+@torch.library.custom_op("flashlite::attention_backward", mutates_args=())
+def attention_backward_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor,
+                          dlse: Optional[Tensor], sink_logits: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+                          cu_seqlens_k: Optional[Tensor], causal: bool, scale: Optional[float], window_left: int,
+                          window_right: int, sink_tokens: int, softcap: float,
+                          backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dsink_logits) of flashlite::attention for the gradients dout (and dlse) of its outputs;
+    dsink_logits is empty without sink logits (an op cannot return None)."""
+    dq, dk, dv, dsink = _run_backward(q, k, v, out, lse, dout.contiguous(), dlse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal,
+                         scale, window_left, window_right, sink_tokens, softcap, backend, False)
+    return dq, dk, dv, q.new_empty((0,), dtype=torch.float32) if dsink is None else dsink
 
 
-@backward_unimplemented_op.register_fake
-def _backward_unimplemented_fake(grad_out, k_shape, v_shape):
-    return (torch.empty_like(grad_out), grad_out.new_empty(k_shape), grad_out.new_empty(v_shape),
-            grad_out.new_empty((grad_out.shape[2],), dtype=torch.float32))
+@attention_backward_op.register_fake
+def _attention_backward_fake(q, k, v, out, lse, dout, dlse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, scale,
+                             window_left, window_right, sink_tokens, softcap, backend):
+    dsink = q.new_empty((0,) if sink_logits is None else sink_logits.shape, dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsink
 
 
 def _attention_setup_context(ctx, inputs, output):
-    _, k, v, sink_logits = inputs[:4]  # shapes only: nothing is kept alive for a backward that cannot run
-    ctx.k_shape, ctx.v_shape, ctx.has_sink_logits = list(k.shape), list(v.shape), sink_logits is not None
+    q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k = inputs[:6]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k)
+    ctx.options = inputs[6:]  # causal, scale, window_left, window_right, sink_tokens, softcap, backend
 
 
 def _attention_backward(ctx, grad_out, grad_lse):
-    dq, dk, dv, dsink = backward_unimplemented_op(grad_out, ctx.k_shape, ctx.v_shape)
-    return (dq, dk, dv, dsink if ctx.has_sink_logits else None) + (None,) * 9
+    q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    if grad_out is None:  # only lse was used
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv, dsink = attention_backward_op(q, k, v, out, lse, grad_out, grad_lse, sink_logits, cu_seqlens_q,
+                                              cu_seqlens_k, *ctx.options)
+    return (dq, dk, dv, dsink if ctx.needs_input_grad[3] and sink_logits is not None else None) + (None,) * 9
 
 
 attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+
+# flashlite.decode / prefill and attention(out=...) stay forward-only.
+BACKWARD_ERROR = ("is forward-only: gradients cannot flow through it. Run it under torch.no_grad() / "
+                  "torch.inference_mode() or on detached inputs; to train, call flashlite.attention (without out=), "
+                  "which is differentiable.")
 
 
 def needs_grad(*tensors):
@@ -148,7 +180,7 @@ class _ForwardOnly(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        raise NotImplementedError(BACKWARD_ERROR.replace("flashlite.attention", ctx.what))
+        raise NotImplementedError(f"{ctx.what} {BACKWARD_ERROR}")
 
 
 def forward_only(what, run, *tensors):
@@ -161,7 +193,7 @@ def _check_no_grad_for_out(q, k, v, sink_logits):
     way): with grad mode on and an input that requires grad, say so rather than return a result without a grad_fn."""
     if needs_grad(q, k, v, sink_logits):
         raise RuntimeError("flashlite.attention(out=...) does not support automatic differentiation, but an input "
-                           "requires grad. " + BACKWARD_ERROR)
+                           "requires grad: flashlite.attention(out=...) " + BACKWARD_ERROR)
 
 
 def _as_tensor(x, name):
@@ -189,8 +221,9 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
     """flashlite.attention for torch tensors, written so torch.compile traces it whole (fullgraph=True): it only
     checks argument types and calls the custom ops torch.ops.flashlite.attention / attention_out -- or, in eager
     mode with nothing for autograd to record, the same kernel call directly (the op's dispatch costs more host time
-    than the kernel at decode sizes). Forward-only: when an input requires grad the result comes from the op, whose
-    backward raises NotImplementedError (BACKWARD_ERROR); out= with such inputs raises RuntimeError at once."""
+    than the kernel at decode sizes). Differentiable: when an input requires grad the result comes from the op, whose
+    autograd formula runs flashlite's backward (gradients for q, k, v and sink_logits); out= with such inputs raises
+    RuntimeError at once (autograd cannot record a write into a caller's tensor)."""
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} is a {_check.typename(t)}; expected a torch.Tensor (pass tensors of one "
@@ -216,8 +249,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
 
 def _eager_ok(q, k, v, sink_logits):
     """Whether calling the kernel directly is exactly what the custom op would do: not while torch.compile traces
-    (it must see the op), and not when autograd would have to record it (the op's result carries the grad_fn whose
-    backward says that flashlite is forward-only)."""
+    (it must see the op), and not when autograd would have to record it (the op carries the autograd formula)."""
     if torch.compiler.is_compiling():
         return False
     if needs_grad(q, k, v, sink_logits):

@@ -13,7 +13,7 @@ register() adds the name to transformers' AttentionInterface (the attention func
 Prefill and decode both run flashlite's fused forward (torch.ops.flashlite.attention): transformers' caches hand the
 attention function the whole K/V, and one query with the bottom-right causal mask is a decode step. sliding_window
 (HF counts the query's own key: window_left = sliding_window - 1), softcap and gpt-oss's attention sinks (s_aux, as
-sink_logits) pass through. Forward only: a backward through the model raises NotImplementedError naming flashlite.
+sink_logits) pass through. Differentiable: a model on "flite" trains (the sinks get their gradient too).
 
 Masks. No mask means SDPA's is_causal semantics (when there are more keys than queries, which only happens for a
 prefill into an empty StaticCache, the keys past the queries are slots not yet written and are dropped). A 4-D mask

@@ -361,8 +361,8 @@ def _grad_guard(what, q, cache, sink_logits, out, call):
     if not _torch_ops.needs_grad(q, cache.k, cache.v, sink_logits):
         return None
     if out is not None:
-        raise RuntimeError(f"{what}(out=...) does not support automatic differentiation, but an input requires grad. "
-                           + _torch_ops.BACKWARD_ERROR.replace("flashlite.attention", what))
+        raise RuntimeError(f"{what}(out=...) does not support automatic differentiation, but an input requires grad: "
+                           f"{what} {_torch_ops.BACKWARD_ERROR}")
     return _torch_ops.forward_only(what, call, q, cache.k, cache.v, sink_logits)
 
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "flashlite/attention.h"
+#include "flashlite/backward.h"
 #include "flashlite/errors.h"
 #include "flashlite/tensor.h"
 #include "flashlite/version.h"
@@ -92,6 +93,47 @@ void py_forward(FL_PY_PARAMS, const std::optional<OutArray>& workspace, nb::obje
   forward(a);
 }
 
+// The backward of one call: the forward's arguments (q, k, v, out, lse, options) plus dout (and dlse) in, dq, dk, dv
+// (and dsink_logits) written in place. Scratch memory as py_forward's.
+void py_backward(const InArray& q, const InArray& k, const InArray& v, const InArray& out, const InArray& lse,
+                 const InArray& dout, const std::optional<InArray>& dlse, const OutArray& dq, const OutArray& dk,
+                 const OutArray& dv, const std::optional<OutArray>& dsink_logits,
+                 const std::optional<InArray>& sink_logits, const std::optional<InArray>& cu_seqlens_q,
+                 const std::optional<InArray>& cu_seqlens_k, bool causal, std::optional<double> scale, int window_left,
+                 int window_right, int sink_tokens, double softcap, const std::string& backend, uintptr_t stream,
+                 bool deterministic, nb::object allocate) {
+  BackwardArgs a;
+  a.q = to_view(q, "q");
+  a.k = to_view(k, "k");
+  a.v = to_view(v, "v");
+  a.out = to_view(out, "out");
+  a.lse = to_view(lse, "lse");
+  a.dout = to_view(dout, "dout");
+  a.dlse = opt_view(dlse, "dlse");
+  a.dq = to_view(dq, "dq");
+  a.dk = to_view(dk, "dk");
+  a.dv = to_view(dv, "dv");
+  a.dsink_logits = opt_view(dsink_logits, "dsink_logits");
+  a.options = py::mask_options(causal, scale, window_left, window_right, sink_tokens, softcap);
+  a.options.sink_logits = opt_view(sink_logits, "sink_logits");
+  a.options.cu_seqlens_q = opt_view(cu_seqlens_q, "cu_seqlens_q");
+  a.options.cu_seqlens_k = opt_view(cu_seqlens_k, "cu_seqlens_k");
+  a.backend = parse_backend(backend);
+  a.stream = reinterpret_cast<void*>(stream);
+  a.deterministic = deterministic;
+  std::optional<OutArray> allocated;  // keeps an allocated workspace alive until the launches are queued
+  if (!allocate.is_none()) {
+    const size_t bytes = backward_workspace_bytes(a);
+    if (bytes > 0) {
+      allocated = nb::cast<OutArray>(allocate(bytes));
+      a.workspace = allocated->data();
+      a.workspace_bytes = allocated->nbytes();
+    }
+  }
+  nb::gil_scoped_release release;
+  backward(a);
+}
+
 void translate(const std::exception_ptr& p, void*) {
   try {
     std::rethrow_exception(p);
@@ -151,5 +193,12 @@ NB_MODULE(_C, m) {
       },
       FL_PY_ARG_NAMES, nb::arg("out64"), nb::arg("lse64").none(),
       "The float64 oracle on CPU arrays: writes contiguous out64 shaped like q and lse64 [batch, q_heads, seq_q].");
+  m.def("backward", &py_backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
+        nb::arg("dout"), nb::arg("dlse").none(), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
+        nb::arg("dsink_logits").none(), nb::arg("sink_logits").none(), nb::arg("cu_seqlens_q").none(),
+        nb::arg("cu_seqlens_k").none(), nb::arg("causal"), nb::arg("scale").none(), nb::arg("window_left"),
+        nb::arg("window_right"), nb::arg("sink_tokens"), nb::arg("softcap"), nb::arg("backend"), nb::arg("stream"),
+        nb::arg("deterministic") = false, nb::arg("allocate").none() = nb::none(),
+        "Validates the arguments and runs flashlite::backward, writing dq, dk, dv (and dsink_logits) in place.");
   py::bind_kv(m);
 }

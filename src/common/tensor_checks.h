@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/problem.h"
 #include "flashlite/errors.h"
 #include "flashlite/tensor.h"
 
@@ -45,4 +46,67 @@ inline void check_not_broadcast(const TensorView& t, const std::string& name) {
   }
 }
 
+// Checks of the forward and backward validators (src/dispatch.cpp, src/backward/api.cpp); a namespace of their own
+// so that files with local helpers of these names (src/kv/*_validate.cpp) do not see two.
+namespace checks {
+
+[[noreturn]] inline void fail(const std::string& msg) { throw Error(ErrorKind::invalid_value, msg); }
+[[noreturn]] inline void fail_type(const std::string& msg) { throw Error(ErrorKind::invalid_type, msg); }
+
+inline bool is_float_dtype(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
+
+inline void check_rank(const TensorView& t, const char* name, int rank, const char* layout) {
+  if (t.rank != rank) {
+    fail(std::string(name) + " has rank " + std::to_string(t.rank) + " (shape " + t.shape_string() +
+         "); expected rank " + std::to_string(rank) + " " + layout);
+  }
+}
+
+inline void check_dim(const TensorView& t, const char* name, int dim, int64_t expected, const char* what) {
+  if (t.shape[dim] != expected) {
+    fail(std::string(name) + " has " + what + " " + std::to_string(t.shape[dim]) + " (shape " + t.shape_string() +
+         "); expected " + std::to_string(expected));
+  }
+}
+
+inline BSHStrides bsh_strides(const TensorView& t, const char* name) {
+  // A tensor without elements is never read or written: any strides (numpy reports all-zero strides for them).
+  if (t.shape[3] > 1 && t.strides[3] != 1 && t.numel() > 0) {
+    fail(std::string(name) + " has head_dim stride " + std::to_string(t.strides[3]) + "; expected 1 (head_dim contiguous)");
+  }
+  return {t.strides[0], t.strides[1], t.strides[2]};
+}
+
+struct ByteRange {
+  uintptr_t lo, hi;
+};
+
+inline ByteRange byte_range(const TensorView& t) {
+  int64_t lo = 0, hi = 0;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] == 0) return {0, 0};
+    const int64_t ext = (t.shape[i] - 1) * t.strides[i];
+    (ext < 0 ? lo : hi) += ext;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  return {base + uintptr_t(lo * int64_t(dtype_size(t.dtype))), base + uintptr_t((hi + 1) * int64_t(dtype_size(t.dtype)))};
+}
+
+inline void check_no_overlap(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
+  if (a.data == nullptr || b.data == nullptr || !(a.device == b.device)) return;
+  const ByteRange ra = byte_range(a), rb = byte_range(b);
+  if (ra.lo == ra.hi || rb.lo == rb.hi) return;
+  if (ra.lo < rb.hi && rb.lo < ra.hi) {
+    fail(std::string(a_name) + " overlaps " + b_name + " in memory; the output must not alias an input");
+  }
+}
+
+inline void check_device(const TensorView& t, const char* name, Device expected) {
+  if (!(t.device == expected)) {
+    fail(std::string(name) + " is on " + device_name(t.device) + " but q is on " + device_name(expected) +
+         "; all tensors must be on the same device");
+  }
+}
+
+}  // namespace checks
 }  // namespace flashlite

@@ -1,8 +1,8 @@
 """The torch side on the CPU (skips without torch): custom ops (opcheck: schema, fake tensors, AOT dispatch),
 torch.compile tracing (aot_eager, and inductor with fullgraph=True), SDPA semantics of
-flashlite.torch.scaled_dot_product_attention and its errors, and forward-only autograd: .backward() through
-flashlite.attention, the SDPA drop-in, a compiled graph, decode and prefill raises NotImplementedError naming flashlite,
-out= with inputs that require grad raises at once, and nothing comes back silently detached."""
+flashlite.torch.scaled_dot_product_attention and its errors, and where autograd cannot go: decode and prefill are
+forward-only (their backward raises NotImplementedError naming them), out= with inputs that require grad raises at
+once, and nothing comes back silently detached. The gradients themselves: test_py_backward.py."""
 import numpy as np
 import pytest
 
@@ -106,49 +106,7 @@ def test_errors_from_the_op():
         flashlite.attention(q, np.zeros((1, 8, 2, 64), np.float32), v)
 
 
-# Forward only: every way to reach flashlite's output with an input that requires grad either records a grad_fn whose
-# backward names flashlite and says the backward is missing, or refuses at once (out=). Never a result without a
-# grad_fn (a silent detach), never torch's generic "no autograd formula was registered".
-BACKWARD_MSG = "flashlite.attention is forward-only: its backward is not implemented yet"
-
-
-def _grad_inputs(which):
-    q, k, v = _inputs(1, 12, 12, 4, 2, 32, seed=3)
-    sinks = torch.randn(4)
-    tensors = dict(q=q, k=k, v=v, sink_logits=sinks)
-    tensors[which].requires_grad_()
-    return tensors
-
-
-@pytest.mark.parametrize("which", ["q", "k", "v", "sink_logits"])
-def test_backward_says_forward_only(which):
-    t = _grad_inputs(which)
-    out, lse = flashlite.attention(t["q"], t["k"], t["v"], causal=True, sink_logits=t["sink_logits"], return_lse=True)
-    assert out.grad_fn is not None and out.requires_grad  # recorded through the custom op, not silently detached
-    with torch.no_grad():
-        want = flashlite.attention(t["q"], t["k"], t["v"], causal=True, sink_logits=t["sink_logits"])
-    torch.testing.assert_close(out.detach(), want, rtol=0, atol=0)
-    with pytest.raises(NotImplementedError, match=BACKWARD_MSG):
-        out.sum().backward()
-    with pytest.raises(NotImplementedError, match=BACKWARD_MSG):  # through the LSE too
-        torch.autograd.grad(lse.sum(), [t[which]])
-
-
-def test_backward_sdpa_dropin_says_forward_only():
-    q, k, v = _inputs(2, 9, 9, 4, 2, 32, seed=4)
-    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # SDPA layout [B, H, S, D]
-    y = fltorch.scaled_dot_product_attention(qt.requires_grad_(), kt, vt, is_causal=True, enable_gqa=True)
-    assert y.requires_grad
-    with pytest.raises(NotImplementedError, match=BACKWARD_MSG):
-        y.square().mean().backward()
-
-
-def test_backward_error_is_a_runtime_error():
-    """NotImplementedError is a RuntimeError: code that catches torch's usual RuntimeError still catches it."""
-    q, k, v = _inputs(1, 5, 5, 2, 2, 32)
-    out = flashlite.attention(q.requires_grad_(), k, v)
-    with pytest.raises(RuntimeError, match="flashlite.attention is forward-only"):
-        out.sum().backward()
+# Gradients are tested in test_py_backward.py; out= cannot be recorded by autograd and refuses at once.
 
 
 def test_out_argument_refuses_grad():
@@ -172,19 +130,6 @@ def test_no_grad_and_inference_mode_use_the_fast_path():
     assert a.grad_fn is None and not a.requires_grad and b.grad_fn is None
     torch.testing.assert_close(a, c, rtol=0, atol=0)
     torch.testing.assert_close(b, c, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_compile_with_grad_inputs_runs_forward_and_refuses_backward(backend):
-    """torch.compile(fullgraph=True) of a graph whose input requires grad: the forward compiles and runs (AOTAutograd
-    traces the joint graph through the backward's fake implementation); calling the backward raises the error."""
-    q, k, v = _inputs(1, 8, 8, 2, 2, 32, seed=6)
-    f = torch.compile(lambda q, k, v: fltorch.attention(q, k, v, causal=True) * 2.0, fullgraph=True, backend=backend)
-    y = f(q.requires_grad_(), k, v)
-    assert y.requires_grad
-    torch.testing.assert_close(y.detach(), 2.0 * flashlite.attention(q.detach(), k, v, causal=True))
-    with pytest.raises(NotImplementedError, match=BACKWARD_MSG):
-        y.sum().backward()
 
 
 def test_compile_inductor_cpu_fullgraph():

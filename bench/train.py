@@ -1,0 +1,179 @@
+"""Training runs with flashlite's attention against the reference implementation, same seed, same data order.
+
+Two small transformers models, byte-level (vocabulary 256) on real English text: the Python reference documentation
+that ships with Python itself (pydoc_data.topics, ~465 KB; nothing downloaded):
+  - llama:   LlamaForCausalLM, GQA (8 query / 2 kv heads), against attn_implementation="sdpa";
+  - gpt_oss: GptOssForCausalLM (alternating sliding-window and full layers, learned per-head sinks, 4 small experts),
+             against transformers' own "eager" attention (the one that implements its sinks).
+Each model is built once from a seed; both runs start from copies of it and see the same batches. Per step: the loss;
+per run: tokens/s (after warm-up) and peak GPU memory. Writes JSON (and a PNG of the curves with --plot).
+
+    python3 bench/train.py --device cuda --dtype bf16 --steps 500 --json bench/results/<gpu>/train.json --plot ...
+    python3 bench/train.py --device cpu --dtype fp32 --steps 8 --tiny          # what CI's test runs
+"""
+import argparse
+import copy
+import json
+import subprocess
+import sys
+import time
+
+import torch
+import transformers
+
+import flashlite.hf as flhf
+
+
+def corpus():
+    import pydoc_data.topics as topics
+    return "".join(topics.topics[k] for k in sorted(topics.topics)).encode("utf-8")
+
+
+def batches(data, steps, batch, seq, seed):
+    """steps batches of [batch, seq + 1] byte ids, random windows of the corpus in a fixed order."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+    starts = torch.randint(0, len(ids) - seq - 1, (steps, batch), generator=g)
+    return [torch.stack([ids[s:s + seq + 1] for s in row.tolist()]) for row in starts]
+
+
+def config(arch, tiny):
+    width = dict(hidden_size=128 if tiny else 512, intermediate_size=256 if tiny else 1536,
+                 num_hidden_layers=2 if tiny else 6, num_attention_heads=8, num_key_value_heads=2,
+                 head_dim=16 if tiny else 64, vocab_size=256, max_position_embeddings=4096, initializer_range=0.02)
+    if arch == "llama":
+        return transformers.LlamaConfig(**width), transformers.LlamaForCausalLM, "sdpa"
+    cfg = transformers.GptOssConfig(**width, sliding_window=32 if tiny else 128, num_local_experts=4,
+                                    num_experts_per_tok=2)
+    return cfg, transformers.GptOssForCausalLM, "eager"
+
+
+# The noise floor: another exact attention of transformers against the reference (llama: eager against sdpa; gpt-oss
+# has one implementation with sinks, eager, so sdpa -- which transformers runs without them -- cannot serve).
+BASELINE = {"llama": "eager"}
+
+
+def train(model, impl, data, device, dtype, lr):
+    model = copy.deepcopy(model).to(device=device, dtype=dtype)
+    model.set_attn_implementation(impl)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    losses, t_start, tokens = [], None, 0
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for step, b in enumerate(data):
+        if step == 2:  # after warm-up (allocator, kernels' first launches)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t_start = time.perf_counter()
+        b = b.to(device)
+        loss = _loss(model, b)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if step >= 2:
+            tokens += b[:, :-1].numel()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t_start if t_start else float("nan")
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
+    return dict(impl=impl, losses=losses, tokens_per_s=tokens / seconds if tokens else None,
+                peak_memory_mib=peak)
+
+
+def _loss(model, b):
+    logits = model(b[:, :-1]).logits.float()
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), b[:, 1:].reshape(-1))
+
+
+def run(arch, args):
+    cfg, cls, ref_impl = config(arch, args.tiny)
+    torch.manual_seed(args.seed)
+    model = cls(cfg)
+    if arch == "gpt_oss":  # sinks away from zero so that they matter from the first step
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 1.0)
+    data = batches(corpus(), args.steps, args.batch, args.seq, args.seed)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    runs = [train(model, impl, data, args.device, dtype, args.lr) for impl in (flhf.NAME, ref_impl)]
+    if args.baseline and arch in BASELINE:  # another exact implementation against the reference: the noise floor of the comparison
+        runs.append(train(model, BASELINE[arch], data, args.device, dtype, args.lr))
+    final = [sum(r["losses"][-args.average:]) / len(r["losses"][-args.average:]) for r in runs]
+    res = dict(arch=arch, reference=ref_impl, params=sum(p.numel() for p in model.parameters()),
+               runs=runs, final_loss_flite=final[0], final_loss_reference=final[1],
+               final_loss_rel_diff=abs(final[0] - final[1]) / final[1])
+    if len(final) > 2:
+        res["final_loss_baseline"] = final[2]
+        res["final_loss_baseline_rel_diff"] = abs(final[2] - final[1]) / final[1]
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", choices=["llama", "gpt_oss", "both"], default="both")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="bf16")
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--average", type=int, default=50, help="final loss: mean of the last N steps")
+    ap.add_argument("--tiny", action="store_true", help="2-layer width-128 models (CI)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="llama only: a third run with transformers' eager attention (the noise floor)")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--plot", help="write the loss curves here (PNG, needs matplotlib)")
+    ap.add_argument("--commit", default=None)
+    args = ap.parse_args(argv)
+    flhf.register()
+    archs = ["llama", "gpt_oss"] if args.arch == "both" else [args.arch]
+    results = [run(a, args) for a in archs]
+    for r in results:
+        print(f"{r['arch']:8s} {r['params'] / 1e6:6.1f}M params  final loss flite {r['final_loss_flite']:.4f}  "
+              f"{r['reference']} {r['final_loss_reference']:.4f}  rel diff {r['final_loss_rel_diff']:.2%}  "
+              + (f"(noise floor {r['final_loss_baseline_rel_diff']:.2%})  " if "final_loss_baseline" in r else "")
+              + "  ".join(f"{x['impl']} {x['tokens_per_s'] or 0:,.0f} tok/s"
+                          + (f" {x['peak_memory_mib']:,.0f} MiB" if x["peak_memory_mib"] else "") for x in r["runs"]))
+    out = dict(benchmark="train", device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+               torch=torch.__version__, transformers=transformers.__version__, commit=args.commit or _commit(),
+               dtype=args.dtype, steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, seed=args.seed,
+               data="pydoc_data.topics (Python's reference documentation), bytes", results=results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if args.plot:
+        _plot(out, args.plot)
+    return out
+
+
+def _commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _plot(out, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(out["results"]), figsize=(6 * len(out["results"]), 4), squeeze=False)
+    for ax, r in zip(axes[0], out["results"]):
+        for run_ in r["runs"]:
+            ax.plot(run_["losses"], label=run_["impl"], lw=1)
+        ax.set_title(f"{r['arch']} ({r['params'] / 1e6:.0f}M, {out['dtype']}, {out['device']})")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.set_ylim(top=min(6.0, max(max(x["losses"]) for x in r["runs"])))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

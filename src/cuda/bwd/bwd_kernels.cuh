@@ -1,0 +1,516 @@
+#pragma once
+// The CUDA backward on tensor cores (FlashAttention-2's backward), fp16 / bf16, sm_80 and newer (mma.sync m16n8k16,
+// fp32 accumulation). Four steps on one stream, no atomics anywhere, so every run gives the same bits:
+//
+//   bwd_delta_kernel  D_i = dout_i . out_i (fp32; less dlse_i when given), one warp per (tensor row, q head), into
+//                     the workspace
+//   bwd_dkdv_kernel   one block per (sequence, kv head, key block of kBlockN keys): K and V of the block in shared
+//                     memory; for every q head of the GQA group and every q block that can see the keys (q blocks the
+//                     mask hides are skipped), Q, dO, L and D of the q block into shared memory (two stages: the
+//                     next q block's copies fly while this one is computed), then per warp (16 keys):
+//                     S^T = K Q^T, dP^T = V dO^T, P^T = exp2(S^T scale log2e - L log2e) (softcap through the tanh),
+//                     dS^T = P^T (dP^T - D) (times 1 - tanh^2), dV += P^T dO, dK += dS^T Q; dK scaled once at the end
+//   bwd_dq_kernel     one block per (sequence, q head, q block of kBlockM rows): Q and dO in shared memory, the key
+//                     blocks it sees (KeyTiles, as the forward) through two K/V stages, the same recompute per warp
+//                     (16 rows), dQ += dS K; and the block's share of dsink = -sum_i exp(sink_h - L_i) D_i into its
+//                     workspace slot
+//   bwd_dsink_kernel  (launch.cu) per q head, the slots summed in a fixed order (float64) into dsink_logits
+//
+// Masked entries (and rows / keys past a sequence, which are zero-filled in shared memory and never read from
+// global memory) get P = 0 and dS = 0; a row with LSE -inf (no visible key, no sink) gets P = 0.
+#include <cuda_runtime.h>
+
+#include "cuda/bwd/bwd_params.h"
+#include "cuda/common/dtype.cuh"
+#include "cuda/fwd/fwd_common.cuh"
+#include "cuda/fwd/fwd_mma.cuh"  // load_tile
+#include "cuda/fwd/row_mask.h"
+
+namespace flashlite::cuda_bwd {
+
+using cuda_fwd::KeyTiles;
+using cuda_fwd::kLog2e;
+using cuda_fwd::RowKeys;
+
+template <int D_>
+struct BwdTile {
+  static constexpr int D = D_, BM = kBlockM, BN = kBlockN, WARPS = kWarps;
+  static constexpr int THREADS = WARPS * 32;
+  static constexpr int LD = D + 8;   // smem row stride (elements): 16-byte pad, conflict-free ldmatrix
+  static constexpr int CPR = D / 8;  // 16-byte chunks per row (load_tile's contract)
+  static constexpr int KD = D / 16;  // k16 steps over head_dim
+  static constexpr int ND = D / 8;   // n8 tiles over head_dim
+  static constexpr int TILE_M_BYTES = BM * LD * 2;
+  static constexpr int TILE_N_BYTES = BN * LD * 2;
+  // Per query row of a dK/dV stage: L log2e, D, the visible key interval (lo, hi, sink end).
+  static constexpr int ROW_BYTES = BM * 5 * 4;
+  // dK/dV kernel: K, V, two stages of [Q, dO] and of the row terms. dQ kernel: Q, dO, two stages of [K, V], the
+  // dsink terms of the rows.
+  static constexpr int SMEM_DKDV = 2 * TILE_N_BYTES + 4 * TILE_M_BYTES + 2 * ROW_BYTES;
+  static constexpr int SMEM_DQ = 2 * TILE_M_BYTES + 4 * TILE_N_BYTES + BM * 4;
+  static_assert(BM == WARPS * 16 && BN == WARPS * 16, "each warp owns 16 rows of its tile");
+  static_assert(D % 16 == 0, "head_dim is a multiple of 16");
+};
+
+// One sequence's lengths and first rows in the tensors.
+struct SeqInfo {
+  int sq, sk;
+  int64_t q_row0, k_row0, tb;
+};
+
+__device__ __forceinline__ SeqInfo seq_info(const BwdParams& p, int b) {
+  if (p.cu_q) return {p.cu_q[b + 1] - p.cu_q[b], p.cu_k[b + 1] - p.cu_k[b], p.cu_q[b], p.cu_k[b], 0};
+  return {p.seq_q, p.seq_k, 0, 0, b};
+}
+
+// Whether query rows [i0, i1) may see any key of [j0, j1) (the inverse of the forward's tile skip; coarse: entries
+// inside it that the mask hides are masked per element).
+__device__ __forceinline__ bool q_block_sees_keys(const MaskParams& m, int i0, int i1, int j0, int j1, int sq,
+                                                  int sk) {
+  if (j0 < m.sink_tokens && j0 < causal_key_end(m, i1, sq, sk)) return true;
+  const KeyRange r = window_key_range(m, i0, i1, sq, sk);
+  return r.begin < j1 && j0 < r.end;
+}
+
+// Rows [row0, row0 + ROWS) of an smem tile (stride Cfg::LD) to global memory (row stride row_stride from g); rows at
+// or past `valid` are not written.
+template <class Cfg, int ROWS, class T>
+__device__ __forceinline__ void store_tile(const T* s, T* g, int64_t row_stride, int row0, int valid, bool vec) {
+  constexpr int CPR = Cfg::CPR, LD = Cfg::LD, CHUNKS = ROWS * CPR;
+  for (int c = int(threadIdx.x); c < CHUNKS; c += Cfg::THREADS) {
+    const int r = c / CPR, ch = c % CPR;
+    if (row0 + r >= valid) continue;
+    const uint4 val = *reinterpret_cast<const uint4*>(s + r * LD + ch * 8);
+    T* dst = g + int64_t(row0 + r) * row_stride + ch * 8;
+    if (vec) {
+      *reinterpret_cast<uint4*>(dst) = val;
+    } else {
+      const unsigned short* h = reinterpret_cast<const unsigned short*>(&val);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) reinterpret_cast<unsigned short*>(dst)[e] = h[e];
+    }
+  }
+}
+
+// An accumulator tile (16 rows per warp, ND n8 tiles, fp32) times `mult`, rounded to T into smem rows
+// [row0, row0 + 16) of a tile with stride LD.
+template <class T, int ND, int LD>
+__device__ __forceinline__ void stage_acc(T* s, const float (&acc)[ND][4], float mult, int row0, int g, int t) {
+#pragma unroll
+  for (int dn = 0; dn < ND; ++dn)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      *reinterpret_cast<uint32_t*>(s + (row0 + g + 8 * r) * LD + dn * 8 + 2 * t) =
+          cuda_fwd::pack2<T>(acc[dn][2 * r] * mult, acc[dn][2 * r + 1] * mult);
+    }
+}
+
+// P and dS of one score (raw dot product x, dot product dp of dout with v), given the row's L log2e and D.
+struct ProbGrad {
+  float p, ds;
+};
+__device__ __forceinline__ ProbGrad prob_grad(const BwdParams& p, float x, float dp, float l2, float delta,
+                                              bool visible) {
+  float logit2, dfac = 1.f;
+  if (p.softcap > 0.f) {
+    const float th = cuda_fwd::accurate_tanh(x * p.softcap_pre);
+    logit2 = th * p.softcap_post;
+    dfac = 1.f - th * th;
+  } else {
+    logit2 = x * p.scale_log2;
+  }
+  if (!visible) return {0.f, 0.f};
+  const float pr = cuda_fwd::fast_exp2(logit2 - l2);
+  return {pr, pr * (dp - delta) * dfac};
+}
+
+// Per-lane element offsets of the ldmatrix x4 addresses (m16n8k16 fragment layouts, as in fwd_mma.cuh):
+//   A operand from a row-major [m][k] tile, and B operand from a row-major [k][n] tile with .trans (two n8 tiles):
+//     rows (lane/8 % 2)*8 + lane%8, columns (lane/16)*8
+//   B operand from a row-major [n][k] tile (two n8 tiles): rows (lane/16)*8 + lane%8, columns (lane/8 % 2)*8
+__device__ __forceinline__ int lane_a(int lane, int ld) { return ((lane / 8 % 2) * 8 + lane % 8) * ld + (lane / 16) * 8; }
+__device__ __forceinline__ int lane_b(int lane, int ld) { return ((lane / 16) * 8 + lane % 8) * ld + (lane / 8 % 2) * 8; }
+
+// ------------------------------------------------------------------ D = dout . out
+
+template <class T>
+__global__ void bwd_delta_kernel(const __grid_constant__ BwdParams p) {
+  const int64_t item = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int64_t total = int64_t(p.tensor_batch) * p.rows_q * p.q_heads;
+  if (item >= total) return;
+  const int lane = int(threadIdx.x) % 32;
+  const int h = int(item % p.q_heads);
+  const int64_t r = (item / p.q_heads) % p.rows_q;
+  const int64_t tb = item / (int64_t(p.q_heads) * p.rows_q);
+  const T* o = static_cast<const T*>(p.out) + tb * p.o_sb + r * p.o_ss + h * p.o_sh;
+  const T* g = static_cast<const T*>(p.dout) + tb * p.do_sb + r * p.do_ss + h * p.do_sh;
+  float acc = 0.f;
+  for (int c = lane; c < p.head_dim; c += 32) acc += cuda::to_float(o[c]) * cuda::to_float(g[c]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) {
+    if (p.dlse) acc -= p.dlse[tb * p.dlse_sb + h * p.dlse_sh + r * p.dlse_ss];  // the loss's dependence on lse
+    p.delta[(tb * p.q_heads + h) * p.rows_q + r] = acc;
+  }
+}
+
+// Zeroes rows [row0, row0 + rows) of every head of a (1, rows, heads, d) gradient (varlen rows no sequence covers).
+template <class T>
+__global__ void bwd_zero_rows_kernel(T* base, int64_t row_stride, int64_t head_stride, int64_t row0, int64_t rows,
+                                     int heads, int d) {
+  const int64_t n = rows * heads * d;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(i % d);
+    const int h = int(i / d % heads);
+    const int64_t r = row0 + i / (int64_t(d) * heads);
+    base[r * row_stride + h * head_stride + c] = cuda::from_float<T>(0.f);
+  }
+}
+
+// ------------------------------------------------------------------ dK, dV
+
+template <class T, class Cfg>
+__global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, LD = Cfg::LD, KD = Cfg::KD, ND = Cfg::ND;
+  constexpr int NTM = BM / 8;  // n8 tiles of S^T over the q rows
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+
+  const int kt = int(blockIdx.x % unsigned(p.k_tiles));
+  const int rest = int(blockIdx.x / unsigned(p.k_tiles));
+  const int kvh = rest % p.kv_heads, b = rest / p.kv_heads;
+  const SeqInfo s = seq_info(p, b);
+  const int j0 = kt * BN;
+  if (j0 >= s.sk) return;
+  const int j1 = min(j0 + BN, s.sk);
+
+  // Shared memory: K, V (BN x LD); stage st (0, 1): Q and dO (BM x LD) at sQ0 + st * STAGE_Q, and the row terms
+  // of its q block at rows0 + st * 5 * BM: L log2e, D, then the key intervals (lo, hi, sink end) as ints.
+  constexpr uint32_t STAGE_Q = 2 * Cfg::TILE_M_BYTES;
+  const uint32_t sK = cuda_fwd::smem_addr(smem_raw);
+  const uint32_t sV = sK + Cfg::TILE_N_BYTES;
+  const uint32_t sQ0 = sV + Cfg::TILE_N_BYTES;
+  float* rows0 = reinterpret_cast<float*>(smem_raw + 2 * Cfg::TILE_N_BYTES + 2 * STAGE_Q);
+
+  const T* kg = static_cast<const T*>(p.k) + s.tb * p.k_sb + s.k_row0 * p.k_ss + int64_t(kvh) * p.k_sh;
+  const T* vg = static_cast<const T*>(p.v) + s.tb * p.v_sb + s.k_row0 * p.v_ss + int64_t(kvh) * p.v_sh;
+  cuda_fwd::load_tile<Cfg, BN>(sK, kg, p.k_ss, j0, s.sk, p.vec_in);
+  cuda_fwd::load_tile<Cfg, BN>(sV, vg, p.v_ss, j0, s.sk, p.vec_in);
+
+  const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int kw = warp * 16;  // this warp's first key within the block
+  const uint32_t a_off = uint32_t(lane_a(lane, LD) * 2), b_off = uint32_t(lane_b(lane, LD) * 2);
+
+  // Work items: (q head of the group, q block) pairs x = head_in_group * q_tiles + q_block, visited in order,
+  // skipping the q blocks that cannot see this key block.
+  const int q_tiles = (s.sq + BM - 1) / BM;
+  const int items = p.group * q_tiles;
+  const auto next_item = [&](int x) {
+    for (; x < items; ++x) {
+      const int i0 = (x % q_tiles) * BM;
+      if (q_block_sees_keys(p.mask, i0, min(i0 + BM, s.sq), j0, j1, s.sq, s.sk)) break;
+    }
+    return x;
+  };
+  // Issues the copies of item x's Q and dO into stage `into` and writes its row terms there.
+  const auto issue = [&](int x, int into) {
+    const int h = kvh * p.group + x / q_tiles, i0 = (x % q_tiles) * BM;
+    const T* qg = static_cast<const T*>(p.q) + s.tb * p.q_sb + s.q_row0 * p.q_ss + int64_t(h) * p.q_sh;
+    const T* og = static_cast<const T*>(p.dout) + s.tb * p.do_sb + s.q_row0 * p.do_ss + int64_t(h) * p.do_sh;
+    const uint32_t sQ = sQ0 + uint32_t(into) * STAGE_Q;
+    cuda_fwd::load_tile<Cfg, BM>(sQ, qg, p.q_ss, i0, s.sq, p.vec_in);
+    cuda_fwd::load_tile<Cfg, BM>(sQ + Cfg::TILE_M_BYTES, og, p.do_ss, i0, s.sq, p.vec_in);
+    const float* lse = p.lse + s.tb * p.lse_sb + int64_t(h) * p.lse_sh;
+    const float* delta = p.delta + (s.tb * p.q_heads + h) * p.rows_q + s.q_row0;
+    float* sL2 = rows0 + into * 5 * BM;
+    float* sD = sL2 + BM;
+    int* sLo = reinterpret_cast<int*>(sD + BM);
+    for (int r = tid; r < BM; r += Cfg::THREADS) {
+      const int i = i0 + r;
+      float l2 = INFINITY, d = 0.f;
+      int lo = 1, hi = 0, se = 0;  // rows past the sequence see nothing
+      if (i < s.sq) {
+        const float L = lse[(s.q_row0 + i) * p.lse_ss];
+        l2 = L == -INFINITY ? INFINITY : L * kLog2e;  // no key and no sink: P = 0, not exp(-inf + inf)
+        d = delta[i];
+        const RowKeys rk = cuda_fwd::row_keys(p.mask, i, s.sq, s.sk);
+        lo = cuda_fwd::clamp_to(rk.lo, 0, s.sk);
+        hi = cuda_fwd::clamp_to(rk.hi, -1, s.sk - 1);
+        se = cuda_fwd::clamp_to(rk.sink_end, 0, s.sk);
+      }
+      sL2[r] = l2, sD[r] = d, sLo[r] = lo, sLo[BM + r] = hi, sLo[2 * BM + r] = se;
+    }
+  };
+
+  float dk[ND][4], dv[ND][4];
+#pragma unroll
+  for (int dn = 0; dn < ND; ++dn)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dn][e] = dv[dn][e] = 0.f;
+
+  // Two-stage pipeline: item x is computed from `stage` while the next visible item's copies land in the other.
+  int x = next_item(0), stage = 0;
+  if (x < items) issue(x, 0);
+  cuda_fwd::cp_async_commit();  // K, V and the first item
+  while (x < items) {
+    cuda_fwd::cp_async_wait<0>();
+    __syncthreads();  // item x is in `stage` for everyone; every warp is done with the other stage
+    const int xn = next_item(x + 1);
+    if (xn < items) issue(xn, stage ^ 1);
+    cuda_fwd::cp_async_commit();
+
+    const int i0 = (x % q_tiles) * BM, i1 = min(i0 + BM, s.sq);
+    const uint32_t sQ = sQ0 + uint32_t(stage) * STAGE_Q, sO = sQ + Cfg::TILE_M_BYTES;
+    const float* sL2 = rows0 + stage * 5 * BM;
+    const float* sD = sL2 + BM;
+    const int* sLo = reinterpret_cast<const int*>(sD + BM);
+    const int* sHi = sLo + BM;
+    const int* sSe = sHi + BM;
+    const bool full = i1 - i0 == BM && j1 - j0 == BN &&
+                      tile_fully_visible(p.mask, i0, i1, j0, j1, s.sq, s.sk);
+
+    // S^T = K Q^T and dP^T = V dO^T (this warp's 16 keys x BM q rows).
+    float st[NTM][4], dpt[NTM][4];
+#pragma unroll
+    for (int nj = 0; nj < NTM; ++nj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nj][e] = dpt[nj][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      uint32_t ka[4], va[4];
+      const uint32_t a = a_off + uint32_t((kw * LD + kk * 16) * 2);
+      cuda_fwd::ldmatrix_x4(ka, sK + a);
+      cuda_fwd::ldmatrix_x4(va, sV + a);
+#pragma unroll
+      for (int nj = 0; nj < NTM; nj += 2) {
+        uint32_t qb[4], ob[4];
+        const uint32_t bo = b_off + uint32_t((nj * 8 * LD + kk * 16) * 2);
+        cuda_fwd::ldmatrix_x4(qb, sQ + bo);
+        cuda_fwd::ldmatrix_x4(ob, sO + bo);
+        cuda_fwd::mma_16816<T>(st[nj], ka, qb[0], qb[1]);
+        cuda_fwd::mma_16816<T>(st[nj + 1], ka, qb[2], qb[3]);
+        cuda_fwd::mma_16816<T>(dpt[nj], va, ob[0], ob[1]);
+        cuda_fwd::mma_16816<T>(dpt[nj + 1], va, ob[2], ob[3]);
+      }
+    }
+
+    // P^T and dS^T, packed to 16 bits as A operands (rows: keys; columns: q rows of the block).
+    uint32_t pk[NTM][2], dsk[NTM][2];
+#pragma unroll
+    for (int nj = 0; nj < NTM; ++nj)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int key = j0 + kw + g + 8 * r;
+        ProbGrad v[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = nj * 8 + 2 * t + e;
+          const bool vis = full || (key >= sLo[col] && key <= sHi[col]) || key < sSe[col];
+          v[e] = prob_grad(p, st[nj][2 * r + e], dpt[nj][2 * r + e], sL2[col], sD[col], vis);
+        }
+        pk[nj][r] = cuda_fwd::pack2<T>(v[0].p, v[1].p);
+        dsk[nj][r] = cuda_fwd::pack2<T>(v[0].ds, v[1].ds);
+      }
+
+    // dV += P^T dO, dK += dS^T Q (k steps over the q rows; dO and Q as B operands through ldmatrix.trans).
+#pragma unroll
+    for (int kb = 0; kb < BM / 16; ++kb) {
+      const uint32_t pa[4] = {pk[2 * kb][0], pk[2 * kb][1], pk[2 * kb + 1][0], pk[2 * kb + 1][1]};
+      const uint32_t da[4] = {dsk[2 * kb][0], dsk[2 * kb][1], dsk[2 * kb + 1][0], dsk[2 * kb + 1][1]};
+#pragma unroll
+      for (int dn = 0; dn < ND; dn += 2) {
+        uint32_t ob[4], qb[4];
+        const uint32_t to = a_off + uint32_t((kb * 16 * LD + dn * 8) * 2);
+        cuda_fwd::ldmatrix_x4_trans(ob, sO + to);
+        cuda_fwd::ldmatrix_x4_trans(qb, sQ + to);
+        cuda_fwd::mma_16816<T>(dv[dn], pa, ob[0], ob[1]);
+        cuda_fwd::mma_16816<T>(dv[dn + 1], pa, ob[2], ob[3]);
+        cuda_fwd::mma_16816<T>(dk[dn], da, qb[0], qb[1]);
+        cuda_fwd::mma_16816<T>(dk[dn + 1], da, qb[2], qb[3]);
+      }
+    }
+    x = xn;
+    stage ^= 1;
+  }
+
+  // Epilogue: dK (times scale) and dV staged over the K and V tiles, written once.
+  cuda_fwd::cp_async_wait<0>();
+  __syncthreads();
+  T* stK = reinterpret_cast<T*>(smem_raw);
+  T* stV = reinterpret_cast<T*>(smem_raw + Cfg::TILE_N_BYTES);
+  stage_acc<T, ND, LD>(stK, dk, p.scale, kw, g, t);
+  stage_acc<T, ND, LD>(stV, dv, 1.f, kw, g, t);
+  __syncthreads();
+  T* dkg = static_cast<T*>(p.dk) + s.tb * p.dk_sb + (s.k_row0 + j0) * p.dk_ss + int64_t(kvh) * p.dk_sh;
+  T* dvg = static_cast<T*>(p.dv) + s.tb * p.dv_sb + (s.k_row0 + j0) * p.dv_ss + int64_t(kvh) * p.dv_sh;
+  store_tile<Cfg, BN>(stK, dkg, p.dk_ss, 0, j1 - j0, p.vec_out);
+  store_tile<Cfg, BN>(stV, dvg, p.dv_ss, 0, j1 - j0, p.vec_out);
+}
+
+// ------------------------------------------------------------------ dQ and dsink
+
+template <class T, class Cfg>
+__global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dq_kernel(const __grid_constant__ BwdParams p) {
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, LD = Cfg::LD, KD = Cfg::KD, ND = Cfg::ND;
+  constexpr int NTN = BN / 8;  // n8 tiles of S over the keys
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+
+  const int qt = int(blockIdx.x % unsigned(p.q_tiles));
+  const int rest = int(blockIdx.x / unsigned(p.q_tiles));
+  const int h = rest % p.q_heads, b = rest / p.q_heads;
+  // This block's dsink slot: (batch, q_heads, q_tiles), i.e. blockIdx.x.
+  float* slot = p.dsink_part ? p.dsink_part + blockIdx.x : nullptr;
+  const SeqInfo s = seq_info(p, b);
+  const int i0 = qt * BM;
+  if (i0 >= s.sq) {
+    if (slot && threadIdx.x == 0) *slot = 0.f;
+    return;
+  }
+  const int i1 = min(i0 + BM, s.sq);
+  const int kvh = h / p.group;
+
+  // Shared memory: Q, dO (BM x LD); stage st (0, 1): K and V (BN x LD) at sK0 + st * STAGE_KV; the dsink terms.
+  constexpr uint32_t STAGE_KV = 2 * Cfg::TILE_N_BYTES;
+  const uint32_t sQ = cuda_fwd::smem_addr(smem_raw);
+  const uint32_t sO = sQ + Cfg::TILE_M_BYTES;
+  const uint32_t sK0 = sO + Cfg::TILE_M_BYTES;
+  float* sPart = reinterpret_cast<float*>(smem_raw + 2 * Cfg::TILE_M_BYTES + 2 * STAGE_KV);
+
+  const T* qg = static_cast<const T*>(p.q) + s.tb * p.q_sb + s.q_row0 * p.q_ss + int64_t(h) * p.q_sh;
+  const T* og = static_cast<const T*>(p.dout) + s.tb * p.do_sb + s.q_row0 * p.do_ss + int64_t(h) * p.do_sh;
+  const T* kg = static_cast<const T*>(p.k) + s.tb * p.k_sb + s.k_row0 * p.k_ss + int64_t(kvh) * p.k_sh;
+  const T* vg = static_cast<const T*>(p.v) + s.tb * p.v_sb + s.k_row0 * p.v_ss + int64_t(kvh) * p.v_sh;
+  const float* lse = p.lse + s.tb * p.lse_sb + int64_t(h) * p.lse_sh;
+  const float* delta = p.delta + (s.tb * p.q_heads + h) * p.rows_q + s.q_row0;
+  const KeyTiles ktl = cuda_fwd::key_tiles(p.mask, i0, i1, s.sq, s.sk, BN);
+  const auto issue_kv = [&](int n, int into) {
+    const int j0 = ktl.tile(n) * BN;
+    const uint32_t sK = sK0 + uint32_t(into) * STAGE_KV;
+    cuda_fwd::load_tile<Cfg, BN>(sK, kg, p.k_ss, j0, s.sk, p.vec_in);
+    cuda_fwd::load_tile<Cfg, BN>(sK + Cfg::TILE_N_BYTES, vg, p.v_ss, j0, s.sk, p.vec_in);
+  };
+  cuda_fwd::load_tile<Cfg, BM>(sQ, qg, p.q_ss, i0, s.sq, p.vec_in);
+  cuda_fwd::load_tile<Cfg, BM>(sO, og, p.do_ss, i0, s.sq, p.vec_in);
+  if (ktl.count > 0) issue_kv(0, 0);
+  cuda_fwd::cp_async_commit();  // Q, dO and the first key tile
+
+  const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int qw = warp * 16;  // this warp's first row within the block
+  const uint32_t a_off = uint32_t(lane_a(lane, LD) * 2), b_off = uint32_t(lane_b(lane, LD) * 2);
+
+  // dsink's share of these rows: -exp(sink - L_i) D_i per row, summed by one thread in row order.
+  if (slot) {
+    const float sink = p.sink_logits[h];
+    for (int r = tid; r < BM; r += Cfg::THREADS) {
+      const int i = i0 + r;
+      sPart[r] = i < s.sq && sink != -INFINITY ? -expf(sink - lse[(s.q_row0 + i) * p.lse_ss]) * delta[i] : 0.f;
+    }
+  }
+
+  // The two rows of this thread (g and g + 8 of the warp's 16): L log2e, D and the visible key intervals.
+  float l2[2], dl[2];
+  int lo[2], hi[2], se[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = i0 + qw + g + 8 * r;
+    l2[r] = INFINITY, dl[r] = 0.f, lo[r] = 1, hi[r] = 0, se[r] = 0;
+    if (i < s.sq) {
+      const float L = lse[(s.q_row0 + i) * p.lse_ss];
+      l2[r] = L == -INFINITY ? INFINITY : L * kLog2e;
+      dl[r] = delta[i];
+      const RowKeys rk = cuda_fwd::row_keys(p.mask, i, s.sq, s.sk);
+      lo[r] = cuda_fwd::clamp_to(rk.lo, 0, s.sk);
+      hi[r] = cuda_fwd::clamp_to(rk.hi, -1, s.sk - 1);
+      se[r] = cuda_fwd::clamp_to(rk.sink_end, 0, s.sk);
+    }
+  }
+
+  float dq[ND][4];
+#pragma unroll
+  for (int dn = 0; dn < ND; ++dn)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq[dn][e] = 0.f;
+
+  // Two-stage pipeline: key tile n is computed from stage n % 2 while tile n + 1's copies land in the other.
+  for (int n = 0; n < ktl.count; ++n) {
+    cuda_fwd::cp_async_wait<0>();
+    __syncthreads();  // tile n is in its stage for everyone; every warp is done with the other stage
+    if (n + 1 < ktl.count) issue_kv(n + 1, (n + 1) % 2);
+    cuda_fwd::cp_async_commit();
+    const int j0 = ktl.tile(n) * BN, j1 = min(j0 + BN, s.sk);
+    const uint32_t sK = sK0 + uint32_t(n % 2) * STAGE_KV, sV = sK + Cfg::TILE_N_BYTES;
+
+    const bool full = i1 - i0 == BM && j1 - j0 == BN && tile_fully_visible(p.mask, i0, i1, j0, j1, s.sq, s.sk);
+
+    // S = Q K^T and dP = dO V^T (this warp's 16 rows x BN keys).
+    float sc[NTN][4], dp[NTN][4];
+#pragma unroll
+    for (int nj = 0; nj < NTN; ++nj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nj][e] = dp[nj][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      uint32_t qa[4], oa[4];
+      const uint32_t a = a_off + uint32_t((qw * LD + kk * 16) * 2);
+      cuda_fwd::ldmatrix_x4(qa, sQ + a);
+      cuda_fwd::ldmatrix_x4(oa, sO + a);
+#pragma unroll
+      for (int nj = 0; nj < NTN; nj += 2) {
+        uint32_t kb[4], vb[4];
+        const uint32_t bo = b_off + uint32_t((nj * 8 * LD + kk * 16) * 2);
+        cuda_fwd::ldmatrix_x4(kb, sK + bo);
+        cuda_fwd::ldmatrix_x4(vb, sV + bo);
+        cuda_fwd::mma_16816<T>(sc[nj], qa, kb[0], kb[1]);
+        cuda_fwd::mma_16816<T>(sc[nj + 1], qa, kb[2], kb[3]);
+        cuda_fwd::mma_16816<T>(dp[nj], oa, vb[0], vb[1]);
+        cuda_fwd::mma_16816<T>(dp[nj + 1], oa, vb[2], vb[3]);
+      }
+    }
+
+    // dS packed to 16 bits as the A operand (rows: this warp's q rows; columns: keys).
+    uint32_t dsk[NTN][2];
+#pragma unroll
+    for (int nj = 0; nj < NTN; ++nj)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float v[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = j0 + nj * 8 + 2 * t + e;
+          const bool vis = full || (key >= lo[r] && key <= hi[r]) || key < se[r];
+          v[e] = prob_grad(p, sc[nj][2 * r + e], dp[nj][2 * r + e], l2[r], dl[r], vis).ds;
+        }
+        dsk[nj][r] = cuda_fwd::pack2<T>(v[0], v[1]);
+      }
+
+    // dQ += dS K (k steps over the keys; K as the B operand through ldmatrix.trans).
+#pragma unroll
+    for (int kb = 0; kb < BN / 16; ++kb) {
+      const uint32_t da[4] = {dsk[2 * kb][0], dsk[2 * kb][1], dsk[2 * kb + 1][0], dsk[2 * kb + 1][1]};
+#pragma unroll
+      for (int dn = 0; dn < ND; dn += 2) {
+        uint32_t kbv[4];
+        cuda_fwd::ldmatrix_x4_trans(kbv, sK + a_off + uint32_t((kb * 16 * LD + dn * 8) * 2));
+        cuda_fwd::mma_16816<T>(dq[dn], da, kbv[0], kbv[1]);
+        cuda_fwd::mma_16816<T>(dq[dn + 1], da, kbv[2], kbv[3]);
+      }
+    }
+  }
+
+  // Epilogue: dQ (times scale) staged over the Q tile and written once; the dsink share summed in row order.
+  cuda_fwd::cp_async_wait<0>();
+  __syncthreads();
+  if (slot && tid == 0) {
+    float sum = 0.f;
+    for (int r = 0; r < BM; ++r) sum += sPart[r];
+    *slot = sum;
+  }
+  T* stQ = reinterpret_cast<T*>(smem_raw);
+  stage_acc<T, ND, LD>(stQ, dq, p.scale, qw, g, t);
+  __syncthreads();
+  T* dqg = static_cast<T*>(p.dq) + s.tb * p.dq_sb + s.q_row0 * p.dq_ss + int64_t(h) * p.dq_sh;
+  store_tile<Cfg, BM>(stQ, dqg + int64_t(i0) * p.dq_ss, p.dq_ss, 0, i1 - i0, p.vec_out);
+}
+
+}  // namespace flashlite::cuda_bwd

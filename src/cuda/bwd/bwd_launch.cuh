@@ -1,0 +1,58 @@
+#pragma once
+// The launch sequence of the CUDA backward for one dtype (included by bwd_f16.cu and bwd_bf16.cu only).
+#include <cuda_runtime.h>
+
+#include "cuda/bwd/bwd_kernels.cuh"
+#include "cuda/bwd/bwd_launch.h"
+#include "cuda/common/check.h"
+#include "cuda/common/context_cache.h"
+#include "cuda/fwd/fwd_launch.h"  // ensure_smem_optin
+
+namespace flashlite::cuda_bwd {
+
+template <class T, int D>
+void launch_backward_d(const BwdParams& p, cudaStream_t stream) {
+  using Cfg = BwdTile<D>;
+  static cuda::PerContextFlag dkdv_optin, dq_optin;
+  if constexpr (Cfg::SMEM_DKDV > 48 * 1024) cuda_fwd::ensure_smem_optin(bwd_dkdv_kernel<T, Cfg>, Cfg::SMEM_DKDV, dkdv_optin);
+  if constexpr (Cfg::SMEM_DQ > 48 * 1024) cuda_fwd::ensure_smem_optin(bwd_dq_kernel<T, Cfg>, Cfg::SMEM_DQ, dq_optin);
+  const int64_t kv_blocks = int64_t(p.batch) * p.kv_heads * p.k_tiles;
+  if (kv_blocks > 0) {
+    bwd_dkdv_kernel<T, Cfg><<<unsigned(kv_blocks), Cfg::THREADS, Cfg::SMEM_DKDV, stream>>>(p);
+    FL_CUDA_CHECK_LAUNCH("bwd_dkdv_kernel");
+  }
+  const int64_t q_blocks = int64_t(p.batch) * p.q_heads * p.q_tiles;
+  if (q_blocks > 0) {
+    bwd_dq_kernel<T, Cfg><<<unsigned(q_blocks), Cfg::THREADS, Cfg::SMEM_DQ, stream>>>(p);
+    FL_CUDA_CHECK_LAUNCH("bwd_dq_kernel");
+  }
+}
+
+template <class T>
+void launch_backward(const BwdParams& p, cudaStream_t stream) {
+  const int64_t rows = int64_t(p.tensor_batch) * p.rows_q * p.q_heads;
+  if (rows > 0) {
+    constexpr int kWarpsPerBlock = 8;
+    bwd_delta_kernel<T><<<unsigned((rows + kWarpsPerBlock - 1) / kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(p);
+    FL_CUDA_CHECK_LAUNCH("bwd_delta_kernel");
+  }
+  switch (p.head_dim) {
+    case 64: launch_backward_d<T, 64>(p, stream); break;
+    case 96: launch_backward_d<T, 96>(p, stream); break;
+    case 128: launch_backward_d<T, 128>(p, stream); break;
+    default: throw Error(ErrorKind::runtime, "internal error: CUDA backward called with head_dim " + std::to_string(p.head_dim));
+  }
+}
+
+template <class T>
+void launch_zero_rows(void* base, int64_t row_stride, int64_t head_stride, int64_t row0, int64_t rows, int heads, int d,
+                      cudaStream_t stream) {
+  const int64_t n = rows * heads * d;
+  if (n <= 0) return;
+  const int64_t blocks = (n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096;
+  bwd_zero_rows_kernel<T><<<unsigned(blocks), 256, 0, stream>>>(static_cast<T*>(base), row_stride, head_stride, row0,
+                                                                 rows, heads, d);
+  FL_CUDA_CHECK_LAUNCH("bwd_zero_rows_kernel");
+}
+
+}  // namespace flashlite::cuda_bwd
