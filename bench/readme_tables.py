@@ -20,6 +20,8 @@ SOURCES = {
     "decode": ("h100/decode_round14/decode_ed95b32.json", "h100/decode_round14/sdpa_decode_ed95b32.json"),
     "engine": "h200/e2e.json",
     "cpu": "cpu/bench_cpu.json",
+    "bwd": "h100/bwd_side_by_side.json",
+    "train": "h100/train.json",
 }
 
 
@@ -136,7 +138,41 @@ def table_cpu():
     return lines
 
 
-RENDERERS = {"fwd": table_fwd, "decode": table_decode, "engine": table_engine, "cpu": table_cpu}
+def table_bwd():
+    rel = SOURCES["bwd"]
+    d = load(rel)
+    lines = [source_line(rel, d, d["device"]) + f" torch {d.get('torch', '?')}, cuDNN {d.get('cudnn', '?')}; bf16, "
+             "batch x seq = 16384, heads x head_dim = 2048; the backward alone through each one's autograd, TFLOP/s of "
+             "useful work (2.5x the forward's, visible pairs only).", "",
+             "| D | mask | S | flashlite | SDPA flash | SDPA cuDNN | FlexAttention |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        mask = ("causal" if r["causal"] else "full") + (f", window {r['window']} + {r['sink_tokens']} sinks"
+                                                       if r["window"] >= 0 else "")
+        cell = lambda n: f"{r[n]['bwd_tflops']:.0f}" if n in r else "-"
+        lines.append(f"| {r['head_dim']} | {mask} | {r['seq']} | {cell('flashlite')} | {cell('flash')} | "
+                     f"{cell('cudnn')} | {cell('flex')} |")
+    return lines
+
+
+def table_train():
+    rel = SOURCES["train"]
+    d = load(rel)
+    lines = [source_line(rel, d, d["device"]) + f" bench/train.py: {d['steps']} steps, {d['dtype']}, batch "
+             f"{d['batch']} x {d['seq']} bytes of {d['data'].split(' (')[0]}, same seed and data order; final loss: "
+             "the mean of the last 50 steps. Curves: `bench/results/h100/train_curves.png`.", "",
+             "| model | attention | final loss | vs reference | tokens/s | peak MiB |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in d["results"]:
+        for run, final in zip(r["runs"][:2], (r["final_loss_flite"], r["final_loss_reference"])):
+            diff = f"{100 * (final / r['final_loss_reference'] - 1):+.2f}%" if run["impl"] == "flite" else "-"
+            lines.append(f"| {r['arch']} ({r['params'] / 1e6:.0f}M) | {run['impl']} | {final:.4f} | {diff} | "
+                         f"{run['tokens_per_s']:,.0f} | {run['peak_memory_mib']:,.0f} |")
+    return lines
+
+
+RENDERERS = {"fwd": table_fwd, "decode": table_decode, "engine": table_engine, "cpu": table_cpu, "bwd": table_bwd,
+             "train": table_train}
 
 
 def render(text):
