@@ -63,6 +63,7 @@ TEST(CudaForwardPlanner, EveryCudaKernelIsReachable) {
     const Result64 ref = reference64(p);
     const Snapshot before = snapshot(p);
     DeviceMirror m(p);
+    m.args.backend = Backend::automatic;  // the mirror asks for 'cuda'; cuda_naive belongs to 'naive'
     const ForwardPlan plan = flashlite::plan_forward(m.args, {k.kernel});
     if (k.kernel == ForwardKernel::cuda_hopper && !hopper_here()) {
       EXPECT_FALSE(plan.supported());
@@ -138,7 +139,10 @@ TEST(CudaForwardPlanner, ForcingAKernelThatCannotRunIsAClearError) {
   // A forced CPU kernel on CUDA tensors, or one of another backend than the requested one, is a bad argument.
   Problem p(spec(DType::bf16, 64), 5);
   DeviceMirror m(p);
+  m.args.backend = Backend::automatic;
   expect_error([&] { (void)flashlite::plan_forward(m.args, {ForwardKernel::cpu_tiled}); }, "needs CPU tensors");
+  m.args.backend = Backend::cuda;
+  expect_error([&] { (void)flashlite::plan_forward(m.args, {ForwardKernel::cuda_naive}); }, "backend 'cuda'");
   m.args.backend = Backend::naive;
   expect_error([&] { (void)flashlite::plan_forward(m.args, {ForwardKernel::cuda_mma}); }, "backend 'naive'");
 }
