@@ -141,33 +141,41 @@ def table_cpu():
 def table_bwd():
     rel = SOURCES["bwd"]
     d = load(rel)
-    lines = [source_line(rel, d, d["device"]) + f" torch {d.get('torch', '?')}, cuDNN {d.get('cudnn', '?')}; bf16, "
-             "batch x seq = 16384, heads x head_dim = 2048; the backward alone through each one's autograd, TFLOP/s of "
-             "useful work (2.5x the forward's, visible pairs only).", "",
-             "| D | mask | S | flashlite | SDPA flash | SDPA cuDNN | FlexAttention |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
-    for r in d["rows"]:
-        mask = ("causal" if r["causal"] else "full") + (f", window {r['window']} + {r['sink_tokens']} sinks"
-                                                       if r["window"] >= 0 else "")
-        cell = lambda n: f"{r[n]['bwd_tflops']:.0f}" if n in r else "-"
-        lines.append(f"| {r['head_dim']} | {mask} | {r['seq']} | {cell('flashlite')} | {cell('flash')} | "
-                     f"{cell('cudnn')} | {cell('flex')} |")
+    rows = [r for r in d["rows"] if r["window"] < 0]
+    seqs = sorted({r["seq"] for r in rows})
+    win = [r for r in d["rows"] if r["window"] >= 0]
+    extra = "".join(f" Causal window {r['window']} + {r['sink_tokens']} sink tokens, D {r['head_dim']}, S {r['seq']}: "
+                    f"{r['flashlite']['bwd_tflops']:.0f} against FlexAttention's {r['flex']['bwd_tflops']:.0f}."
+                    for r in win)
+    lines = [source_line(rel, d, d["device"]) + f" torch {d.get('torch', '?')}; bf16, batch x seq = 16384, heads x "
+             "head_dim = 2048; the backward alone through each one's autograd. Each cell: flashlite's TFLOP/s of "
+             "useful work (2.5x the forward's), then its speed relative to SDPA's flash and cuDNN backends." + extra, "",
+             "| D, mask | " + " | ".join(f"S {s}" for s in seqs) + " |", "|---|" + "---:|" * len(seqs)]
+    by = {(r["head_dim"], r["causal"], r["seq"]): r for r in rows}
+    for dim, causal in sorted({(r["head_dim"], r["causal"]) for r in rows}):
+        cells = []
+        for s in seqs:
+            r = by[(dim, causal, s)]
+            f = r["flashlite"]["bwd_tflops"]
+            cells.append(f"{f:.0f}, {f / r['flash']['bwd_tflops']:.2f}x / {f / r['cudnn']['bwd_tflops']:.2f}x")
+        lines.append(f"| {dim}, {'causal' if causal else 'full'} | " + " | ".join(cells) + " |")
     return lines
 
 
 def table_train():
     rel = SOURCES["train"]
     d = load(rel)
-    lines = [source_line(rel, d, d["device"]) + f" bench/train.py: {d['steps']} steps, {d['dtype']}, batch "
-             f"{d['batch']} x {d['seq']} bytes of {d['data'].split(' (')[0]}, same seed and data order; final loss: "
-             "the mean of the last 50 steps. Curves: `bench/results/h100/train_curves.png`.", "",
-             "| model | attention | final loss | vs reference | tokens/s | peak MiB |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = [source_line(rel, d, d["device"]) + f" {d['steps']} steps, {d['dtype']}, batch {d['batch']} x {d['seq']} "
+             f"bytes of {d['data'].split(' (')[0]}, same seed and data order; final loss: the mean of the last 50 "
+             "steps; curves: `bench/results/h100/train_curves.png`.", "",
+             "| model | final loss: flashlite / reference | tokens/s: flashlite / reference | peak MiB |",
+             "|---|---:|---:|---:|"]
     for r in d["results"]:
-        for run, final in zip(r["runs"][:2], (r["final_loss_flite"], r["final_loss_reference"])):
-            diff = f"{100 * (final / r['final_loss_reference'] - 1):+.2f}%" if run["impl"] == "flite" else "-"
-            lines.append(f"| {r['arch']} ({r['params'] / 1e6:.0f}M) | {run['impl']} | {final:.4f} | {diff} | "
-                         f"{run['tokens_per_s']:,.0f} | {run['peak_memory_mib']:,.0f} |")
+        f, ref = r["runs"][0], r["runs"][1]
+        lines.append(f"| {r['arch']} ({r['params'] / 1e6:.0f}M) vs {r['reference']} | {r['final_loss_flite']:.4f} / "
+                     f"{r['final_loss_reference']:.4f} ({100 * (r['final_loss_flite'] / r['final_loss_reference'] - 1):+.2f}%) | "
+                     f"{f['tokens_per_s']:,.0f} / {ref['tokens_per_s']:,.0f} | {f['peak_memory_mib']:,.0f} / "
+                     f"{ref['peak_memory_mib']:,.0f} |")
     return lines
 
 
