@@ -3,11 +3,7 @@
 // See include/flashlite/attention.h for the semantics.
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FL_HD __host__ __device__ __forceinline__
-#else
-#define FL_HD inline
-#endif
+#include "common/host_device.h"
 
 namespace flashlite {
 

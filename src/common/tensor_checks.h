@@ -46,8 +46,9 @@ inline void check_not_broadcast(const TensorView& t, const std::string& name) {
   }
 }
 
-// Checks of the forward and backward validators (src/dispatch.cpp, src/backward/api.cpp); a namespace of their own
-// so that files with local helpers of these names (src/kv/*_validate.cpp) do not see two.
+// Checks of the forward, backward and KV-cache validators (src/dispatch.cpp, src/backward/api.cpp,
+// src/kv/kv_validate.cpp, src/kv/kv_prefill_validate.cpp); a namespace of their own so that a file's local helpers
+// never meet them by accident (the KV validators take them in by using-declarations).
 namespace checks {
 
 [[noreturn]] inline void fail(const std::string& msg) { throw Error(ErrorKind::invalid_value, msg); }
@@ -92,12 +93,51 @@ inline ByteRange byte_range(const TensorView& t) {
   return {base + uintptr_t(lo * int64_t(dtype_size(t.dtype))), base + uintptr_t((hi + 1) * int64_t(dtype_size(t.dtype)))};
 }
 
-inline void check_no_overlap(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
-  if (a.data == nullptr || b.data == nullptr || !(a.device == b.device)) return;
+// Whether the address ranges of two views meet: both with data, on one device, neither empty, byte ranges
+// intersecting. (Interleaving views may meet and still share no element: disjoint_in_rows.)
+inline bool ranges_meet(const TensorView& a, const TensorView& b) {
+  if (a.data == nullptr || b.data == nullptr || !(a.device == b.device)) return false;
   const ByteRange ra = byte_range(a), rb = byte_range(b);
-  if (ra.lo == ra.hi || rb.lo == rb.hi) return;
-  if (ra.lo < rb.hi && rb.lo < ra.hi) {
+  if (ra.lo == ra.hi || rb.lo == rb.hi) return false;
+  return ra.lo < rb.hi && rb.lo < ra.hi;
+}
+
+// Whether two [d0, d1, heads, head_dim] views whose address ranges interleave still share no element: both on one
+// lattice of rows (the same row pitch P = strides[1], strides[0] multiples of it), each view's (heads, head_dim) block
+// inside a row, at offsets within the row that do not meet. The column blocks of one fused QKV buffer (q, k and v
+// of each token side by side in a row) are such views.
+inline bool disjoint_in_rows(const TensorView& a, const TensorView& b) {
+  if (a.rank != 4 || b.rank != 4 || dtype_size(a.dtype) != dtype_size(b.dtype)) return false;
+  const int64_t P = a.strides[1], es = int64_t(dtype_size(a.dtype));
+  if (P <= 0 || b.strides[1] != P) return false;
+  int64_t w[2];
+  for (int v = 0; v < 2; ++v) {
+    const TensorView& t = v ? b : a;
+    if (t.strides[0] < 0 || t.strides[0] % P != 0 || t.strides[2] < 0 || t.strides[3] < 0) return false;
+    w[v] = (t.shape[2] - 1) * t.strides[2] + (t.shape[3] - 1) * t.strides[3] + 1;  // elements of a row the view uses
+    if (w[v] > P) return false;
+  }
+  const int64_t bytes = int64_t(reinterpret_cast<uintptr_t>(b.data) - reinterpret_cast<uintptr_t>(a.data));
+  if (bytes % es != 0) return false;
+  const int64_t d = ((bytes / es) % P + P) % P;  // b's block starts d elements into a's row
+  return w[0] <= d && d + w[1] <= P;
+}
+
+// The forward / backward form: an output a must not alias an input b (any meeting of address ranges).
+inline void check_no_overlap(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
+  if (ranges_meet(a, b)) {
     fail(std::string(a_name) + " overlaps " + b_name + " in memory; the output must not alias an input");
+  }
+}
+
+// The KV-cache form (append_kv, decode, prefill): a written buffer a and a buffer b read (or written) must be separate.
+// With rows_may_interleave (append_kv, decode), views whose ranges interleave but whose elements do not meet
+// (disjoint_in_rows: the column blocks of one fused QKV buffer) are separate; prefill passes false.
+// (Names are C strings: this runs a dozen times per call, and a message is only built on failure.)
+inline void check_separate(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name,
+                           bool rows_may_interleave) {
+  if (ranges_meet(a, b) && !(rows_may_interleave && disjoint_in_rows(a, b))) {
+    fail(std::string(a_name) + " overlaps " + b_name + " in memory; expected separate buffers");
   }
 }
 
@@ -105,6 +145,14 @@ inline void check_device(const TensorView& t, const char* name, Device expected)
   if (!(t.device == expected)) {
     fail(std::string(name) + " is on " + device_name(t.device) + " but q is on " + device_name(expected) +
          "; all tensors must be on the same device");
+  }
+}
+
+// The KV-cache form: t must be on the device of `whose` (e.g. "the cache", "cache.k").
+inline void check_device(const TensorView& t, const char* name, Device expected, const char* whose) {
+  if (!(t.device == expected)) {
+    fail(std::string(name) + " is on " + device_name(t.device) + " but " + whose + " is on " + device_name(expected) +
+         "; expected the same device");
   }
 }
 

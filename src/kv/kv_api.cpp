@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "backends.h"
+#include "common/paged.h"
+#include "common/tensor_checks.h"
 #include "flashlite/errors.h"
 #include "flashlite/kv_cache.h"
 #include "flashlite/rope.h"
@@ -17,7 +19,7 @@
 namespace flashlite {
 namespace {
 
-[[noreturn]] void fail(const std::string& msg) { throw Error(ErrorKind::invalid_value, msg); }
+using checks::fail;
 
 // Whether the op runs on CUDA (else on the CPU): the cache's device; a backend that contradicts it is a bad argument.
 bool on_cuda(Backend requested, Device dev, const char* op) {
@@ -122,7 +124,7 @@ int64_t kv_length(const KvCacheView& c, int64_t b) {
   if (c.layout == KvLayout::contiguous) return static_cast<const int32_t*>(c.host.seq_lens.data)[b];
   const auto* indptr = static_cast<const int32_t*>(c.host.page_indptr.data);
   const int64_t pages = int64_t(indptr[b + 1]) - indptr[b];
-  return pages == 0 ? 0 : (pages - 1) * c.k.shape[1] + static_cast<const int32_t*>(c.host.last_page_len.data)[b];
+  return paged_length<int64_t>(pages, c.k.shape[1], static_cast<const int32_t*>(c.host.last_page_len.data), b);
 }
 
 double rope_inv_freq(const RopeOptions& r, int64_t head_dim, int64_t c) { return rope_frequency(r, head_dim, c); }

@@ -17,8 +17,8 @@ namespace {
 
 using std::to_string;
 
-[[noreturn]] void fail(const std::string& msg) { throw Error(ErrorKind::invalid_value, msg); }
-[[noreturn]] void fail_type(const std::string& msg) { throw Error(ErrorKind::invalid_type, msg); }
+using checks::fail;
+using checks::fail_type;
 
 void check_present_rank4(const TensorView& t, const char* name, const char* layout) {
   if (!(t.rank == 0 && t.data == nullptr) && t.rank != 4) {  // (a null view is reported as missing below)
@@ -28,25 +28,10 @@ void check_present_rank4(const TensorView& t, const char* name, const char* layo
   check_present(t, name);
 }
 
-// [lo, hi) bytes a view spans (empty when it has no element).
-std::pair<uintptr_t, uintptr_t> byte_range(const TensorView& t) {
-  if (t.data == nullptr || t.numel() == 0) return {0, 0};
-  int64_t lo = 0, hi = 0;
-  for (int i = 0; i < t.rank; ++i) {
-    const int64_t ext = (t.shape[i] - 1) * t.strides[i];
-    (ext < 0 ? lo : hi) += ext;
-  }
-  const auto base = reinterpret_cast<uintptr_t>(t.data);
-  const int64_t es = int64_t(dtype_size(t.dtype));
-  return {base + uintptr_t(lo * es), base + uintptr_t((hi + 1) * es)};
-}
-
-void check_no_overlap(const TensorView& a, const std::string& a_name, const TensorView& b, const std::string& b_name) {
-  if (!(a.device == b.device)) return;
-  const auto [alo, ahi] = byte_range(a);
-  const auto [blo, bhi] = byte_range(b);
-  if (alo == ahi || blo == bhi) return;
-  if (alo < bhi && blo < ahi) fail(a_name + " overlaps " + b_name + " in memory; expected separate buffers");
+// An output a must not meet a buffer b read (or written): any meeting of address ranges is an error here (unlike
+// append_kv / decode, no exception for interleaving views whose elements are disjoint).
+void check_no_overlap(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
+  checks::check_separate(a, a_name, b, b_name, /*rows_may_interleave=*/false);
 }
 
 // A stand-in [batch, 1, heads, head_dim] view with the cache's dtype and device at `data`, so that validate_decode
@@ -236,7 +221,7 @@ PrefillProblem validate_prefill(const PrefillArgs& a) {
       {&a.cache.device.last_page_len, "cache.device.last_page_len"},
       {&cu, "options.cu_seqlens_q"}};
   for (auto [w, wn] : {std::pair{&a.out, "out"}, {&a.lse, "lse"}}) {
-    for (const auto& [r, rn] : read) check_no_overlap(*w, wn, *r, rn);
+    for (const auto& [r, rn] : read) check_no_overlap(*w, wn, *r, rn.c_str());
   }
   check_no_overlap(a.out, "out", a.lse, "lse");
   return p;

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/mask.h"
+#include "common/paged.h"
 #include "flashlite/kv_cache.h"
 
 namespace flashlite {
@@ -40,7 +41,7 @@ struct KvCacheDesc {
   int64_t length(int64_t b) const {
     if (!paged) return seq_lens[b];
     const int64_t pages = int64_t(indptr[b + 1]) - indptr[b];
-    return pages == 0 ? 0 : (pages - 1) * capacity + last_page_len[b];
+    return paged_length<int64_t>(pages, capacity, last_page_len, b);
   }
   // Element offset of token p of sequence b, head h, in k (use_v = false) or v. Host side only.
   int64_t offset(int64_t b, int64_t p, int64_t h, bool use_v) const {

@@ -16,38 +16,15 @@ namespace {
 
 using std::to_string;
 
-[[noreturn]] void fail(const std::string& msg) { throw Error(ErrorKind::invalid_value, msg); }
-[[noreturn]] void fail_type(const std::string& msg) { throw Error(ErrorKind::invalid_type, msg); }
+using checks::check_device;  // (the form naming whose device is expected)
+using checks::check_dim;
+using checks::check_rank;
+using checks::fail;
+using checks::fail_type;
 
-bool is_float(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
-
-void check_rank(const TensorView& t, const std::string& name, int rank, const char* layout) {
-  if (t.rank != rank) {
-    fail(name + " has rank " + to_string(t.rank) + " (shape " + t.shape_string() + "); expected rank " +
-         to_string(rank) + " " + layout);
-  }
-}
-
-void check_dim(const TensorView& t, const std::string& name, int dim, int64_t expected, const char* what) {
-  if (t.shape[dim] != expected) {
-    fail(name + " has " + what + " " + to_string(t.shape[dim]) + " (shape " + t.shape_string() + "); expected " +
-         to_string(expected));
-  }
-}
-
-Strides3 strides3(const TensorView& t, const std::string& name) {
-  // A tensor without elements is never read or written: any strides (numpy reports all-zero strides for them).
-  if (t.shape[3] > 1 && t.strides[3] != 1 && t.numel() > 0) {
-    fail(name + " has head_dim stride " + to_string(t.strides[3]) + "; expected 1 (head_dim contiguous)");
-  }
-  return {t.strides[0], t.strides[1], t.strides[2]};
-}
-
-void check_device(const TensorView& t, const std::string& name, Device expected, const char* whose) {
-  if (!(t.device == expected)) {
-    fail(name + " is on " + device_name(t.device) + " but " + whose + " is on " + device_name(expected) +
-         "; expected the same device");
-  }
+Strides3 strides3(const TensorView& t, const char* name) {
+  const BSHStrides s = checks::bsh_strides(t, name);
+  return {s.batch, s.seq, s.head};
 }
 
 void check_dtype(const TensorView& t, const std::string& name, DType expected) {
@@ -57,52 +34,10 @@ void check_dtype(const TensorView& t, const std::string& name, DType expected) {
   }
 }
 
-struct ByteRange {
-  uintptr_t lo = 0, hi = 0;
-};
-
-ByteRange byte_range(const TensorView& t) {
-  int64_t lo = 0, hi = 0;
-  for (int i = 0; i < t.rank; ++i) {
-    if (t.shape[i] == 0) return {};
-    const int64_t ext = (t.shape[i] - 1) * t.strides[i];
-    (ext < 0 ? lo : hi) += ext;
-  }
-  const auto base = reinterpret_cast<uintptr_t>(t.data);
-  const int64_t es = int64_t(dtype_size(t.dtype));
-  return {base + uintptr_t(lo * es), base + uintptr_t((hi + 1) * es)};
-}
-
-// Whether two [d0, d1, heads, head_dim] views whose address ranges interleave still share no element: both on one
-// lattice of rows (the same row pitch P = strides[1], strides[0] multiples of it), each view's (heads, head_dim) block
-// inside a row, at offsets within the row that do not meet. The column blocks of one fused QKV buffer (q, k and v
-// of each token side by side in a row) are such views.
-bool disjoint_in_rows(const TensorView& a, const TensorView& b) {
-  if (a.rank != 4 || b.rank != 4 || dtype_size(a.dtype) != dtype_size(b.dtype)) return false;
-  const int64_t P = a.strides[1], es = int64_t(dtype_size(a.dtype));
-  if (P <= 0 || b.strides[1] != P) return false;
-  int64_t w[2];
-  for (int v = 0; v < 2; ++v) {
-    const TensorView& t = v ? b : a;
-    if (t.strides[0] < 0 || t.strides[0] % P != 0 || t.strides[2] < 0 || t.strides[3] < 0) return false;
-    w[v] = (t.shape[2] - 1) * t.strides[2] + (t.shape[3] - 1) * t.strides[3] + 1;  // elements of a row the view uses
-    if (w[v] > P) return false;
-  }
-  const int64_t bytes = int64_t(reinterpret_cast<uintptr_t>(b.data) - reinterpret_cast<uintptr_t>(a.data));
-  if (bytes % es != 0) return false;
-  const int64_t d = ((bytes / es) % P + P) % P;  // b's block starts d elements into a's row
-  return w[0] <= d && d + w[1] <= P;
-}
-
 // a is written while b is read (or written): their address ranges must not meet (or, interleaving, their elements:
-// disjoint_in_rows). (Names are C strings: this runs a dozen times per call, and a message is only built on failure.)
+// checks::disjoint_in_rows; the engine's fused-QKV append_kv passes such column blocks).
 void check_no_overlap(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
-  if (a.data == nullptr || b.data == nullptr || !(a.device == b.device)) return;
-  const ByteRange ra = byte_range(a), rb = byte_range(b);
-  if (ra.lo == ra.hi || rb.lo == rb.hi) return;
-  if (ra.lo < rb.hi && rb.lo < ra.hi && !disjoint_in_rows(a, b)) {
-    fail(std::string(a_name) + " overlaps " + b_name + " in memory; expected separate buffers");
-  }
+  checks::check_separate(a, a_name, b, b_name, /*rows_may_interleave=*/true);
 }
 
 // An int32 index array of exactly (or, with at_least, at least) n entries, contiguous, on `dev`.
@@ -126,7 +61,7 @@ KvCacheDesc validate_cache(const KvCacheView& c) {
   const char* layout = paged ? "[num_pages, page_size, kv_heads, head_dim]" : "[batch, max_len, kv_heads, head_dim]";
   check_rank(c.k, "cache.k", 4, layout);
   check_rank(c.v, "cache.v", 4, layout);
-  if (!is_float(c.k.dtype)) {
+  if (!checks::is_float_dtype(c.k.dtype)) {
     fail_type(std::string("cache.k has dtype ") + dtype_name(c.k.dtype) + "; expected float16, bfloat16 or float32");
   }
   if (c.v.dtype != c.k.dtype) {

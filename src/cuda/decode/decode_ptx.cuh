@@ -1,145 +1,41 @@
 #pragma once
-// The few PTX instructions the decode kernels use: cp.async (16-byte, zero-fill), ldmatrix, mma.sync m16n8k16,
-// ex2, and the programmatic-dependent-launch controls (sm_90). Shared-memory operands are 32-bit addresses.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include <cstdint>
-
+// The device primitives of the decode kernels, taken in from the shared headers: the PTX wrappers
+// (src/cuda/common/ptx.cuh: cp.async, ldmatrix, mma.sync m16n8k16, ex2, shuffles), fp32 -> fp16 / bf16 conversion
+// (src/cuda/common/dtype.cuh) and the programmatic-dependent-launch controls (src/cuda/common/pdl.cuh, sm_90).
+#include "cuda/common/dtype.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/ptx.cuh"
 
 namespace flashlite::cuda_decode {
 
-inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
+using ::flashlite::cuda::kLn2;
+using ::flashlite::cuda::kLog2e;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+using ::flashlite::cuda::cp_async_16;
+using ::flashlite::cuda::cp_async_16_l2_256;
+using ::flashlite::cuda::cp_async_16_l2_256_policy;
+using ::flashlite::cuda::cp_async_16_policy;
+using ::flashlite::cuda::cp_async_4;
+using ::flashlite::cuda::cp_async_commit;
+using ::flashlite::cuda::cp_async_wait;
+using ::flashlite::cuda::l2_evict_first_policy;
+using ::flashlite::cuda::smem_addr;
+using ::flashlite::cuda::st_shared_16;
+using ::flashlite::cuda::st_shared_4;
+using ::flashlite::cuda::st_shared_f32;
+using ::flashlite::cuda::st_shared_f32x2;
 
-// 16 bytes global -> shared, L2 only (.cg: streamed data skips L1); src_bytes = 0 writes zeros.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-// 4 bytes global -> shared through L1 (.ca: the only path for sizes below 16).
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-// The same with an L2 prefetch hint: a miss fetches the whole aligned 256-byte block (one K/V row of head_dim 128;
-// the rest of the row is requested by the neighbouring threads of the same pass anyway), larger DRAM bursts.
-__device__ __forceinline__ void cp_async_16_l2_256(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-// The same two copies with an L2 cache policy (l2_evict_first_policy below).
-__device__ __forceinline__ void cp_async_16_l2_256_policy(uint32_t dst, const void* src, int src_bytes, uint64_t pol) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes), "l"(pol));
-}
-__device__ __forceinline__ void cp_async_16_policy(uint32_t dst, const void* src, int src_bytes, uint64_t pol) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(src_bytes),
-               "l"(pol));
-}
-// For data read once: its L2 lines are the first to go, so smaller hot data (lengths, q, partials) stays.
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-  return pol;
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void st_shared_4(uint32_t dst, uint32_t v) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(v));
-}
-__device__ __forceinline__ void st_shared_f32(uint32_t dst, float v) {
-  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(dst), "f"(v));
-}
-__device__ __forceinline__ void st_shared_f32x2(uint32_t dst, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dst), "f"(a), "f"(b));
-}
-__device__ __forceinline__ void st_shared_16(uint32_t dst, uint4 v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
-}
+using ::flashlite::cuda::fast_exp2;
+using ::flashlite::cuda::ldmatrix_x4;
+using ::flashlite::cuda::ldmatrix_x4_trans;
+using ::flashlite::cuda::mma_16816;
+using ::flashlite::cuda::pack2;
+using ::flashlite::cuda::quad_max;
+using ::flashlite::cuda::quad_sum;
+using ::flashlite::cuda::warp_max;
+using ::flashlite::cuda::warp_sum;
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// C(16x8, f32) += A(16x16, row) * B(16x8, col).
-template <class T>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats -> one register of two 16-bit values (lo = the lower column).
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
-template <class T>
-__device__ __forceinline__ T from_f32(float x);
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-// 2^x, one MUFU op; 2^-inf = 0.
-__device__ __forceinline__ float exp2_fast(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
+using ::flashlite::cuda::from_float;
 
 // Programmatic dependent launch: src/cuda/common/pdl.cuh.
 using ::flashlite::cuda::pdl_launch_dependents;

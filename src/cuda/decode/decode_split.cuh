@@ -18,6 +18,7 @@
 // one cluster (sm_90), in distributed shared memory by the CTAs themselves (cluster_merge.cuh).
 #include <cuda_runtime.h>
 
+#include "common/paged.h"
 #include "cuda/decode/cluster_merge.cuh"
 #include "cuda/decode/decode_params.h"
 #include "cuda/decode/decode_ptx.cuh"
@@ -129,7 +130,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   const int wm = warp / wn_count, wn = warp % wn_count;
   const int keys_per_warp = kTileKeys / wn_count;
 
-  const uint32_t s_base = smem_u32(smem);
+  const uint32_t s_base = smem_addr(smem);
   const uint32_t sQ = s_base + uint32_t((kStages - 1) * Cfg::STAGE_BYTES);
   // Q rows (zeros past the block's rows) into the last stage's K tile, as its own commit group; issued before the
   // length is read so the two memory round trips overlap.
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   if (p.paged) {
     page_base = p.indptr[b];
     const int pages = p.indptr[b + 1] - page_base;
-    L = pages == 0 ? 0 : (pages - 1) * p.page_size + p.last_page_len[b];
+    L = paged_length<int>(pages, p.page_size, p.last_page_len, b);
   } else {
     L = p.seq_lens[b];
   }
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
   auto copy_pids = [&](int t) {
     if (!p.paged || tid >= kTileKeys) return;
     const int vk = (t_begin + t) * kTileKeys + tid;
-    const uint32_t dst = smem_u32(pid + (t % kPidRing) * kTileKeys + tid);
+    const uint32_t dst = smem_addr(pid + (t % kPidRing) * kTileKeys + tid);
     if (t < n_tiles && vk < vkeys.n_total) {
       const int pos = vkeys.pos(vk);
       const int page_idx = p.page_shift >= 0 ? pos >> p.page_shift : pos / p.page_size;
@@ -324,8 +325,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
       for (int kk = 0; kk < KD; ++kk) {
         uint32_t kf[4];
         ldmatrix_x4(kf, k_addr + uint32_t(kk * 16 * 2));
-        mma16816<T>(s[0], qf[kk], kf[0], kf[1]);
-        mma16816<T>(s[1], qf[kk], kf[2], kf[3]);
+        mma_16816<T>(s[0], qf[kk], kf[0], kf[1]);
+        mma_16816<T>(s[1], qf[kk], kf[2], kf[3]);
       }
       // Scores in log2 units; masked ones -inf.
 #pragma unroll
@@ -347,12 +348,12 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
         mx = quad_max(mx);
         const float m_new = fmaxf(m_run[h], mx);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;
-        const float alpha = exp2_fast(m_run[h] - m_use);
+        const float alpha = fast_exp2(m_run[h] - m_use);
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          s[nt][2 * h] = exp2_fast(s[nt][2 * h] - m_use);
-          s[nt][2 * h + 1] = exp2_fast(s[nt][2 * h + 1] - m_use);
+          s[nt][2 * h] = fast_exp2(s[nt][2 * h] - m_use);
+          s[nt][2 * h + 1] = fast_exp2(s[nt][2 * h + 1] - m_use);
           sum += s[nt][2 * h] + s[nt][2 * h + 1];
         }
         l_run[h] = l_run[h] * alpha + sum;
@@ -374,8 +375,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
       for (int dp = 0; dp < ND / 2; ++dp) {
         uint32_t vf[4];
         ldmatrix_x4_trans(vf, v_addr + uint32_t(dp * 16 * 2));
-        mma16816<T>(o[2 * dp], pa, vf[0], vf[1]);
-        mma16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
+        mma_16816<T>(o[2 * dp], pa, vf[0], vf[1]);
+        mma_16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
       }
     }
   }
@@ -408,8 +409,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
       for (int h = 0; h < 2; ++h) {
         const float m2 = other[ND * 128 + g + 8 * h], l2 = other[ND * 128 + 16 + g + 8 * h];
         const float mm = fmaxf(m_run[h], m2);
-        const float a1 = m_run[h] == -INFINITY ? 0.f : exp2_fast(m_run[h] - mm);
-        const float a2 = m2 == -INFINITY ? 0.f : exp2_fast(m2 - mm);
+        const float a1 = m_run[h] == -INFINITY ? 0.f : fast_exp2(m_run[h] - mm);
+        const float a2 = m2 == -INFINITY ? 0.f : fast_exp2(m2 - mm);
         l_run[h] = l_run[h] * a1 + l2 * a2;
         m_run[h] = mm;
 #pragma unroll
@@ -454,15 +455,15 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
     if (p.num_splits == 1) {
       const float sink2 = p.sink_logits ? p.sink_logits[head] * kLog2e : -INFINITY;
       const float mf = fmaxf(m, sink2);
-      const float fac = m == -INFINITY ? 0.f : exp2_fast(m - mf);
-      const float lf = l * fac + (sink2 == -INFINITY ? 0.f : exp2_fast(sink2 - mf));
+      const float fac = m == -INFINITY ? 0.f : fast_exp2(m - mf);
+      const float lf = l * fac + (sink2 == -INFINITY ? 0.f : fast_exp2(sink2 - mf));
       const float mult = lf == 0.f ? 0.f : fac / lf;  // lf NaN: a NaN / +inf score or sink logit
       T* out = static_cast<T*>(p.out) + b * p.o_sb + i * p.o_ss + head * p.o_sh;
 #pragma unroll
       for (int dn = 0; dn < ND; ++dn) {
         const int col = dn * 8 + 2 * t4;
-        out[col] = from_f32<T>(o[dn][2 * h] * mult);
-        out[col + 1] = from_f32<T>(o[dn][2 * h + 1] * mult);
+        out[col] = from_float<T>(o[dn][2 * h] * mult);
+        out[col + 1] = from_float<T>(o[dn][2 * h + 1] * mult);
       }
       if (p.lse && t4 == 0) {
         p.lse[b * p.lse_sb + head * p.lse_sh + i * p.lse_ss] = lf == 0.f ? -INFINITY : (mf + __log2f(lf)) * kLn2;

@@ -1,19 +1,21 @@
 #pragma once
 // Device helpers shared by the fused forward kernels: which work a block owns, which key tiles it must visit,
-// and the few PTX instructions the tensor-core kernel uses (cp.async, ldmatrix, mma.sync, ex2).
+// and the few PTX instructions the tensor-core kernel uses (cp.async, ldmatrix, mma.sync, ex2: src/cuda/common/ptx.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
 #include "common/mask.h"
+#include "common/paged.h"
+#include "cuda/common/ptx.cuh"
 #include "cuda/fwd/block_order.h"
 #include "cuda/fwd/fwd_params.h"
 
 namespace flashlite::cuda_fwd {
 
-inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
+using ::flashlite::cuda::kLn2;
+using ::flashlite::cuda::kLog2e;
 
 // ------------------------------------------------------------------ work decomposition
 
@@ -32,7 +34,7 @@ struct BlockWork {
 __device__ __forceinline__ int cache_length(const FwdParams& p, int b) {
   if (!p.kv_paged) return p.kv_seq_lens[b];
   const int pages = p.kv_page_indptr[b + 1] - p.kv_page_indptr[b];
-  return pages == 0 ? 0 : (pages - 1) * p.page_size + p.kv_last_page_len[b];
+  return paged_length<int>(pages, p.page_size, p.kv_last_page_len, b);
 }
 
 // 1-D grid over (sequence, head) pairs and tile ranks (block_order.h). Pair-major (default): a pair's tiles run side by
@@ -106,96 +108,26 @@ __device__ __forceinline__ KeyTiles key_tiles(const MaskParams& m, int i0, int i
   return t;
 }
 
-// ------------------------------------------------------------------ PTX wrappers
+// ------------------------------------------------------------------ PTX wrappers (src/cuda/common/ptx.cuh)
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Shared-memory operands are 32-bit shared-window addresses, so that the tile offsets of unrolled loops fold into
-// the instructions' immediate offsets instead of occupying registers.
-
-// 16-byte async copy global -> shared; src_bytes = 0 writes zeros (rows past the sequence end).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void st_shared_16(uint32_t dst, uint4 v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// D(16x8, f32) += A(16x16, row) * B(16x8, col), fp16 or bf16 operands.
-template <class T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                          uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats -> one register of two 16-bit values (lo = first, the lower column index).
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
-// 2^x in one MUFU instruction; exp2(-inf) = 0.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+using ::flashlite::cuda::cp_async_16;
+using ::flashlite::cuda::cp_async_commit;
+using ::flashlite::cuda::cp_async_wait;
+using ::flashlite::cuda::fast_exp2;
+using ::flashlite::cuda::ldmatrix_x4;
+using ::flashlite::cuda::ldmatrix_x4_trans;
+using ::flashlite::cuda::mma_16816;
+using ::flashlite::cuda::pack2;
+using ::flashlite::cuda::quad_max;
+using ::flashlite::cuda::quad_sum;
+using ::flashlite::cuda::smem_addr;
+using ::flashlite::cuda::st_shared_16;
 
 // tanh(x) = 1 - 2 / (e^{2x} + 1): absolute error ~1e-7 (tanh.approx's 2^-11 relative error would move a capped
 // logit of 30 by 0.015, visible in the LSE).
 __device__ __forceinline__ float accurate_tanh(float x) {
   const float e = fast_exp2(2.f * kLog2e * x);
   return 1.f - __fdividef(2.f, e + 1.f);
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // Final normalisation of one row: the sink logit (log2 units, -inf when absent) joins the denominator.

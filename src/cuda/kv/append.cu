@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/paged.h"
 #include "cuda/common/check.h"
 #include "cuda/common/dtype.cuh"
 #include "cuda/common/kernel_arch.h"
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
   if (p.paged) {
     page_base = p.indptr[b];
     const int pages = p.indptr[b + 1] - page_base;
-    L = pages == 0 ? 0 : (pages - 1) * p.page_size + p.last_page_len[b];
+    L = paged_length<int>(pages, p.page_size, p.last_page_len, b);
   } else {
     L = p.seq_lens[b];
   }
