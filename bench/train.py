@@ -14,7 +14,7 @@ per run: tokens/s (after warm-up) and peak GPU memory. Writes JSON (and a PNG of
 import argparse
 import copy
 import json
-import subprocess
+import pathlib
 import sys
 import time
 
@@ -22,6 +22,9 @@ import torch
 import transformers
 
 import flashlite.hf as flhf
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench/
+from tree_commit import tree_commit  # noqa: E402
 
 
 def corpus():
@@ -139,7 +142,7 @@ def main(argv=None):
               + "  ".join(f"{x['impl']} {x['tokens_per_s'] or 0:,.0f} tok/s"
                           + (f" {x['peak_memory_mib']:,.0f} MiB" if x["peak_memory_mib"] else "") for x in r["runs"]))
     out = dict(benchmark="train", device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-               torch=torch.__version__, transformers=transformers.__version__, commit=args.commit or _commit(),
+               torch=torch.__version__, transformers=transformers.__version__, commit=args.commit or tree_commit(),
                dtype=args.dtype, steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, seed=args.seed,
                data="pydoc_data.topics (Python's reference documentation), bytes", results=results)
     if args.json:
@@ -148,14 +151,6 @@ def main(argv=None):
     if args.plot:
         _plot(out, args.plot)
     return out
-
-
-def _commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def _plot(out, path):

@@ -12,23 +12,18 @@ Also the forward + backward time and the peak memory of one forward + backward p
 """
 import argparse
 import json
-import os
 import statistics
-import subprocess
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashlite
+import pathlib
+import sys
 
-
-def tree_commit():
-    if os.environ.get("FLASHLITE_COMMIT"):
-        return os.environ["FLASHLITE_COMMIT"]
-    here = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True)
-    return r.stdout.strip() or "unknown"
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # bench/
+from tree_commit import tree_commit  # noqa: E402
 
 
 def sdpa(backend, causal):

@@ -12,6 +12,11 @@ import json
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # bench/
+from tree_commit import tree_commit  # noqa: E402
 
 
 def timed(fn, n_inputs, reps, before=None):
@@ -56,17 +61,6 @@ def graphed(fn, n_inputs, reps):
     ms.sort()
     del g
     return ms[len(ms) // 2] * 1e3 / n
-
-
-def tree_commit():
-    """The commit of the tree that runs: $FLASHLITE_COMMIT, else git HEAD, else "unknown" (readme_tables.py needs one)."""
-    import os
-    import subprocess
-    if os.environ.get("FLASHLITE_COMMIT"):
-        return os.environ["FLASHLITE_COMMIT"]
-    here = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True)
-    return r.stdout.strip() or "unknown"
 
 
 def main():

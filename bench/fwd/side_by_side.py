@@ -16,6 +16,11 @@ import statistics
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # bench/
+from tree_commit import tree_commit  # noqa: E402
 
 
 def load(path):
@@ -24,17 +29,6 @@ def load(path):
     lib.fl_forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_void_p] + [ctypes.c_int] * 10 + [ctypes.c_void_p]
     lib.fl_last_error.restype = ctypes.c_char_p
     return lib
-
-
-def tree_commit():
-    """The commit of the tree that runs: $FLASHLITE_COMMIT, else git HEAD, else "unknown" (readme_tables.py needs one)."""
-    import os
-    import subprocess
-    if os.environ.get("FLASHLITE_COMMIT"):
-        return os.environ["FLASHLITE_COMMIT"]
-    here = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True)
-    return r.stdout.strip() or "unknown"
 
 
 def main():

@@ -63,31 +63,37 @@ ForwardArgs make_args(const InArray& q, const InArray& k, const InArray& v, cons
       nb::arg("window_left"), nb::arg("window_right"), nb::arg("sink_tokens"), nb::arg("softcap"),              \
       nb::arg("backend"), nb::arg("stream")
 
+// A workspace array must live on the tensors' device.
+void check_on_device(const OutArray& w, Device dev, const char* what) {
+  if (dev.type == DeviceType::cuda && (w.device_type() != nb::device::cuda::value || w.device_id() != dev.index)) {
+    throw Error(ErrorKind::invalid_value, std::string(what) + " is not on " + device_name(dev) +
+                                              "; the workspace must live on the tensors' device");
+  }
+}
+
+// Scratch of `bytes` from `allocate(nbytes)` (e.g. torch's caching allocator, so CUDA graphs can capture the call),
+// kept alive in `hold` until the launches are queued; sets workspace / workspace_bytes of args. Nothing when bytes is 0
+// or there is no allocator (the backend then allocates itself, cudaMallocAsync).
+template <class Args>
+void attach_allocated(Args& a, size_t bytes, nb::object allocate, Device dev, std::optional<OutArray>& hold) {
+  if (bytes == 0 || allocate.is_none()) return;
+  hold = nb::cast<OutArray>(allocate(bytes));
+  check_on_device(*hold, dev, "the allocated workspace");
+  a.workspace = hold->data();
+  a.workspace_bytes = hold->nbytes();
+}
+
 // Runs the attention. The scratch memory of the CUDA naive backend comes from `workspace` (a byte array on the
-// device) when given, else from `allocate(nbytes)` (e.g. torch's caching allocator, so CUDA graphs can capture the
-// call), else the backend allocates it itself (cudaMallocAsync).
+// device) when given, else from `allocate` (attach_allocated).
 void py_forward(FL_PY_PARAMS, const std::optional<OutArray>& workspace, nb::object allocate) {
   ForwardArgs a = make_args(FL_PY_ARGS);
-  const auto on_q_device = [&](const OutArray& w, const char* what) {
-    if (a.q.device.type == DeviceType::cuda &&
-        (w.device_type() != nb::device::cuda::value || w.device_id() != a.q.device.index)) {
-      throw Error(ErrorKind::invalid_value, std::string(what) + " is not on " + device_name(a.q.device) +
-                                                "; the workspace must live on the tensors' device");
-    }
-  };
-  std::optional<OutArray> allocated;  // keeps an allocated workspace alive until the launches are queued
+  std::optional<OutArray> allocated;
   if (workspace) {
-    on_q_device(*workspace, "workspace");
+    check_on_device(*workspace, a.q.device, "workspace");
     a.workspace = workspace->data();
     a.workspace_bytes = workspace->nbytes();
   } else if (!allocate.is_none()) {
-    const size_t bytes = forward_workspace_bytes(a);
-    if (bytes > 0) {
-      allocated = nb::cast<OutArray>(allocate(bytes));
-      on_q_device(*allocated, "the allocated workspace");
-      a.workspace = allocated->data();
-      a.workspace_bytes = allocated->nbytes();
-    }
+    attach_allocated(a, forward_workspace_bytes(a), allocate, a.q.device, allocated);
   }
   nb::gil_scoped_release release;
   forward(a);
@@ -121,15 +127,8 @@ void py_backward(const InArray& q, const InArray& k, const InArray& v, const InA
   a.backend = parse_backend(backend);
   a.stream = reinterpret_cast<void*>(stream);
   a.deterministic = deterministic;
-  std::optional<OutArray> allocated;  // keeps an allocated workspace alive until the launches are queued
-  if (!allocate.is_none()) {
-    const size_t bytes = backward_workspace_bytes(a);
-    if (bytes > 0) {
-      allocated = nb::cast<OutArray>(allocate(bytes));
-      a.workspace = allocated->data();
-      a.workspace_bytes = allocated->nbytes();
-    }
-  }
+  std::optional<OutArray> allocated;
+  if (!allocate.is_none()) attach_allocated(a, backward_workspace_bytes(a), allocate, a.q.device, allocated);
   nb::gil_scoped_release release;
   backward(a);
 }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backward_util.h"
 #include "flashlite/backward.h"
 #include "test_util.h"
 
@@ -66,26 +67,9 @@ struct Grad {
   }
 };
 
-struct Ref {
-  std::vector<double> dq, dk, dv, dsink;
-};
+using Ref = Grads64;
 
-Ref reference(const Grad& g) {
-  const Spec& s = g.p.spec;
-  Ref r;
-  r.dq.assign(size_t(s.tensor_batch() * s.rows_q() * s.hq * s.d), std::nan(""));
-  r.dk.assign(size_t(s.tensor_batch() * s.rows_k() * s.hkv * s.d), std::nan(""));
-  r.dv.assign(r.dk.size(), std::nan(""));
-  r.dsink.assign(size_t(s.hq), std::nan(""));
-  flashlite::reference_backward_f64(g.args, r.dq.data(), r.dk.data(), r.dv.data(), r.dsink.data());
-  return r;
-}
-
-double max_abs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
+Ref reference(const Grad& g) { return reference_grads(g.p.spec, g.args); }
 
 // Every element of view t against want ([b, rows, heads, d] contiguous) within tol * max(1, max |want|).
 void expect_close(const char* name, const TensorView& t, const std::vector<double>& want, double tol) {

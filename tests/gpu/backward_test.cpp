@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "backward_util.h"
 #include "flashlite/backward.h"
 #include "gpu_util.h"
 
@@ -151,20 +152,9 @@ struct GpuGrad {
   }
 };
 
-struct Grads {
-  std::vector<double> dq, dk, dv, dsink;
-};
+using Grads = Grads64;
 
-Grads reference(const GpuGrad& g) {
-  const Spec& s = g.p.spec;
-  Grads r;
-  r.dq.assign(size_t(s.tensor_batch() * s.rows_q() * s.hq * s.d), std::nan(""));
-  r.dk.assign(size_t(s.tensor_batch() * s.rows_k() * s.hkv * s.d), std::nan(""));
-  r.dv.assign(r.dk.size(), std::nan(""));
-  r.dsink.assign(size_t(s.hq), std::nan(""));
-  flashlite::reference_backward_f64(g.hargs, r.dq.data(), r.dk.data(), r.dv.data(), r.dsink.data());
-  return r;
-}
+Grads reference(const GpuGrad& g) { return reference_grads(g.p.spec, g.hargs); }
 
 float get3(const TensorView& t, int64_t b, int64_t h, int64_t r) {
   return load(t.dtype, t.data, b * t.strides[0] + h * t.strides[1] + r * t.strides[2]);
@@ -249,12 +239,6 @@ Grads lowp_reference(const GpuGrad& g) {
   for (auto* v : {&r.dq, &r.dk, &r.dv})
     for (double& x : *v) x = round_to(t, x);
   return r;
-}
-
-double max_abs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::fabs(x));
-  return m;
 }
 
 // The view's elements ([b, rows, heads, d]) as a contiguous vector.
