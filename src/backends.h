@@ -17,6 +17,7 @@ struct FwdPlan {
   int mma_config = 0;  // cuda_mma: cuda_fwd::MmaConfig
   int block_rows = 0;  // CUDA fused kernels: query rows per block
   int rank_group = 0;  // CUDA fused, causal: (sequence, head) pairs per rank-major group (block_order.h; 0: one group)
+  size_t fold_bytes = 0;  // CUDA tensor-core kernels, rows longer than cuda_fwd::kFoldKeys: their fold space
 };
 
 void run_reference(const AttentionProblem& p);
@@ -46,7 +47,7 @@ void run_cuda_naive(const AttentionProblem& p, void* stream, void* workspace, si
 // or why not. forced: automatic or one of cuda_simt / cuda_mma / cuda_hopper. cache: prefill from this KV cache (the
 // mma.sync kernel's cache variant).
 FwdPlan plan_cuda_fused(const AttentionProblem& p, ForwardKernel forced, const KvCacheDesc* cache = nullptr);
-void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream);
+void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream, void* workspace, size_t workspace_bytes);
 std::string cuda_fused_kernel_name(const AttentionProblem& p, const FwdPlan& plan);
 // The CUDA backward (src/cuda/bwd/): empty string when it supports p, otherwise why not (names the dtype or
 // head_dim); the kernel's name; its workspace; the run (all on `stream`, workspace allocated when null).

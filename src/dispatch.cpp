@@ -338,7 +338,7 @@ ForwardPlan plan_forward(const ForwardArgs& args, const ForwardOverrides& overri
   plan.kernel = fp.kernel;
   plan.name = kernel_name(p, fp);
 #if FLASHLITE_WITH_CUDA
-  if (fp.kernel == ForwardKernel::cuda_naive) plan.workspace_bytes = cuda_naive_workspace_bytes(p);
+  plan.workspace_bytes = fp.kernel == ForwardKernel::cuda_naive ? cuda_naive_workspace_bytes(p) : fp.fold_bytes;
 #endif
   return plan;
 }
@@ -346,9 +346,10 @@ ForwardPlan plan_forward(const ForwardArgs& args, const ForwardOverrides& overri
 size_t forward_workspace_bytes(const ForwardArgs& args) {
   [[maybe_unused]] const Resolved r = resolve(args);
 #if FLASHLITE_WITH_CUDA
-  if (r.plan.kernel == ForwardKernel::cuda_naive) return cuda_naive_workspace_bytes(r.problem);
-#endif
+  return r.plan.kernel == ForwardKernel::cuda_naive ? cuda_naive_workspace_bytes(r.problem) : r.plan.fold_bytes;
+#else
   return 0;
+#endif
 }
 
 std::string forward_kernel_name(const ForwardArgs& args) {
@@ -368,7 +369,9 @@ void forward(const ForwardArgs& args) {
     case ForwardKernel::cuda_naive: run_cuda_naive(p, args.stream, args.workspace, args.workspace_bytes); return;
     case ForwardKernel::cuda_simt:
     case ForwardKernel::cuda_mma:
-    case ForwardKernel::cuda_hopper: run_cuda_fused(p, r.plan, args.stream); return;
+    case ForwardKernel::cuda_hopper:
+      run_cuda_fused(p, r.plan, args.stream, args.workspace, args.workspace_bytes);
+      return;
 #endif
     default: break;
   }

@@ -99,8 +99,9 @@ struct ForwardArgs {
   AttentionOptions options;
   Backend backend = Backend::automatic;
   void* stream = nullptr;  // cudaStream_t for CUDA tensors
-  // Scratch memory on the tensors' device for backends that need it (CUDA naive); query its size with
-  // forward_workspace_bytes(). When absent such a backend allocates (and frees) it itself.
+  // Scratch memory on the tensors' device for backends that need it (CUDA naive; the CUDA tensor-core kernels when
+  // seq_k > 32768: fp32 sums of rows that long, about 4 bytes per output element); query its size with
+  // forward_workspace_bytes(). When absent such a backend allocates (and frees) it itself, stream-ordered.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   // null: planned here; else the overrides of this plan apply (a plan of plan_forward(args, overrides)).

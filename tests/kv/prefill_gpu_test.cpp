@@ -1,6 +1,6 @@
 // prefill() on CUDA against float64 (skipped without a GPU): the fused kernel's KV-cache variant over contiguous and
 // paged caches (shuffled non-contiguous page tables, page sizes 16..256 incl. 48 and 100, tiles spanning pages),
-// ragged chunks incl. 1 and empty, long sequences, windows crossing pages, sinks, softcap, sink logits, GQA / MQA,
+// ragged chunks incl. 1 and empty, long sequences (past the fold length too), windows crossing pages, sinks, softcap, sink logits, GQA / MQA,
 // bf16 / fp16, head_dim 64 / 128; ragged batches past the inline offset table; prefill equal to forward() over the
 // same K/V as plain tensors; chunked equal to one-shot; unsupported cases rejected before any launch. Set
 // FLASHLITE_PREFILL_BENCH=1 (or =file.json) to also time paged vs contiguous prefill vs forward() (PrefillGpuBench;
@@ -109,6 +109,27 @@ TEST(PrefillGpu, LongSequencesAllPageSizes) {
       t.lens = {4097, 1, 1000, 12000, 130};
       t.chunks = {300, 1, 1000, 64, 129};
       t.opt = window_opt(700, 4);
+      run_and_check(t);
+    }
+  }
+}
+
+// Sequences longer than cuda_fwd::kFoldKeys (32768): their rows fold O out of the MMA accumulators between key
+// segments (fwd_params.h), in the cache variant too; a short sequence beside them does not fold.
+TEST(PrefillGpu, RowsPastTheFoldLength) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t ps : {0, 16}) {
+    for (int64_t d : {64, 128}) {
+      PrefillCase t;
+      t.name = "fold_ps" + std::to_string(ps) + "_d" + std::to_string(d);
+      SCOPED_TRACE(t.name);
+      t.paged = ps > 0;
+      t.page_size = ps > 0 ? ps : 16;
+      t.head_dim = d;
+      t.q_heads = 4, t.kv_heads = 2;
+      t.lens = {70001, 5, 40000};
+      t.chunks = {64, 5, 3};
+      t.sink_logits = true;
       run_and_check(t);
     }
   }

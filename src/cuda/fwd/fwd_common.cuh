@@ -142,4 +142,62 @@ __device__ __forceinline__ float finish_row(float m, float l, float sink2, float
   return lf == 0.f ? 0.f : fac / lf;
 }
 
+
+// ------------------------------------------------------------------ long rows: folding O out of the MMA accumulators
+
+// One thread's fold slot (kFoldKeys, FwdParams::fold): its element e at base[e * stride], stride = the block's
+// folding threads, so a warp's accesses are coalesced. Elements: the thread's N accumulators of O, then the running
+// max of each of its R rows at the last fold, then its R partial row sums.
+// The loads and stores are volatile asm, kept in program order, so a fold never holds more than a few values in
+// flight (plain loads would be hoisted together, and the registers for them would be reserved in the hot loop too).
+struct FoldSlot {
+  float* base;
+  int stride;
+  __device__ float get(int e) const {
+    float x;
+    asm volatile("ld.global.f32 %0, [%1];" : "=f"(x) : "l"(base + int64_t(e) * stride));
+    return x;
+  }
+  __device__ void set(int e, float x) const {
+    asm volatile("st.global.f32 [%0], %1;" ::"l"(base + int64_t(e) * stride), "f"(x) : "memory");
+  }
+};
+
+// Moves O and the row sums (relative to the running max m, in score units; mult turns them into log2 units) into
+// the slot and zeroes them: slot = slot * 2^((m_slot - m) * mult) + acc. first: the slot holds nothing yet. The
+// thread's N accumulators of O and R rows are reached through o(i), m(r), l(r) (float&; constant indices once
+// unrolled, so they stay registers); o(i) belongs to row (i / (2N / R)) * 2 + i % 4 / 2 (mma.sync and wgmma
+// fragments alike: per m16 tile, c0 c1 on row g, c2 c3 on row g + 8).
+template <int N, int R, class O, class M, class L>
+__device__ __forceinline__ void fold_out(FoldSlot f, O&& o, M&& m, L&& l, float mult, bool first) {
+  float c[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float m_use = m(r) == -INFINITY ? 0.f : m(r);  // as the softmax: nothing visible yet
+    c[r] = first ? 0.f : fast_exp2((f.get(N + r) - m_use) * mult);
+    f.set(N + R + r, first ? l(r) : fmaf(f.get(N + R + r), c[r], l(r)));
+    f.set(N + r, m(r));
+    l(r) = 0.f;
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    f.set(i, first ? o(i) : fmaf(f.get(i), c[(i / (2 * N / R)) * 2 + i % 4 / 2], o(i)));
+    o(i) = 0.f;
+  }
+}
+
+// At the end of a row that folded: O and the sums get the slot's share back, rescaled to the final running max.
+template <int N, int R, class O, class M, class L>
+__device__ __forceinline__ void fold_in(FoldSlot f, O&& o, M&& m, L&& l, float mult) {
+  float c[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float m_use = m(r) == -INFINITY ? 0.f : m(r);
+    c[r] = fast_exp2((f.get(N + r) - m_use) * mult);
+    l(r) = fmaf(f.get(N + R + r), c[r], l(r));
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) o(i) = fmaf(f.get(i), c[(i / (2 * N / R)) * 2 + i % 4 / 2], o(i));
+}
+
 }  // namespace flashlite::cuda_fwd

@@ -238,6 +238,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
     l_run[mi][0] = l_run[mi][1] = 0.f;
   }
 
+  // Long rows: this thread's fold slot and its accumulators as the fold helpers reach them (kFoldKeys).
+  constexpr int FOLD_TILES = kFoldKeys / BC, FOLD_N = MT * ND * 4, FOLD_R = MT * 2;
+  const auto fold_slot = [&] {
+    return FoldSlot{p.fold + blockIdx.x * fold_floats_per_block(BR, Cfg::D) + threadIdx.x, Cfg::THREADS};
+  };
+  const auto o_at = [&](int i) -> float& { return o[i / (ND * 4)][i / 4 % ND][i % 4]; };
+  const auto m_at = [&](int r) -> float& { return m_run[r / 2][r % 2]; };
+  const auto l_at = [&](int r) -> float& { return l_run[r / 2][r % 2]; };
+
   // Rows of this warp that exist; a warp wholly past the sequence end computes on zeros and writes nothing.
   const int wr0 = i0 + wrow0, wr1 = min(wr0 + MT * 16, sq);
 
@@ -245,160 +254,167 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
   const bool transform = !(Cfg::FEAT & kFoldScale) || p.softcap || !(p.scale_log2 > 0.f);
   const float mult = transform ? 1.f : p.scale_log2;
 
-  for (int n = 0; n < kt.count; ++n) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // tile n is in shared memory for everyone; tile n - 1's stage is free
-    if (n + STAGES - 1 < kt.count) issue_kv(n + STAGES - 1);
-    cp_async_commit();
+  // Long rows: the key tiles in segments of FOLD_TILES, and between segments O and the sums leave the MMA
+  // accumulators (kFoldKeys). A fold inside the tile loop would cost registers there (ptxas -v: up to +20).
+  for (int n0 = 0; n0 < kt.count; n0 += FOLD_TILES) {
+    if (n0 > 0 && p.fold != nullptr) fold_out<FOLD_N, FOLD_R>(fold_slot(), o_at, m_at, l_at, mult, n0 == FOLD_TILES);
+    const int n1 = min(kt.count, n0 + FOLD_TILES);
+    for (int n = n0; n < n1; ++n) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // tile n is in shared memory for everyone; tile n - 1's stage is free
+      if (n + STAGES - 1 < kt.count) issue_kv(n + STAGES - 1);
+      cp_async_commit();
 
-    const int st = n % STAGES;
-    const int j0 = kt.tile(n) * BC;
-    const uint32_t stage = s_base + uint32_t(st) * STAGE_BYTES;
+      const int st = n % STAGES;
+      const int j0 = kt.tile(n) * BC;
+      const uint32_t stage = s_base + uint32_t(st) * STAGE_BYTES;
 
-    // S = Q K^T (raw dot products, fp32).
-    float s[MT][NT][4];
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-      for (int nj = 0; nj < NT; ++nj)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mi][nj][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      uint32_t qa[MT][4];
-#pragma unroll
-      for (int mi = 0; mi < MT; ++mi) {
-        if constexpr (Cfg::QREG) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) qa[mi][e] = qreg[mi][kk][e];
-        } else {
-          ldmatrix_x4(qa[mi], q_lane + uint32_t((mi * 16 * LD + kk * 16) * 2));
-        }
-      }
-#pragma unroll
-      for (int nj = 0; nj < NT; nj += 2) {
-        uint32_t kb[4];
-        ldmatrix_x4(kb, stage + k_lane + uint32_t((nj * 8 * LD + kk * 16) * 2));
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi) {
-          mma_16816<T>(s[mi][nj], qa[mi], kb[0], kb[1]);
-          mma_16816<T>(s[mi][nj + 1], qa[mi], kb[2], kb[3]);
-        }
-      }
-    }
-
-    // Scores: a softcap (or a non-positive scale) turns them into log2 units here; otherwise the scale * log2(e)
-    // is folded into the exponent below (kFoldScale: one FFMA per score).
-    if (transform) {
+      // S = Q K^T (raw dot products, fp32).
+      float s[MT][NT][4];
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
         for (int nj = 0; nj < NT; ++nj)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float x = s[mi][nj][e];
-            s[mi][nj][e] = p.softcap ? p.softcap_post * accurate_tanh(x * p.softcap_pre) : x * p.scale_log2;
+          for (int e = 0; e < 4; ++e) s[mi][nj][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+        uint32_t qa[MT][4];
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+          if constexpr (Cfg::QREG) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) qa[mi][e] = qreg[mi][kk][e];
+          } else {
+            ldmatrix_x4(qa[mi], q_lane + uint32_t((mi * 16 * LD + kk * 16) * 2));
           }
-    }
-    // The mask, on boundary tiles only.
-    const bool full = wr0 >= sq || (j0 + BC <= sk && tile_fully_visible(p.mask, wr0, wr1, j0, j0 + BC, sq, sk));
-    if (!full) {
+        }
+#pragma unroll
+        for (int nj = 0; nj < NT; nj += 2) {
+          uint32_t kb[4];
+          ldmatrix_x4(kb, stage + k_lane + uint32_t((nj * 8 * LD + kk * 16) * 2));
+#pragma unroll
+          for (int mi = 0; mi < MT; ++mi) {
+            mma_16816<T>(s[mi][nj], qa[mi], kb[0], kb[1]);
+            mma_16816<T>(s[mi][nj + 1], qa[mi], kb[2], kb[3]);
+          }
+        }
+      }
+
+      // Scores: a softcap (or a non-positive scale) turns them into log2 units here; otherwise the scale * log2(e)
+      // is folded into the exponent below (kFoldScale: one FFMA per score).
+      if (transform) {
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+          for (int nj = 0; nj < NT; ++nj)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float x = s[mi][nj][e];
+              s[mi][nj][e] = p.softcap ? p.softcap_post * accurate_tanh(x * p.softcap_pre) : x * p.scale_log2;
+            }
+      }
+      // The mask, on boundary tiles only.
+      const bool full = wr0 >= sq || (j0 + BC <= sk && tile_fully_visible(p.mask, wr0, wr1, j0, j0 + BC, sq, sk));
+      if (!full) {
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            // Row interval form of the shared predicate (row_mask.h); 32-bit compares against tile-relative keys.
+            const RowKeys rk = row_keys(p.mask, wr0 + mi * 16 + g + r * 8, sq, sk);
+            const int lo = clamp_to(rk.lo - j0, -1, BC), hi = clamp_to(rk.hi - j0, -1, BC);
+            const int se = clamp_to(rk.sink_end - j0, 0, BC);
+#pragma unroll
+            for (int nj = 0; nj < NT; ++nj)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int j = nj * 8 + 2 * t + e;
+                if (!((j >= lo && j <= hi) || j < se)) s[mi][nj][2 * r + e] = -INFINITY;
+              }
+          }
+      }
+
+      // Online softmax: each quad of lanes shares a row; sums stay per-thread until the end. m_run is in score
+      // units (log2 units times 1 / mult).
+      uint32_t pk[MT][NT][2];  // kEarlyPack: P as 16-bit pairs right after the exponent (frees the fp32 scores)
+      bool raised = false;     // some row of this thread raised a running max that was finite
+      float alpha[MT][2];
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          // Row interval form of the shared predicate (row_mask.h); 32-bit compares against tile-relative keys.
-          const RowKeys rk = row_keys(p.mask, wr0 + mi * 16 + g + r * 8, sq, sk);
-          const int lo = clamp_to(rk.lo - j0, -1, BC), hi = clamp_to(rk.hi - j0, -1, BC);
-          const int se = clamp_to(rk.sink_end - j0, 0, BC);
+          float mx = -INFINITY;
 #pragma unroll
-          for (int nj = 0; nj < NT; ++nj)
+          for (int nj = 0; nj < NT; ++nj) mx = fmaxf(mx, fmaxf(s[mi][nj][2 * r], s[mi][nj][2 * r + 1]));
+          mx = quad_max(mx);
+          const float m_old = m_run[mi][r];
+          const float m_new = fmaxf(m_old, mx);
+          const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: avoid -inf - -inf
+          alpha[mi][r] = fast_exp2((m_old - m_use) * mult);
+          raised |= m_new > m_old && m_old > -INFINITY;  // else O is still zero or unchanged
+          m_run[mi][r] = m_new;
+          const float neg = -m_use * mult;
+          float sum = 0.f;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int j = nj * 8 + 2 * t + e;
-              if (!((j >= lo && j <= hi) || j < se)) s[mi][nj][2 * r + e] = -INFINITY;
+          for (int nj = 0; nj < NT; ++nj) {
+            const float p0 = fast_exp2(fmaf(s[mi][nj][2 * r], mult, neg));
+            const float p1 = fast_exp2(fmaf(s[mi][nj][2 * r + 1], mult, neg));
+            sum += p0 + p1;
+            if constexpr (Cfg::FEAT & kEarlyPack) {
+              pk[mi][nj][r] = pack2<T>(p0, p1);
+            } else {
+              s[mi][nj][2 * r] = p0;
+              s[mi][nj][2 * r + 1] = p1;
             }
-        }
-    }
-
-    // Online softmax: each quad of lanes shares a row; sums stay per-thread until the end. m_run is in score
-    // units (log2 units times 1 / mult).
-    uint32_t pk[MT][NT][2];  // kEarlyPack: P as 16-bit pairs right after the exponent (frees the fp32 scores)
-    bool raised = false;     // some row of this thread raised a running max that was finite
-    float alpha[MT][2];
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nj = 0; nj < NT; ++nj) mx = fmaxf(mx, fmaxf(s[mi][nj][2 * r], s[mi][nj][2 * r + 1]));
-        mx = quad_max(mx);
-        const float m_old = m_run[mi][r];
-        const float m_new = fmaxf(m_old, mx);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: avoid -inf - -inf
-        alpha[mi][r] = fast_exp2((m_old - m_use) * mult);
-        raised |= m_new > m_old && m_old > -INFINITY;  // else O is still zero or unchanged
-        m_run[mi][r] = m_new;
-        const float neg = -m_use * mult;
-        float sum = 0.f;
-#pragma unroll
-        for (int nj = 0; nj < NT; ++nj) {
-          const float p0 = fast_exp2(fmaf(s[mi][nj][2 * r], mult, neg));
-          const float p1 = fast_exp2(fmaf(s[mi][nj][2 * r + 1], mult, neg));
-          sum += p0 + p1;
-          if constexpr (Cfg::FEAT & kEarlyPack) {
-            pk[mi][nj][r] = pack2<T>(p0, p1);
-          } else {
-            s[mi][nj][2 * r] = p0;
-            s[mi][nj][2 * r + 1] = p1;
           }
+          l_run[mi][r] = l_run[mi][r] * alpha[mi][r] + sum;
         }
-        l_run[mi][r] = l_run[mi][r] * alpha[mi][r] + sum;
+      // Rescale O; kSkipRescale: not at all when no row of the warp raised its max (most tiles of long rows).
+      if (!(Cfg::FEAT & kSkipRescale) || __any_sync(0xffffffffu, raised)) {
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+          for (int dn = 0; dn < ND; ++dn) {
+            o[mi][dn][0] *= alpha[mi][0];
+            o[mi][dn][1] *= alpha[mi][0];
+            o[mi][dn][2] *= alpha[mi][1];
+            o[mi][dn][3] *= alpha[mi][1];
+          }
       }
-    // Rescale O; kSkipRescale: not at all when no row of the warp raised its max (most tiles of long rows).
-    if (!(Cfg::FEAT & kSkipRescale) || __any_sync(0xffffffffu, raised)) {
-#pragma unroll
-      for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-        for (int dn = 0; dn < ND; ++dn) {
-          o[mi][dn][0] *= alpha[mi][0];
-          o[mi][dn][1] *= alpha[mi][0];
-          o[mi][dn][2] *= alpha[mi][1];
-          o[mi][dn][3] *= alpha[mi][1];
-        }
-    }
 
-    // O += P V: the S accumulators of two n8 tiles form one k16 A fragment.
+      // O += P V: the S accumulators of two n8 tiles form one k16 A fragment.
 #pragma unroll
-    for (int kb = 0; kb < KB; ++kb) {
-      uint32_t pa[MT][4];
-#pragma unroll
-      for (int mi = 0; mi < MT; ++mi) {
-        if constexpr (Cfg::FEAT & kEarlyPack) {
-          pa[mi][0] = pk[mi][2 * kb][0];
-          pa[mi][1] = pk[mi][2 * kb][1];
-          pa[mi][2] = pk[mi][2 * kb + 1][0];
-          pa[mi][3] = pk[mi][2 * kb + 1][1];
-        } else {
-          pa[mi][0] = pack2<T>(s[mi][2 * kb][0], s[mi][2 * kb][1]);
-          pa[mi][1] = pack2<T>(s[mi][2 * kb][2], s[mi][2 * kb][3]);
-          pa[mi][2] = pack2<T>(s[mi][2 * kb + 1][0], s[mi][2 * kb + 1][1]);
-          pa[mi][3] = pack2<T>(s[mi][2 * kb + 1][2], s[mi][2 * kb + 1][3]);
-        }
-      }
-#pragma unroll
-      for (int dn = 0; dn < ND; dn += 2) {
-        uint32_t vb[4];
-        ldmatrix_x4_trans(vb, stage + v_lane + uint32_t((kb * 16 * LD + dn * 8) * 2));
+      for (int kb = 0; kb < KB; ++kb) {
+        uint32_t pa[MT][4];
 #pragma unroll
         for (int mi = 0; mi < MT; ++mi) {
-          mma_16816<T>(o[mi][dn], pa[mi], vb[0], vb[1]);
-          mma_16816<T>(o[mi][dn + 1], pa[mi], vb[2], vb[3]);
+          if constexpr (Cfg::FEAT & kEarlyPack) {
+            pa[mi][0] = pk[mi][2 * kb][0];
+            pa[mi][1] = pk[mi][2 * kb][1];
+            pa[mi][2] = pk[mi][2 * kb + 1][0];
+            pa[mi][3] = pk[mi][2 * kb + 1][1];
+          } else {
+            pa[mi][0] = pack2<T>(s[mi][2 * kb][0], s[mi][2 * kb][1]);
+            pa[mi][1] = pack2<T>(s[mi][2 * kb][2], s[mi][2 * kb][3]);
+            pa[mi][2] = pack2<T>(s[mi][2 * kb + 1][0], s[mi][2 * kb + 1][1]);
+            pa[mi][3] = pack2<T>(s[mi][2 * kb + 1][2], s[mi][2 * kb + 1][3]);
+          }
+        }
+#pragma unroll
+        for (int dn = 0; dn < ND; dn += 2) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, stage + v_lane + uint32_t((kb * 16 * LD + dn * 8) * 2));
+#pragma unroll
+          for (int mi = 0; mi < MT; ++mi) {
+            mma_16816<T>(o[mi][dn], pa[mi], vb[0], vb[1]);
+            mma_16816<T>(o[mi][dn + 1], pa[mi], vb[2], vb[3]);
+          }
         }
       }
     }
   }
+  if (p.fold != nullptr && kt.count > FOLD_TILES) fold_in<FOLD_N, FOLD_R>(fold_slot(), o_at, m_at, l_at, mult);
 
   // Epilogue: normalise (the sink logit joins the denominator), stage O in shared memory, write it once.
   cp_async_wait<0>();

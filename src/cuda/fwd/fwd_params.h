@@ -11,6 +11,15 @@ namespace flashlite::cuda_fwd {
 // Varlen offsets of up to this many sequences travel inside the kernel parameters (2 x 129 int32 = 1 KiB).
 inline constexpr int kInlineSeqs = 128;
 
+// Long rows (docs/numerics.md): a tensor-core MMA truncates what it adds into its fp32 accumulator, a bias that grows
+// with the number of MMAs summed into O (2.4e-2 relative over 2^22 keys on the H100). A block whose rows see more than
+// kFoldKeys keys therefore folds its O accumulators and row sums, every kFoldKeys keys, into fp32 in global memory
+// with ordinary round-to-nearest adds (FwdParams::fold), so no accumulator ever sums more than kFoldKeys keys.
+inline constexpr int kFoldKeys = 1 << 15;
+
+// Floats of fold space per block of block_rows query rows (each thread's O share, its rows' max and sum).
+constexpr int64_t fold_floats_per_block(int block_rows, int head_dim) { return int64_t(block_rows) * (head_dim + 8); }
+
 enum class VarlenMode : int { padded = 0, inline_table = 1, device_table = 2 };
 
 struct FwdParams {
@@ -45,6 +54,9 @@ struct FwdParams {
   bool vec_in = false;         // q, k, v rows are 16-byte aligned: cp.async 16-byte copies
   bool vec_out = false;        // out rows are 16-byte aligned: 16-byte stores
   MaskParams mask;
+  // Long rows: fold space of fold_floats_per_block per block (block b at fold + b * that), when some row may see
+  // more than kFoldKeys keys; null otherwise (the tensor-core kernels then never fold).
+  float* fold = nullptr;
 
   VarlenMode varlen = VarlenMode::padded;
   const int* cu_dev = nullptr;         // device_table: (2, batch + 1): cu_seqlens_q then cu_seqlens_k

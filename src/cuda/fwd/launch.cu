@@ -34,6 +34,20 @@ bool rows_aligned16(const void* base, const BSHStrides& s, int64_t batch, int64_
          (heads <= 1 || ok(s.head));
 }
 
+// Long rows' fold space (fwd_params.h): the caller's workspace, or one allocated on the stream into `owned`.
+float* fold_space(cuda::CallBuffer& owned, void* workspace, size_t workspace_bytes, size_t need) {
+  if (workspace == nullptr) {
+    check(cudaMallocAsync(&owned.ptr, need, owned.stream), "cudaMallocAsync (fold space for rows past 32768 keys)");
+    return static_cast<float*>(owned.ptr);
+  }
+  if (workspace_bytes < need || reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+    throw Error(ErrorKind::invalid_value, "workspace has " + std::to_string(workspace_bytes) +
+                                              " bytes; the fused kernel over rows past 32768 keys needs " +
+                                              std::to_string(need) + ", 16-byte aligned (see forward_workspace_bytes)");
+  }
+  return static_cast<float*>(workspace);
+}
+
 std::string dtype_tag(DType t) { return t == DType::f16 ? "f16" : t == DType::bf16 ? "bf16" : "f32"; }
 
 }  // namespace
@@ -81,12 +95,17 @@ FwdParams make_fwd_params(const AttentionProblem& p, int block_rows, bool tensor
 
 }  // namespace cuda_fwd
 
-void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream_handle) {
+void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream_handle, void* workspace,
+                    size_t workspace_bytes) {
   using namespace cuda_fwd;
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   cuda::DeviceGuard guard(p.device.index);
   FwdParams f = make_fwd_params(p, plan.block_rows, plan.kernel != ForwardKernel::cuda_simt);
   f.rank_group = plan.rank_group;
+  cuda::CallBuffer fold(stream);  // long rows' fold space when the caller passed no workspace
+  if (plan.fold_bytes > 0) {
+    f.fold = fold_space(fold, workspace, workspace_bytes, plan.fold_bytes);
+  }
 
   cuda::CallBuffer table(stream);  // varlen offsets past kInlineSeqs
   if (p.varlen()) {
@@ -128,6 +147,7 @@ void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream
   }
   const cudaError_t launched = cudaGetLastError();
   check(table.free_now(), "cudaFreeAsync (varlen offsets)");
+  check(fold.free_now(), "cudaFreeAsync (fold space)");
   check(launched, "launching the fused attention kernel");
 }
 
@@ -154,6 +174,10 @@ void run_cuda_prefill(const PrefillProblem& p, const FwdPlan& plan, void* stream
   f.kv_page_indptr = c.k_indptr;
   f.kv_page_indices = c.k_indices;
   f.kv_last_page_len = c.k_last_page_len;
+  cuda::CallBuffer fold(stream);  // caches longer than kFoldKeys: fold space for long rows (fwd_params.h)
+  if (plan.fold_bytes > 0) {
+    f.fold = fold_space(fold, nullptr, 0, plan.fold_bytes);
+  }
 
   cuda::CallBuffer table(stream);  // ragged offsets past kInlineSeqs
   if (p.ragged()) {
@@ -176,6 +200,7 @@ void run_cuda_prefill(const PrefillProblem& p, const FwdPlan& plan, void* stream
   }
   const cudaError_t launched = cudaGetLastError();
   check(table.free_now(), "cudaFreeAsync (prefill offsets)");
+  check(fold.free_now(), "cudaFreeAsync (fold space)");
   check(launched, "launching the fused attention kernel (prefill)");
 }
 

@@ -171,6 +171,11 @@ FwdPlan plan_cuda_fused(const AttentionProblem& p, ForwardKernel forced, const K
     // D128 S2048 over one group, the group's K/V hit in L2); windows keep one group (their Flex numbers' order).
     plan.rank_group = p.mask.window_left < 0 ? 8 : 0;
   }
+  // Tensor-core kernels over rows that may see more than kFoldKeys keys fold O out of the accumulators (fwd_params.h).
+  if (plan.kernel != ForwardKernel::cuda_simt && p.seq_k > cuda_fwd::kFoldKeys) {
+    const int64_t blocks = (p.seq_q + plan.block_rows - 1) / plan.block_rows * p.q_heads * p.batch;
+    plan.fold_bytes = size_t(blocks * cuda_fwd::fold_floats_per_block(plan.block_rows, int(p.head_dim))) * 4;
+  }
   return plan;
 }
 

@@ -157,6 +157,19 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
     const bool transform = p.softcap || !(p.scale_log2 > 0.f);
     const float mult = transform ? 1.f : p.scale_log2;
     const uint32_t q_wg = sQ + uint32_t(cw) * 64u * 128u;  // this warpgroup's Q rows
+    // Long rows (cuda_fwd::kFoldKeys): this consumer thread's fold slot. Recomputed where used from the parameters
+    // and special registers, so the hot loop holds nothing more.
+    constexpr int FOLD_TILES = cuda_fwd::kFoldKeys / BC;
+    static_assert(FOLD_TILES % 2 == 0, "folds happen after whole pairs of tiles");
+    // Rows that fold do so first after the pair of tiles that ends at tile FOLD_TILES.
+    const auto folds = [&] { return p.fold != nullptr && kt.count > FOLD_TILES + 1; };
+    const auto fold_slot = [&] {
+      const int64_t block = int64_t(blockIdx.x) * cuda_fwd::fold_floats_per_block(BR, D);
+      return cuda_fwd::FoldSlot{p.fold + block + (threadIdx.x - 128), 256};
+    };
+    const auto o_at = [&](int i) -> float& { return o[i]; };
+    const auto m_at = [&](int r) -> float& { return m_run[r]; };
+    const auto l_at = [&](int r) -> float& { return l_run[r]; };
 
     // Varlen: the K/V tensor maps end at the last sequence's end, not this one's, so the key tile that crosses this
     // sequence's end (j0 < sk < j0 + BC) holds the next sequence's first rows. Their keys are masked (P = 0), but a
@@ -331,10 +344,19 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       pin_regs(s);
       if (lane == 0) mbar_arrive(k_empty(0));
       softmax(s, kt.tile(0) * BC, pa, alpha);  // O is still zero: no rescale
+      // Long rows: the pairs of tiles in segments; after the pair that ends at tile k * FOLD_TILES, O (tiles before
+      // it) and the sums (tiles up to it) leave the wgmma accumulators, all relative to the same running max, and
+      // P(k * FOLD_TILES) joins the emptied O in the next step (kFoldKeys). The inner loop is the loop as it would be
+      // without folding (a test inside it cost the short rows 2%).
       int n = 1;
-      for (; n + 1 < kt.count; n += 2) {
-        step(n, pa, pb);
-        step(n + 1, pb, pa);
+      for (int seg = FOLD_TILES + 1;; seg += FOLD_TILES) {
+        const int limit = min(kt.count, seg);
+        for (; n + 1 < limit; n += 2) {
+          step(n, pa, pb);
+          step(n + 1, pb, pa);
+        }
+        if (limit == kt.count) break;
+        if (p.fold != nullptr) cuda_fwd::fold_out<D / 2, 2>(fold_slot(), o_at, m_at, l_at, mult, seg == FOLD_TILES + 1);
       }
       if (n < kt.count) {  // one tile left: P(n-1) is in pa
         step(n, pa, pb);
@@ -344,6 +366,7 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       }
     }
     if (cw == 0) named_sync(1, 256);  // warpgroup 1's last arrival
+    if (folds()) cuda_fwd::fold_in<D / 2, 2>(fold_slot(), o_at, m_at, l_at, mult);
 
     // Epilogue: normalise (the sink logit joins the denominator), store O pairs and the LSE.
     const float sink2 = p.sink_logits ? p.sink_logits[w.head] * cuda_fwd::kLog2e : -INFINITY;
