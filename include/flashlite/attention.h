@@ -30,9 +30,9 @@
 //   - the K rows of masked keys never matter; a NaN / +-inf V element of a masked key never reaches the LSE or another
 //     column, and on the CPU backends nothing at all, while the CUDA kernels may turn that column NaN in rows of the
 //     same sequence and head group (their masked weight 0 times the element, as torch SDPA and FlashAttention do).
-// Long rows: on the CPU backends and for fp32 on CUDA the accumulation error does not grow with the row length (fp32
-// sums over about 2048 keys folded into float64). The fp16 / bf16 CUDA kernels accumulate in the tensor cores' fp32,
-// which truncates: within the output's rounding up to ~2^16 keys, 2.4e-2 relative at 2^22 (docs/numerics.md).
+// Long rows: the accumulation error does not grow with the row length. The CPU backends and fp32 on CUDA fold fp32
+// sums over about 2048 keys into float64; the fp16 / bf16 CUDA kernels fold their tensor-core accumulators into fp32
+// every 32768 keys (a workspace when seq_k > 32768, see ForwardArgs::workspace; docs/numerics.md).
 #include <optional>
 #include <string>
 
