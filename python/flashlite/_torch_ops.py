@@ -1,10 +1,10 @@
 """The torch custom ops flashlite::attention and flashlite::attention_out (torch.library), with fake implementations
 so torch.compile can trace them and CUDA graphs can capture them.
 
-CUDA-graph safety: the ops run on torch's current stream, allocate only through torch (outputs, and the CUDA naive
-backend's workspace), and never synchronise with the host. Varlen batches read cu_seqlens from CPU tensors; the
-fused kernel keeps up to 128 sequences in its launch parameters (capturable), the naive backend copies them to the
-device with cudaMemcpyAsync (not capturable).
+CUDA-graph safety: the ops run on torch's current stream, allocate only through torch (outputs, the CUDA naive
+backend's workspace and the fused kernels' fold space for rows past 32768 keys), and never synchronise with the
+host. Varlen batches read cu_seqlens from CPU tensors; the fused kernel keeps up to 128 sequences in its launch
+parameters (capturable), the naive backend copies them to the device with cudaMemcpyAsync (not capturable).
 """
 
 from typing import List, Optional, Tuple
@@ -44,7 +44,7 @@ def _run(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, sca
         stream = _current_stream(q.device)
         device = q.device
 
-        def allocate(nbytes):  # the naive backend's S x S workspace, from torch's caching allocator
+        def allocate(nbytes):  # a backend's workspace (forward_workspace_bytes), from torch's caching allocator
             return _dl(torch.empty(nbytes, dtype=torch.uint8, device=device))
     else:
         stream, allocate = 0, None

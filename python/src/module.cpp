@@ -83,8 +83,8 @@ void attach_allocated(Args& a, size_t bytes, nb::object allocate, Device dev, st
   a.workspace_bytes = hold->nbytes();
 }
 
-// Runs the attention. The scratch memory of the CUDA naive backend comes from `workspace` (a byte array on the
-// device) when given, else from `allocate` (attach_allocated).
+// Runs the attention. Scratch memory (the CUDA naive backend's; the fused kernels' for rows past 32768 keys) comes
+// from `workspace` (a byte array on the device) when given, else from `allocate` (attach_allocated).
 void py_forward(FL_PY_PARAMS, const std::optional<OutArray>& workspace, nb::object allocate) {
   ForwardArgs a = make_args(FL_PY_ARGS);
   std::optional<OutArray> allocated;
