@@ -1,6 +1,7 @@
 #pragma once
 // Entry points of every backend. Each receives a validated problem (src/dispatch.cpp) and its plan, and trusts them.
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "common/backward_problem.h"
@@ -9,11 +10,15 @@
 
 namespace flashlite {
 
+// The instruction set of the CPU tiled kernel's hot loops (src/cpu/tiled_*.cpp).
+enum class CpuSimd : uint8_t { portable, avx2, avx512 };
+
 // A forward plan with its launch parameters: made in exactly one place (plan_forward in dispatch.cpp; the CUDA fused
 // kernels' part in plan_cuda_fused), read by the launchers and by the kernel names.
 struct FwdPlan {
   ForwardKernel kernel = ForwardKernel::automatic;  // automatic: unsupported
   std::string unsupported;                          // why not (empty when supported)
+  CpuSimd cpu_simd = CpuSimd::portable;             // cpu_tiled: its instruction set (plan_cpu_simd)
   int mma_config = 0;  // cuda_mma: cuda_fwd::MmaConfig
   int block_rows = 0;  // CUDA fused kernels: query rows per block
   int rank_group = 0;  // CUDA fused, causal: (sequence, head) pairs per rank-major group (block_order.h; 0: one group)
@@ -23,9 +28,15 @@ struct FwdPlan {
 void run_reference(const AttentionProblem& p);
 void reference_compute(const AttentionProblem& p, double* out64, double* lse64);
 void run_cpu_naive(const AttentionProblem& p);
-void run_cpu_tiled(const AttentionProblem& p);
-const char* cpu_tiled_variant();  // "avx512" / "avx2" / "portable": the code path run_cpu_tiled takes here
-const char* cpu_tiled_variant(const AttentionProblem& p);  // the same for this problem (decode shapes may differ)
+void run_cpu_tiled(const AttentionProblem& p, CpuSimd simd);
+// Every task of p takes the tiled kernel's small-q (decode) path where its build has one (src/cpu/tiled.cpp).
+bool cpu_tiled_decode_shaped(const AttentionProblem& p);
+
+// The planner's CPU instruction set (dispatch.cpp): FLASHLITE_CPU_SIMD or the best this CPU runs (read once per
+// process; a forced level this CPU lacks is an error), and the one that runs p (decode shapes may take AVX2's).
+CpuSimd cpu_simd_default();
+CpuSimd plan_cpu_simd(const AttentionProblem& p);
+const char* cpu_simd_name(CpuSimd simd);  // "avx512" / "avx2" / "portable"
 
 // Forward's validation (src/dispatch.cpp), shared with backward's.
 AttentionProblem validate_forward(const ForwardArgs& args);

@@ -2,12 +2,14 @@
 // whether one can, and what it is called) and runs.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
 #include "backends.h"
 #include "common/problem.h"
 #include "common/tensor_checks.h"
+#include "cpu/tiled_kernels.h"
 #include "flashlite/attention.h"
 #include "flashlite/errors.h"
 
@@ -117,10 +119,10 @@ AttentionProblem validate(const ForwardArgs& a) {
   p.k = a.k.data;
   p.v = a.v.data;
   p.out = a.out.data;
-  p.q_stride = bsh_strides(a.q, "q");
-  p.k_stride = bsh_strides(a.k, "k");
-  p.v_stride = bsh_strides(a.v, "v");
-  p.out_stride = bsh_strides(a.out, "out");
+  p.q_stride = row_strides(a.q, "q");
+  p.k_stride = row_strides(a.k, "k");
+  p.v_stride = row_strides(a.v, "v");
+  p.out_stride = row_strides(a.out, "out");
 
   check_no_overlap(a.out, "out", a.q, "q");
   check_no_overlap(a.out, "out", a.k, "k");
@@ -230,6 +232,77 @@ FwdPlan unsupported_plan(std::string why) {
   return plan;
 }
 
+// ---- The CPU tiled kernel's instruction set. FLASHLITE_CPU_SIMD=portable|avx2|avx512 forces one (the tests cover
+// every build this machine can execute that way).
+
+bool cpu_has(CpuSimd simd) {
+  if (simd == CpuSimd::avx512) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+  }
+  if (simd == CpuSimd::avx2) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  }
+  return true;
+}
+
+struct ForcedSimd {
+  bool forced = false;
+  CpuSimd simd = CpuSimd::portable;
+};
+
+// FLASHLITE_CPU_SIMD, read once per process (a bad value throws on every call).
+const ForcedSimd& forced_simd() {
+  static const ForcedSimd forced = [] {
+    const char* e = std::getenv("FLASHLITE_CPU_SIMD");
+    const std::string v = e ? e : "";
+    if (v.empty()) return ForcedSimd{};
+    if (v != "portable" && v != "avx2" && v != "avx512") {
+      throw Error(ErrorKind::invalid_value, "FLASHLITE_CPU_SIMD is '" + v + "'; expected portable, avx2 or avx512");
+    }
+    const CpuSimd simd = v == "avx512" ? CpuSimd::avx512 : v == "avx2" ? CpuSimd::avx2 : CpuSimd::portable;
+    if (!cpu_has(simd)) throw Error(ErrorKind::invalid_value, "FLASHLITE_CPU_SIMD=" + v + " but this CPU lacks " + v);
+    return ForcedSimd{true, simd};
+  }();
+  return forced;
+}
+
+}  // namespace
+
+// Chosen once per process: a decode step calls the backend once per layer, and reading the variable plus the CPU
+// checks were a visible part of a ~5 us call.
+CpuSimd cpu_simd_default() {
+  static const CpuSimd chosen = [] {
+    const ForcedSimd& f = forced_simd();
+    if (f.forced) return f.simd;
+    return cpu_has(CpuSimd::avx512) ? CpuSimd::avx512 : cpu_has(CpuSimd::avx2) ? CpuSimd::avx2 : CpuSimd::portable;
+  }();
+  return chosen;
+}
+
+// AVX-512 has no small-q (decode) kernels: a call whose tasks are all decode-shaped runs AVX2's, which put keys in the
+// vector lanes (measured on a 2-core AVX-512 EPYC, stories260K greedy decode: 17.3k -> 31.5k tok/s), unless
+// FLASHLITE_CPU_SIMD forced a level.
+CpuSimd plan_cpu_simd(const AttentionProblem& p) {
+  const CpuSimd chosen = cpu_simd_default();
+  if (cpu_tiled::kernels_of(chosen).small_scores) return chosen;
+  static const bool avx2_decode =
+      !forced_simd().forced && cpu_has(CpuSimd::avx2) && cpu_tiled::kernels_of(CpuSimd::avx2).small_scores != nullptr;
+  if (!avx2_decode) return chosen;
+  return cpu_tiled_decode_shaped(p) ? CpuSimd::avx2 : chosen;
+}
+
+const char* cpu_simd_name(CpuSimd simd) { return cpu_tiled::kernels_of(simd).name; }
+
+namespace {
+
+FwdPlan cpu_tiled_plan(const AttentionProblem& p) {
+  FwdPlan plan = kernel_plan(ForwardKernel::cpu_tiled);
+  plan.cpu_simd = plan_cpu_simd(p);
+  return plan;
+}
+
 // THE forward kernel choice. A backend that contradicts the tensors' device (or the forced kernel) is a bad argument
 // (throws); a kernel that cannot run the problem is an answer (the plan's `unsupported`).
 FwdPlan plan_problem(const AttentionProblem& p, Backend requested, ForwardKernel forced) {
@@ -257,7 +330,7 @@ FwdPlan plan_problem(const AttentionProblem& p, Backend requested, ForwardKernel
         return unsupported_plan("head_dim " + std::to_string(p.head_dim) + " is unsupported by backend 'cpu'; expected at most " +
                                 std::to_string(kMaxCpuHeadDim));
       }
-      return kernel_plan(ForwardKernel::cpu_tiled);
+      return cpu_tiled_plan(p);
     case Backend::naive:
       if (on_cpu) return kernel_plan(ForwardKernel::cpu_naive);
 #if FLASHLITE_WITH_CUDA
@@ -273,7 +346,7 @@ FwdPlan plan_problem(const AttentionProblem& p, Backend requested, ForwardKernel
           return unsupported_plan("head_dim " + std::to_string(p.head_dim) + " is unsupported on the CPU; expected at most " +
                                   std::to_string(kMaxCpuHeadDim));
         }
-        return kernel_plan(ForwardKernel::cpu_tiled);
+        return cpu_tiled_plan(p);
       }
 #if FLASHLITE_WITH_CUDA
       return plan_cuda_fused(p, forced);
@@ -284,11 +357,11 @@ FwdPlan plan_problem(const AttentionProblem& p, Backend requested, ForwardKernel
   fail("backend value " + std::to_string(int(requested)) + " is unknown");
 }
 
-std::string kernel_name(const AttentionProblem& p, const FwdPlan& plan) {
+std::string kernel_name([[maybe_unused]] const AttentionProblem& p, const FwdPlan& plan) {
   switch (plan.kernel) {
     case ForwardKernel::reference: return "reference_f64";
     case ForwardKernel::cpu_naive: return "cpu_naive_three_step";
-    case ForwardKernel::cpu_tiled: return std::string("cpu_tiled_") + cpu_tiled_variant(p);
+    case ForwardKernel::cpu_tiled: return std::string("cpu_tiled_") + cpu_simd_name(plan.cpu_simd);
     case ForwardKernel::cuda_naive: return "cuda_naive_split";
 #if FLASHLITE_WITH_CUDA
     case ForwardKernel::cuda_simt:
@@ -364,7 +437,7 @@ void forward(const ForwardArgs& args) {
   switch (r.plan.kernel) {
     case ForwardKernel::reference: run_reference(p); return;
     case ForwardKernel::cpu_naive: run_cpu_naive(p); return;
-    case ForwardKernel::cpu_tiled: run_cpu_tiled(p); return;
+    case ForwardKernel::cpu_tiled: run_cpu_tiled(p, r.plan.cpu_simd); return;
 #if FLASHLITE_WITH_CUDA
     case ForwardKernel::cuda_naive: run_cuda_naive(p, args.stream, args.workspace, args.workspace_bytes); return;
     case ForwardKernel::cuda_simt:

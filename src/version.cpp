@@ -8,13 +8,15 @@
 
 #if FLASHLITE_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "cuda/common/device_props.h"
 #endif
 
 namespace flashlite {
 
 const char* version() { return FLASHLITE_VERSION_STRING; }
 
-const char* cpu_simd_level() { return cpu_tiled_variant(); }
+const char* cpu_simd_level() { return cpu_simd_name(cpu_simd_default()); }
 
 int cpu_threads() { return omp_get_max_threads(); }
 
@@ -38,16 +40,16 @@ std::string build_info() {
 
 std::string cuda_devices_info() {
 #if FLASHLITE_WITH_CUDA
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(err);
+  std::string why;
+  const int count = cuda::device_count(&why);
+  if (!why.empty()) return "no CUDA device: " + why;
   if (count == 0) return "no CUDA device found";
   std::ostringstream os;
   for (int i = 0; i < count; ++i) {
-    cudaDeviceProp prop{};
-    cudaGetDeviceProperties(&prop, i);
-    os << "cuda:" << i << " " << prop.name << ", sm_" << prop.major << prop.minor << ", " << prop.multiProcessorCount
-       << " SMs, " << (prop.totalGlobalMem >> 20) << " MiB" << (i + 1 < count ? "\n" : "");
+    const cuda::DeviceProps& props = cuda::device_props(i);
+    const cuda::DeviceIdentity id = cuda::device_identity(i);
+    os << "cuda:" << i << " " << id.name << ", sm_" << props.cc / 10 << props.cc % 10 << ", " << props.sms << " SMs, "
+       << (id.global_bytes >> 20) << " MiB" << (i + 1 < count ? "\n" : "");
   }
   return os.str();
 #else

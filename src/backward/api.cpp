@@ -52,10 +52,10 @@ Resolved resolve(const BackwardArgs& a) {
   for (auto [t, name] : {std::pair{&a.dq, "dq"}, {&a.dk, "dk"}, {&a.dv, "dv"}}) check_not_broadcast(*t, name);
   p.dout = a.dout.data;
   p.dq = a.dq.data, p.dk = a.dk.data, p.dv = a.dv.data;
-  p.dout_stride = bsh_strides(a.dout, "dout");
-  p.dq_stride = bsh_strides(a.dq, "dq");
-  p.dk_stride = bsh_strides(a.dk, "dk");
-  p.dv_stride = bsh_strides(a.dv, "dv");
+  p.dout_stride = row_strides(a.dout, "dout");
+  p.dq_stride = row_strides(a.dq, "dq");
+  p.dk_stride = row_strides(a.dk, "dk");
+  p.dv_stride = row_strides(a.dv, "dv");
   p.k_tensor_rows = a.k.shape[1];
   if (!a.dlse.empty()) {
     check_present(a.dlse, "dlse");
@@ -66,7 +66,7 @@ Resolved resolve(const BackwardArgs& a) {
       fail("dlse has shape " + a.dlse.shape_string() + "; expected lse's shape " + a.lse.shape_string());
     }
     p.dlse = static_cast<const float*>(a.dlse.data);
-    p.dlse_stride_batch = a.dlse.strides[0], p.dlse_stride_head = a.dlse.strides[1], p.dlse_stride_seq = a.dlse.strides[2];
+    p.dlse_stride = lse_strides(a.dlse);
   }
 
   const bool has_sink = !a.options.sink_logits.empty();

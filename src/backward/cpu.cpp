@@ -6,13 +6,12 @@
 //                               dV += P^T dO, dK += dS^T Q;
 //   query blocks (one q head):  the same S, P, dP, dS over the key blocks it sees, dQ += dS K, and the block's share
 //                               of dsink = -sum_i exp(sink - L_i) D_i (summed per head in task order).
-// The five products run on the forward's SIMD GEMM (src/cpu/tiled_kernels.h: the build FLASHLITE_CPU_SIMD or the CPU
+// The five products run on the forward's SIMD GEMM (src/cpu/tiled_kernels.h: the build the planner's cpu_simd_default
 // picks); the element-wise step between them is plain C++.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <string>
 #include <tuple>
 #include <vector>
 
@@ -26,12 +25,6 @@ using cpu_tiled::GemmArgs;
 using cpu_tiled::TiledKernels;
 
 constexpr int64_t kTile = 64;  // query rows and keys per tile (a multiple of every SIMD width)
-
-const TiledKernels& kernels_named(const std::string& isa) {
-  if (isa == "avx512") return cpu_tiled::kernels_avx512();
-  if (isa == "avx2") return cpu_tiled::kernels_avx2();
-  return cpu_tiled::kernels_portable();
-}
 
 // L (the forward's LSE) and D = dout . out - dlse of every row, one float per (tensor batch, q head, q tensor row).
 struct RowTerms {
@@ -59,7 +52,7 @@ struct Pass {
   int64_t d, dp;
 
   // Rows [row0, row0 + n) of head h of sequence s into dst (kTile x dp, fp32); other rows and columns zero.
-  void load_rows(const void* base, const BSHStrides& st, const SequenceSlice& s, int64_t row0, int64_t h, int64_t n,
+  void load_rows(const void* base, const RowStrides& st, const SequenceSlice& s, int64_t row0, int64_t h, int64_t n,
                  float* dst) const {
     for (int64_t r = 0; r < kTile; ++r) {
       float* out = dst + r * dp;
@@ -187,7 +180,7 @@ struct Pass {
 };
 
 // Zeroes rows [from, rows) of every head of a varlen gradient (rows no sequence covers).
-void zero_rows(void* base, DType dtype, const BSHStrides& st, int64_t from, int64_t rows, int64_t heads, int64_t d) {
+void zero_rows(void* base, DType dtype, const RowStrides& st, int64_t from, int64_t rows, int64_t heads, int64_t d) {
   for (int64_t r = from; r < rows; ++r)
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t c = 0; c < d; ++c) store_from_float(base, dtype, r * st.seq + h * st.head + c, 0.f);
@@ -197,7 +190,7 @@ void zero_rows(void* base, DType dtype, const BSHStrides& st, int64_t from, int6
 
 void run_backward_cpu(const BackwardProblem& bp) {
   const AttentionProblem& p = bp.fwd;
-  const TiledKernels& kern = kernels_named(cpu_tiled_variant());
+  const TiledKernels& kern = cpu_tiled::kernels_of(cpu_simd_default());
   const int64_t d = p.head_dim, hq = p.q_heads, tensor_batch = p.varlen() ? 1 : p.batch;
   const int64_t dp = (d + kern.width - 1) / kern.width * kern.width;
 

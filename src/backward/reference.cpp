@@ -22,7 +22,7 @@ void reference_backward_compute(const BackwardProblem& bp, double* dq64, double*
   std::vector<double> dv(dk.size(), 0.0), dsink(size_t(hq), 0.0);
   std::vector<double> q_row(static_cast<size_t>(d)), do_row(q_row), o_row(q_row), scores, probs;
   std::vector<char> visible;
-  const auto elem = [&](const void* base, const BSHStrides& st, int64_t b, int64_t row, int64_t h, int64_t c) {
+  const auto elem = [&](const void* base, const RowStrides& st, int64_t b, int64_t row, int64_t h, int64_t c) {
     return double(load_as_float(base, p.dtype, b * st.batch + row * st.seq + h * st.head + c));
   };
 
@@ -114,7 +114,7 @@ void run_backward_reference(const BackwardProblem& bp) {
   std::vector<double> dq(size_t(tensor_batch * q_rows * hq * d)), dk(size_t(tensor_batch * k_rows * hkv * d));
   std::vector<double> dv(dk.size()), dsink(static_cast<size_t>(hq));
   reference_backward_compute(bp, dq.data(), dk.data(), dv.data(), dsink.data());
-  const auto store = [&](void* base, const BSHStrides& st, const std::vector<double>& g, int64_t rows, int64_t heads) {
+  const auto store = [&](void* base, const RowStrides& st, const std::vector<double>& g, int64_t rows, int64_t heads) {
     for (int64_t b = 0; b < tensor_batch; ++b)
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t h = 0; h < heads; ++h)

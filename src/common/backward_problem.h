@@ -13,13 +13,13 @@ struct BackwardProblem {
   void* dq = nullptr;
   void* dk = nullptr;
   void* dv = nullptr;
-  BSHStrides dout_stride, dq_stride, dk_stride, dv_stride;
+  RowStrides dout_stride, dq_stride, dk_stride, dv_stride;
   float* dsink = nullptr;  // [q_heads] when fwd.sink_logits is set
-  const float* dlse = nullptr;  // optional, strided like fwd.lse (dlse_stride_*)
-  int64_t dlse_stride_batch = 0, dlse_stride_head = 0, dlse_stride_seq = 0;
+  const float* dlse = nullptr;  // optional, shaped like fwd.lse
+  LseStrides dlse_stride;
   // The row term D_i = dout_i . out_i less dlse_i (when given) of tensor batch tb, q head h, tensor row r.
   float dlse_at(int64_t tb, int64_t h, int64_t r) const {
-    return dlse ? dlse[tb * dlse_stride_batch + h * dlse_stride_head + r * dlse_stride_seq] : 0.f;
+    return dlse ? dlse[tb * dlse_stride.batch + h * dlse_stride.head + r * dlse_stride.seq] : 0.f;
   }
   int64_t k_tensor_rows = 0;  // k.shape[1]: seq_k, or total keys for varlen
   bool deterministic = false;

@@ -70,13 +70,16 @@ inline void check_dim(const TensorView& t, const char* name, int dim, int64_t ex
   }
 }
 
-inline BSHStrides bsh_strides(const TensorView& t, const char* name) {
+inline RowStrides row_strides(const TensorView& t, const char* name) {
   // A tensor without elements is never read or written: any strides (numpy reports all-zero strides for them).
   if (t.shape[3] > 1 && t.strides[3] != 1 && t.numel() > 0) {
     fail(std::string(name) + " has head_dim stride " + std::to_string(t.strides[3]) + "; expected 1 (head_dim contiguous)");
   }
   return {t.strides[0], t.strides[1], t.strides[2]};
 }
+
+// The strides of a validated [batch, heads, seq] LSE view.
+inline LseStrides lse_strides(const TensorView& t) { return {t.strides[0], t.strides[1], t.strides[2]}; }
 
 struct ByteRange {
   uintptr_t lo, hi;

@@ -48,16 +48,16 @@ void cpu_kv_append(const AppendProblem& p) {
         sn[i] = std::sin(angle);
       }
       for (int64_t h = 0; h < c.kv_heads; ++h) {
-        load_row(p.k, b * p.k_st.s0 + t * p.k_st.s1 + h * p.k_st.s2);
+        load_row(p.k, b * p.k_st.batch + t * p.k_st.seq + h * p.k_st.head);
         if (p.rope.enabled) rotate(row, cs, sn, p.rope.interleaved);
         store_row(c.k, c.offset(b, pos, h, false));
-        load_row(p.v, b * p.v_st.s0 + t * p.v_st.s1 + h * p.v_st.s2);
+        load_row(p.v, b * p.v_st.batch + t * p.v_st.seq + h * p.v_st.head);
         store_row(c.v, c.offset(b, pos, h, true));
       }
       for (int64_t h = 0; h < (p.q ? p.q_heads : 0); ++h) {
-        load_row(p.q, b * p.q_st.s0 + t * p.q_st.s1 + h * p.q_st.s2);
+        load_row(p.q, b * p.q_st.batch + t * p.q_st.seq + h * p.q_st.head);
         rotate(row, cs, sn, p.rope.interleaved);
-        store_row(p.q_out, b * p.qo_st.s0 + t * p.qo_st.s1 + h * p.qo_st.s2);
+        store_row(p.q_out, b * p.qo_st.batch + t * p.qo_st.seq + h * p.qo_st.head);
       }
     }
   }

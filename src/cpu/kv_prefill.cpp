@@ -88,7 +88,7 @@ void cpu_prefill(const PrefillProblem& p) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t i = 0; i < n_seqs; ++i) {
       try {
-        run_cpu_tiled(seqs[size_t(i)]);
+        run_cpu_tiled(seqs[size_t(i)], plan_cpu_simd(seqs[size_t(i)]));
       } catch (...) {
 #pragma omp critical(flashlite_cpu_prefill_failure)
         if (!failure) failure = std::current_exception();
@@ -97,7 +97,7 @@ void cpu_prefill(const PrefillProblem& p) {
     if (failure) std::rethrow_exception(failure);
     return;
   }
-  for (const AttentionProblem& s : seqs) run_cpu_tiled(s);
+  for (const AttentionProblem& s : seqs) run_cpu_tiled(s, plan_cpu_simd(s));
 }
 
 }  // namespace flashlite

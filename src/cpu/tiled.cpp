@@ -12,7 +12,8 @@
 // end (finalise tests l), masked keys are -inf before the softmax and their V rows kept out of P V (hidden_nonfinite_v).
 // Memory per thread: O(kKeys * head_dim + kQueryCols * head_dim), never seq x seq. fp32 K/V are read in place; fp16
 // and bf16 tiles are converted to fp32 once per tile. The hot loops (GEMM, conversion, softmax step, softcap) are
-// built per instruction set (tiled_simd.h); this file picks one at run time and holds the algorithm around them.
+// built per instruction set (tiled_simd.h); the planner picks one (plan_cpu_simd, src/dispatch.cpp) and this file holds
+// the algorithm around them.
 #include <omp.h>
 
 #include <algorithm>
@@ -42,60 +43,6 @@ constexpr int64_t kSmallCols = 8;   // tasks with at most this many query column
 constexpr int64_t kSmallKeys = 256; // keys per chunk on the decode path (at most)
 constexpr double kLog2e = 1.4426950408889634;
 constexpr double kLn2 = 0.6931471805599453;
-
-// ---- Which build of the hot loops runs. FLASHLITE_CPU_SIMD=portable|avx2|avx512 forces one (the tests cover every
-// build this machine can execute that way).
-
-bool cpu_has(const std::string& level) {
-  if (level == "avx512") {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-  }
-  if (level == "avx2") {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  }
-  return true;
-}
-
-// FLASHLITE_CPU_SIMD, read once per process: the forced level, or "" (the CPU's best).
-const std::string& forced_simd() {
-  static const std::string level = [] {
-    const char* e = std::getenv("FLASHLITE_CPU_SIMD");
-    const std::string v = e ? e : "";
-    if (!v.empty() && v != "portable" && v != "avx2" && v != "avx512") {
-      throw Error(ErrorKind::invalid_value, "FLASHLITE_CPU_SIMD is '" + v + "'; expected portable, avx2 or avx512");
-    }
-    if (!v.empty() && !cpu_has(v)) throw Error(ErrorKind::invalid_value, "FLASHLITE_CPU_SIMD=" + v + " but this CPU lacks " + v);
-    return v;
-  }();
-  return level;
-}
-
-// Chosen once per process: a decode step calls the backend once per layer, and reading the variable plus the CPU
-// checks were a visible part of a ~5 us call.
-const TiledKernels& choose_kernels() {
-  static const TiledKernels& chosen = [&]() -> const TiledKernels& {
-    const std::string& level = forced_simd();
-    if (level == "avx512" || (level.empty() && cpu_has("avx512"))) return kernels_avx512();
-    if (level == "avx2" || (level.empty() && cpu_has("avx2"))) return kernels_avx2();
-    return kernels_portable();
-  }();
-  return chosen;
-}
-
-// The kernels of one call. AVX-512 has no small-q (decode) kernels: a call whose tasks are all decode-shaped runs
-// AVX2's, which put keys in the vector lanes (measured on a 2-core AVX-512 EPYC, stories260K greedy decode: 17.3k ->
-// 31.5k tok/s), unless FLASHLITE_CPU_SIMD forced a level. The condition mirrors make_tasks' task shape.
-const TiledKernels& kernels_for(const AttentionProblem& p) {
-  const TiledKernels& chosen = choose_kernels();
-  if (chosen.small_scores) return chosen;
-  static const bool avx2_decode = forced_simd().empty() && cpu_has("avx2") && kernels_avx2().small_scores != nullptr;
-  if (!avx2_decode) return chosen;
-  const int64_t heads = std::min(p.group_size(), kQueryCols);
-  const int64_t rows = std::min(std::max<int64_t>(1, kQueryCols / heads), p.seq_q);
-  return rows * heads <= kSmallCols ? kernels_avx2() : chosen;
-}
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -568,12 +515,26 @@ std::vector<Task> make_tasks(const AttentionProblem& p) {
 }  // namespace
 }  // namespace cpu_tiled
 
-const char* cpu_tiled_variant() { return cpu_tiled::choose_kernels().name; }
-const char* cpu_tiled_variant(const AttentionProblem& p) { return cpu_tiled::kernels_for(p).name; }
+const cpu_tiled::TiledKernels& cpu_tiled::kernels_of(CpuSimd simd) {
+  switch (simd) {
+    case CpuSimd::avx512: return kernels_avx512();
+    case CpuSimd::avx2: return kernels_avx2();
+    case CpuSimd::portable: break;
+  }
+  return kernels_portable();
+}
 
-void run_cpu_tiled(const AttentionProblem& p) {
+// The condition mirrors make_tasks' task shape.
+bool cpu_tiled_decode_shaped(const AttentionProblem& p) {
   using namespace cpu_tiled;
-  const TiledKernels& kern = kernels_for(p);
+  const int64_t heads = std::min(p.group_size(), kQueryCols);
+  const int64_t rows = std::min(std::max<int64_t>(1, kQueryCols / heads), p.seq_q);
+  return rows * heads <= kSmallCols;
+}
+
+void run_cpu_tiled(const AttentionProblem& p, CpuSimd simd) {
+  using namespace cpu_tiled;
+  const TiledKernels& kern = kernels_of(simd);
   const bool f32 = p.dtype == DType::f32;
   const bool cap = p.softcap > 0;
   Plan plan{p,

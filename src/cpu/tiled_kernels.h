@@ -9,6 +9,10 @@
 
 #include "flashlite/tensor.h"
 
+namespace flashlite {
+enum class CpuSimd : uint8_t;  // src/backends.h
+}
+
 namespace flashlite::cpu_tiled {
 
 // C (+)= A B over fp32 tiles. A(r, k) = a[r * a_row + k * a_k] (any strides: K rows in place, or P transposed);
@@ -101,5 +105,6 @@ struct TiledKernels {
 const TiledKernels& kernels_portable();
 const TiledKernels& kernels_avx2();
 const TiledKernels& kernels_avx512();
+const TiledKernels& kernels_of(CpuSimd simd);  // one of the three (tiled.cpp)
 
 }  // namespace flashlite::cpu_tiled

@@ -210,7 +210,7 @@ void prefill(const PrefillArgs& args) {
 
 std::string prefill_kernel_name(const PrefillArgs& args) {
   const PrefillRun r = prepare_prefill(args);
-  if (!r.cuda) return std::string("cpu_prefill (") + cpu_tiled_variant() + ")";
+  if (!r.cuda) return std::string("cpu_prefill (") + cpu_simd_name(cpu_simd_default()) + ")";
 #if FLASHLITE_WITH_CUDA
   return cuda_prefill_kernel_name(r.p, r.plan);
 #else
@@ -220,7 +220,7 @@ std::string prefill_kernel_name(const PrefillArgs& args) {
 
 std::string decode_kernel_name(const DecodeArgs& args) {
   const DecodeRun r = prepare_call(args);
-  if (!r.cuda) return std::string("cpu_decode (tiled ") + cpu_tiled_variant(prefill_from_decode(r.p).attn) + ")";
+  if (!r.cuda) return std::string("cpu_decode (tiled ") + cpu_simd_name(plan_cpu_simd(prefill_from_decode(r.p).attn)) + ")";
 #if FLASHLITE_WITH_CUDA
   return cuda_decode_kernel_name(r.p, r.launch);
 #else

@@ -62,8 +62,8 @@ PrefillProblem prefill_from_decode(const DecodeProblem& dp) {
   t.head_dim = c.head_dim;
   t.k = c.k;
   t.v = c.v;
-  t.k_stride = {c.ks.s0, c.ks.s1, c.ks.s2};
-  t.v_stride = {c.vs.s0, c.vs.s1, c.vs.s2};
+  t.k_stride = row_strides(c.ks);
+  t.v_stride = row_strides(c.vs);
   t.seq_k = c.max_length;
   t.sink_logits = dp.sink_logits;
   t.scale = dp.scale;
@@ -72,10 +72,10 @@ PrefillProblem prefill_from_decode(const DecodeProblem& dp) {
   t.q = dp.q;
   t.out = dp.out;
   t.seq_q = t.q_tensor_rows = dp.q_len;
-  t.q_stride = {dp.q_st.s0, dp.q_st.s1, dp.q_st.s2};
-  t.out_stride = {dp.o_st.s0, dp.o_st.s1, dp.o_st.s2};
+  t.q_stride = dp.q_st;
+  t.out_stride = dp.o_st;
   t.lse = dp.lse;
-  t.lse_stride_batch = dp.lse_sb, t.lse_stride_head = dp.lse_sh, t.lse_stride_seq = dp.lse_ss;
+  t.lse_stride_batch = dp.lse_st.batch, t.lse_stride_head = dp.lse_st.head, t.lse_stride_seq = dp.lse_st.seq;
   return p;
 }
 

@@ -5,14 +5,17 @@
 
 #include "common/mask.h"
 #include "common/paged.h"
+#include "common/strides.h"
 #include "flashlite/kv_cache.h"
 
 namespace flashlite {
 
-// Element strides of a 4-D [d0, d1, heads, head_dim] view (head_dim stride 1).
+// Element strides of a cache's [sequence or page, slot, heads, head_dim] view (head_dim stride 1). (A type of its own
+// until src/cuda/fwd/plan.cpp reads a RowStrides.)
 struct Strides3 {
   int64_t s0 = 0, s1 = 0, s2 = 0;
 };
+inline RowStrides row_strides(const Strides3& s) { return {s.s0, s.s1, s.s2}; }
 
 // One cache, resolved. Contiguous: token p of sequence b lives at (b, p); paged: at (pages[indptr[b] + p / page_size],
 // p % page_size). `capacity` is max_len (contiguous) or page_size (paged).
@@ -63,11 +66,11 @@ struct AppendProblem {
   int64_t n_new = 0;  // tokens per sequence
   const void* k = nullptr;  // (batch, n_new, kv_heads, head_dim)
   const void* v = nullptr;
-  Strides3 k_st, v_st;
+  RowStrides k_st, v_st;
   // Optional q rotation: (batch, n_new, q_heads, head_dim) -> q_out (may be q).
   const void* q = nullptr;
   void* q_out = nullptr;
-  Strides3 q_st, qo_st;
+  RowStrides q_st, qo_st;
   int64_t q_heads = 0;
   RopeResolved rope;
 };
@@ -77,9 +80,9 @@ struct DecodeProblem {
   int64_t q_len = 0, q_heads = 0;
   const void* q = nullptr;  // (batch, q_len, q_heads, head_dim)
   void* out = nullptr;      // (batch, q_len, q_heads, head_dim)
-  Strides3 q_st, o_st;
+  RowStrides q_st, o_st;
   float* lse = nullptr;     // optional (batch, q_heads, q_len)
-  int64_t lse_sb = 0, lse_sh = 0, lse_ss = 0;
+  LseStrides lse_st;
   const float* sink_logits = nullptr;  // optional (q_heads), same device as q
   double scale = 1.0;
   double softcap = 0.0;

@@ -23,7 +23,7 @@ using checks::fail;
 using checks::fail_type;
 
 Strides3 strides3(const TensorView& t, const char* name) {
-  const BSHStrides s = checks::bsh_strides(t, name);
+  const RowStrides s = checks::row_strides(t, name);
   return {s.batch, s.seq, s.head};
 }
 
@@ -232,8 +232,8 @@ AppendProblem validate_append(const AppendArgs& a) {
   p.n_new = a.k.shape[1];
   p.k = a.k.data;
   p.v = a.v.data;
-  p.k_st = strides3(a.k, "k");
-  p.v_st = strides3(a.v, "v");
+  p.k_st = checks::row_strides(a.k, "k");
+  p.v_st = checks::row_strides(a.v, "v");
   check_rope(a.rope, c.head_dim);
   p.rope.enabled = a.rope.enabled;
   p.rope.interleaved = a.rope.layout == RopeLayout::interleaved;
@@ -258,8 +258,8 @@ AppendProblem validate_append(const AppendArgs& a) {
     if (!same_view(a.q, a.q_out)) check_no_overlap(a.q_out, "q_out", a.q, "q (pass q itself as q_out for in place)");
     p.q = a.q.data;
     p.q_out = a.q_out.data;
-    p.q_st = strides3(a.q, "q");
-    p.qo_st = strides3(a.q_out, "q_out");
+    p.q_st = checks::row_strides(a.q, "q");
+    p.qo_st = checks::row_strides(a.q_out, "q_out");
     p.q_heads = a.q.shape[2];
   } else if (!a.q_out.empty()) {
     fail("q_out is given without q");
@@ -342,8 +342,8 @@ DecodeProblem validate_decode(const DecodeArgs& a, bool stand_ins) {
   }
   p.q = a.q.data;
   p.out = a.out.data;
-  p.q_st = strides3(a.q, "q");
-  p.o_st = strides3(a.out, "out");
+  p.q_st = checks::row_strides(a.q, "q");
+  p.o_st = checks::row_strides(a.out, "out");
 
   const AttentionOptions& o = a.options;
   if (!o.cu_seqlens_q.empty() || !o.cu_seqlens_k.empty()) {
@@ -381,9 +381,7 @@ DecodeProblem validate_decode(const DecodeArgs& a, bool stand_ins) {
     check_dim(a.lse, "lse", 1, p.q_heads, "q_heads");
     check_dim(a.lse, "lse", 2, p.q_len, "q_len");
     p.lse = static_cast<float*>(a.lse.data);
-    p.lse_sb = a.lse.strides[0];
-    p.lse_sh = a.lse.strides[1];
-    p.lse_ss = a.lse.strides[2];
+    p.lse_st = checks::lse_strides(a.lse);
   }
   // Outputs must not meet the inputs (or each other).
   if (stand_ins) return p;

@@ -72,6 +72,37 @@ __device__ __forceinline__ bool q_block_sees_keys(const MaskParams& m, int i0, i
   return r.begin < j1 && j0 < r.end;
 }
 
+// Both kernels' pair of products over head_dim, this warp's 16 rows (from row w of the A tiles) x NT n8 tiles (rows
+// of the B tiles): c1 = A1 B1^T and c2 = A2 B2^T, zeroed first. dK/dV: S^T = K Q^T and dP^T = V dO^T; dQ: S = Q K^T
+// and dP = dO V^T. a_off / b_off: this lane's ldmatrix offsets (bytes).
+template <class T, class Cfg, int NT>
+__device__ __forceinline__ void warp_mma_pair(float (&c1)[NT][4], float (&c2)[NT][4], uint32_t sA1, uint32_t sA2,
+                                              uint32_t sB1, uint32_t sB2, int w, uint32_t a_off, uint32_t b_off) {
+  constexpr int LD = Cfg::LD;
+#pragma unroll
+  for (int nj = 0; nj < NT; ++nj)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c1[nj][e] = c2[nj][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::KD; ++kk) {
+    uint32_t a1[4], a2[4];
+    const uint32_t a = a_off + uint32_t((w * LD + kk * 16) * 2);
+    cuda_fwd::ldmatrix_x4(a1, sA1 + a);
+    cuda_fwd::ldmatrix_x4(a2, sA2 + a);
+#pragma unroll
+    for (int nj = 0; nj < NT; nj += 2) {
+      uint32_t b1[4], b2[4];
+      const uint32_t bo = b_off + uint32_t((nj * 8 * LD + kk * 16) * 2);
+      cuda_fwd::ldmatrix_x4(b1, sB1 + bo);
+      cuda_fwd::ldmatrix_x4(b2, sB2 + bo);
+      cuda_fwd::mma_16816<T>(c1[nj], a1, b1[0], b1[1]);
+      cuda_fwd::mma_16816<T>(c1[nj + 1], a1, b1[2], b1[3]);
+      cuda_fwd::mma_16816<T>(c2[nj], a2, b2[0], b2[1]);
+      cuda_fwd::mma_16816<T>(c2[nj + 1], a2, b2[2], b2[3]);
+    }
+  }
+}
+
 // Rows [row0, row0 + ROWS) of an smem tile (stride Cfg::LD) to global memory (row stride row_stride from g); rows at
 // or past `valid` are not written.
 template <class Cfg, int ROWS, class T>
@@ -142,14 +173,14 @@ __global__ void bwd_delta_kernel(const __grid_constant__ BwdParams p) {
   const int h = int(item % p.q_heads);
   const int64_t r = (item / p.q_heads) % p.rows_q;
   const int64_t tb = item / (int64_t(p.q_heads) * p.rows_q);
-  const T* o = static_cast<const T*>(p.out) + tb * p.o_sb + r * p.o_ss + h * p.o_sh;
-  const T* g = static_cast<const T*>(p.dout) + tb * p.do_sb + r * p.do_ss + h * p.do_sh;
+  const T* o = static_cast<const T*>(p.out) + p.out_stride.offset(tb, r, h);
+  const T* g = static_cast<const T*>(p.dout) + p.dout_stride.offset(tb, r, h);
   float acc = 0.f;
   for (int c = lane; c < p.head_dim; c += 32) acc += cuda::to_float(o[c]) * cuda::to_float(g[c]);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0) {
-    if (p.dlse) acc -= p.dlse[tb * p.dlse_sb + h * p.dlse_sh + r * p.dlse_ss];  // the loss's dependence on lse
+    if (p.dlse) acc -= p.dlse[p.dlse_stride.offset(tb, h, r)];  // the loss's dependence on lse
     p.delta[(tb * p.q_heads + h) * p.rows_q + r] = acc;
   }
 }
@@ -171,7 +202,7 @@ __global__ void bwd_zero_rows_kernel(T* base, int64_t row_stride, int64_t head_s
 
 template <class T, class Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
-  constexpr int BM = Cfg::BM, BN = Cfg::BN, LD = Cfg::LD, KD = Cfg::KD, ND = Cfg::ND;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, LD = Cfg::LD, ND = Cfg::ND;
   constexpr int NTM = BM / 8;  // n8 tiles of S^T over the q rows
   extern __shared__ __align__(128) unsigned char smem_raw[];
 
@@ -191,10 +222,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
   const uint32_t sQ0 = sV + Cfg::TILE_N_BYTES;
   float* rows0 = reinterpret_cast<float*>(smem_raw + 2 * Cfg::TILE_N_BYTES + 2 * STAGE_Q);
 
-  const T* kg = static_cast<const T*>(p.k) + s.tb * p.k_sb + s.k_row0 * p.k_ss + int64_t(kvh) * p.k_sh;
-  const T* vg = static_cast<const T*>(p.v) + s.tb * p.v_sb + s.k_row0 * p.v_ss + int64_t(kvh) * p.v_sh;
-  cuda_fwd::load_tile<Cfg, BN>(sK, kg, p.k_ss, j0, s.sk, p.vec_in);
-  cuda_fwd::load_tile<Cfg, BN>(sV, vg, p.v_ss, j0, s.sk, p.vec_in);
+  const T* kg = static_cast<const T*>(p.k) + p.k_stride.offset(s.tb, s.k_row0, kvh);
+  const T* vg = static_cast<const T*>(p.v) + p.v_stride.offset(s.tb, s.k_row0, kvh);
+  cuda_fwd::load_tile<Cfg, BN>(sK, kg, p.k_stride.seq, j0, s.sk, p.vec_in);
+  cuda_fwd::load_tile<Cfg, BN>(sV, vg, p.v_stride.seq, j0, s.sk, p.vec_in);
 
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
@@ -215,12 +246,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
   // Issues the copies of item x's Q and dO into stage `into` and writes its row terms there.
   const auto issue = [&](int x, int into) {
     const int h = kvh * p.group + x / q_tiles, i0 = (x % q_tiles) * BM;
-    const T* qg = static_cast<const T*>(p.q) + s.tb * p.q_sb + s.q_row0 * p.q_ss + int64_t(h) * p.q_sh;
-    const T* og = static_cast<const T*>(p.dout) + s.tb * p.do_sb + s.q_row0 * p.do_ss + int64_t(h) * p.do_sh;
+    const T* qg = static_cast<const T*>(p.q) + p.q_stride.offset(s.tb, s.q_row0, h);
+    const T* og = static_cast<const T*>(p.dout) + p.dout_stride.offset(s.tb, s.q_row0, h);
     const uint32_t sQ = sQ0 + uint32_t(into) * STAGE_Q;
-    cuda_fwd::load_tile<Cfg, BM>(sQ, qg, p.q_ss, i0, s.sq, p.vec_in);
-    cuda_fwd::load_tile<Cfg, BM>(sQ + Cfg::TILE_M_BYTES, og, p.do_ss, i0, s.sq, p.vec_in);
-    const float* lse = p.lse + s.tb * p.lse_sb + int64_t(h) * p.lse_sh;
+    cuda_fwd::load_tile<Cfg, BM>(sQ, qg, p.q_stride.seq, i0, s.sq, p.vec_in);
+    cuda_fwd::load_tile<Cfg, BM>(sQ + Cfg::TILE_M_BYTES, og, p.dout_stride.seq, i0, s.sq, p.vec_in);
+    const float* lse = p.lse + s.tb * p.lse_stride.batch + int64_t(h) * p.lse_stride.head;
     const float* delta = p.delta + (s.tb * p.q_heads + h) * p.rows_q + s.q_row0;
     float* sL2 = rows0 + into * 5 * BM;
     float* sD = sL2 + BM;
@@ -230,7 +261,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
       float l2 = INFINITY, d = 0.f;
       int lo = 1, hi = 0, se = 0;  // rows past the sequence see nothing
       if (i < s.sq) {
-        const float L = lse[(s.q_row0 + i) * p.lse_ss];
+        const float L = lse[(s.q_row0 + i) * p.lse_stride.seq];
         l2 = L == -INFINITY ? INFINITY : L * kLog2e;  // no key and no sink: P = 0, not exp(-inf + inf)
         d = delta[i];
         const RowKeys rk = cuda_fwd::row_keys(p.mask, i, s.sq, s.sk);
@@ -271,28 +302,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
 
     // S^T = K Q^T and dP^T = V dO^T (this warp's 16 keys x BM q rows).
     float st[NTM][4], dpt[NTM][4];
-#pragma unroll
-    for (int nj = 0; nj < NTM; ++nj)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[nj][e] = dpt[nj][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      uint32_t ka[4], va[4];
-      const uint32_t a = a_off + uint32_t((kw * LD + kk * 16) * 2);
-      cuda_fwd::ldmatrix_x4(ka, sK + a);
-      cuda_fwd::ldmatrix_x4(va, sV + a);
-#pragma unroll
-      for (int nj = 0; nj < NTM; nj += 2) {
-        uint32_t qb[4], ob[4];
-        const uint32_t bo = b_off + uint32_t((nj * 8 * LD + kk * 16) * 2);
-        cuda_fwd::ldmatrix_x4(qb, sQ + bo);
-        cuda_fwd::ldmatrix_x4(ob, sO + bo);
-        cuda_fwd::mma_16816<T>(st[nj], ka, qb[0], qb[1]);
-        cuda_fwd::mma_16816<T>(st[nj + 1], ka, qb[2], qb[3]);
-        cuda_fwd::mma_16816<T>(dpt[nj], va, ob[0], ob[1]);
-        cuda_fwd::mma_16816<T>(dpt[nj + 1], va, ob[2], ob[3]);
-      }
-    }
+    warp_mma_pair<T, Cfg>(st, dpt, sK, sV, sQ, sO, kw, a_off, b_off);
 
     // P^T and dS^T, packed to 16 bits as A operands (rows: keys; columns: q rows of the block).
     uint32_t pk[NTM][2], dsk[NTM][2];
@@ -341,17 +351,17 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
   stage_acc<T, ND, LD>(stK, dk, p.scale, kw, g, t);
   stage_acc<T, ND, LD>(stV, dv, 1.f, kw, g, t);
   __syncthreads();
-  T* dkg = static_cast<T*>(p.dk) + s.tb * p.dk_sb + (s.k_row0 + j0) * p.dk_ss + int64_t(kvh) * p.dk_sh;
-  T* dvg = static_cast<T*>(p.dv) + s.tb * p.dv_sb + (s.k_row0 + j0) * p.dv_ss + int64_t(kvh) * p.dv_sh;
-  store_tile<Cfg, BN>(stK, dkg, p.dk_ss, 0, j1 - j0, p.vec_out);
-  store_tile<Cfg, BN>(stV, dvg, p.dv_ss, 0, j1 - j0, p.vec_out);
+  T* dkg = static_cast<T*>(p.dk) + p.dk_stride.offset(s.tb, s.k_row0 + j0, kvh);
+  T* dvg = static_cast<T*>(p.dv) + p.dv_stride.offset(s.tb, s.k_row0 + j0, kvh);
+  store_tile<Cfg, BN>(stK, dkg, p.dk_stride.seq, 0, j1 - j0, p.vec_out);
+  store_tile<Cfg, BN>(stV, dvg, p.dv_stride.seq, 0, j1 - j0, p.vec_out);
 }
 
 // ------------------------------------------------------------------ dQ and dsink
 
 template <class T, class Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dq_kernel(const __grid_constant__ BwdParams p) {
-  constexpr int BM = Cfg::BM, BN = Cfg::BN, LD = Cfg::LD, KD = Cfg::KD, ND = Cfg::ND;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, LD = Cfg::LD, ND = Cfg::ND;
   constexpr int NTN = BN / 8;  // n8 tiles of S over the keys
   extern __shared__ __align__(128) unsigned char smem_raw[];
 
@@ -376,21 +386,21 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dq_kernel(const __grid_co
   const uint32_t sK0 = sO + Cfg::TILE_M_BYTES;
   float* sPart = reinterpret_cast<float*>(smem_raw + 2 * Cfg::TILE_M_BYTES + 2 * STAGE_KV);
 
-  const T* qg = static_cast<const T*>(p.q) + s.tb * p.q_sb + s.q_row0 * p.q_ss + int64_t(h) * p.q_sh;
-  const T* og = static_cast<const T*>(p.dout) + s.tb * p.do_sb + s.q_row0 * p.do_ss + int64_t(h) * p.do_sh;
-  const T* kg = static_cast<const T*>(p.k) + s.tb * p.k_sb + s.k_row0 * p.k_ss + int64_t(kvh) * p.k_sh;
-  const T* vg = static_cast<const T*>(p.v) + s.tb * p.v_sb + s.k_row0 * p.v_ss + int64_t(kvh) * p.v_sh;
-  const float* lse = p.lse + s.tb * p.lse_sb + int64_t(h) * p.lse_sh;
+  const T* qg = static_cast<const T*>(p.q) + p.q_stride.offset(s.tb, s.q_row0, h);
+  const T* og = static_cast<const T*>(p.dout) + p.dout_stride.offset(s.tb, s.q_row0, h);
+  const T* kg = static_cast<const T*>(p.k) + p.k_stride.offset(s.tb, s.k_row0, kvh);
+  const T* vg = static_cast<const T*>(p.v) + p.v_stride.offset(s.tb, s.k_row0, kvh);
+  const float* lse = p.lse + s.tb * p.lse_stride.batch + int64_t(h) * p.lse_stride.head;
   const float* delta = p.delta + (s.tb * p.q_heads + h) * p.rows_q + s.q_row0;
   const KeyTiles ktl = cuda_fwd::key_tiles(p.mask, i0, i1, s.sq, s.sk, BN);
   const auto issue_kv = [&](int n, int into) {
     const int j0 = ktl.tile(n) * BN;
     const uint32_t sK = sK0 + uint32_t(into) * STAGE_KV;
-    cuda_fwd::load_tile<Cfg, BN>(sK, kg, p.k_ss, j0, s.sk, p.vec_in);
-    cuda_fwd::load_tile<Cfg, BN>(sK + Cfg::TILE_N_BYTES, vg, p.v_ss, j0, s.sk, p.vec_in);
+    cuda_fwd::load_tile<Cfg, BN>(sK, kg, p.k_stride.seq, j0, s.sk, p.vec_in);
+    cuda_fwd::load_tile<Cfg, BN>(sK + Cfg::TILE_N_BYTES, vg, p.v_stride.seq, j0, s.sk, p.vec_in);
   };
-  cuda_fwd::load_tile<Cfg, BM>(sQ, qg, p.q_ss, i0, s.sq, p.vec_in);
-  cuda_fwd::load_tile<Cfg, BM>(sO, og, p.do_ss, i0, s.sq, p.vec_in);
+  cuda_fwd::load_tile<Cfg, BM>(sQ, qg, p.q_stride.seq, i0, s.sq, p.vec_in);
+  cuda_fwd::load_tile<Cfg, BM>(sO, og, p.dout_stride.seq, i0, s.sq, p.vec_in);
   if (ktl.count > 0) issue_kv(0, 0);
   cuda_fwd::cp_async_commit();  // Q, dO and the first key tile
 
@@ -404,7 +414,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dq_kernel(const __grid_co
     const float sink = p.sink_logits[h];
     for (int r = tid; r < BM; r += Cfg::THREADS) {
       const int i = i0 + r;
-      sPart[r] = i < s.sq && sink != -INFINITY ? -expf(sink - lse[(s.q_row0 + i) * p.lse_ss]) * delta[i] : 0.f;
+      sPart[r] = i < s.sq && sink != -INFINITY ? -expf(sink - lse[(s.q_row0 + i) * p.lse_stride.seq]) * delta[i] : 0.f;
     }
   }
 
@@ -416,7 +426,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dq_kernel(const __grid_co
     const int i = i0 + qw + g + 8 * r;
     l2[r] = INFINITY, dl[r] = 0.f, lo[r] = 1, hi[r] = 0, se[r] = 0;
     if (i < s.sq) {
-      const float L = lse[(s.q_row0 + i) * p.lse_ss];
+      const float L = lse[(s.q_row0 + i) * p.lse_stride.seq];
       l2[r] = L == -INFINITY ? INFINITY : L * kLog2e;
       dl[r] = delta[i];
       const RowKeys rk = cuda_fwd::row_keys(p.mask, i, s.sq, s.sk);
@@ -445,28 +455,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dq_kernel(const __grid_co
 
     // S = Q K^T and dP = dO V^T (this warp's 16 rows x BN keys).
     float sc[NTN][4], dp[NTN][4];
-#pragma unroll
-    for (int nj = 0; nj < NTN; ++nj)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sc[nj][e] = dp[nj][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      uint32_t qa[4], oa[4];
-      const uint32_t a = a_off + uint32_t((qw * LD + kk * 16) * 2);
-      cuda_fwd::ldmatrix_x4(qa, sQ + a);
-      cuda_fwd::ldmatrix_x4(oa, sO + a);
-#pragma unroll
-      for (int nj = 0; nj < NTN; nj += 2) {
-        uint32_t kb[4], vb[4];
-        const uint32_t bo = b_off + uint32_t((nj * 8 * LD + kk * 16) * 2);
-        cuda_fwd::ldmatrix_x4(kb, sK + bo);
-        cuda_fwd::ldmatrix_x4(vb, sV + bo);
-        cuda_fwd::mma_16816<T>(sc[nj], qa, kb[0], kb[1]);
-        cuda_fwd::mma_16816<T>(sc[nj + 1], qa, kb[2], kb[3]);
-        cuda_fwd::mma_16816<T>(dp[nj], oa, vb[0], vb[1]);
-        cuda_fwd::mma_16816<T>(dp[nj + 1], oa, vb[2], vb[3]);
-      }
-    }
+    warp_mma_pair<T, Cfg>(sc, dp, sQ, sO, sK, sV, qw, a_off, b_off);
 
     // dS packed to 16 bits as the A operand (rows: this warp's q rows; columns: keys).
     uint32_t dsk[NTN][2];
@@ -509,8 +498,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dq_kernel(const __grid_co
   T* stQ = reinterpret_cast<T*>(smem_raw);
   stage_acc<T, ND, LD>(stQ, dq, p.scale, qw, g, t);
   __syncthreads();
-  T* dqg = static_cast<T*>(p.dq) + s.tb * p.dq_sb + s.q_row0 * p.dq_ss + int64_t(h) * p.dq_sh;
-  store_tile<Cfg, BM>(stQ, dqg + int64_t(i0) * p.dq_ss, p.dq_ss, 0, i1 - i0, p.vec_out);
+  T* dqg = static_cast<T*>(p.dq) + p.dq_stride.offset(s.tb, s.q_row0, h);
+  store_tile<Cfg, BM>(stQ, dqg + int64_t(i0) * p.dq_stride.seq, p.dq_stride.seq, 0, i1 - i0, p.vec_out);
 }
 
 }  // namespace flashlite::cuda_bwd

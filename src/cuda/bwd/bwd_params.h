@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/mask.h"
+#include "common/strides.h"
 
 namespace flashlite::cuda_bwd {
 
@@ -26,17 +27,8 @@ struct BwdParams {
   void* dv = nullptr;          // like v
   float* dsink = nullptr;      // optional (q_heads)
 
-  // Element strides: batch, seq, head.
-  int64_t q_sb = 0, q_ss = 0, q_sh = 0;
-  int64_t k_sb = 0, k_ss = 0, k_sh = 0;
-  int64_t v_sb = 0, v_ss = 0, v_sh = 0;
-  int64_t o_sb = 0, o_ss = 0, o_sh = 0;
-  int64_t do_sb = 0, do_ss = 0, do_sh = 0;
-  int64_t dq_sb = 0, dq_ss = 0, dq_sh = 0;
-  int64_t dk_sb = 0, dk_ss = 0, dk_sh = 0;
-  int64_t dv_sb = 0, dv_ss = 0, dv_sh = 0;
-  int64_t lse_sb = 0, lse_sh = 0, lse_ss = 0;
-  int64_t dlse_sb = 0, dlse_sh = 0, dlse_ss = 0;
+  RowStrides q_stride, k_stride, v_stride, out_stride, dout_stride, dq_stride, dk_stride, dv_stride;
+  LseStrides lse_stride, dlse_stride;
 
   int batch = 0;     // sequences
   int seq_q = 0;     // padded: every sequence; varlen: the longest

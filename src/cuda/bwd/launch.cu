@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "backends.h"
 #include "cuda/bwd/bwd_launch.h"
@@ -56,12 +55,6 @@ Layout workspace_layout(const BackwardProblem& bp) {
   return l;
 }
 
-bool rows_aligned16(const void* base, const BSHStrides& s, int64_t batch, int64_t heads) {
-  const auto ok = [](int64_t stride) { return (stride * 2) % 16 == 0; };  // 2-byte elements
-  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && ok(s.seq) && (batch <= 1 || ok(s.batch)) &&
-         (heads <= 1 || ok(s.head));
-}
-
 const char* dtype_tag(DType t) { return t == DType::f16 ? "f16" : t == DType::bf16 ? "bf16" : "f32"; }
 
 BwdParams make_params(const BackwardProblem& bp) {
@@ -69,17 +62,11 @@ BwdParams make_params(const BackwardProblem& bp) {
   BwdParams b;
   b.q = p.q, b.k = p.k, b.v = p.v, b.out = p.out, b.dout = bp.dout, b.lse = p.lse, b.sink_logits = p.sink_logits;
   b.dq = bp.dq, b.dk = bp.dk, b.dv = bp.dv, b.dsink = bp.dsink;
-  b.q_sb = p.q_stride.batch, b.q_ss = p.q_stride.seq, b.q_sh = p.q_stride.head;
-  b.k_sb = p.k_stride.batch, b.k_ss = p.k_stride.seq, b.k_sh = p.k_stride.head;
-  b.v_sb = p.v_stride.batch, b.v_ss = p.v_stride.seq, b.v_sh = p.v_stride.head;
-  b.o_sb = p.out_stride.batch, b.o_ss = p.out_stride.seq, b.o_sh = p.out_stride.head;
-  b.do_sb = bp.dout_stride.batch, b.do_ss = bp.dout_stride.seq, b.do_sh = bp.dout_stride.head;
-  b.dq_sb = bp.dq_stride.batch, b.dq_ss = bp.dq_stride.seq, b.dq_sh = bp.dq_stride.head;
-  b.dk_sb = bp.dk_stride.batch, b.dk_ss = bp.dk_stride.seq, b.dk_sh = bp.dk_stride.head;
-  b.dv_sb = bp.dv_stride.batch, b.dv_ss = bp.dv_stride.seq, b.dv_sh = bp.dv_stride.head;
-  b.lse_sb = p.lse_stride_batch, b.lse_sh = p.lse_stride_head, b.lse_ss = p.lse_stride_seq;
+  b.q_stride = p.q_stride, b.k_stride = p.k_stride, b.v_stride = p.v_stride, b.out_stride = p.out_stride;
+  b.dout_stride = bp.dout_stride, b.dq_stride = bp.dq_stride, b.dk_stride = bp.dk_stride, b.dv_stride = bp.dv_stride;
+  b.lse_stride = p.lse_strides();
   b.dlse = bp.dlse;
-  b.dlse_sb = bp.dlse_stride_batch, b.dlse_sh = bp.dlse_stride_head, b.dlse_ss = bp.dlse_stride_seq;
+  b.dlse_stride = bp.dlse_stride;
   b.batch = int(p.batch);
   b.seq_q = int(p.seq_q);
   b.seq_k = int(p.seq_k);
@@ -101,10 +88,13 @@ BwdParams make_params(const BackwardProblem& bp) {
     b.softcap_post = float(p.softcap * log2e);
   }
   const int64_t tb = b.tensor_batch;
-  b.vec_in = rows_aligned16(p.q, p.q_stride, tb, p.q_heads) && rows_aligned16(p.k, p.k_stride, tb, p.kv_heads) &&
-             rows_aligned16(p.v, p.v_stride, tb, p.kv_heads) && rows_aligned16(bp.dout, bp.dout_stride, tb, p.q_heads);
-  b.vec_out = rows_aligned16(bp.dq, bp.dq_stride, tb, p.q_heads) &&
-              rows_aligned16(bp.dk, bp.dk_stride, tb, p.kv_heads) && rows_aligned16(bp.dv, bp.dv_stride, tb, p.kv_heads);
+  b.vec_in = rows_16byte_aligned(p.q, p.q_stride, tb, p.q_heads) &&
+             rows_16byte_aligned(p.k, p.k_stride, tb, p.kv_heads) &&
+             rows_16byte_aligned(p.v, p.v_stride, tb, p.kv_heads) &&
+             rows_16byte_aligned(bp.dout, bp.dout_stride, tb, p.q_heads);
+  b.vec_out = rows_16byte_aligned(bp.dq, bp.dq_stride, tb, p.q_heads) &&
+              rows_16byte_aligned(bp.dk, bp.dk_stride, tb, p.kv_heads) &&
+              rows_16byte_aligned(bp.dv, bp.dv_stride, tb, p.kv_heads);
   b.mask = p.mask;
   return b;
 }
@@ -144,35 +134,20 @@ void run_cuda_backward(const BackwardProblem& bp, void* stream_handle, void* wor
   cuda::DeviceGuard guard(p.device.index);
   const Layout lay = workspace_layout(bp);
   cuda::CallBuffer owned(stream);
-  if (workspace == nullptr) {
-    if (lay.total > 0) FL_CUDA_CHECK(cudaMallocAsync(&owned.ptr, lay.total, stream));
-    workspace = owned.ptr;
-  } else if (workspace_bytes < lay.total) {
-    throw Error(ErrorKind::invalid_value, "workspace has " + std::to_string(workspace_bytes) +
-                                              " bytes; the CUDA backward needs " + std::to_string(lay.total) +
-                                              " for these shapes (see backward_workspace_bytes)");
-  } else if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
-    throw Error(ErrorKind::invalid_value, "workspace is not 16-byte aligned; expected an allocation's start address");
-  }
-  auto* base = static_cast<char*>(workspace);
+  char* base = cuda::call_workspace(owned, workspace, workspace_bytes, lay.total, "the CUDA backward",
+                                    "backward_workspace_bytes");
 
   BwdParams b = make_params(bp);
   b.delta = reinterpret_cast<float*>(base + lay.delta);
   b.dsink_part = bp.dsink ? reinterpret_cast<float*>(base + lay.dsink) : nullptr;
   if (p.varlen()) {
-    cuda::refuse_host_copy_under_capture(stream, "the varlen offsets of the CUDA backward");
-    std::vector<int32_t> host(size_t(2 * (p.batch + 1)));  // (2, batch + 1): cu_seqlens_q then cu_seqlens_k
-    for (int64_t i = 0; i <= p.batch; ++i) {
-      host[size_t(i)] = p.cu_seqlens_q[i];
-      host[size_t(p.batch + 1 + i)] = p.cu_seqlens_k[i];
-    }
-    FL_CUDA_CHECK(cudaMemcpyAsync(base, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
-    b.cu_q = reinterpret_cast<const int*>(base);
+    b.cu_q = cuda::copy_varlen_table(base, p.cu_seqlens_q, p.cu_seqlens_k, p.batch, stream,
+                                     "the varlen offsets of the CUDA backward");
     b.cu_k = b.cu_q + p.batch + 1;
   }
 
   const bool f16 = p.dtype == DType::f16;
-  const auto zero_rows = [&](void* t, const BSHStrides& st, int64_t from, int64_t rows, int64_t heads) {
+  const auto zero_rows = [&](void* t, const RowStrides& st, int64_t from, int64_t rows, int64_t heads) {
     if (rows <= from) return;
     (f16 ? cuda_bwd::launch_zero_rows_f16 : cuda_bwd::launch_zero_rows_bf16)(t, st.seq, st.head, from, rows - from,
                                                                              int(heads), int(p.head_dim), stream);

@@ -12,16 +12,23 @@
 
 namespace flashlite::cuda {
 
-int device_count() {
-  static const int count = [] {
+int device_count(std::string* why) {
+  struct Count {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    std::string error;
+  };
+  static const Count count = [] {
+    Count c;
+    const cudaError_t err = cudaGetDeviceCount(&c.n);
+    if (err != cudaSuccess) {
       (void)cudaGetLastError();  // the sticky "no device" error is an answer here
-      n = 0;
+      c.n = 0;
+      c.error = cudaGetErrorString(err);
     }
-    return n;
+    return c;
   }();
-  return count;
+  if (why != nullptr && !count.error.empty()) *why = count.error;
+  return count.n;
 }
 
 const DeviceProps& device_props(int dev) {
@@ -45,6 +52,12 @@ const DeviceProps& device_props(int dev) {
     d.clusters = attr(cudaDevAttrClusterLaunch) != 0;
   });
   return props[size_t(dev)];
+}
+
+DeviceIdentity device_identity(int dev) {
+  cudaDeviceProp prop{};
+  FL_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  return {prop.name, prop.totalGlobalMem};
 }
 
 }  // namespace flashlite::cuda

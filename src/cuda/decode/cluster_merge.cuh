@@ -105,12 +105,12 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, uint32_t o_
       }
     }
     if (poisoned) lse = NAN, acc = make_float4(NAN, NAN, NAN, NAN);
-    T* out = static_cast<T*>(p.out) + b * p.o_sb + i * p.o_ss + head * p.o_sh + c4 * 4;
+    T* out = static_cast<T*>(p.out) + p.out_stride.offset(b, i, head) + c4 * 4;
     out[0] = from_float<T>(acc.x);
     out[1] = from_float<T>(acc.y);
     out[2] = from_float<T>(acc.z);
     out[3] = from_float<T>(acc.w);
-    if (p.lse && c4 == 0) p.lse[b * p.lse_sb + head * p.lse_sh + i * p.lse_ss] = lse;
+    if (p.lse && c4 == 0) p.lse[p.lse_stride.offset(b, head, i)] = lse;
   }
   stamp(10);
   // No CTA leaves (freeing its shared memory) while another may still read it. The remote loads are complete here

@@ -94,10 +94,10 @@ __device__ __forceinline__ void merge_row(const DecodeParams& p, int64_t item, i
       }
     }
   }
-  T* out = static_cast<T*>(p.out) + b * p.o_sb + i * p.o_ss + head * p.o_sh + lane * VEC;
+  T* out = static_cast<T*>(p.out) + p.out_stride.offset(b, i, head) + lane * VEC;
 #pragma unroll
   for (int e = 0; e < VEC; ++e) out[e] = from_float<T>(poisoned ? NAN : acc[e]);
-  if (p.lse && lane == 0) p.lse[b * p.lse_sb + head * p.lse_sh + i * p.lse_ss] = lse;
+  if (p.lse && lane == 0) p.lse[p.lse_stride.offset(b, head, i)] = lse;
 }
 
 template <class T, int D>

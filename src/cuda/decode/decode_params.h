@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/mask.h"
+#include "common/strides.h"
 #include "cuda/decode/decode_timeline.h"  // kTimelineStamps
 
 namespace flashlite::cuda_decode {
@@ -13,16 +14,14 @@ struct DecodeParams {
   void* out = nullptr;      // (batch, q_len, q_heads, head_dim)
   float* lse = nullptr;     // optional (batch, q_heads, q_len), natural log
   const float* sink_logits = nullptr;  // optional (q_heads)
-  int64_t q_sb = 0, q_ss = 0, q_sh = 0;
-  int64_t o_sb = 0, o_ss = 0, o_sh = 0;
-  int64_t lse_sb = 0, lse_sh = 0, lse_ss = 0;
+  RowStrides q_stride, out_stride;
+  LseStrides lse_stride;
 
-  // Cache: token p of sequence b, head h at  page * s0 + slot * s1 + h * s2  with (page, slot) = (b, p) when
+  // Cache: token p of sequence b, head h at  stride.offset(page, slot, h)  with (page, slot) = (b, p) when
   // contiguous and (indices[indptr[b] + p / page_size], p % page_size) when paged.
   const void* k = nullptr;
   const void* v = nullptr;
-  int64_t k_s0 = 0, k_s1 = 0, k_s2 = 0;
-  int64_t v_s0 = 0, v_s1 = 0, v_s2 = 0;
+  RowStrides k_stride, v_stride;
   bool paged = false;
   int page_size = 0;
   int page_shift = -1;  // log2(page_size) when a power of two (shift and mask instead of divide), else -1

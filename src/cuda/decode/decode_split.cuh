@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
       if (ok) {
         const int gr = r_base + r;
         const int i = gr / p.group, head = kvh * p.group + gr % p.group;
-        src = qg + b * p.q_sb + i * p.q_ss + head * p.q_sh + ch * 8;
+        src = qg + p.q_stride.offset(b, i, head) + ch * 8;
       }
       if (p.q_vec) {
         cp_async_16(dst, src, ok ? 16 : 0);
@@ -185,9 +185,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
 
   // Row addresses: this thread's 16-byte chunk of head kvh; the contiguous layout adds b's stride here once.
   const int ch = tid % CPR;
-  const int64_t seq_k = p.paged ? 0 : int64_t(b) * p.k_s0, seq_v = p.paged ? 0 : int64_t(b) * p.v_s0;
-  const T* kbase = static_cast<const T*>(p.k) + seq_k + int64_t(kvh) * p.k_s2 + ch * 8;
-  const T* vbase = static_cast<const T*>(p.v) + seq_v + int64_t(kvh) * p.v_s2 + ch * 8;
+  const int64_t seq_k = p.paged ? 0 : int64_t(b) * p.k_stride.batch, seq_v = p.paged ? 0 : int64_t(b) * p.v_stride.batch;
+  const T* kbase = static_cast<const T*>(p.k) + seq_k + int64_t(kvh) * p.k_stride.head + ch * 8;
+  const T* vbase = static_cast<const T*>(p.v) + seq_v + int64_t(kvh) * p.v_stride.head + ch * 8;
   const int page_mask = p.page_shift >= 0 ? p.page_size - 1 : 0;
 
   // Paged: page ids of tile t's 64 rows into the shared ring (threads < 64, one row each), as part of tile
@@ -233,11 +233,11 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
         if (p.paged) {
           const int64_t page = pid_n[row];
           const int slot = p.page_shift >= 0 ? (pos & page_mask) : pos % p.page_size;
-          ksrc += page * p.k_s0 + int64_t(slot) * p.k_s1;
-          vsrc += page * p.v_s0 + int64_t(slot) * p.v_s1;
+          ksrc += page * p.k_stride.batch + int64_t(slot) * p.k_stride.seq;
+          vsrc += page * p.v_stride.batch + int64_t(slot) * p.v_stride.seq;
         } else {
-          ksrc += int64_t(pos) * p.k_s1;
-          vsrc += int64_t(pos) * p.v_s1;
+          ksrc += int64_t(pos) * p.k_stride.seq;
+          vsrc += int64_t(pos) * p.v_stride.seq;
         }
       }
       const uint32_t off = uint32_t((row * LD + ch * 8) * 2);
@@ -460,7 +460,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
       const float fac = m == -INFINITY ? 0.f : fast_exp2(m - mf);
       const float lf = l * fac + (sink2 == -INFINITY ? 0.f : fast_exp2(sink2 - mf));
       const float mult = lf == 0.f ? 0.f : fac / lf;  // lf NaN: a NaN / +inf score or sink logit
-      T* out = static_cast<T*>(p.out) + b * p.o_sb + i * p.o_ss + head * p.o_sh;
+      T* out = static_cast<T*>(p.out) + p.out_stride.offset(b, i, head);
 #pragma unroll
       for (int dn = 0; dn < ND; ++dn) {
         const int col = dn * 8 + 2 * t4;
@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
         out[col + 1] = from_float<T>(o[dn][2 * h + 1] * mult);
       }
       if (p.lse && t4 == 0) {
-        p.lse[b * p.lse_sb + head * p.lse_sh + i * p.lse_ss] = lf == 0.f ? -INFINITY : (mf + __log2f(lf)) * kLn2;
+        p.lse[p.lse_stride.offset(b, head, i)] = lf == 0.f ? -INFINITY : (mf + __log2f(lf)) * kLn2;
       }
     } else {
       const int64_t idx = ((int64_t(b) * p.kv_heads + kvh) * p.rows + gr) * p.num_splits + split;

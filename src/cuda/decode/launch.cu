@@ -38,8 +38,8 @@ int64_t row_chunks(const DecodeProblem& p) {
   return (p.group() * p.q_len + kDecodeRowsPerBlock - 1) / kDecodeRowsPerBlock;
 }
 
-bool aligned16(const void* ptr, const Strides3& s) {
-  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && s.s0 % 8 == 0 && s.s1 % 8 == 0 && s.s2 % 8 == 0;
+bool aligned16(const void* ptr, const RowStrides& s) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && s.batch % 8 == 0 && s.seq % 8 == 0 && s.head % 8 == 0;
 }
 
 // Per device and kernel instance: the opt-in shared memory being set and its resident blocks per SM, the cluster size
@@ -125,7 +125,7 @@ std::string cuda_decode_unsupported_reason(const DecodeProblem& p) {
     return "head_dim " + std::to_string(c.head_dim) + " is not supported by the CUDA decode kernel; expected 64 or 128";
   }
   if (p.q_len > 64) return "q_len " + std::to_string(p.q_len) + " is too long for the CUDA decode kernel; expected 1..64";
-  if (!aligned16(c.k, c.ks) || !aligned16(c.v, c.vs)) {
+  if (!aligned16(c.k, row_strides(c.ks)) || !aligned16(c.v, row_strides(c.vs))) {
     return "cache.k / cache.v rows are not 16-byte aligned (data pointer and the first three strides must be "
            "multiples of 16 bytes); the CUDA decode kernel copies 16-byte chunks";
   }
@@ -171,13 +171,10 @@ void run_cuda_decode(const DecodeProblem& p, const CudaDecodeLaunch& plan, void*
   P.out = p.out;
   P.lse = p.lse;
   P.sink_logits = p.sink_logits;
-  P.q_sb = p.q_st.s0, P.q_ss = p.q_st.s1, P.q_sh = p.q_st.s2;
-  P.o_sb = p.o_st.s0, P.o_ss = p.o_st.s1, P.o_sh = p.o_st.s2;
-  P.lse_sb = p.lse_sb, P.lse_sh = p.lse_sh, P.lse_ss = p.lse_ss;
+  P.q_stride = p.q_st, P.out_stride = p.o_st, P.lse_stride = p.lse_st;
   P.k = c.k;
   P.v = c.v;
-  P.k_s0 = c.ks.s0, P.k_s1 = c.ks.s1, P.k_s2 = c.ks.s2;
-  P.v_s0 = c.vs.s0, P.v_s1 = c.vs.s1, P.v_s2 = c.vs.s2;
+  P.k_stride = row_strides(c.ks), P.v_stride = row_strides(c.vs);
   P.paged = c.paged;
   P.page_size = c.paged ? int(c.capacity) : 0;
   if (c.paged && (P.page_size & (P.page_size - 1)) == 0) {

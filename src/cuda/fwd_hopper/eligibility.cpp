@@ -20,7 +20,7 @@ namespace {
 
 // TMA addresses rows through a tensor map: 16-byte aligned base, every stride of a dimension longer than one a
 // multiple of 16 bytes (2-byte elements).
-bool tma_ok(const void* base, const BSHStrides& s, int64_t batch, int64_t heads) {
+bool tma_ok(const void* base, const RowStrides& s, int64_t batch, int64_t heads) {
   const auto ok = [](int64_t stride) { return stride > 0 && (stride * 2) % 16 == 0 && stride * 2 < (int64_t(1) << 40); };
   return reinterpret_cast<uintptr_t>(base) % 16 == 0 && ok(s.seq) && (batch <= 1 || ok(s.batch)) &&
          (heads <= 1 || ok(s.head));

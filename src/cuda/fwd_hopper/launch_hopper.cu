@@ -46,7 +46,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 // rows of one head of one batch entry, 128-byte swizzle (the wgmma descriptors' layout), rows past `rows` read as
 // zeros. Strides of dimensions of extent 1 never step: they get the row stride (a valid 16-byte multiple).
 CUtensorMap make_map(const void* base, DType dtype, int64_t head_dim, int64_t rows, int64_t heads, int64_t batch,
-                     const BSHStrides& s, int box_rows, const char* name) {
+                     const RowStrides& s, int box_rows, const char* name) {
   CUtensorMap map{};
   const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
   const auto stride = [&](int64_t elems, int64_t extent) { return cuuint64_t((extent <= 1 ? s.seq : elems) * 2); };

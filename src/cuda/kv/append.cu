@@ -28,14 +28,14 @@ inline constexpr int kMaxPairs = 128;  // head_dim <= 256
 struct AppendParams {
   const void* k_new = nullptr;  // (batch, n, kv_heads, head_dim)
   const void* v_new = nullptr;
-  int64_t kn_s0 = 0, kn_s1 = 0, kn_s2 = 0, vn_s0 = 0, vn_s1 = 0, vn_s2 = 0;
+  RowStrides k_new_stride, v_new_stride;
   const void* q = nullptr;  // optional (batch, n, q_heads, head_dim)
   void* q_out = nullptr;
-  int64_t q_s0 = 0, q_s1 = 0, q_s2 = 0, qo_s0 = 0, qo_s1 = 0, qo_s2 = 0;
+  RowStrides q_stride, q_out_stride;
   int q_heads = 0;
   void* k_cache = nullptr;
   void* v_cache = nullptr;
-  int64_t kc_s0 = 0, kc_s1 = 0, kc_s2 = 0, vc_s0 = 0, vc_s1 = 0, vc_s2 = 0;
+  RowStrides k_cache_stride, v_cache_stride;  // batch: a sequence (contiguous) or a page (paged)
   bool paged = false;
   int page_size = 0;
   const int32_t* seq_lens = nullptr;
@@ -78,10 +78,10 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
     page = p.indices[page_base + pos / p.page_size];
     slot = pos % p.page_size;
   }
-  T* kc = static_cast<T*>(p.k_cache) + page * p.kc_s0 + slot * p.kc_s1;
-  T* vc = static_cast<T*>(p.v_cache) + page * p.vc_s0 + slot * p.vc_s1;
-  const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_s0 + t * p.kn_s1;
-  const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_s0 + t * p.vn_s1;
+  T* kc = static_cast<T*>(p.k_cache) + page * p.k_cache_stride.batch + slot * p.k_cache_stride.seq;
+  T* vc = static_cast<T*>(p.v_cache) + page * p.v_cache_stride.batch + slot * p.v_cache_stride.seq;
+  const T* kn = static_cast<const T*>(p.k_new) + b * p.k_new_stride.batch + t * p.k_new_stride.seq;
+  const T* vn = static_cast<const T*>(p.v_new) + b * p.v_new_stride.batch + t * p.v_new_stride.seq;
 
   const int k_items = p.rope ? p.kv_heads * half : p.kv_heads * p.head_dim, v_items = p.kv_heads * p.head_dim;
   const int items = k_items + v_items + (p.q != nullptr ? p.q_heads * half : 0);
@@ -89,23 +89,24 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
     if (it < k_items && p.rope) {  // K: a rotated pair
       const int h = it / half, c = it % half;
       const RopePairIndex i = rope_pair(c, p.head_dim, p.interleaved);
-      const float xa = cuda::to_float(kn[h * p.kn_s2 + i.a]), xb = cuda::to_float(kn[h * p.kn_s2 + i.b]);
-      kc[h * p.kc_s2 + i.a] = cuda::from_float<T>(cuda::rope_rotate_element(xa, xb, cs[c], false));
-      kc[h * p.kc_s2 + i.b] = cuda::from_float<T>(cuda::rope_rotate_element(xa, xb, cs[c], true));
+      const float xa = cuda::to_float(kn[h * p.k_new_stride.head + i.a]);
+      const float xb = cuda::to_float(kn[h * p.k_new_stride.head + i.b]);
+      kc[h * p.k_cache_stride.head + i.a] = cuda::from_float<T>(cuda::rope_rotate_element(xa, xb, cs[c], false));
+      kc[h * p.k_cache_stride.head + i.b] = cuda::from_float<T>(cuda::rope_rotate_element(xa, xb, cs[c], true));
     } else if (it < k_items) {  // K: a copy
       const int h = it / p.head_dim, e = it % p.head_dim;
-      kc[h * p.kc_s2 + e] = kn[h * p.kn_s2 + e];
+      kc[h * p.k_cache_stride.head + e] = kn[h * p.k_new_stride.head + e];
     } else if (it < k_items + v_items) {  // V: a copy
       const int h = (it - k_items) / p.head_dim, e = (it - k_items) % p.head_dim;
-      vc[h * p.vc_s2 + e] = vn[h * p.vn_s2 + e];
+      vc[h * p.v_cache_stride.head + e] = vn[h * p.v_new_stride.head + e];
     } else {  // q: a rotated pair, in place allowed (both read before either write)
       const int h = (it - k_items - v_items) / half, c = (it - k_items - v_items) % half;
-      const T* q = static_cast<const T*>(p.q) + b * p.q_s0 + t * p.q_s1;
-      T* qo = static_cast<T*>(p.q_out) + b * p.qo_s0 + t * p.qo_s1;
+      const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + t * p.q_stride.seq;
+      T* qo = static_cast<T*>(p.q_out) + b * p.q_out_stride.batch + t * p.q_out_stride.seq;
       const RopePairIndex i = rope_pair(c, p.head_dim, p.interleaved);
-      const float xa = cuda::to_float(q[h * p.q_s2 + i.a]), xb = cuda::to_float(q[h * p.q_s2 + i.b]);
-      qo[h * p.qo_s2 + i.a] = cuda::from_float<T>(cuda::rope_rotate_element(xa, xb, cs[c], false));
-      qo[h * p.qo_s2 + i.b] = cuda::from_float<T>(cuda::rope_rotate_element(xa, xb, cs[c], true));
+      const float xa = cuda::to_float(q[h * p.q_stride.head + i.a]), xb = cuda::to_float(q[h * p.q_stride.head + i.b]);
+      qo[h * p.q_out_stride.head + i.a] = cuda::from_float<T>(cuda::rope_rotate_element(xa, xb, cs[c], false));
+      qo[h * p.q_out_stride.head + i.b] = cuda::from_float<T>(cuda::rope_rotate_element(xa, xb, cs[c], true));
     }
   }
 }
@@ -127,17 +128,14 @@ void run_cuda_append(const AppendProblem& p, void* stream) {
   cuda_kv::AppendParams P;
   P.k_new = p.k;
   P.v_new = p.v;
-  P.kn_s0 = p.k_st.s0, P.kn_s1 = p.k_st.s1, P.kn_s2 = p.k_st.s2;
-  P.vn_s0 = p.v_st.s0, P.vn_s1 = p.v_st.s1, P.vn_s2 = p.v_st.s2;
+  P.k_new_stride = p.k_st, P.v_new_stride = p.v_st;
   P.q = p.q;
   P.q_out = p.q_out;
-  P.q_s0 = p.q_st.s0, P.q_s1 = p.q_st.s1, P.q_s2 = p.q_st.s2;
-  P.qo_s0 = p.qo_st.s0, P.qo_s1 = p.qo_st.s1, P.qo_s2 = p.qo_st.s2;
+  P.q_stride = p.q_st, P.q_out_stride = p.qo_st;
   P.q_heads = int(p.q_heads);
   P.k_cache = c.k;
   P.v_cache = c.v;
-  P.kc_s0 = c.ks.s0, P.kc_s1 = c.ks.s1, P.kc_s2 = c.ks.s2;
-  P.vc_s0 = c.vs.s0, P.vc_s1 = c.vs.s1, P.vc_s2 = c.vs.s2;
+  P.k_cache_stride = row_strides(c.ks), P.v_cache_stride = row_strides(c.vs);
   P.paged = c.paged;
   P.page_size = c.paged ? int(c.capacity) : 0;
   P.seq_lens = c.k_seq_lens;

@@ -20,8 +20,8 @@ __global__ void __launch_bounds__(kThreads) pv_kernel(const NaiveParams p) {
   for (int64_t bh = blockIdx.z; bh < p.pairs(); bh += gridDim.z) {
     const int64_t b = bh / p.q_heads, h = bh % p.q_heads, kvh = h / p.group;
     const SeqView s = seq_view(p, b);
-    const T* v = static_cast<const T*>(p.v) + s.tb * p.v_sb + s.k_row0 * p.v_ss + kvh * p.v_sh;
-    T* o = static_cast<T*>(p.out) + s.tb * p.o_sb + s.q_row0 * p.o_ss + h * p.o_sh;
+    const T* v = static_cast<const T*>(p.v) + p.v_stride.offset(s.tb, s.k_row0, kvh);
+    T* o = static_cast<T*>(p.out) + p.out_stride.offset(s.tb, s.q_row0, h);
     const float* P = p.s + bh * p.seq_q * p.seq_k;  // (seq_q, seq_k) of this pair
     for (int64_t i0 = int64_t(blockIdx.y) * kTileM; i0 < s.sq; i0 += int64_t(gridDim.y) * kTileM) {
       // fp32 sums over kFoldKeys keys, folded into float64 totals: the error of a short row at any length
@@ -49,7 +49,8 @@ __global__ void __launch_bounds__(kThreads) pv_kernel(const NaiveParams p) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int64_t n = n0 + c0 + e;
-            tiles.b[r][c0 + e] = n < p.head_dim && j0 + r < s.sk ? cuda::load_f32(v, (j0 + r) * p.v_ss + n) : 0.f;
+            const bool in = n < p.head_dim && j0 + r < s.sk;
+            tiles.b[r][c0 + e] = in ? cuda::load_f32(v, (j0 + r) * p.v_stride.seq + n) : 0.f;
           }
         }
         __syncthreads();
@@ -57,17 +58,9 @@ __global__ void __launch_bounds__(kThreads) pv_kernel(const NaiveParams p) {
         __syncthreads();
       }
       // Rows with no keys (seq_k 0) get zeros, like every fully masked row.
-      const int r0 = micro_row(), c0 = micro_col();
-#pragma unroll
-      for (int rr = 0; rr < 4; ++rr) {
-        const int64_t i = i0 + r0 + rr;
-        if (i >= s.sq) break;
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc) {
-          const int64_t n = n0 + c0 + cc;
-          if (n < p.head_dim) cuda::store_f32(o, i * p.o_ss + n, float(total[rr][cc] + acc[rr][cc]));
-        }
-      }
+      store_micro_tile(i0, n0, s.sq, p.head_dim, [&](int64_t i, int64_t n, int rr, int cc) {
+        cuda::store_f32(o, i * p.out_stride.seq + n, float(total[rr][cc] + acc[rr][cc]));
+      });
     }
   }
 }

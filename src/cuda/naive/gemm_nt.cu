@@ -20,8 +20,8 @@ __global__ void __launch_bounds__(kThreads) scores_kernel(const NaiveParams p) {
   for (int64_t bh = blockIdx.z; bh < p.pairs(); bh += gridDim.z) {
     const int64_t b = bh / p.q_heads, h = bh % p.q_heads, kvh = h / p.group;
     const SeqView s = seq_view(p, b);
-    const T* q = static_cast<const T*>(p.q) + s.tb * p.q_sb + s.q_row0 * p.q_ss + h * p.q_sh;
-    const T* k = static_cast<const T*>(p.k) + s.tb * p.k_sb + s.k_row0 * p.k_ss + kvh * p.k_sh;
+    const T* q = static_cast<const T*>(p.q) + p.q_stride.offset(s.tb, s.q_row0, h);
+    const T* k = static_cast<const T*>(p.k) + p.k_stride.offset(s.tb, s.k_row0, kvh);
     float* S = p.s + bh * p.seq_q * p.seq_k;  // (seq_q, seq_k) of this pair
     for (int64_t i0 = int64_t(blockIdx.y) * kTileM; i0 < s.sq; i0 += int64_t(gridDim.y) * kTileM) {
       if (j0 >= s.sk) break;  // uniform over the block
@@ -33,24 +33,15 @@ __global__ void __launch_bounds__(kThreads) scores_kernel(const NaiveParams p) {
         for (int e = 0; e < 4; ++e) {
           const int64_t d = d0 + c0 + e;
           const bool din = d < p.head_dim;
-          tiles.a[c0 + e][r] = din && i0 + r < s.sq ? cuda::load_f32(q, (i0 + r) * p.q_ss + d) : 0.f;
-          tiles.b[c0 + e][r] = din && j0 + r < s.sk ? cuda::load_f32(k, (j0 + r) * p.k_ss + d) : 0.f;
+          tiles.a[c0 + e][r] = din && i0 + r < s.sq ? cuda::load_f32(q, (i0 + r) * p.q_stride.seq + d) : 0.f;
+          tiles.b[c0 + e][r] = din && j0 + r < s.sk ? cuda::load_f32(k, (j0 + r) * p.k_stride.seq + d) : 0.f;
         }
         __syncthreads();
         tile_fma(tiles, acc);
         __syncthreads();
       }
-      const int r0 = micro_row(), c0 = micro_col();
-#pragma unroll
-      for (int rr = 0; rr < 4; ++rr) {
-        const int64_t i = i0 + r0 + rr;
-        if (i >= s.sq) break;
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc) {
-          const int64_t j = j0 + c0 + cc;
-          if (j < s.sk) S[i * p.seq_k + j] = acc[rr][cc];
-        }
-      }
+      store_micro_tile(i0, j0, s.sq, s.sk,
+                       [&](int64_t i, int64_t j, int rr, int cc) { S[i * p.seq_k + j] = acc[rr][cc]; });
     }
   }
 }

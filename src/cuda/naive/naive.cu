@@ -19,7 +19,6 @@
 #include <climits>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "backends.h"
 #include "cuda/common/check.h"
@@ -51,14 +50,6 @@ size_t scores_bytes(const AttentionProblem& p) {
 }
 
 // Frees a workspace the call allocated itself, stream-ordered, also when a launch throws.
-struct OwnedWorkspace {
-  void* ptr = nullptr;
-  cudaStream_t stream = nullptr;
-  ~OwnedWorkspace() {
-    if (ptr) cudaFreeAsync(ptr, stream);
-  }
-};
-
 NaiveParams make_params(const AttentionProblem& p, float* scores) {
   NaiveParams n;
   n.q = p.q;
@@ -68,11 +59,8 @@ NaiveParams make_params(const AttentionProblem& p, float* scores) {
   n.lse = p.lse;
   n.sink_logits = p.sink_logits;
   n.s = scores;
-  n.q_sb = p.q_stride.batch, n.q_ss = p.q_stride.seq, n.q_sh = p.q_stride.head;
-  n.k_sb = p.k_stride.batch, n.k_ss = p.k_stride.seq, n.k_sh = p.k_stride.head;
-  n.v_sb = p.v_stride.batch, n.v_ss = p.v_stride.seq, n.v_sh = p.v_stride.head;
-  n.o_sb = p.out_stride.batch, n.o_ss = p.out_stride.seq, n.o_sh = p.out_stride.head;
-  n.lse_sb = p.lse_stride_batch, n.lse_sh = p.lse_stride_head, n.lse_ss = p.lse_stride_seq;
+  n.q_stride = p.q_stride, n.k_stride = p.k_stride, n.v_stride = p.v_stride, n.out_stride = p.out_stride;
+  n.lse_stride = p.lse_strides();
   n.batch = p.batch;
   n.seq_q = p.seq_q;
   n.seq_k = p.seq_k;
@@ -96,32 +84,13 @@ void run_cuda_naive(const AttentionProblem& p, void* stream_handle, void* worksp
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   cuda::DeviceGuard guard(p.device.index);
   const size_t need = cuda_naive_workspace_bytes(p);
-  OwnedWorkspace owned;
-  if (workspace == nullptr) {
-    if (need > 0) {
-      FL_CUDA_CHECK(cudaMallocAsync(&owned.ptr, need, stream));
-      owned.stream = stream;
-    }
-    workspace = owned.ptr;
-  } else if (workspace_bytes < need) {
-    throw Error(ErrorKind::invalid_value, "workspace has " + std::to_string(workspace_bytes) +
-                                              " bytes; backend 'naive' needs " + std::to_string(need) +
-                                              " for these shapes (see forward_workspace_bytes)");
-  } else if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
-    throw Error(ErrorKind::invalid_value, "workspace is not 16-byte aligned; expected an allocation's start address");
-  }
-
-  auto* base = static_cast<char*>(workspace);
+  cuda::CallBuffer owned(stream);  // freed when the call ends (stream-ordered)
+  char* base =
+      cuda::call_workspace(owned, workspace, workspace_bytes, need, "backend 'naive'", "forward_workspace_bytes");
   NaiveParams n = make_params(p, reinterpret_cast<float*>(base + offsets_bytes(p)));
   if (p.varlen()) {
-    cuda::refuse_host_copy_under_capture(stream, "the varlen offsets of the naive path");
-    std::vector<int32_t> host(size_t(2 * (p.batch + 1)));  // (2, batch + 1): cu_seqlens_q then cu_seqlens_k
-    for (int64_t b = 0; b <= p.batch; ++b) {
-      host[size_t(b)] = p.cu_seqlens_q[b];
-      host[size_t(p.batch + 1 + b)] = p.cu_seqlens_k[b];
-    }
-    FL_CUDA_CHECK(cudaMemcpyAsync(base, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
-    n.cu_q = reinterpret_cast<const int*>(base);
+    n.cu_q = cuda::copy_varlen_table(base, p.cu_seqlens_q, p.cu_seqlens_k, p.batch, stream,
+                                     "the varlen offsets of the naive path");
     n.cu_k = n.cu_q + p.batch + 1;
   }
 

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "common/mask.h"
+#include "common/strides.h"
 
 namespace flashlite::cuda_naive {
 
@@ -15,12 +16,8 @@ struct NaiveParams {
   const float* sink_logits = nullptr;  // optional (q_heads)
   float* s = nullptr;       // workspace (batch * q_heads, seq_q, seq_k) fp32: scores, then P in place
 
-  // Element strides: batch, seq, head.
-  int64_t q_sb = 0, q_ss = 0, q_sh = 0;
-  int64_t k_sb = 0, k_ss = 0, k_sh = 0;
-  int64_t v_sb = 0, v_ss = 0, v_sh = 0;
-  int64_t o_sb = 0, o_ss = 0, o_sh = 0;
-  int64_t lse_sb = 0, lse_sh = 0, lse_ss = 0;
+  RowStrides q_stride, k_stride, v_stride, out_stride;
+  LseStrides lse_stride;
 
   int64_t batch = 0;  // sequences
   int64_t seq_q = 0;  // padded: every sequence; varlen: the longest (rows of each S matrix)

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kRowThreads) softmax_kernel(const NaiveParams 
     const float inv = l == 0.0 ? 0.f : float(1.0 / l);
     for (int64_t j = threadIdx.x; j < s.sk; j += blockDim.x) row[j] = l == 0.0 ? 0.f : expf(row[j] - m) * inv;
     if (p.lse && threadIdx.x == 0) {
-      p.lse[s.tb * p.lse_sb + h * p.lse_sh + (s.q_row0 + i) * p.lse_ss] = l == 0.0 ? -INFINITY : m + float(log(l));
+      p.lse[p.lse_stride.offset(s.tb, h, s.q_row0 + i)] = l == 0.0 ? -INFINITY : m + float(log(l));
     }
   }
 }

@@ -37,6 +37,23 @@ __device__ __forceinline__ void tile_fma(const SharedTiles& t, float (&acc)[4][4
   }
 }
 
+// Calls store(i, j, rr, cc) for each output (i, j) = (i0 + micro_row() + rr, j0 + micro_col() + cc) of this thread's
+// micro-tile with i < rows and j < cols.
+template <class Store>
+__device__ __forceinline__ void store_micro_tile(int64_t i0, int64_t j0, int64_t rows, int64_t cols, Store store) {
+  const int r0 = micro_row(), c0 = micro_col();
+#pragma unroll
+  for (int rr = 0; rr < 4; ++rr) {
+    const int64_t i = i0 + r0 + rr;
+    if (i >= rows) break;
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) {
+      const int64_t j = j0 + c0 + cc;
+      if (j < cols) store(i, j, rr, cc);
+    }
+  }
+}
+
 // Grid-stride helpers: grid.y and grid.z are capped at 65535, so blocks loop over the rest.
 inline unsigned grid_cap(int64_t n) { return unsigned(n < 65535 ? (n < 1 ? 1 : n) : 65535); }
 
