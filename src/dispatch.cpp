@@ -184,9 +184,7 @@ AttentionProblem validate(const ForwardArgs& a) {
     check_dim(a.lse, "lse", 1, hq, "q_heads");
     check_dim(a.lse, "lse", 2, lse_seq, "seq_q");
     p.lse = static_cast<float*>(a.lse.data);
-    p.lse_stride_batch = a.lse.strides[0];
-    p.lse_stride_head = a.lse.strides[1];
-    p.lse_stride_seq = a.lse.strides[2];
+    p.lse_stride = {a.lse.strides[0], a.lse.strides[1], a.lse.strides[2]};
     check_no_overlap(a.lse, "lse", a.q, "q");
     check_no_overlap(a.lse, "lse", a.k, "k");
     check_no_overlap(a.lse, "lse", a.v, "v");

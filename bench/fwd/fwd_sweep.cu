@@ -93,9 +93,7 @@ AttentionProblem make_problem(const Shape& s, const void* q, const void* k, cons
   p.k_stride = p.v_stride = {int64_t(s.seq_k) * s.hkv * s.d, int64_t(s.hkv) * s.d, s.d};
   p.out_stride = p.q_stride;
   p.lse = lse;
-  p.lse_stride_batch = int64_t(s.hq) * s.seq_q;
-  p.lse_stride_head = s.seq_q;
-  p.lse_stride_seq = 1;
+  p.lse_stride = {int64_t(s.hq) * s.seq_q, s.seq_q, 1};
   p.scale = 1.0 / std::sqrt(double(s.d));
   p.mask = s.mask;
   return p;

@@ -213,7 +213,7 @@ void run_backward_cpu(const BackwardProblem& bp) {
         }
         const int64_t t = terms.index(tb, h, row);
         terms.delta[size_t(t)] = float(dot - bp.dlse_at(tb, h, row));
-        terms.lse[size_t(t)] = p.lse[tb * p.lse_stride_batch + h * p.lse_stride_head + row * p.lse_stride_seq];
+        terms.lse[size_t(t)] = p.lse[p.lse_stride.offset(tb, h, row)];
       }
     }
   if (p.varlen()) {  // rows past the last sequence get zero gradients

@@ -8,7 +8,6 @@
 
 namespace flashlite {
 
-using BSHStrides = RowStrides;  // the former name, still read by src/cuda/fwd/launch.cu
 
 // K/V of one paged KV-cache sequence read in place by the CPU tiled kernel (src/cpu/kv_prefill.cpp sets it on a
 // batch-1 problem): key j is row j % page_size of page page_ids[j / page_size], i.e. element
@@ -35,9 +34,7 @@ struct AttentionProblem {
   RowStrides q_stride, k_stride, v_stride, out_stride;
 
   float* lse = nullptr;  // optional, fp32
-  // (Three scalars, not an LseStrides, until src/cuda/fwd/launch.cu reads lse_strides().)
-  int64_t lse_stride_batch = 0, lse_stride_head = 0, lse_stride_seq = 0;
-  LseStrides lse_strides() const { return {lse_stride_batch, lse_stride_head, lse_stride_seq}; }
+  LseStrides lse_stride;
 
   const float* sink_logits = nullptr;  // optional, [q_heads], same device as q
   double scale = 1.0;

@@ -36,7 +36,7 @@ void write_keyless_rows(const AttentionProblem& s) {
       for (int64_t e = 0; e < s.head_dim; ++e) {
         store_from_float(s.out, s.dtype, i * s.out_stride.seq + h * s.out_stride.head + e, poisoned ? NAN : 0.f);
       }
-      if (s.lse) s.lse[h * s.lse_stride_head + i * s.lse_stride_seq] = poisoned ? NAN : sink;
+      if (s.lse) s.lse[h * s.lse_stride.head + i * s.lse_stride.seq] = poisoned ? NAN : sink;
     }
 }
 
@@ -60,20 +60,20 @@ void cpu_prefill(const PrefillProblem& p) {
     const int64_t qb = p.ragged() ? 0 : b, r0 = p.q_row0(b);
     s.q = at(a.q, a.dtype, qb * a.q_stride.batch + r0 * a.q_stride.seq);
     s.out = at(a.out, a.dtype, qb * a.out_stride.batch + r0 * a.out_stride.seq);
-    if (a.lse) s.lse = a.lse + qb * a.lse_stride_batch + r0 * a.lse_stride_seq;
+    if (a.lse) s.lse = a.lse + qb * a.lse_stride.batch + r0 * a.lse_stride.seq;
     if (len == 0) {  // (decode only: prefill chunks never exceed the length) no key at all
       write_keyless_rows(s);
       continue;
     }
     if (!c.paged) {
-      s.k = at(c.k, c.dtype, b * c.ks.s0);
-      s.v = at(c.v, c.dtype, b * c.vs.s0);
+      s.k = at(c.k, c.dtype, b * c.ks.batch);
+      s.v = at(c.v, c.dtype, b * c.vs.batch);
     } else {  // the kernel reads the sequence's pages in place, a page run at a time (src/cpu/tiled.cpp)
-      pages[size_t(b)] = KvPagesView{c.indices + c.indptr[b], c.capacity, c.ks.s0, c.vs.s0};
+      pages[size_t(b)] = KvPagesView{c.indices + c.indptr[b], c.capacity, c.ks.batch, c.vs.batch};
       s.k = c.k;
       s.v = c.v;
-      s.k_stride = {0, c.ks.s1, c.ks.s2};
-      s.v_stride = {0, c.vs.s1, c.vs.s2};
+      s.k_stride = {0, c.ks.seq, c.ks.head};
+      s.v_stride = {0, c.vs.seq, c.vs.head};
       s.kv_pages = &pages[size_t(b)];
     }
     max_rows = std::max(max_rows, n);

@@ -106,7 +106,7 @@ void run_cpu_naive(const AttentionProblem& p) {
         lse = float(row_max + std::log(denom));
       }
       row_kind[size_t(bh * sq + i)] = kind;
-      if (p.lse) p.lse[s.batch_index * p.lse_stride_batch + h * p.lse_stride_head + (s.q_row0 + i) * p.lse_stride_seq] = lse;
+      if (p.lse) p.lse[p.lse_stride.offset(s.batch_index, h, s.q_row0 + i)] = lse;
     }
   }
 

@@ -107,7 +107,7 @@ void run_reference(const AttentionProblem& p) {
         const double* src = out64.data() + ((b * tensor_seq_q + i) * p.q_heads + h) * d;
         for (int64_t c = 0; c < d; ++c) store_from_float(p.out, p.dtype, o_off + c, float(src[c]));
         if (p.lse) {
-          p.lse[b * p.lse_stride_batch + h * p.lse_stride_head + i * p.lse_stride_seq] =
+          p.lse[p.lse_stride.offset(b, h, i)] =
               float(lse64[(b * p.q_heads + h) * tensor_seq_q + i]);
         }
       }

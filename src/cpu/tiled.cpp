@@ -189,7 +189,7 @@ void finalise(const AttentionProblem& p, const SequenceSlice& s, const Task& t, 
         for (int64_t x = 0; x < d; ++x) tmp[x] = float(on[x] * mul);
         store_row(p.out, p.dtype, out_off, d, tmp, 1.0f);
       }
-      if (p.lse) p.lse[s.batch_index * p.lse_stride_batch + h * p.lse_stride_head + i * p.lse_stride_seq] = float(lse);
+      if (p.lse) p.lse[p.lse_stride.offset(s.batch_index, h, i)] = float(lse);
     }
   }
 }

@@ -62,8 +62,8 @@ PrefillProblem prefill_from_decode(const DecodeProblem& dp) {
   t.head_dim = c.head_dim;
   t.k = c.k;
   t.v = c.v;
-  t.k_stride = row_strides(c.ks);
-  t.v_stride = row_strides(c.vs);
+  t.k_stride = c.ks;
+  t.v_stride = c.vs;
   t.seq_k = c.max_length;
   t.sink_logits = dp.sink_logits;
   t.scale = dp.scale;
@@ -75,7 +75,7 @@ PrefillProblem prefill_from_decode(const DecodeProblem& dp) {
   t.q_stride = dp.q_st;
   t.out_stride = dp.o_st;
   t.lse = dp.lse;
-  t.lse_stride_batch = dp.lse_st.batch, t.lse_stride_head = dp.lse_st.head, t.lse_stride_seq = dp.lse_st.seq;
+  t.lse_stride = dp.lse_st;
   return p;
 }
 
@@ -202,7 +202,7 @@ PrefillProblem validate_prefill(const PrefillArgs& a) {
            "] ([1, q_heads, total_q], ragged)");
     }
     t.lse = static_cast<float*>(l.data);
-    t.lse_stride_batch = l.strides[0], t.lse_stride_head = l.strides[1], t.lse_stride_seq = l.strides[2];
+    t.lse_stride = {l.strides[0], l.strides[1], l.strides[2]};
   }
 
   // Outputs must not meet what is read (validate_decode saw only stand-ins for q / out).

@@ -10,13 +10,6 @@
 
 namespace flashlite {
 
-// Element strides of a cache's [sequence or page, slot, heads, head_dim] view (head_dim stride 1). (A type of its own
-// until src/cuda/fwd/plan.cpp reads a RowStrides.)
-struct Strides3 {
-  int64_t s0 = 0, s1 = 0, s2 = 0;
-};
-inline RowStrides row_strides(const Strides3& s) { return {s.s0, s.s1, s.s2}; }
-
 // One cache, resolved. Contiguous: token p of sequence b lives at (b, p); paged: at (pages[indptr[b] + p / page_size],
 // p % page_size). `capacity` is max_len (contiguous) or page_size (paged).
 struct KvCacheDesc {
@@ -28,7 +21,7 @@ struct KvCacheDesc {
   int64_t num_pages = 0;  // paged: k.shape[0]
   void* k = nullptr;
   void* v = nullptr;
-  Strides3 ks, vs;
+  RowStrides ks, vs;  // [sequence or page, slot, heads, head_dim] (head_dim stride 1)
   // Host index (CPU memory): validated.
   const int32_t* seq_lens = nullptr;
   const int32_t* indptr = nullptr;
@@ -48,10 +41,10 @@ struct KvCacheDesc {
   }
   // Element offset of token p of sequence b, head h, in k (use_v = false) or v. Host side only.
   int64_t offset(int64_t b, int64_t p, int64_t h, bool use_v) const {
-    const Strides3& s = use_v ? vs : ks;
-    if (!paged) return b * s.s0 + p * s.s1 + h * s.s2;
+    const RowStrides& s = use_v ? vs : ks;
+    if (!paged) return s.offset(b, p, h);
     const int64_t page = indices[indptr[b] + p / capacity];
-    return page * s.s0 + (p % capacity) * s.s1 + h * s.s2;
+    return s.offset(page, p % capacity, h);
   }
 };
 

@@ -22,11 +22,6 @@ using checks::check_rank;
 using checks::fail;
 using checks::fail_type;
 
-Strides3 strides3(const TensorView& t, const char* name) {
-  const RowStrides s = checks::row_strides(t, name);
-  return {s.batch, s.seq, s.head};
-}
-
 void check_dtype(const TensorView& t, const std::string& name, DType expected) {
   if (t.dtype != expected) {
     fail_type(name + " has dtype " + dtype_name(t.dtype) + " but the cache has " + dtype_name(expected) +
@@ -79,8 +74,8 @@ KvCacheDesc validate_cache(const KvCacheView& c) {
   d.capacity = c.k.shape[1];
   d.k = c.k.data;
   d.v = c.v.data;
-  d.ks = strides3(c.k, "cache.k");
-  d.vs = strides3(c.v, "cache.v");
+  d.ks = checks::row_strides(c.k, "cache.k");
+  d.vs = checks::row_strides(c.v, "cache.v");
   if (d.kv_heads < 1) fail("cache.k has " + to_string(d.kv_heads) + " kv heads; expected at least 1");
   if (d.head_dim < 1) fail("cache.k has head_dim " + to_string(d.head_dim) + "; expected at least 1");
   const bool on_cuda = d.device.type == DeviceType::cuda;

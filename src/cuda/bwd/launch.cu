@@ -64,7 +64,7 @@ BwdParams make_params(const BackwardProblem& bp) {
   b.dq = bp.dq, b.dk = bp.dk, b.dv = bp.dv, b.dsink = bp.dsink;
   b.q_stride = p.q_stride, b.k_stride = p.k_stride, b.v_stride = p.v_stride, b.out_stride = p.out_stride;
   b.dout_stride = bp.dout_stride, b.dq_stride = bp.dq_stride, b.dk_stride = bp.dk_stride, b.dv_stride = bp.dv_stride;
-  b.lse_stride = p.lse_strides();
+  b.lse_stride = p.lse_stride;
   b.dlse = bp.dlse;
   b.dlse_stride = bp.dlse_stride;
   b.batch = int(p.batch);

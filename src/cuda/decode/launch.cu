@@ -125,7 +125,7 @@ std::string cuda_decode_unsupported_reason(const DecodeProblem& p) {
     return "head_dim " + std::to_string(c.head_dim) + " is not supported by the CUDA decode kernel; expected 64 or 128";
   }
   if (p.q_len > 64) return "q_len " + std::to_string(p.q_len) + " is too long for the CUDA decode kernel; expected 1..64";
-  if (!aligned16(c.k, row_strides(c.ks)) || !aligned16(c.v, row_strides(c.vs))) {
+  if (!aligned16(c.k, c.ks) || !aligned16(c.v, c.vs)) {
     return "cache.k / cache.v rows are not 16-byte aligned (data pointer and the first three strides must be "
            "multiples of 16 bytes); the CUDA decode kernel copies 16-byte chunks";
   }
@@ -174,7 +174,7 @@ void run_cuda_decode(const DecodeProblem& p, const CudaDecodeLaunch& plan, void*
   P.q_stride = p.q_st, P.out_stride = p.o_st, P.lse_stride = p.lse_st;
   P.k = c.k;
   P.v = c.v;
-  P.k_stride = row_strides(c.ks), P.v_stride = row_strides(c.vs);
+  P.k_stride = c.ks, P.v_stride = c.vs;
   P.paged = c.paged;
   P.page_size = c.paged ? int(c.capacity) : 0;
   if (c.paged && (P.page_size & (P.page_size - 1)) == 0) {

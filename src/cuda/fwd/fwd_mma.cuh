@@ -114,11 +114,11 @@ __device__ __forceinline__ void load_tile(uint32_t s_dst, const T* g, int64_t ro
 }
 
 // The K and V tiles of keys [row0, row0 + ROWS) of one sequence of a paged cache: key j lives in page
-// pages[j / page_size] at slot j % page_size; kg / vg point at the head's first element of page 0, k_sb / v_sb are the
-// page strides. A tile may span pages. A thread owns one 16-byte column chunk of every RSTEP-th row; RSTEP <= 16 <=
-// page_size, so its next row is RSTEP slots on with at most one page step (one division per tile, not per row). The
-// page ids are read first (independent loads, one latency per tile), then the copies are issued; K and V share them.
-// Keys at or past `valid` are zero-filled.
+// pages[j / page_size] at slot j % page_size; kg / vg point at the head's first element of page 0, the strides' batch
+// fields are the page strides. A tile may span pages. A thread owns one 16-byte column chunk of every RSTEP-th row;
+// RSTEP <= 16 <= page_size, so its next row is RSTEP slots on with at most one page step (one division per tile, not
+// per row). The page ids are read first (independent loads, one latency per tile), then the copies are issued; K and
+// V share them. Keys at or past `valid` are zero-filled.
 template <class Cfg, int ROWS, class T>
 __device__ __forceinline__ void load_kv_paged(uint32_t s_k, uint32_t s_v, const T* kg, const T* vg, const FwdParams& p,
                                               const int* pages, int row0, int valid) {
@@ -138,7 +138,8 @@ __device__ __forceinline__ void load_kv_paged(uint32_t s_k, uint32_t s_v, const 
     }
   }
   // Strides fit in 32 bits (checked on the host): one wide multiply-add per offset.
-  const int ksb = int(p.k_sb), kss = int(p.k_ss), vsb = int(p.v_sb), vss = int(p.v_ss);
+  const int ksb = int(p.k_stride.batch), kss = int(p.k_stride.seq);
+  const int vsb = int(p.v_stride.batch), vss = int(p.v_stride.seq);
   const T* kc = kg + ch * 8;
   const T* vc = vg + ch * 8;
   const uint32_t dst = uint32_t((r * LD + ch * 8) * 2);
@@ -173,11 +174,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
   const KeyTiles kt = key_tiles(p.mask, i0, i1, sq, sk, BC);
 
   const int kvh = w.head / p.group;
-  const T* qg = static_cast<const T*>(p.q) + w.tb * p.q_sb + w.q_row0 * p.q_ss + w.head * p.q_sh;
+  const T* qg = static_cast<const T*>(p.q) + w.tb * p.q_stride.batch + w.q_row0 * p.q_stride.seq +
+      w.head * p.q_stride.head;
   // K/V: tensors at (tb, k_row0); a contiguous cache at its sequence; a paged cache at page 0 (pages added per row).
   const int64_t kb = CACHE ? (p.kv_paged ? 0 : w.seq) : w.tb;
-  const T* kg = static_cast<const T*>(p.k) + kb * p.k_sb + w.k_row0 * p.k_ss + kvh * p.k_sh;
-  const T* vg = static_cast<const T*>(p.v) + kb * p.v_sb + w.k_row0 * p.v_ss + kvh * p.v_sh;
+  const T* kg = static_cast<const T*>(p.k) + kb * p.k_stride.batch + w.k_row0 * p.k_stride.seq + kvh * p.k_stride.head;
+  const T* vg = static_cast<const T*>(p.v) + kb * p.v_stride.batch + w.k_row0 * p.v_stride.seq + kvh * p.v_stride.head;
   const int* pages = CACHE && p.kv_paged ? p.kv_page_indices + p.kv_page_indptr[w.seq] : nullptr;
 
   // Shared memory as 32-bit addresses (bytes): [stage][K tile | V tile], then Q unless it aliases the last stage.
@@ -193,12 +195,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
         return;
       }
     }
-    load_tile<Cfg, BC>(st, kg, p.k_ss, j0, sk, p.vec_in);
-    load_tile<Cfg, BC>(st + TILE_BYTES, vg, p.v_ss, j0, sk, p.vec_in);
+    load_tile<Cfg, BC>(st, kg, p.k_stride.seq, j0, sk, p.vec_in);
+    load_tile<Cfg, BC>(st + TILE_BYTES, vg, p.v_stride.seq, j0, sk, p.vec_in);
   };
 
   // Prologue: Q, then the first STAGES - 1 key tiles, one commit group each.
-  load_tile<Cfg, BR>(sQ, qg, p.q_ss, i0, sq, p.vec_in);
+  load_tile<Cfg, BR>(sQ, qg, p.q_stride.seq, i0, sq, p.vec_in);
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -434,11 +436,11 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
             pack2<T>(o[mi][dn][2 * r] * f, o[mi][dn][2 * r + 1] * f);
       }
       if (p.lse && t == 0 && i0 + row < sq) {
-        p.lse[w.tb * p.lse_sb + w.head * p.lse_sh + (w.q_row0 + i0 + row) * p.lse_ss] = lse;
+        p.lse[w.tb * p.lse_stride.batch + w.head * p.lse_stride.head + (w.q_row0 + i0 + row) * p.lse_stride.seq] = lse;
       }
     }
   __syncthreads();
-  T* og = static_cast<T*>(p.out) + w.tb * p.o_sb + w.q_row0 * p.o_ss + w.head * p.o_sh;
+  T* og = static_cast<T*>(p.out) + w.tb * p.out_stride.batch + w.q_row0 * p.out_stride.seq + w.head * p.out_stride.head;
   constexpr int CHUNKS = BR * Cfg::CPR;
 #pragma unroll
   for (int it = 0; it < (CHUNKS + Cfg::THREADS - 1) / Cfg::THREADS; ++it) {
@@ -447,7 +449,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
     const int r = c / Cfg::CPR, ch = c % Cfg::CPR;
     if (i0 + r >= sq) continue;
     const uint4 val = *reinterpret_cast<const uint4*>(sO + r * LD + ch * 8);
-    T* dst = og + int64_t(i0 + r) * p.o_ss + ch * 8;
+    T* dst = og + int64_t(i0 + r) * p.out_stride.seq + ch * 8;
     if (p.vec_out) {
       *reinterpret_cast<uint4*>(dst) = val;
     } else {

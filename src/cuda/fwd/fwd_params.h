@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/mask.h"
+#include "common/strides.h"
 
 namespace flashlite::cuda_fwd {
 
@@ -30,12 +31,8 @@ struct FwdParams {
   float* lse = nullptr;     // optional (batch, q_heads, seq_q), natural log
   const float* sink_logits = nullptr;  // optional (q_heads), natural-log units
 
-  // Element strides: batch, seq, head.
-  int64_t q_sb = 0, q_ss = 0, q_sh = 0;
-  int64_t k_sb = 0, k_ss = 0, k_sh = 0;
-  int64_t v_sb = 0, v_ss = 0, v_sh = 0;
-  int64_t o_sb = 0, o_ss = 0, o_sh = 0;
-  int64_t lse_sb = 0, lse_sh = 0, lse_ss = 0;
+  RowStrides q_stride, k_stride, v_stride, out_stride;  // elements
+  LseStrides lse_stride;
 
   int batch = 0;    // sequences
   int seq_q = 0;    // padded: every sequence; varlen: the longest
@@ -64,8 +61,8 @@ struct FwdParams {
 
   // Prefill from a KV cache (read only by the kernels instantiated with CACHE = true). q / out / lse are padded or
   // ragged (varlen tables: only cu_seqlens_q is used); K/V of sequence b come from the cache, its length from the
-  // cache's device index. Contiguous: key j at k + b * k_sb + j * k_ss. Paged: at k + page * k_sb + (j % page_size)
-  // * k_ss with page = page_indices[page_indptr[b] + j / page_size] (k_sb is then the page stride).
+  // cache's device index. Contiguous: key j at k + k_stride.offset(b, j, h). Paged: at k + k_stride.offset(page,
+  // j % page_size, h) with page = page_indices[page_indptr[b] + j / page_size] (k_stride.batch: the page stride).
   bool kv_paged = false;
   int page_size = 0;
   const int* kv_seq_lens = nullptr;      // contiguous: (batch)

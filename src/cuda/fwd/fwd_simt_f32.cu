@@ -35,13 +35,16 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_simt_f32_kernel(const __grid_
   const int i0 = w.tile * kRows, i1 = min(i0 + kRows, sq);
   const KeyTiles kt = key_tiles(p.mask, i0, i1, sq, sk, kKeys);
   const int kvh = w.head / p.group;
-  const float* qg = static_cast<const float*>(p.q) + w.tb * p.q_sb + w.q_row0 * p.q_ss + w.head * p.q_sh;
-  const float* kg = static_cast<const float*>(p.k) + w.tb * p.k_sb + w.k_row0 * p.k_ss + kvh * p.k_sh;
-  const float* vg = static_cast<const float*>(p.v) + w.tb * p.v_sb + w.k_row0 * p.v_ss + kvh * p.v_sh;
+  const float* qg = static_cast<const float*>(p.q) + w.tb * p.q_stride.batch + w.q_row0 * p.q_stride.seq +
+      w.head * p.q_stride.head;
+  const float* kg = static_cast<const float*>(p.k) + w.tb * p.k_stride.batch + w.k_row0 * p.k_stride.seq +
+      kvh * p.k_stride.head;
+  const float* vg = static_cast<const float*>(p.v) + w.tb * p.v_stride.batch + w.k_row0 * p.v_stride.seq +
+      kvh * p.v_stride.head;
 
   for (int c = tid; c < kRows * D; c += kWarps * 32) {
     const int r = c / D, d = c % D;
-    sQ[c] = i0 + r < sq ? qg[int64_t(i0 + r) * p.q_ss + d] : 0.f;
+    sQ[c] = i0 + r < sq ? qg[int64_t(i0 + r) * p.q_stride.seq + d] : 0.f;
   }
 
   const int wr0 = i0 + warp * kRowsPerWarp, wr1 = min(wr0 + kRowsPerWarp, sq);
@@ -73,8 +76,8 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_simt_f32_kernel(const __grid_
     for (int c = tid; c < kKeys * D; c += kWarps * 32) {
       const int r = c / D, d = c % D;
       const bool ok = j0 + r < sk;
-      sK[r * KLD + d] = ok ? kg[int64_t(j0 + r) * p.k_ss + d] : 0.f;
-      sV[c] = ok ? vg[int64_t(j0 + r) * p.v_ss + d] : 0.f;
+      sK[r * KLD + d] = ok ? kg[int64_t(j0 + r) * p.k_stride.seq + d] : 0.f;
+      sV[c] = ok ? vg[int64_t(j0 + r) * p.v_stride.seq + d] : 0.f;
     }
     __syncthreads();
 
@@ -129,7 +132,8 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_simt_f32_kernel(const __grid_
   }
 
   const float sink2 = p.sink_logits ? p.sink_logits[w.head] * kLog2e : -INFINITY;
-  float* og = static_cast<float*>(p.out) + w.tb * p.o_sb + w.q_row0 * p.o_ss + w.head * p.o_sh;
+  float* og = static_cast<float*>(p.out) + w.tb * p.out_stride.batch + w.q_row0 * p.out_stride.seq +
+      w.head * p.out_stride.head;
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     float l = float(l_tot[r] + l_run[r]);
@@ -140,8 +144,10 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_simt_f32_kernel(const __grid_
     const int i = wr0 + r;
     if (i >= sq) continue;
 #pragma unroll
-    for (int u = 0; u < U; ++u) og[int64_t(i) * p.o_ss + lane + 32 * u] = float(o_tot[r][u] + o[r][u]) * f;
-    if (p.lse && lane == 0) p.lse[w.tb * p.lse_sb + w.head * p.lse_sh + (w.q_row0 + i) * p.lse_ss] = lse;
+    for (int u = 0; u < U; ++u) og[int64_t(i) * p.out_stride.seq + lane + 32 * u] = float(o_tot[r][u] + o[r][u]) * f;
+    if (p.lse && lane == 0) {
+      p.lse[w.tb * p.lse_stride.batch + w.head * p.lse_stride.head + (w.q_row0 + i) * p.lse_stride.seq] = lse;
+    }
   }
 }
 

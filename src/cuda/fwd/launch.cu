@@ -28,12 +28,6 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
-bool rows_aligned16(const void* base, const BSHStrides& s, int64_t batch, int64_t heads) {
-  const auto ok = [](int64_t stride) { return (stride * 2) % 16 == 0; };  // 2-byte elements
-  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && ok(s.seq) && (batch <= 1 || ok(s.batch)) &&
-         (heads <= 1 || ok(s.head));
-}
-
 // Long rows' fold space (fwd_params.h): the caller's workspace, or one allocated on the stream into `owned`.
 float* fold_space(cuda::CallBuffer& owned, void* workspace, size_t workspace_bytes, size_t need) {
   if (workspace == nullptr) {
@@ -60,11 +54,8 @@ FwdParams make_fwd_params(const AttentionProblem& p, int block_rows, bool tensor
   f.out = p.out;
   f.lse = p.lse;
   f.sink_logits = p.sink_logits;
-  f.q_sb = p.q_stride.batch, f.q_ss = p.q_stride.seq, f.q_sh = p.q_stride.head;
-  f.k_sb = p.k_stride.batch, f.k_ss = p.k_stride.seq, f.k_sh = p.k_stride.head;
-  f.v_sb = p.v_stride.batch, f.v_ss = p.v_stride.seq, f.v_sh = p.v_stride.head;
-  f.o_sb = p.out_stride.batch, f.o_ss = p.out_stride.seq, f.o_sh = p.out_stride.head;
-  f.lse_sb = p.lse_stride_batch, f.lse_sh = p.lse_stride_head, f.lse_ss = p.lse_stride_seq;
+  f.q_stride = p.q_stride, f.k_stride = p.k_stride, f.v_stride = p.v_stride, f.out_stride = p.out_stride;
+  f.lse_stride = p.lse_stride;
   f.batch = int(p.batch);
   f.seq_q = int(p.seq_q);
   f.seq_k = int(p.seq_k);
@@ -86,9 +77,10 @@ FwdParams make_fwd_params(const AttentionProblem& p, int block_rows, bool tensor
   f.mask = p.mask;
   const int64_t tb = p.varlen() ? 1 : p.batch;
   if (tensor_cores) {
-    f.vec_in = rows_aligned16(p.q, p.q_stride, tb, p.q_heads) && rows_aligned16(p.k, p.k_stride, tb, p.kv_heads) &&
-               rows_aligned16(p.v, p.v_stride, tb, p.kv_heads);
-    f.vec_out = rows_aligned16(p.out, p.out_stride, tb, p.q_heads);
+    f.vec_in = rows_16byte_aligned(p.q, p.q_stride, tb, p.q_heads) &&
+               rows_16byte_aligned(p.k, p.k_stride, tb, p.kv_heads) &&
+               rows_16byte_aligned(p.v, p.v_stride, tb, p.kv_heads);
+    f.vec_out = rows_16byte_aligned(p.out, p.out_stride, tb, p.q_heads);
   }
   return f;
 }
@@ -166,8 +158,9 @@ void run_cuda_prefill(const PrefillProblem& p, const FwdPlan& plan, void* stream
   const auto cfg = MmaConfig(plan.mma_config);
   FwdParams f = make_fwd_params(a, mma_config_info(cfg).block_rows, true);
   const int64_t kv_rows = c.paged ? c.num_pages : c.batch;  // what the K/V batch stride steps over
-  f.vec_in = rows_aligned16(a.q, a.q_stride, p.ragged() ? 1 : a.batch, a.q_heads) &&
-             rows_aligned16(a.k, a.k_stride, kv_rows, c.kv_heads) && rows_aligned16(a.v, a.v_stride, kv_rows, c.kv_heads);
+  f.vec_in = rows_16byte_aligned(a.q, a.q_stride, p.ragged() ? 1 : a.batch, a.q_heads) &&
+             rows_16byte_aligned(a.k, a.k_stride, kv_rows, c.kv_heads) &&
+             rows_16byte_aligned(a.v, a.v_stride, kv_rows, c.kv_heads);
   f.kv_paged = c.paged;
   f.page_size = c.paged ? int(c.capacity) : 0;
   f.kv_seq_lens = c.k_seq_lens;

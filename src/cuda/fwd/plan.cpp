@@ -60,7 +60,7 @@ std::string cache_unsupported(const KvCacheDesc& c) {
     return "head_dim " + std::to_string(c.head_dim) + " has no KV-cache variant of the fused CUDA kernel; expected 64 or 128";
   }
   if (c.paged) {  // the paged loader multiplies page ids and slots by 32-bit strides
-    for (int64_t st : {c.ks.s0, c.ks.s1, c.vs.s0, c.vs.s1}) {
+    for (int64_t st : {c.ks.batch, c.ks.seq, c.vs.batch, c.vs.seq}) {
       if (st < INT_MIN || st > INT_MAX) {
         return "a paged cache stride of " + std::to_string(st) + " elements is too large for the fused CUDA kernel; "
                "expected page and token strides within 32 bits";

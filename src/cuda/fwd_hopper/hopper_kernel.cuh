@@ -370,19 +370,22 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
 
     // Epilogue: normalise (the sink logit joins the denominator), store O pairs and the LSE.
     const float sink2 = p.sink_logits ? p.sink_logits[w.head] * cuda_fwd::kLog2e : -INFINITY;
-    T* og = static_cast<T*>(p.out) + w.tb * p.o_sb + w.q_row0 * p.o_ss + w.head * p.o_sh;
+    T* og = static_cast<T*>(p.out) + w.tb * p.out_stride.batch + w.q_row0 * p.out_stride.seq +
+        w.head * p.out_stride.head;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float lse;
       const float f = cuda_fwd::finish_row(m_run[r] * mult, cuda_fwd::quad_sum(l_run[r]), sink2, lse);
       const int row = wr0 + g + r * 8;  // within the sequence
       if (row < sq) {
-        T* dst = og + int64_t(row) * p.o_ss + 2 * t;
+        T* dst = og + int64_t(row) * p.out_stride.seq + 2 * t;
 #pragma unroll
         for (int dn = 0; dn < D / 8; ++dn) {
           *reinterpret_cast<uint32_t*>(dst + dn * 8) = cuda_fwd::pack2<T>(o[dn * 4 + 2 * r] * f, o[dn * 4 + 2 * r + 1] * f);
         }
-        if (p.lse && t == 0) p.lse[w.tb * p.lse_sb + w.head * p.lse_sh + (w.q_row0 + row) * p.lse_ss] = lse;
+        if (p.lse && t == 0) {
+          p.lse[w.tb * p.lse_stride.batch + w.head * p.lse_stride.head + (w.q_row0 + row) * p.lse_stride.seq] = lse;
+        }
       }
     }
   }

@@ -135,7 +135,7 @@ void run_cuda_append(const AppendProblem& p, void* stream) {
   P.q_heads = int(p.q_heads);
   P.k_cache = c.k;
   P.v_cache = c.v;
-  P.k_cache_stride = row_strides(c.ks), P.v_cache_stride = row_strides(c.vs);
+  P.k_cache_stride = c.ks, P.v_cache_stride = c.vs;
   P.paged = c.paged;
   P.page_size = c.paged ? int(c.capacity) : 0;
   P.seq_lens = c.k_seq_lens;

@@ -60,7 +60,7 @@ NaiveParams make_params(const AttentionProblem& p, float* scores) {
   n.sink_logits = p.sink_logits;
   n.s = scores;
   n.q_stride = p.q_stride, n.k_stride = p.k_stride, n.v_stride = p.v_stride, n.out_stride = p.out_stride;
-  n.lse_stride = p.lse_strides();
+  n.lse_stride = p.lse_stride;
   n.batch = p.batch;
   n.seq_q = p.seq_q;
   n.seq_k = p.seq_k;
