@@ -10,6 +10,7 @@
 #include "cli_checks.h"
 #include "flashlite/dtype.h"
 #include "flashlite/errors.h"
+#include "flashlite/version.h"
 #include "flashlite/tensor.h"
 #include "progress.h"
 
@@ -21,21 +22,10 @@ namespace flashlite::cli {
 namespace {
 
 std::string cuda_device_name() {
-#if FLASHLITE_WITH_CUDA
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) return std::string("cuda:0 ") + prop.name;
-#endif
-  return "cuda:0";
+  return cuda_device_count() > 0 ? "cuda:0 " + cuda_device_info(0).name : "cuda:0";
 }
 
-bool cuda_available() {
-#if FLASHLITE_WITH_CUDA
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-#else
-  return false;
-#endif
-}
+bool cuda_available() { return cuda_device_count() > 0; }
 
 #if FLASHLITE_WITH_CUDA
 void cuda_check(cudaError_t e, const char* what) {

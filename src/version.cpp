@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "backends.h"
+#include "flashlite/errors.h"
 
 #if FLASHLITE_WITH_CUDA
 #include <cuda_runtime.h>
@@ -55,6 +56,33 @@ std::string cuda_devices_info() {
 #else
   return "CUDA backends not compiled in";
 #endif
+}
+
+int cuda_device_count() {
+#if FLASHLITE_WITH_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+CudaDeviceInfo cuda_device_info(int index) {
+  const int count = cuda_device_count();
+  if (index < 0 || index >= count) {
+    throw Error(ErrorKind::invalid_value, "CUDA device " + std::to_string(index) + " does not exist; this process sees " +
+                                              std::to_string(count) + " CUDA device(s)");
+  }
+  CudaDeviceInfo info;
+#if FLASHLITE_WITH_CUDA
+  const cuda::DeviceProps& props = cuda::device_props(index);
+  const cuda::DeviceIdentity id = cuda::device_identity(index);
+  info.name = id.name;
+  info.global_bytes = id.global_bytes;
+  info.cc = props.cc;
+  info.sms = props.sms;
+  info.smem_optin = props.smem_optin;
+#endif
+  return info;
 }
 
 }  // namespace flashlite

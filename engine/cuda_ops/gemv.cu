@@ -21,13 +21,13 @@ constexpr size_t kMaxStagedBytes = 160 * 1024;
 // (nothing launches then anyway).
 size_t max_staged_bytes() {
   static const size_t bytes = [] {
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || optin <= 0) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev >= cuda_device_count()) {
       cudaGetLastError();
       return kMaxStagedBytes;
     }
-    return std::min(kMaxStagedBytes, size_t(std::max(0, optin - 1024)));
+    const int optin = cuda_device_info(dev).smem_optin;
+    return optin > 0 ? std::min(kMaxStagedBytes, size_t(std::max(0, optin - 1024))) : kMaxStagedBytes;
   }();
   return bytes;
 }
@@ -121,10 +121,9 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : IN == GemvIn::bf16 ? 64 
 
 int sm_count() {
   static const int n = [] {
-    int dev = 0, sms = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    return sms > 0 ? sms : 1;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev >= cuda_device_count()) return 1;
+    return std::max(1, cuda_device_info(dev).sms);
   }();
   return n;
 }

@@ -26,6 +26,7 @@
 #include "engine/kv_cache.h"
 #include "engine/llama_cuda.h"
 #include "flashlite/kv_cache.h"
+#include "flashlite/version.h"
 
 namespace flashlite::engine {
 
@@ -102,9 +103,8 @@ class LlamaCuda final : public LlamaModel {
   int length(int slot) override { return lengths_.at(slot); }
   void reset(int slot) override { lengths_.at(slot) = 0; }
   std::string device() const override {
-    cudaDeviceProp prop{};
-    cudaGetDeviceProperties(&prop, opt_.device_index);
-    return std::string("cuda:") + std::to_string(opt_.device_index) + " " + prop.name + " (" +
+    return std::string("cuda:") + std::to_string(opt_.device_index) + " " +
+           ::flashlite::cuda_device_info(opt_.device_index).name + " (" +
            (elem_ == Elem::bf16 ? "bf16" : "fp32") + ")";
   }
   std::string attention_kernel() override {

@@ -9,19 +9,21 @@
 
 #include "flashlite/cuda/kernel_arch.h"
 #include "flashlite/cuda/pdl.cuh"
+#include "flashlite/version.h"  // cuda_device_info
 
 namespace flashlite::engine::cuda_ops {
 
 using ::flashlite::cuda::pdl_launch_dependents;  // device side: flashlite/cuda/pdl.cuh
 using ::flashlite::cuda::pdl_wait;
+using ::flashlite::cuda_device_count;
+using ::flashlite::cuda_device_info;
 
 // Whether the current device runs programmatic dependent launches (compute capability >= 9; read once per process).
 inline bool device_has_pdl() {
   static const bool on = [] {
-    int dev = 0, major = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    return major >= 9;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev >= cuda_device_count()) return false;
+    return cuda_device_info(dev).cc >= 90;
   }();
   return on;
 }
