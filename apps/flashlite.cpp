@@ -1,4 +1,4 @@
-// `flashlite`: the command-line tool (attn | info | bench | generate | chat | score | tokenize).
+// `flashlite`: the command-line tool (attn | info | bench | generate | chat | score | tokenize | serve).
 #include <iostream>
 #include <vector>
 
@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   flashlite::cli::add_info_command(app);
   flashlite::cli::add_bench_command(app);
   flashlite::cli::add_engine_commands(app);
+  flashlite::cli::add_serve_command(app);
   app.footer("Run 'flashlite SUBCOMMAND --help' for the options of one subcommand.");
   try {
     flashlite::cli::check_subcommand_words(app, argc, argv);

@@ -48,4 +48,24 @@ std::vector<int> ChatFormatter::user_turn(const std::string& message, bool first
   return ids;
 }
 
+std::vector<int> ChatFormatter::conversation(const std::vector<ChatMessage>& messages) const {
+  std::vector<int> ids;
+  auto append = [&](const std::vector<int>& v) { ids.insert(ids.end(), v.begin(), v.end()); };
+  if (bos_ >= 0) ids.push_back(bos_);
+  if (!llama3_) {
+    std::string text;
+    for (const ChatMessage& m : messages) text += (text.empty() ? "" : "\n") + m.content;
+    append(tok_.encode(text, false));
+    return ids;
+  }
+  for (const ChatMessage& m : messages) {
+    append(header(m.role));
+    append(tok_.encode("\n\n" + trim(m.content), false));
+    ids.push_back(eot_);
+  }
+  append(header("assistant"));
+  append(tok_.encode("\n\n", false));
+  return ids;
+}
+
 }  // namespace flashlite::engine

@@ -11,12 +11,20 @@
 
 namespace flashlite::engine {
 
+struct ChatMessage {
+  std::string role;  // system, user or assistant
+  std::string content;
+};
+
 class ChatFormatter {
  public:
   ChatFormatter(const Tokenizer& tok, int bos_id, std::string system);
   // The tokens to append for this turn; `first` (the conversation is empty, e.g. ChatSession::empty()) adds BOS and
   // the system prompt. Taken from the caller, not remembered, so a turn that fails does not desynchronize it.
   std::vector<int> user_turn(const std::string& message, bool first) const;
+  // A whole conversation (the server's chat completions), ending with the assistant's header: BOS, then each message
+  // as a turn of its role (contents trimmed). Plain continuation: BOS, then the contents joined by newlines.
+  std::vector<int> conversation(const std::vector<ChatMessage>& messages) const;
   bool llama3() const { return llama3_; }
   std::string description() const { return llama3_ ? "Llama 3 chat template" : "plain continuation"; }
 

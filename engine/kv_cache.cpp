@@ -35,28 +35,65 @@ std::vector<KvGroup> kv_groups(const std::vector<SequenceInput>& inputs) {
   return groups;
 }
 
+PageAllocator::PageAllocator(int pages) : total_(pages) {
+  for (int p = pages - 1; p >= 0; --p) free_.push_back(p);
+}
+
+void PageAllocator::take(int n, std::vector<int32_t>& pages) {
+  if (n > free()) {
+    fail("KV cache is out of pages: " + std::to_string(n) + " needed, " + std::to_string(free()) + " of " +
+         std::to_string(total_) + " free");
+  }
+  for (int i = 0; i < n; ++i) {
+    pages.push_back(free_.back());
+    free_.pop_back();
+  }
+}
+
+void PageAllocator::give_back(const int32_t* pages, int n) {
+  for (int i = n - 1; i >= 0; --i) free_.push_back(pages[i]);
+}
+
 KvCache::KvCache(const KvCacheShape& shape) : s_(shape) {
   if (s_.layers <= 0 || s_.slots <= 0 || s_.capacity <= 0 || s_.kv_heads <= 0 || s_.head_dim <= 0) {
     fail("KV cache shape (layers " + std::to_string(s_.layers) + ", slots " + std::to_string(s_.slots) + ", capacity " +
          std::to_string(s_.capacity) + ", kv_heads " + std::to_string(s_.kv_heads) + ", head_dim " +
          std::to_string(s_.head_dim) + ") must be all positive");
   }
+  if (paged() && (s_.page_size < 16 || s_.page_size > 256 || s_.pages < 1)) {
+    fail("paged KV cache of " + std::to_string(s_.pages) + " pages of " + std::to_string(s_.page_size) +
+         " tokens: expected a page size in [16, 256] and at least one page");
+  }
   const int64_t row = int64_t(s_.kv_heads) * s_.head_dim;
-  const double bytes = 2.0 * s_.layers * s_.slots * double(s_.capacity) * row * sizeof(float);
+  const int64_t rows_per_layer = paged() ? int64_t(s_.pages) * s_.page_size : int64_t(s_.slots) * s_.capacity;
+  const double bytes = 2.0 * s_.layers * double(rows_per_layer) * row * sizeof(float);
   if (bytes > 64.0 * (1ull << 30)) {
     fail("KV cache of " + std::to_string(int64_t(bytes / (1 << 20))) + " MiB for capacity " + std::to_string(s_.capacity) +
          " x " + std::to_string(s_.slots) + " sequences is too large; lower the context length or the batch");
   }
-  const size_t n = size_t(s_.layers) * s_.slots * s_.capacity * row;
+  const size_t n = size_t(s_.layers) * size_t(rows_per_layer) * row;
   k_.assign(n, 0.f);
   v_.assign(n, 0.f);
   lengths_.assign(s_.slots, 0);
+  if (paged()) {
+    alloc_ = PageAllocator(s_.pages);
+    slot_pages_.assign(s_.slots, {});
+  }
 }
 
 void KvCache::set_length(int slot, int len) {
   if (slot < 0 || slot >= s_.slots) fail("KV cache slot " + std::to_string(slot) + " is outside [0, " + std::to_string(s_.slots) + ")");
   if (len < 0 || len > s_.capacity) {
     fail("KV cache length " + std::to_string(len) + " is outside [0, " + std::to_string(s_.capacity) + "]");
+  }
+  if (paged()) {
+    std::vector<int32_t>& own = slot_pages_[slot];
+    const int need = (len + s_.page_size - 1) / s_.page_size, have = int(own.size());
+    if (need > have) alloc_.take(need - have, own);
+    if (need < have) {
+      alloc_.give_back(own.data() + need, have - need);
+      own.resize(size_t(need));
+    }
   }
   lengths_[slot] = len;
 }
@@ -68,9 +105,37 @@ KvCacheView KvCache::view(int layer, int slot0, int count) {
          std::to_string(slot0 + count) + ") is outside " + std::to_string(s_.layers) + " layers x " + std::to_string(s_.slots) +
          " slots");
   }
+  if (paged()) return paged_view(layer, slot0, count);
   const size_t layer_off = size_t(layer) * s_.slots * s_.capacity * s_.kv_heads * s_.head_dim;
   return kv_cache_view(s_, k_.data() + layer_off, v_.data() + layer_off, DType::f32, Device::cpu(), slot0, count,
                        lengths_.data() + slot0);
+}
+
+KvCacheView KvCache::paged_view(int layer, int slot0, int count) {
+  indptr_.assign(1, 0);
+  indices_.clear();
+  last_page_len_.clear();
+  for (int b = slot0; b < slot0 + count; ++b) {
+    const std::vector<int32_t>& own = slot_pages_[b];
+    indices_.insert(indices_.end(), own.begin(), own.end());
+    indptr_.push_back(int32_t(indices_.size()));
+    last_page_len_.push_back(own.empty() ? 0 : lengths_[b] - (int(own.size()) - 1) * s_.page_size);
+  }
+  if (indices_.empty()) indices_.push_back(0);  // a valid pointer for a batch without pages
+  const int64_t row = int64_t(s_.kv_heads) * s_.head_dim;
+  const size_t layer_off = size_t(layer) * s_.pages * s_.page_size * row;
+  auto pool = [&](std::vector<float>& data) {
+    return TensorView::contiguous(data.data() + layer_off, DType::f32, Device::cpu(), {s_.pages, s_.page_size, s_.kv_heads, s_.head_dim});
+  };
+  KvCacheView c;
+  c.layout = KvLayout::paged;
+  c.k = pool(k_);
+  c.v = pool(v_);
+  auto i32 = [](std::vector<int32_t>& v, int64_t n) { return TensorView::contiguous(v.data(), DType::i32, Device::cpu(), {n}); };
+  c.host.page_indptr = i32(indptr_, count + 1);
+  c.host.page_indices = i32(indices_, int64_t(indices_.size()));
+  c.host.last_page_len = i32(last_page_len_, count);
+  return c;
 }
 
 }  // namespace flashlite::engine

@@ -7,7 +7,10 @@
 //   kv_cache_view  the flashlite view of any storage in this layout (CPU fp32 here, bf16 / fp32 device memory in
 //                  engine/cuda_ops) for a run of slots and their lengths;
 //   kv_groups      a forward call's inputs as the runs of slots the library's batched calls take;
-//   KvCache        the CPU model's storage (fp32) and the slots' lengths.
+//   KvCache        the CPU model's storage (fp32) and the slots' lengths; contiguous, or paged (page_size > 0: a pool
+//                  of pages per layer, [pages, page_size, kv_heads, head_dim], each slot holding the pages its length
+//                  needs, taken from PageAllocator as it grows and given back as it shrinks or resets; the server's
+//                  continuous batching runs on it, docs/serving.md).
 #include <cstdint>
 #include <vector>
 
@@ -18,6 +21,24 @@ namespace flashlite::engine {
 
 struct KvCacheShape {
   int layers = 0, slots = 0, capacity = 0, kv_heads = 0, head_dim = 0;
+  int page_size = 0;  // 0: contiguous; else paged (16..256, the library's range) with `pages` pages per layer
+  int pages = 0;
+};
+
+// Page ids of a paged cache's pool: the free ones, lowest first. Pages are the same ids in every layer's pool.
+class PageAllocator {
+ public:
+  explicit PageAllocator(int pages = 0);
+  int total() const { return total_; }
+  int free() const { return int(free_.size()); }
+  int used() const { return total_ - free(); }
+  // Appends `n` page ids to `pages`; throws Error (taking none) when fewer than n are free.
+  void take(int n, std::vector<int32_t>& pages);
+  void give_back(const int32_t* pages, int n);
+
+ private:
+  int total_ = 0;
+  std::vector<int32_t> free_;  // a stack, lowest id on top
 };
 
 // The flashlite view of one layer's storage k, v (each [slots, capacity, kv_heads, head_dim], contiguous) over the
@@ -41,17 +62,25 @@ class KvCache {
 
   const KvCacheShape& shape() const { return s_; }
   int length(int slot) const { return lengths_.at(slot); }
-  void set_length(int slot, int len);  // throws Error outside [0, capacity]
+  // Throws Error outside [0, capacity] or, paged, when the pages it needs are not free (then nothing changes).
+  void set_length(int slot, int len);
   void reset(int slot) { set_length(slot, 0); }
+  bool paged() const { return s_.page_size > 0; }
+  const PageAllocator& pages() const { return alloc_; }
 
   // Layer `layer` as a flashlite cache over the `count` slots from slot0 (default: every slot) at their lengths.
+  // Paged: its page table lives in this object until the next view() call.
   KvCacheView view(int layer, int slot0 = 0, int count = -1);
   size_t bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
 
  private:
+  KvCacheView paged_view(int layer, int slot0, int count);
   KvCacheShape s_;
-  std::vector<float> k_, v_;      // (layer, slot, capacity, kv_heads, head_dim)
+  std::vector<float> k_, v_;      // contiguous (layer, slot, capacity, kv_heads, head_dim); paged (layer, page, page_size, ...)
   std::vector<int32_t> lengths_;  // (slots): the views' host seq_lens
+  PageAllocator alloc_;
+  std::vector<std::vector<int32_t>> slot_pages_;             // paged: each slot's pages in token order
+  std::vector<int32_t> indptr_, indices_, last_page_len_;  // paged: the last view's CSR page table
 };
 
 }  // namespace flashlite::engine

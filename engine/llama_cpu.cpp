@@ -19,7 +19,14 @@ LlamaCpu::LlamaCpu(const ModelWeights& weights, const RuntimeOptions& options) :
   if (opt_.slots < 1) fail("batch (slots) is " + std::to_string(opt_.slots) + "; expected at least 1");
   threads_ = opt_.threads > 0 ? opt_.threads : (w_.parameter_count() < 5'000'000 ? 1 : omp_get_num_procs());
   omp_set_num_threads(threads_);  // flashlite's CPU attention uses the same OpenMP pool
-  cache_ = KvCache({c.n_layers, opt_.slots, context, c.n_kv_heads, c.head_dim});
+  if (opt_.kv_page_size > 0 && opt_.attention != Backend::automatic && opt_.attention != Backend::cpu) {
+    fail("a paged KV cache needs the cpu attention backend (flashlite::decode / prefill read its page table)");
+  }
+  // Paged without a page count: enough for every slot at full context.
+  const int pages = opt_.kv_page_size <= 0 ? 0
+                    : opt_.kv_pages > 0    ? opt_.kv_pages
+                                           : opt_.slots * ((context + opt_.kv_page_size - 1) / opt_.kv_page_size);
+  cache_ = KvCache({c.n_layers, opt_.slots, context, c.n_kv_heads, c.head_dim, std::max(0, opt_.kv_page_size), pages});
   rope_ = rope_options(c);
 }
 
@@ -132,13 +139,12 @@ const std::vector<float>& LlamaCpu::forward(const std::vector<SequenceInput>& in
     cpu::matmul({y, x, w, rows, in, out, ldx, ldy, threads_});
   };
   // The library's order: the cache lengths include this call's tokens before the appends (restored on an error).
+  // A paged cache takes the pages the new tokens need here (an Error when they are not free).
   std::vector<int> before(inputs.size());
-  for (size_t s = 0; s < inputs.size(); ++s) {
-    before[s] = cache_.length(inputs[s].slot);
-    cache_.set_length(inputs[s].slot, before[s] + int(inputs[s].tokens.size()));
-  }
+  for (size_t s = 0; s < inputs.size(); ++s) before[s] = cache_.length(inputs[s].slot);
   const std::vector<KvGroup> groups = kv_groups(inputs);
   try {
+    for (size_t s = 0; s < inputs.size(); ++s) cache_.set_length(inputs[s].slot, before[s] + int(inputs[s].tokens.size()));
     for (int l = 0; l < c.n_layers; ++l) {
       const LayerWeights& L = w_.layers[l];
       for (int r = 0; r < rows; ++r) cpu::rmsnorm(&xb_[size_t(r) * dim], &x_[size_t(r) * dim], L.rms_att, dim, c.rms_eps);
@@ -173,6 +179,11 @@ const std::vector<float>& LlamaCpu::forward(const std::vector<SequenceInput>& in
 
 namespace flashlite::engine {
 
+KvUsage LlamaCpu::kv_usage() {
+  if (!cache_.paged()) return LlamaModel::kv_usage();
+  return {cache_.shape().page_size, cache_.pages().total(), cache_.pages().used()};
+}
+
 std::string LlamaCpu::attention_kernel() {
   const ModelConfig& c = w_.config;
   std::vector<float> q(size_t(c.q_dim())), o(size_t(c.q_dim()));
@@ -180,6 +191,13 @@ std::string LlamaCpu::attention_kernel() {
   const KvCacheShape& s = cache_.shape();
   KvCacheView cache = cache_.view(0, 0, 1);
   cache.host.seq_lens.data = const_cast<int32_t*>(&one);
+  static const int32_t one_page[2] = {0, 1}, page0 = 0;  // paged: slot 0 holding one token on page 0
+  if (cache.layout == KvLayout::paged) {
+    cache.host.page_indptr.data = const_cast<int32_t*>(one_page);
+    cache.host.page_indices.data = const_cast<int32_t*>(&page0);
+    cache.host.page_indices.shape[0] = 1;
+    cache.host.last_page_len.data = const_cast<int32_t*>(&one);
+  }
   DecodeArgs a;
   a.q = TensorView::contiguous(q.data(), DType::f32, Device::cpu(), {1, 1, c.n_heads, s.head_dim});
   a.cache = cache;

@@ -28,6 +28,7 @@ class LlamaCpu final : public LlamaModel {
   int context() const override { return cache_.shape().capacity; }
   int length(int slot) override { return cache_.length(slot); }
   void reset(int slot) override { cache_.reset(slot); }
+  KvUsage kv_usage() override;
   int threads() const override { return threads_; }
   std::string device() const override { return "cpu"; }
   std::string attention_kernel() override;  // e.g. "cpu_decode (tiled cpu_tiled_avx2)"

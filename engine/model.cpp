@@ -35,6 +35,12 @@ void refuse_unsampleable(const float* row, int vocab, int r) {
 
 }  // namespace
 
+KvUsage LlamaModel::kv_usage() {
+  KvUsage u{context(), slots(), 0};
+  for (int s = 0; s < slots(); ++s) u.pages_used += length(s) > 0;
+  return u;
+}
+
 LogitsOutput LlamaModel::select_on_host(const float* logits, int rows, const LogitsRequest& request) {
   const int vocab = config().vocab_size;
   LogitsOutput out;

@@ -56,7 +56,19 @@ struct RuntimeOptions {
   Backend attention = Backend::automatic;  // flashlite backend; automatic = cpu on the CPU, cuda on the GPU
   std::string precision = "auto";          // CUDA: "bf16", "fp32", or auto (= bf16); the CPU path is fp32
   int device_index = 0;                    // CUDA device
+  // CPU: a paged KV cache (flashlite's paged layout) of kv_pages pages of kv_page_size tokens shared by the slots
+  // (0 pages: enough for every slot at full context); kv_page_size 0 = contiguous, one region per slot.
+  int kv_page_size = 0;
+  int kv_pages = 0;
   CudaEngineOptions cuda;
+};
+
+// What the KV cache holds, in pages: a paged cache's pages, or for a contiguous one each slot as one page of
+// context() positions (used when the slot holds a token). The server admits requests by it.
+struct KvUsage {
+  int page_size = 0;
+  int pages_total = 0;
+  int pages_used = 0;
 };
 
 class LlamaModel {
@@ -73,6 +85,7 @@ class LlamaModel {
   virtual int context() const = 0;     // KV positions per sequence
   virtual int length(int slot) = 0;    // cached positions of a sequence
   virtual void reset(int slot) = 0;    // forget a sequence
+  virtual KvUsage kv_usage();
   virtual int threads() const { return 1; }
   virtual std::string device() const = 0;
   virtual size_t device_bytes() const { return 0; }  // accelerator memory held (weights, KV cache, scratch)

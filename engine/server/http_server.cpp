@@ -1,0 +1,201 @@
+#include "engine/server/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <ctime>
+
+#include "engine/errors.h"
+
+namespace flashlite::engine::server {
+
+namespace {
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  if (e.status == 503) res.set_header("Retry-After", "1");
+  res.set_content(dump(error_json(e)), "application/json");
+}
+
+std::string new_id(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s-%llx%06llx", prefix, (unsigned long long)std::time(nullptr),
+                (unsigned long long)(++counter & 0xFFFFFF));
+  return buf;
+}
+
+// httplib listens with a backlog of 5 (a compile-time setting of Debian's library): a burst of clients past it sees
+// dropped or reset connections. listen() again on the bound socket widens the queue.
+class Listener final : public httplib::Server {
+ public:
+  void widen_backlog(int backlog) {
+    if (svr_sock_ != INVALID_SOCKET) ::listen(svr_sock_, backlog);
+  }
+};
+
+// Ends the request when its HTTP side goes away before it finished (disconnect, write timeout, exception).
+struct CancelOnExit {
+  std::shared_ptr<RequestStream> stream;
+  ~CancelOnExit() {
+    if (stream) stream->cancel();
+  }
+};
+
+}  // namespace
+
+HttpServer::HttpServer(Scheduler& scheduler, ServedModel model, HttpOptions options)
+    : sched_(scheduler), model_(std::move(model)), opt_(std::move(options)), svr_(std::make_unique<Listener>()) {
+  const int threads = std::max(4, opt_.threads);
+  svr_->new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  svr_->set_payload_max_length(opt_.max_body_bytes);
+  svr_->set_write_timeout(opt_.write_timeout_s, 0);
+  svr_->set_keep_alive_timeout(5);
+  // httplib's default adds SO_REUSEPORT, which lets a second server share a port in use; only SO_REUSEADDR here (a
+  // restart may bind at once while old connections linger).
+  svr_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  routes();
+}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+  const int port = opt_.port == 0 ? svr_->bind_to_any_port(opt_.host) : (svr_->bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);
+  if (port <= 0) fail("cannot listen on " + opt_.host + ":" + std::to_string(opt_.port) + " (in use, or not an address of this machine)");
+  static_cast<Listener&>(*svr_).widen_backlog(std::max(128, opt_.threads));
+  return port;
+}
+
+void HttpServer::serve() { svr_->listen_after_bind(); }
+
+void HttpServer::stop() { svr_->stop(); }
+
+void HttpServer::routes() {
+  using httplib::Request;
+  using httplib::Response;
+  using HR = httplib::Server::HandlerResponse;
+
+  svr_->set_pre_routing_handler([this](const Request& req, Response& res) {
+    if (opt_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return HR::Unhandled;
+    if (req.get_header_value("Authorization") == "Bearer " + opt_.api_key) return HR::Unhandled;
+    send_error(res, {401, "Missing or wrong API key: send 'Authorization: Bearer KEY' with the key the server was started with",
+                     "", "invalid_api_key"});
+    return HR::Handled;
+  });
+  // Errors httplib answers itself (unknown route, body too large, unreadable request) get OpenAI's JSON too.
+  svr_->set_error_handler(httplib::Server::HandlerWithResponse([](const Request& req, Response& res) {
+    if (!res.body.empty()) return HR::Unhandled;  // ours, already JSON
+    ApiError e{res.status, "", "", ""};
+    if (res.status == 404) e.message = "No route " + req.method + " " + req.path;
+    else if (res.status == 413) e.message = "The request body is too large", e.param = "", e.code = "request_too_large";
+    else e.message = "HTTP error " + std::to_string(res.status) + " (the request could not be read)";
+    send_error(res, e);
+    return HR::Handled;
+  }));
+  svr_->set_exception_handler([](const Request&, Response& res, std::exception_ptr ep) {
+    std::string what = "unknown error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, {500, "internal error: " + what, "", ""});
+  });
+
+  svr_->Get("/health", [](const Request&, Response& res) { res.set_content("{\"status\":\"ok\"}", "application/json"); });
+  svr_->Get("/metrics", [this](const Request&, Response& res) {
+    res.set_content(sched_.metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  svr_->Get("/v1/models", [this](const Request&, Response& res) {
+    const json m = {{"id", model_.name}, {"object", "model"}, {"created", 0}, {"owned_by", "flashlite"},
+                    {"max_model_len", model_.context}};
+    res.set_content(dump({{"object", "list"}, {"data", json::array({m})}}), "application/json");
+  });
+
+  auto completion = [this](Endpoint endpoint) {
+    return [this, endpoint](const Request& req, Response& res) {
+      ParsedRequest p;
+      std::shared_ptr<RequestStream> stream;
+      bool logprobs = false;
+      try {
+        p = parse_request(req.body, endpoint, model_);
+        logprobs = p.gen.top_logprobs >= 0;
+        stream = sched_.submit(std::move(p.gen));
+      } catch (const ApiError& e) {
+        return send_error(res, e);
+      } catch (const QueueFull& e) {
+        return send_error(res, {503, std::string("The server is busy: ") + e.what(), "", "queue_full"});
+      } catch (const Error& e) {
+        return send_error(res, {400, e.what(), "", ""});
+      }
+      ResponseHead head{endpoint, new_id(endpoint == Endpoint::chat ? "chatcmpl" : "cmpl"), model_.name,
+                        int64_t(std::time(nullptr)), logprobs};
+      if (!p.stream) {
+        CancelOnExit guard{stream};
+        std::vector<TokenEvent> events;
+        while (!stream->wait(events, std::chrono::milliseconds(1000))) {
+        }
+        if (!stream->error.empty()) return send_error(res, {503, stream->error, "", ""});
+        return res.set_content(dump(full_response(head, *model_.tokenizer, events, *stream)), "application/json");
+      }
+      // Streaming: the provider runs on this connection's thread until the request ends or the client is gone.
+      auto first = std::make_shared<bool>(true);
+      auto done = std::make_shared<bool>(false);
+      auto sent = std::make_shared<size_t>(0);  // text bytes sent (completions' logprob offsets)
+      const bool usage = p.include_usage;
+      res.set_header("Cache-Control", "no-cache");
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [this, head, stream, first, done, sent, usage](size_t, httplib::DataSink& sink) {
+            std::vector<TokenEvent> events;
+            const bool finished = stream->wait(events, std::chrono::milliseconds(200));
+            auto send = [&](const json& j) {
+              const std::string line = "data: " + dump(j) + "\n\n";
+              return sink.write(line.data(), line.size());
+            };
+            if (finished && !stream->error.empty()) {
+              send(error_json({503, stream->error, "", ""}));
+            } else {
+              // One chunk per token keeps per-token logprobs with their token; plain text chunks skip empty ones.
+              for (size_t i = 0; i < events.size(); ++i) {
+                const bool last = finished && i + 1 == events.size();
+                if (events[i].text.empty() && !head.logprobs && !last && !*first) continue;
+                if (!send(stream_chunk(head, *model_.tokenizer, {events[i]}, last ? stream.get() : nullptr, *first, *sent))) {
+                  return false;
+                }
+                *first = false;
+                *sent += events[i].text.size();
+              }
+              if (finished && events.empty() && !send(stream_chunk(head, *model_.tokenizer, {}, stream.get(), *first))) return false;
+              if (finished && usage) {
+                json u = stream_chunk(head, *model_.tokenizer, {}, nullptr, false);
+                u["choices"] = json::array();
+                u["usage"] = usage_json(*stream);
+                if (!send(u)) return false;
+              }
+            }
+            if (finished) {
+              const std::string end = "data: [DONE]\n\n";
+              if (!sink.write(end.data(), end.size())) return false;
+              *done = true;
+              sink.done();
+            }
+            return true;
+          },
+          [stream, done](bool) {
+            if (!*done) stream->cancel();  // the client went away (or writing failed) before the end
+          });
+    };
+  };
+  svr_->Post("/v1/chat/completions", completion(Endpoint::chat));
+  svr_->Post("/v1/completions", completion(Endpoint::completions));
+}
+
+}  // namespace flashlite::engine::server

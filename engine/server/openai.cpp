@@ -1,0 +1,336 @@
+#include "engine/server/openai.h"
+
+#include <cmath>
+#include <random>
+
+#include "engine/server/text_stream.h"
+
+namespace flashlite::engine::server {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& message, const std::string& code = "") {
+  throw ApiError{400, message, param, code};
+}
+
+std::string type_name(const json& v) { return v.type_name(); }
+
+// The field, or null when absent or JSON null.
+const json* get(const json& body, const char* name) {
+  auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+bool bool_field(const json& body, const char* name, bool fallback) {
+  const json* v = get(body, name);
+  if (!v) return fallback;
+  if (!v->is_boolean()) bad(name, std::string("'") + name + "' must be a boolean, got " + type_name(*v));
+  return v->get<bool>();
+}
+
+int64_t int_field(const json& body, const char* name, int64_t lo, int64_t hi, int64_t fallback) {
+  const json* v = get(body, name);
+  if (!v) return fallback;
+  if (!v->is_number_integer()) bad(name, std::string("'") + name + "' must be an integer, got " + type_name(*v) + " " + v->dump());
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) bad(name, std::string("'") + name + "' is out of range");
+  const int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi) {
+    bad(name, std::string("'") + name + "' is " + std::to_string(x) + "; expected " + std::to_string(lo) + " to " + std::to_string(hi));
+  }
+  return x;
+}
+
+double number_field(const json& body, const char* name, double fallback) {
+  const json* v = get(body, name);
+  if (!v) return fallback;
+  if (!v->is_number()) bad(name, std::string("'") + name + "' must be a number, got " + type_name(*v));
+  const double x = v->get<double>();
+  if (!std::isfinite(x)) bad(name, std::string("'") + name + "' must be finite");
+  return x;
+}
+
+std::string text_of(const json& content, const std::string& where) {
+  if (content.is_string()) return content.get<std::string>();
+  if (content.is_array()) {  // content parts: only text
+    std::string text;
+    for (const json& part : content) {
+      const json* type = part.is_object() ? get(part, "type") : nullptr;
+      if (!type || *type != "text" || !get(part, "text") || !part["text"].is_string()) {
+        bad(where, where + " has a content part that is not {\"type\": \"text\", \"text\": string}; only text is supported");
+      }
+      text += part["text"].get<std::string>();
+    }
+    return text;
+  }
+  bad(where, where + " must be a string or an array of text parts, got " + type_name(content));
+}
+
+std::vector<ChatMessage> messages_of(const json& body) {
+  const json* m = get(body, "messages");
+  if (!m) bad("messages", "'messages' is required");
+  if (!m->is_array()) bad("messages", "'messages' must be an array, got " + type_name(*m));
+  if (m->empty()) bad("messages", "'messages' is empty; expected at least one message");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& msg = (*m)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!msg.is_object()) bad(where, where + " must be an object, got " + type_name(msg));
+    const json* role = get(msg, "role");
+    if (!role || !role->is_string()) bad(where + ".role", where + ".role must be a string");
+    std::string r = role->get<std::string>();
+    if (r == "developer") r = "system";  // OpenAI's newer name for system instructions
+    if (r != "system" && r != "user" && r != "assistant") {
+      bad(where + ".role", where + ".role '" + role->get<std::string>() + "' is not supported; expected system, developer, user or assistant");
+    }
+    const json* content = get(msg, "content");
+    if (!content) bad(where + ".content", where + ".content is required");
+    out.push_back({r, text_of(*content, where + ".content")});
+  }
+  return out;
+}
+
+std::vector<int> prompt_of(const json& body, const ServedModel& m) {
+  const json* p = get(body, "prompt");
+  if (!p) bad("prompt", "'prompt' is required");
+  auto from_text = [&](const std::string& text) {
+    std::vector<int> ids;
+    if (m.bos >= 0) ids.push_back(m.bos);  // as `flashlite generate` does
+    for (int t : m.tokenizer->encode(text, false)) ids.push_back(t);
+    return ids;
+  };
+  if (p->is_string()) return from_text(p->get<std::string>());
+  if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) return from_text((*p)[0].get<std::string>());
+  if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {  // token ids, used as given
+    std::vector<int> ids;
+    for (const json& t : *p) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= m.vocab) {
+        bad("prompt", "'prompt' token " + t.dump() + " is not an id in [0, " + std::to_string(m.vocab) + ")");
+      }
+      ids.push_back(t.get<int>());
+    }
+    return ids;
+  }
+  if (p->is_array() && p->size() > 1) bad("prompt", "'prompt' holds " + std::to_string(p->size()) + " prompts; this server takes one per request");
+  bad("prompt", "'prompt' must be a string, an array of one string, or an array of token ids, got " + (p->empty() ? "an empty array" : type_name(*p)));
+}
+
+std::vector<std::string> stops_of(const json& body, int max_stop) {
+  const json* s = get(body, "stop");
+  std::vector<std::string> out;
+  if (!s) return out;
+  if (s->is_string()) {
+    out.push_back(s->get<std::string>());
+  } else if (s->is_array()) {
+    for (const json& x : *s) {
+      if (!x.is_string()) bad("stop", "'stop' must hold strings, got " + type_name(x));
+      out.push_back(x.get<std::string>());
+    }
+  } else {
+    bad("stop", "'stop' must be a string or an array of strings, got " + type_name(*s));
+  }
+  if (int(out.size()) > max_stop) bad("stop", "'stop' holds " + std::to_string(out.size()) + " strings; at most " + std::to_string(max_stop));
+  for (const std::string& x : out) {
+    if (x.empty()) bad("stop", "'stop' strings must not be empty");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string ApiError::type() const {
+  if (status == 401) return "authentication_error";
+  if (status == 404 && code == "model_not_found") return "invalid_request_error";
+  if (status == 404) return "not_found_error";
+  if (status == 413) return "invalid_request_error";
+  if (status == 503) return "server_overloaded";
+  if (status >= 500) return "server_error";
+  return "invalid_request_error";
+}
+
+json error_json(const ApiError& e) {
+  return {{"error",
+           {{"message", e.message},
+            {"type", e.type()},
+            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+            {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+}
+
+ParsedRequest parse_request(const std::string& text, Endpoint endpoint, const ServedModel& m) {
+  json body;
+  try {
+    body = json::parse(text);  // rejects invalid UTF-8 in strings too
+  } catch (const json::parse_error& e) {
+    bad("", std::string("the body is not valid JSON: ") + e.what());
+  }
+  if (!body.is_object()) bad("", "the body must be a JSON object, got " + type_name(body));
+  const json* model = get(body, "model");
+  if (!model) bad("model", "'model' is required");
+  if (!model->is_string()) bad("model", "'model' must be a string, got " + type_name(*model));
+  if (model->get<std::string>() != m.name) {
+    throw ApiError{404, "The model '" + model->get<std::string>() + "' does not exist; this server serves '" + m.name + "'",
+                   "model", "model_not_found"};
+  }
+  ParsedRequest r;
+  r.endpoint = endpoint;
+  if (int_field(body, "n", 1, 1000000, 1) != 1) bad("n", "'n' must be 1: this server generates one choice per request");
+  r.stream = bool_field(body, "stream", false);
+  if (const json* so = get(body, "stream_options")) {
+    if (!r.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    if (!so->is_object()) bad("stream_options", "'stream_options' must be an object, got " + type_name(*so));
+    r.include_usage = bool_field(*so, "include_usage", false);
+  }
+  GenerationRequest& g = r.gen;
+  g.sampling.temperature = float(number_field(body, "temperature", 1.0));
+  if (g.sampling.temperature < 0 || g.sampling.temperature > 2) {
+    bad("temperature", "'temperature' is " + std::to_string(g.sampling.temperature) + "; expected 0 to 2 (0 = greedy)");
+  }
+  const double top_p = number_field(body, "top_p", 1.0);
+  if (!(top_p > 0 && top_p <= 1)) bad("top_p", "'top_p' is " + std::to_string(top_p) + "; expected a number in (0, 1]");
+  g.sampling.top_p = float(top_p);
+  const int64_t top_k = int_field(body, "top_k", -1, int64_t(m.vocab), 0);
+  g.sampling.top_k = top_k < 0 ? 0 : int(top_k);
+  if (get(body, "seed")) {
+    g.sampling.seed = uint64_t(int_field(body, "seed", INT64_MIN, INT64_MAX, 0));
+  } else {
+    std::random_device rd;
+    g.sampling.seed = (uint64_t(rd()) << 32) ^ rd();
+  }
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+    if (number_field(body, penalty, 0) != 0) bad(penalty, std::string("'") + penalty + "' is not supported (only 0)");
+  }
+  g.stop = stops_of(body, m.max_stop);
+  g.ignore_eos = bool_field(body, "ignore_eos", false);
+
+  if (endpoint == Endpoint::chat) {
+    const bool logprobs = bool_field(body, "logprobs", false);
+    const int64_t top = int_field(body, "top_logprobs", 0, 20, -1);
+    if (top >= 0 && !logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    g.top_logprobs = logprobs ? int(std::max<int64_t>(top, 0)) : -1;
+    g.prompt = m.chat->conversation(messages_of(body));
+  } else {
+    g.top_logprobs = int(int_field(body, "logprobs", 0, 5, -1));
+    if (bool_field(body, "echo", false)) bad("echo", "'echo' is not supported");
+    if (const json* suffix = get(body, "suffix"); suffix && !(suffix->is_string() && suffix->get<std::string>().empty())) {
+      bad("suffix", "'suffix' is not supported");
+    }
+    if (int_field(body, "best_of", 1, 1000000, 1) != 1) bad("best_of", "'best_of' must be 1");
+    g.prompt = prompt_of(body, m);
+  }
+  if (g.prompt.empty()) bad("prompt", "the prompt has no tokens (and the model has no BOS token to start it)");
+
+  const int prompt_len = int(g.prompt.size());
+  if (prompt_len >= m.context) {
+    bad(endpoint == Endpoint::chat ? "messages" : "prompt",
+        "This model's maximum context length is " + std::to_string(m.context) + " tokens. However, your " +
+            (endpoint == Endpoint::chat ? "messages" : "prompt") + " resulted in " + std::to_string(prompt_len) +
+            " tokens, leaving no room for a completion.",
+        "context_length_exceeded");
+  }
+  const int room = m.context - prompt_len;
+  const char* max_name = get(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  const int64_t asked = int_field(body, max_name, INT64_MIN, INT64_MAX, -1);
+  if (get(body, max_name) && asked <= 0) bad(max_name, std::string("'") + max_name + "' is " + std::to_string(asked) + "; expected at least 1");
+  if (asked > room) {
+    bad(max_name,
+        "This model's maximum context length is " + std::to_string(m.context) + " tokens. However, you requested " +
+            std::to_string(int64_t(prompt_len) + asked) + " tokens (" + std::to_string(prompt_len) + " in the " +
+            (endpoint == Endpoint::chat ? "messages" : "prompt") + ", " + std::to_string(asked) +
+            " in the completion). Please reduce the length of the " +
+            (endpoint == Endpoint::chat ? "messages" : "prompt") + " or completion.",
+        "context_length_exceeded");
+  }
+  // Unset: the rest of the context for chat (OpenAI's "as many as fit"), 16 for completions (OpenAI's default).
+  g.max_tokens = asked > 0 ? int(asked) : endpoint == Endpoint::chat ? room : std::min(16, room);
+  return r;
+}
+
+namespace {
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
+json chat_logprobs(const Tokenizer& tok, const std::vector<TokenEvent>& events) {
+  json content = json::array();
+  for (const TokenEvent& e : events) {
+    json top = json::array();
+    for (const TokenLogprob& t : e.top) {
+      const std::string s = TextStream::piece_of(tok, t.id);
+      top.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}});
+    }
+    const std::string s = TextStream::piece_of(tok, e.token);
+    content.push_back({{"token", s}, {"logprob", e.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+json completion_logprobs(const Tokenizer& tok, const std::vector<TokenEvent>& events, size_t text_offset) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenEvent& e : events) {
+    const std::string s = TextStream::piece_of(tok, e.token);
+    tokens.push_back(s);
+    lps.push_back(e.logprob);
+    json top = json::object();
+    for (const TokenLogprob& t : e.top) top[TextStream::piece_of(tok, t.id)] = t.logprob;
+    tops.push_back(top);
+    offsets.push_back(text_offset);
+    text_offset += e.text.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+std::string joined_text(const std::vector<TokenEvent>& events) {
+  std::string t;
+  for (const TokenEvent& e : events) t += e.text;
+  return t;
+}
+
+}  // namespace
+
+json usage_json(const RequestStream& done) {
+  return {{"prompt_tokens", done.prompt_tokens},
+          {"completion_tokens", done.completion_tokens},
+          {"total_tokens", done.prompt_tokens + done.completion_tokens}};
+}
+
+json full_response(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& events,
+                   const RequestStream& done) {
+  const bool chat = h.endpoint == Endpoint::chat;
+  json choice = {{"index", 0}, {"finish_reason", done.finish_reason}};
+  if (chat) choice["message"] = {{"role", "assistant"}, {"content", joined_text(events)}};
+  else choice["text"] = joined_text(events);
+  choice["logprobs"] = !h.logprobs ? json(nullptr) : chat ? chat_logprobs(tok, events) : completion_logprobs(tok, events, 0);
+  return {{"id", h.id},
+          {"object", chat ? "chat.completion" : "text_completion"},
+          {"created", h.created},
+          {"model", h.model},
+          {"choices", json::array({choice})},
+          {"usage", usage_json(done)}};
+}
+
+json stream_chunk(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& events,
+                  const RequestStream* done, bool first, size_t text_offset) {
+  const bool chat = h.endpoint == Endpoint::chat;
+  json choice = {{"index", 0}, {"finish_reason", done ? json(done->finish_reason) : json(nullptr)}};
+  if (chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    const std::string text = joined_text(events);
+    if (!text.empty() || (first && !done)) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = joined_text(events);
+  }
+  choice["logprobs"] = !h.logprobs || events.empty() ? json(nullptr)
+                       : chat                        ? chat_logprobs(tok, events)
+                                                     : completion_logprobs(tok, events, text_offset);
+  return {{"id", h.id},
+          {"object", chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", h.created},
+          {"model", h.model},
+          {"choices", json::array({choice})}};
+}
+
+}  // namespace flashlite::engine::server

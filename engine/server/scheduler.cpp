@@ -1,0 +1,351 @@
+#include "engine/server/scheduler.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/errors.h"
+
+namespace flashlite::engine::server {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::vector<double> latency_buckets() {  // seconds
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+}  // namespace
+
+// ---- RequestStream
+
+bool RequestStream::wait(std::vector<TokenEvent>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait_for(lk, timeout, [&] { return done_ || !events_.empty(); });
+  while (!events_.empty()) {
+    out.push_back(std::move(events_.front()));
+    events_.pop_front();
+  }
+  return done_;
+}
+
+void RequestStream::push(TokenEvent e) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+void RequestStream::end(const std::string& reason, const std::string& error_message) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (done_) return;
+    finish_reason = reason;
+    error = error_message;
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+// ---- Scheduler
+
+struct Scheduler::Sequence {
+  Sequence(GenerationRequest r, const ModelText& t)
+      : req(std::move(r)),
+        stream(std::make_shared<RequestStream>()),
+        sampler(req.sampling, 0),  // stream 0: the same draws as `flashlite generate --seed` for one prompt
+        text(*t.tokenizer, t.bos, req.prompt.empty() ? -1 : req.prompt.back(), req.stop) {}
+  GenerationRequest req;
+  std::shared_ptr<RequestStream> stream;
+  Sampler sampler;
+  TextStream text;
+  int slot = -1, pages = 0;
+  size_t fed = 0;  // prompt tokens in the cache
+  int last = -1;   // the last sampled token (the next step's input)
+  int generated = 0;
+  Clock::time_point arrived = Clock::now(), last_token;
+};
+
+Scheduler::Scheduler(LlamaModel& model, ModelText text, const SchedulerOptions& options)
+    : model_(model),
+      text_(std::move(text)),
+      opt_(options),
+      ttft_s_(latency_buckets()),
+      itl_s_(latency_buckets()),
+      e2e_s_(latency_buckets()),
+      batch_size_({1, 2, 4, 8, 16, 32, 64, 128, 256}),
+      step_tokens_({1, 4, 16, 64, 256, 1024, 4096}) {
+  if (opt_.max_queue < 0 || opt_.prefill_chunk < 1 || opt_.max_step_tokens < 1) {
+    fail("scheduler options: max_queue " + std::to_string(opt_.max_queue) + ", prefill_chunk " +
+         std::to_string(opt_.prefill_chunk) + ", max_step_tokens " + std::to_string(opt_.max_step_tokens) +
+         "; expected >= 0, >= 1, >= 1");
+  }
+  context_ = model_.context();
+  vocab_ = model_.config().vocab_size;
+  for (int s = 0; s < model_.slots(); ++s) {
+    model_.reset(s);
+    free_slots_.insert(s);
+  }
+  free_slot_count_ = int(free_slots_.size());
+  const KvUsage u = model_.kv_usage();
+  page_size_ = u.page_size;
+  pages_total_ = u.pages_total;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+int Scheduler::pages_needed(const GenerationRequest& r) const {
+  const int64_t tokens = int64_t(r.prompt.size()) + r.max_tokens;
+  return int((tokens + page_size_ - 1) / page_size_);
+}
+
+std::shared_ptr<RequestStream> Scheduler::submit(GenerationRequest request) {
+  if (request.prompt.empty()) fail("the prompt has no tokens");
+  if (int64_t(request.prompt.size()) + request.max_tokens > context_) {
+    fail("prompt (" + std::to_string(request.prompt.size()) + " tokens) + max_tokens (" + std::to_string(request.max_tokens) +
+         ") exceed the context of " + std::to_string(context_));
+  }
+  if (pages_needed(request) > pages_total_) {
+    fail("the request may need " + std::to_string(pages_needed(request)) + " KV pages; the cache has " +
+         std::to_string(pages_total_));
+  }
+  auto seq = std::make_unique<Sequence>(std::move(request), text_);
+  std::shared_ptr<RequestStream> stream = seq->stream;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_) fail("the server is shutting down");
+    // Requests a free slot will take at the next step are not waiting for room: the limit counts the others.
+    if (int(waiting_.size()) >= opt_.max_queue + free_slot_count_) {
+      ++requests_rejected_;
+      throw QueueFull(std::to_string(waiting_.size()) + " requests are waiting (--max-queue " +
+                      std::to_string(opt_.max_queue) + "); retry later");
+    }
+    waiting_.push_back(std::move(seq));
+  }
+  cv_.notify_all();
+  return stream;
+}
+
+void Scheduler::admit() {
+  // Cancelled while waiting: gone before taking anything.
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if ((*it)->stream->cancelled()) {
+      (*it)->stream->end("cancelled", "");
+      ++requests_cancelled_;
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // First come, first served: the head waits for room rather than being overtaken (no starvation).
+  while (!waiting_.empty() && !free_slots_.empty()) {
+    Sequence& s = *waiting_.front();
+    const int need = pages_needed(s.req);
+    if (reserved_pages_ + need > pages_total_) break;
+    s.slot = *free_slots_.begin();
+    free_slots_.erase(free_slots_.begin());
+    free_slot_count_ = int(free_slots_.size());
+    s.pages = need;
+    reserved_pages_ += need;
+    s.stream->prompt_tokens = int(s.req.prompt.size());
+    auto at = std::lower_bound(running_.begin(), running_.end(), s.slot,
+                               [](const std::unique_ptr<Sequence>& a, int slot) { return a->slot < slot; });
+    running_.insert(at, std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+  running_count_ = int(running_.size());
+}
+
+void Scheduler::release(Sequence& s, const std::string& reason, const std::string& error) {
+  model_.reset(s.slot);  // gives the slot's pages back
+  reserved_pages_ -= s.pages;
+  s.stream->completion_tokens = s.generated;
+  std::lock_guard<std::mutex> lk(mu_);
+  free_slots_.insert(s.slot);
+  free_slot_count_ = int(free_slots_.size());
+  s.slot = -1;  // gone from the batch (step() drops it)
+  if (!error.empty()) ++requests_failed_;
+  else if (reason == "cancelled") ++requests_cancelled_;
+  else {
+    ++requests_finished_;
+    e2e_s_.observe(seconds(Clock::now() - s.arrived));
+  }
+  s.stream->end(reason, error);
+}
+
+void Scheduler::refresh_usage() {
+  const KvUsage u = model_.kv_usage();
+  std::lock_guard<std::mutex> lk(mu_);
+  pages_used_ = u.pages_used;
+  running_count_ = int(running_.size());
+}
+
+void Scheduler::loop() {
+  // OpenMP's thread count is per thread: this one runs the model, so it takes the model's (as `generate`'s main does).
+  omp_set_num_threads(std::max(1, model_.threads()));
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stopping_ || !waiting_.empty() || !running_.empty(); });
+      if (stopping_) break;
+      admit();
+    }
+    // Cancelled sequences leave before the step runs.
+    for (auto it = running_.begin(); it != running_.end();) {
+      if ((*it)->stream->cancelled()) {
+        release(**it, "cancelled", "");
+        it = running_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!running_.empty()) step();
+    refresh_usage();
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& s : waiting_) s->stream->end("", "the server is shutting down");
+  waiting_.clear();
+  for (auto& s : running_) {
+    model_.reset(s->slot);
+    s->stream->end("", "the server is shutting down");
+  }
+  running_.clear();
+}
+
+void Scheduler::step() {
+  std::vector<SequenceInput> inputs;
+  std::vector<Sequence*> who;       // per input
+  std::vector<bool> samples;        // per input: its logits row picks a token (last prompt chunk, or decoding)
+  bool full_logits = false;
+  int prefill_budget = opt_.max_step_tokens, prefill_rows = 0;
+  for (auto& sp : running_) {
+    Sequence& s = *sp;
+    if (s.fed < s.req.prompt.size()) {
+      // A sequence's chunks depend on its prompt only, so its numbers never depend on the batch it shares.
+      const int n = int(std::min<size_t>(opt_.prefill_chunk, s.req.prompt.size() - s.fed));
+      if (prefill_rows > 0 && n > prefill_budget) continue;  // next step
+      prefill_budget -= n;
+      prefill_rows += n;
+      inputs.push_back({s.slot, std::vector<int>(s.req.prompt.begin() + s.fed, s.req.prompt.begin() + s.fed + n), false});
+      s.fed += size_t(n);
+      samples.push_back(s.fed == s.req.prompt.size());
+    } else {
+      inputs.push_back({s.slot, {s.last}, false});
+      samples.push_back(true);
+    }
+    who.push_back(&s);
+    if (samples.back() && (s.req.sampling.temperature > 0 || s.req.top_logprobs >= 0)) full_logits = true;
+  }
+  LogitsRequest request;
+  request.kind = full_logits ? LogitsRequest::Kind::logits : LogitsRequest::Kind::argmax;
+  int tokens = 0;
+  for (const SequenceInput& in : inputs) tokens += int(in.tokens.size());
+  auto count_step = [&] {  // before any request of the step ends, so its client sees the step counted
+    std::lock_guard<std::mutex> lk(mu_);
+    ++steps_total_;
+    batch_size_.observe(double(inputs.size()));
+    step_tokens_.observe(double(tokens));
+  };
+  try {
+    const LogitsOutput out = model_.forward_select(inputs, request);
+    count_step();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (samples[i]) sample(*who[i], out, int(i));
+    }
+  } catch (const std::exception& e) {
+    // The model rejected the step (its cache is as before it): every sequence in it fails, the others go on.
+    for (Sequence* s : who) {
+      if (s->slot >= 0) release(*s, "", std::string("generation failed: ") + e.what());
+    }
+  }
+  running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                [](const std::unique_ptr<Sequence>& s) { return s->slot < 0; }),
+                 running_.end());
+}
+
+void Scheduler::sample(Sequence& s, const LogitsOutput& out, int row) {
+  TokenEvent ev;
+  const float* logits = out.kind == LogitsRequest::Kind::logits ? out.logits + size_t(row) * vocab_ : nullptr;
+  ev.token = logits ? s.sampler.sample(logits, vocab_) : out.ids[row];
+  if (logits && s.req.top_logprobs >= 0) {
+    float mx = -INFINITY;
+    for (int i = 0; i < vocab_; ++i) mx = std::max(mx, logits[i]);
+    double z = 0;
+    for (int i = 0; i < vocab_; ++i) z += std::exp(double(logits[i]) - mx);
+    const double lse = mx + std::log(z);
+    ev.logprob = float(logits[ev.token] - lse);
+    std::vector<std::pair<float, int>> cand;
+    cand.reserve(size_t(vocab_));
+    for (int i = 0; i < vocab_; ++i) cand.push_back({logits[i], i});
+    const size_t k = std::min<size_t>(size_t(s.req.top_logprobs), cand.size());
+    std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), Sampler::before);
+    for (size_t i = 0; i < k; ++i) ev.top.push_back({cand[i].second, float(cand[i].first - lse)});
+  }
+  const auto now = Clock::now();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (s.generated == 0) {
+      ttft_s_.observe(seconds(now - s.arrived));
+      prompt_tokens_total_ += s.req.prompt.size();
+    } else {
+      itl_s_.observe(seconds(now - s.last_token));
+    }
+    ++generation_tokens_total_;
+  }
+  s.last_token = now;
+  ++s.generated;
+  s.last = ev.token;
+  if (!s.req.ignore_eos && std::find(text_.stop_ids.begin(), text_.stop_ids.end(), ev.token) != text_.stop_ids.end()) {
+    s.stream->push(TokenEvent{ev.token, s.text.flush(), ev.logprob, ev.top});  // a stop token adds no text
+    release(s, "stop", "");
+    return;
+  }
+  ev.text = s.text.push(ev.token);
+  const bool stopped = s.text.stopped();
+  const bool full = s.generated >= s.req.max_tokens || model_.length(s.slot) + 1 > context_;
+  if (!stopped && full) ev.text += s.text.flush();
+  s.stream->push(std::move(ev));
+  if (stopped) release(s, "stop", "");
+  else if (full) release(s, "length", "");
+}
+
+std::string Scheduler::metrics_text() {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::string o;
+  render_metric(o, "flashlite_requests_running", "gauge", "Requests in the running batch", running_count_);
+  render_metric(o, "flashlite_requests_waiting", "gauge", "Requests queued for a slot or KV pages", double(waiting_.size()));
+  render_metric(o, "flashlite_requests_finished_total", "counter", "Requests that ended with stop or length",
+                double(requests_finished_));
+  render_metric(o, "flashlite_requests_cancelled_total", "counter", "Requests dropped because their client went away",
+                double(requests_cancelled_));
+  render_metric(o, "flashlite_requests_failed_total", "counter", "Requests ended by an error", double(requests_failed_));
+  render_metric(o, "flashlite_requests_rejected_total", "counter", "Requests refused with 503 (queue full)",
+                double(requests_rejected_));
+  render_metric(o, "flashlite_prompt_tokens_total", "counter", "Prompt tokens prefilled", double(prompt_tokens_total_));
+  render_metric(o, "flashlite_generation_tokens_total", "counter", "Tokens generated", double(generation_tokens_total_));
+  render_metric(o, "flashlite_steps_total", "counter", "Forward steps of the batch", double(steps_total_));
+  render_metric(o, "flashlite_kv_pages_total", "gauge", "KV cache pages", pages_total_);
+  render_metric(o, "flashlite_kv_pages_used", "gauge", "KV cache pages holding tokens", pages_used_);
+  render_metric(o, "flashlite_kv_pages_free", "gauge", "KV cache pages free", pages_total_ - pages_used_);
+  render_metric(o, "flashlite_kv_page_size", "gauge", "Tokens per KV page", page_size_);
+  ttft_s_.render(o, "flashlite_time_to_first_token_seconds", "Arrival to first token");
+  itl_s_.render(o, "flashlite_inter_token_latency_seconds", "Time between a request's consecutive tokens");
+  e2e_s_.render(o, "flashlite_request_latency_seconds", "Arrival to the last token of finished requests");
+  batch_size_.render(o, "flashlite_batch_size", "Sequences per forward step");
+  step_tokens_.render(o, "flashlite_step_tokens", "Tokens (prompt chunks and decode) per forward step");
+  return o;
+}
+
+}  // namespace flashlite::engine::server

@@ -1,0 +1,157 @@
+// The pieces under `flashlite serve`: PageAllocator and the paged KvCache (pages follow the lengths, a failed growth
+// changes nothing, the page table the library reads), the CPU model on a paged cache against the contiguous one, and
+// TextStream (stop strings across tokens, UTF-8 characters split across tokens).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "engine/errors.h"
+#include "engine/kv_cache.h"
+#include "engine/llama_cpu.h"
+#include "engine/server/text_stream.h"
+#include "engine/weights.h"
+#include "synthetic_hf.h"
+
+namespace eng = flashlite::engine;
+namespace srv = flashlite::engine::server;
+
+namespace {
+
+TEST(PageAllocator, TakesLowestFirstAndRefusesWhatIsNotFree) {
+  eng::PageAllocator a(4);
+  std::vector<int32_t> got;
+  a.take(3, got);
+  EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(a.free(), 1);
+  EXPECT_THROW(a.take(2, got), flashlite::Error);
+  EXPECT_EQ(got.size(), 3u) << "a refused take must take nothing";
+  a.give_back(got.data() + 1, 2);
+  EXPECT_EQ(a.used(), 1);
+  a.take(1, got);
+  EXPECT_EQ(got.back(), 1);
+}
+
+eng::KvCacheShape paged_shape(int pages) { return {2, 3, 100, 2, 8, 16, pages}; }
+
+TEST(PagedKvCache, PagesFollowTheLengths) {
+  eng::KvCache c(paged_shape(8));
+  c.set_length(0, 17);  // 2 pages
+  c.set_length(2, 16);  // 1 page
+  EXPECT_EQ(c.pages().used(), 3);
+  const flashlite::KvCacheView v = c.view(1, 0, 3);
+  ASSERT_EQ(v.layout, flashlite::KvLayout::paged);
+  const auto* indptr = static_cast<const int32_t*>(v.host.page_indptr.data);
+  const auto* last = static_cast<const int32_t*>(v.host.last_page_len.data);
+  EXPECT_EQ(std::vector<int32_t>(indptr, indptr + 4), (std::vector<int32_t>{0, 2, 2, 3}));
+  EXPECT_EQ(std::vector<int32_t>(last, last + 3), (std::vector<int32_t>{1, 0, 16}));
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(flashlite::kv_length(v, b), c.length(b));
+  c.set_length(0, 3);  // shrinks to 1 page
+  EXPECT_EQ(c.pages().used(), 2);
+  c.reset(2);
+  c.reset(0);
+  EXPECT_EQ(c.pages().used(), 0);
+}
+
+TEST(PagedKvCache, GrowthPastTheFreePagesChangesNothing) {
+  eng::KvCache c(paged_shape(4));
+  c.set_length(0, 40);  // 3 pages
+  try {
+    c.set_length(1, 33);  // needs 3, 1 free
+    FAIL() << "expected an Error";
+  } catch (const flashlite::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of pages: 3 needed, 1 of 4 free"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(c.length(1), 0);
+  EXPECT_EQ(c.pages().used(), 3);
+  EXPECT_THROW(eng::KvCache(eng::KvCacheShape{2, 3, 100, 2, 8, 8, 4}), flashlite::Error) << "page size below 16";
+}
+
+// The CPU model on a paged cache computes what it computes on the contiguous one: prefill chunks and decode steps of
+// several sequences, slots in any order.
+TEST(PagedLlamaCpu, LogitsEqualTheContiguousCache) {
+  const synth::Spec spec{"serve_paged", 64, 96, 2, 4, 2, 16, 70, "F32", false, true, 0};
+  const auto dir = synth::fresh_dir(spec.name);
+  synth::write_checkpoint(dir, spec, 7);
+  const eng::ModelWeights w = eng::load_checkpoint(dir.string());
+  eng::RuntimeOptions ro;
+  ro.slots = 3;
+  ro.context = 96;
+  eng::LlamaCpu contiguous(w, ro);
+  ro.kv_page_size = 16;
+  ro.kv_pages = 9;
+  eng::LlamaCpu paged(w, ro);
+  std::vector<int> long_prompt;
+  for (int i = 0; i < 37; ++i) long_prompt.push_back((i * 13 + 5) % 70);
+  auto same = [&](const std::vector<eng::SequenceInput>& step) {
+    const std::vector<float> want = contiguous.forward(step);
+    const std::vector<float>& got = paged.forward(step);
+    ASSERT_EQ(got.size(), want.size());
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, double(std::abs(got[i] - want[i])));
+    EXPECT_LT(worst, 1e-5) << "step with " << step.size() << " sequences";
+  };
+  same({{2, long_prompt, false}, {0, {1, 2, 3}, false}});  // a prefill beside a short prompt
+  for (int i = 0; i < 12; ++i) {
+    if (i % 3 == 0) same({{0, {4 + i}, false}, {2, {9, 8, 7, 6, 5, 4, 3, 2, 1, 11}, false}});  // a chunk beside a decode
+    else same({{1, {5, 6 + i}, false}, {0, {7}, false}, {2, {8}, false}});  // slots out of order
+  }
+  EXPECT_EQ(paged.kv_usage().pages_used, (paged.length(0) + 15) / 16 + (paged.length(1) + 15) / 16 + (paged.length(2) + 15) / 16);
+  // Out of pages: the call fails and leaves every sequence as it was.
+  const std::vector<int> lengths = {paged.length(0), paged.length(1), paged.length(2)};
+  EXPECT_THROW(paged.forward({{1, std::vector<int>(40, 3), false}}), flashlite::Error);
+  EXPECT_EQ((std::vector<int>{paged.length(0), paged.length(1), paged.length(2)}), lengths);
+  for (int s = 0; s < 3; ++s) paged.reset(s);
+  EXPECT_EQ(paged.kv_usage().pages_used, 0);
+  EXPECT_EQ(paged.kv_usage().pages_total, 9);
+}
+
+// Tokens as fixed byte strings (a byte-level tokenizer splits characters, as Llama 3's does).
+class PieceTokenizer final : public eng::Tokenizer {
+ public:
+  explicit PieceTokenizer(std::vector<std::string> pieces) : pieces_(std::move(pieces)) {}
+  std::vector<int> encode(std::string_view, bool) const override { return {}; }
+  std::string decode_token(int id) const override { return pieces_.at(size_t(id)); }
+  int vocab_size() const override { return int(pieces_.size()); }
+  std::optional<int> token_id(std::string_view) const override { return std::nullopt; }
+  bool is_special(int) const override { return false; }
+  std::string kind() const override { return "pieces"; }
+
+ private:
+  std::vector<std::string> pieces_;
+};
+
+const PieceTokenizer kTok({"He", "llo", " wor", "ld", "\xE2\x82", "\xAC", "!"});  // 4 + 5: the euro sign, split
+
+std::vector<std::string> pushes(srv::TextStream& s, const std::vector<int>& ids) {
+  std::vector<std::string> out;
+  for (int id : ids) out.push_back(s.push(id));
+  return out;
+}
+
+TEST(TextStream, HoldsBackSplitCharacters) {
+  srv::TextStream s(kTok, -1, -1, {});
+  EXPECT_EQ(pushes(s, {0, 1, 4, 5, 6}), (std::vector<std::string>{"He", "llo", "", "\xE2\x82\xAC", "!"}));
+  EXPECT_EQ(s.flush(), "");
+  EXPECT_EQ(srv::incomplete_utf8_tail("a\xE2"), 1u);
+  EXPECT_EQ(srv::incomplete_utf8_tail("a\xF0\x9F\x98"), 3u);
+  EXPECT_EQ(srv::incomplete_utf8_tail("a\xF0\x9F\x98\x80"), 0u);
+  EXPECT_EQ(srv::incomplete_utf8_tail("\x80\x80"), 0u) << "stray continuation bytes are not held";
+}
+
+TEST(TextStream, StopStringAcrossTokensIsNeverSent) {
+  srv::TextStream s(kTok, -1, -1, {"lo w", "zzz"});
+  EXPECT_EQ(pushes(s, {0, 1, 2, 3}), (std::vector<std::string>{"He", "l", "", ""}));
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(s.text(), "Hel");
+  EXPECT_EQ(s.flush(), "");
+}
+
+TEST(TextStream, HeldPrefixIsReleasedWhenTheStopDoesNotComplete) {
+  srv::TextStream s(kTok, -1, -1, {"low!"});
+  EXPECT_EQ(pushes(s, {0, 1, 2}), (std::vector<std::string>{"He", "l", "lo wor"}));
+  EXPECT_FALSE(s.stopped());
+  EXPECT_EQ(s.text(), "Hello wor");
+}
+
+}  // namespace
