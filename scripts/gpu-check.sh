@@ -2,13 +2,13 @@
 # The one command for a GPU machine: builds everything for the GPU it finds (sm_90a on Hopper) plus the Python module
 # (pip, into a target folder), runs every ctest suite (the GPU tests run for real there), the main job (`flashlite
 # attn`) on a few shapes, pytest tests/python (GPU backends vs float64 and torch SDPA, torch.compile, CUDA graphs),
-# compute-sanitizer (memcheck, racecheck, initcheck) on a small driver, and the attention benchmark. Results go to
+# the server's tests (tests/serve, with the openai client from .carry/wheels), compute-sanitizer (memcheck, racecheck, initcheck) on a small driver, and the attention benchmark. Results go to
 # OUTDIR (argument, else $OUT, else ./out): attn_main_job.json, attention.json and plots as files, every log bundled
 # into gpu_check_logs.tgz (a GPU lease returns at most 8 files). The per-area benchmarks (forward side by side,
 # decode, engine e2e, CPU) are described in bench/README.md.
 #
 #   bash scripts/gpu-check.sh [OUTDIR] [--only STEP[,STEP...]] [--skip STEP[,STEP...]]
-#   steps, in order: info build ctest attn pytest sanitize bench
+#   steps, in order: info build ctest attn pytest serve sanitize bench
 #
 # Environment: COMMIT (id recorded in the results when the tree has no .git), BENCH_ARGS (for bench/attention.py,
 # default --quick), CMAKE_EXTRA (more CMake arguments), BUILD_TARGETS (default: all), CTEST_ARGS (e.g. "-L gpu"),
@@ -149,6 +149,20 @@ step_pytest() {
   return $rc
 }
 
+step_serve() {  # the server's tests against this build (tests/serve: the CPU ones and the CUDA ones), openai from .carry
+  local wheels="$root/.carry/wheels" oa="$build/openai_site"
+  if ! python3 -c "import openai" 2>/dev/null; then
+    [ -d "$wheels" ] || { echo "no openai package and no $wheels (scripts/make-carry.sh makes it)"; return 1; }
+    python3 -m pip install -q --no-index --find-links "$wheels" --target "$oa" openai > "$logs/openai_pip.log" 2>&1 ||
+      { tail -5 "$logs/openai_pip.log"; return 1; }
+  fi
+  FLASHLITE_BIN="$build/bin/flashlite" PYTHONPATH="$oa${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -q -rs \
+    -p no:cacheprovider "$root/tests/serve" --junitxml="$logs/serve.xml" > "$logs/serve.log" 2>&1
+  local rc=$?
+  tail -15 "$logs/serve.log"
+  return $rc
+}
+
 step_sanitize() {
   local rc=0 tool
   for tool in memcheck racecheck initcheck; do
@@ -166,7 +180,7 @@ step_bench() {
     --plots "$dest" ${BENCH_ARGS:---quick} 2>&1 | tee "$logs/bench.log" | tail -60
 }
 
-for s in info build ctest attn pytest sanitize bench; do step "$s"; done
+for s in info build ctest attn pytest serve sanitize bench; do step "$s"; done
 say "done; failed steps: ${failed[*]:-none}"
 pack
 [ ${#failed[@]} -eq 0 ]

@@ -16,3 +16,8 @@ for deb in "$tmp"/*.deb; do dpkg -x "$deb" "$root/.carry/deps"; done
 rm -rf "$root/.carry/deps/usr/share/doc" "$root/.carry/deps/usr/share/man"
 for lib in ssl crypto brotlicommon brotlidec brotlienc z; do rm -f "$root/.carry/deps/usr/lib/x86_64-linux-gnu/lib$lib.a"; done
 echo "unpacked into $root/.carry/deps"
+# The server's tests use the openai client, which the GPU machine's Python (3.12) lacks: wheels for pip --no-index.
+py="$root/.venv/bin/python"; [ -x "$py" ] || py=python3
+"$py" -m pip download -q openai -d "$root/.carry/wheels" --python-version 3.12 --only-binary=:all: \
+  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64
+echo "openai wheels in $root/.carry/wheels"
