@@ -2,14 +2,12 @@
 written here (numpy + our own safetensors writer) with the real Llama 3 tokenizer beside it (chat template, KV cache
 kept between turns), the JSON report, and clear errors."""
 import json
-import shutil
-import struct
 import time
 
 import numpy as np
 import pytest
 
-from engine_testlib import model_absent, run_cli
+from engine_testlib import model_absent, run_cli, write_tiny_llama3
 
 
 def stories(models_dir):
@@ -136,50 +134,12 @@ def test_chat_failed_turn_keeps_the_conversation(flashlite_bin, models_dir, fail
 
 # ---- A tiny random Llama checkpoint with the real Llama 3 vocabulary ----
 
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, arr in tensors.items():
-        data = np.ascontiguousarray(arr, dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
 @pytest.fixture(scope="module")
 def tiny_llama3(models_dir, tmp_path_factory):
     tok = models_dir / "llama3-tokenizer"
     if not (tok / "tokenizer.json").exists():
         model_absent("Llama 3 tokenizer absent")
-    d = tmp_path_factory.mktemp("tiny_llama3")
-    rng = np.random.default_rng(0)
-    dim, hidden, layers, heads, kv, vocab = 32, 64, 2, 4, 2, 128256
-    hd = dim // heads
-    t = {"model.embed_tokens.weight": rng.normal(0, 1, (vocab, dim)), "model.norm.weight": np.ones(dim)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"] = np.ones(dim)
-        t[p + "post_attention_layernorm.weight"] = np.ones(dim)
-        t[p + "self_attn.q_proj.weight"] = rng.normal(0, 0.2, (heads * hd, dim))
-        t[p + "self_attn.k_proj.weight"] = rng.normal(0, 0.2, (kv * hd, dim))
-        t[p + "self_attn.v_proj.weight"] = rng.normal(0, 0.2, (kv * hd, dim))
-        t[p + "self_attn.o_proj.weight"] = rng.normal(0, 0.2, (dim, heads * hd))
-        t[p + "mlp.gate_proj.weight"] = rng.normal(0, 0.2, (hidden, dim))
-        t[p + "mlp.up_proj.weight"] = rng.normal(0, 0.2, (hidden, dim))
-        t[p + "mlp.down_proj.weight"] = rng.normal(0, 0.2, (dim, hidden))
-    write_safetensors(d / "model.safetensors", t)
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": dim, "intermediate_size": hidden,
-           "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab,
-           "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": True,
-           "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
-           "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                            "original_max_position_embeddings": 8192}}
-    (d / "config.json").write_text(json.dumps(cfg))
-    shutil.copy(tok / "tokenizer.json", d / "tokenizer.json")
-    return d
+    return write_tiny_llama3(tmp_path_factory.mktemp("tiny_llama3"), tok / "tokenizer.json", rope_scaling=True)
 
 
 def test_chat_llama3_template_keeps_cache(flashlite_bin, tiny_llama3):

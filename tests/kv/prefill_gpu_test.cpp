@@ -10,7 +10,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <memory>
+#include <string>
 
 #include "kv_gpu_util.h"
 #include "prefill_test_util.h"
@@ -93,46 +95,45 @@ TEST_P(PrefillGpuGrid, MatchesFloat64) {
 INSTANTIATE_TEST_SUITE_P(Cases, PrefillGpuGrid, ::testing::ValuesIn(prefill_grid(false)),
                          [](const auto& info) { return info.param.name; });
 
-// Long ragged sequences at every page size the cache accepts a sample of (tiles of 64 keys span up to 4 pages of 16,
-// pages of 48 / 100 straddle tiles), a window of 700 crossing pages, sinks.
-TEST(PrefillGpu, LongSequencesAllPageSizes) {
-  SKIP_WITHOUT_GPU();
-  for (int64_t ps : {0, 16, 48, 100, 256}) {
+// Runs run_and_check over page sizes (0: a contiguous cache) and head_dim 64 / 128, the rest of each case from `fill`.
+template <class Fill>
+void for_page_sizes_and_dims(const std::string& prefix, std::initializer_list<int64_t> page_sizes, Fill fill) {
+  for (int64_t ps : page_sizes) {
     for (int64_t d : {64, 128}) {
       PrefillCase t;
-      t.name = "long_ps" + std::to_string(ps) + "_d" + std::to_string(d);
+      t.name = prefix + "_ps" + std::to_string(ps) + "_d" + std::to_string(d);
       SCOPED_TRACE(t.name);
       t.paged = ps > 0;
       t.page_size = ps > 0 ? ps : 16;
       t.head_dim = d;
-      t.q_heads = 8, t.kv_heads = 2;
-      t.lens = {4097, 1, 1000, 12000, 130};
-      t.chunks = {300, 1, 1000, 64, 129};
-      t.opt = window_opt(700, 4);
+      fill(t);
       run_and_check(t);
     }
   }
+}
+
+// Long ragged sequences at every page size the cache accepts a sample of (tiles of 64 keys span up to 4 pages of 16,
+// pages of 48 / 100 straddle tiles), a window of 700 crossing pages, sinks.
+TEST(PrefillGpu, LongSequencesAllPageSizes) {
+  SKIP_WITHOUT_GPU();
+  for_page_sizes_and_dims("long", {0, 16, 48, 100, 256}, [](PrefillCase& t) {
+    t.q_heads = 8, t.kv_heads = 2;
+    t.lens = {4097, 1, 1000, 12000, 130};
+    t.chunks = {300, 1, 1000, 64, 129};
+    t.opt = window_opt(700, 4);
+  });
 }
 
 // Sequences longer than cuda_fwd::kFoldKeys (32768): their rows fold O out of the MMA accumulators between key
 // segments (fwd_params.h), in the cache variant too; a short sequence beside them does not fold.
 TEST(PrefillGpu, RowsPastTheFoldLength) {
   SKIP_WITHOUT_GPU();
-  for (int64_t ps : {0, 16}) {
-    for (int64_t d : {64, 128}) {
-      PrefillCase t;
-      t.name = "fold_ps" + std::to_string(ps) + "_d" + std::to_string(d);
-      SCOPED_TRACE(t.name);
-      t.paged = ps > 0;
-      t.page_size = ps > 0 ? ps : 16;
-      t.head_dim = d;
-      t.q_heads = 4, t.kv_heads = 2;
-      t.lens = {70001, 5, 40000};
-      t.chunks = {64, 5, 3};
-      t.sink_logits = true;
-      run_and_check(t);
-    }
-  }
+  for_page_sizes_and_dims("fold", {0, 16}, [](PrefillCase& t) {
+    t.q_heads = 4, t.kv_heads = 2;
+    t.lens = {70001, 5, 40000};
+    t.chunks = {64, 5, 3};
+    t.sink_logits = true;
+  });
 }
 
 // More sequences than the offsets inline in the kernel parameters (128): the offsets travel in a device table.

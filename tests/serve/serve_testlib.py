@@ -1,12 +1,17 @@
 """The server tests' helper (imported by name, so kept out of conftest.py): `Server`, a `flashlite serve` process on
 127.0.0.1 on a free port (--port 0; the port is read from its "listening on" line) that must stop cleanly."""
 import json
+import pathlib
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "engine"))
+from engine_testlib import write_tiny_llama3  # noqa: E402,F401  (the tiny Llama 3 checkpoint the engine tests use)
 
 
 class Server:
@@ -78,40 +83,3 @@ class Server:
         self._drain.join(timeout=5)
         assert code == 0, f"the server exited with {code}: " + "".join(self.log)
         assert "stopped" in "".join(self.log), "".join(self.log)
-
-
-def write_tiny_llama3(directory, tokenizer_json):
-    """A tiny random Llama checkpoint (2 layers, dim 32) with the real Llama 3 vocabulary and tokenizer, for the chat
-    template: F32 safetensors written by hand, config.json, tokenizer.json copied beside."""
-    import numpy as np
-    import shutil
-    import struct
-    rng = np.random.default_rng(0)
-    dim, hidden, layers, heads, kv, vocab = 32, 64, 2, 4, 2, 128256
-    hd = dim // heads
-    tensors = {"model.embed_tokens.weight": rng.normal(0, 1, (vocab, dim)), "model.norm.weight": np.ones(dim)}
-    shapes = {"self_attn.q_proj": (heads * hd, dim), "self_attn.k_proj": (kv * hd, dim), "self_attn.v_proj": (kv * hd, dim),
-              "self_attn.o_proj": (dim, heads * hd), "mlp.gate_proj": (hidden, dim), "mlp.up_proj": (hidden, dim),
-              "mlp.down_proj": (dim, hidden)}
-    for i in range(layers):
-        tensors[f"model.layers.{i}.input_layernorm.weight"] = np.ones(dim)
-        tensors[f"model.layers.{i}.post_attention_layernorm.weight"] = np.ones(dim)
-        for name, shape in shapes.items():
-            tensors[f"model.layers.{i}.{name}.weight"] = rng.normal(0, 0.2, shape)
-    header, blobs, offset = {}, [], 0
-    for name, arr in tensors.items():
-        data = np.ascontiguousarray(arr, dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(directory / "model.safetensors", "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": dim, "intermediate_size": hidden,
-           "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab,
-           "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": True,
-           "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]}
-    (directory / "config.json").write_text(json.dumps(cfg))
-    shutil.copy(tokenizer_json, directory / "tokenizer.json")
-    return directory

@@ -28,20 +28,6 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
-// Long rows' fold space (fwd_params.h): the caller's workspace, or one allocated on the stream into `owned`.
-float* fold_space(cuda::CallBuffer& owned, void* workspace, size_t workspace_bytes, size_t need) {
-  if (workspace == nullptr) {
-    check(cudaMallocAsync(&owned.ptr, need, owned.stream), "cudaMallocAsync (fold space for rows past 32768 keys)");
-    return static_cast<float*>(owned.ptr);
-  }
-  if (workspace_bytes < need || reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
-    throw Error(ErrorKind::invalid_value, "workspace has " + std::to_string(workspace_bytes) +
-                                              " bytes; the fused kernel over rows past 32768 keys needs " +
-                                              std::to_string(need) + ", 16-byte aligned (see forward_workspace_bytes)");
-  }
-  return static_cast<float*>(workspace);
-}
-
 std::string dtype_tag(DType t) { return t == DType::f16 ? "f16" : t == DType::bf16 ? "bf16" : "f32"; }
 
 }  // namespace
@@ -96,7 +82,9 @@ void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream
   f.rank_group = plan.rank_group;
   cuda::CallBuffer fold(stream);  // long rows' fold space when the caller passed no workspace
   if (plan.fold_bytes > 0) {
-    f.fold = fold_space(fold, workspace, workspace_bytes, plan.fold_bytes);
+    f.fold = reinterpret_cast<float*>(cuda::call_workspace(fold, workspace, workspace_bytes, plan.fold_bytes,
+                                                           "the fused kernel over rows past 32768 keys",
+                                                           "forward_workspace_bytes"));
   }
 
   cuda::CallBuffer table(stream);  // varlen offsets past kInlineSeqs
@@ -169,7 +157,7 @@ void run_cuda_prefill(const PrefillProblem& p, const FwdPlan& plan, void* stream
   f.kv_last_page_len = c.k_last_page_len;
   cuda::CallBuffer fold(stream);  // caches longer than kFoldKeys: fold space for long rows (fwd_params.h)
   if (plan.fold_bytes > 0) {
-    f.fold = fold_space(fold, nullptr, 0, plan.fold_bytes);
+    f.fold = reinterpret_cast<float*>(cuda::call_workspace(fold, nullptr, 0, plan.fold_bytes, "prefill", ""));
   }
 
   cuda::CallBuffer table(stream);  // ragged offsets past kInlineSeqs
