@@ -323,9 +323,11 @@ json stream_chunk(const ResponseHead& h, const Tokenizer& tok, const std::vector
   } else {
     choice["text"] = joined_text(events);
   }
-  choice["logprobs"] = !h.logprobs || events.empty() ? json(nullptr)
-                       : chat                        ? chat_logprobs(tok, events)
-                                                     : completion_logprobs(tok, events, text_offset);
+  // With logprobs asked for, a chunk that only ends the stream still carries them (empty), so that a client
+  // concatenating every chunk's logprobs never meets a null.
+  choice["logprobs"] = !h.logprobs ? json(nullptr)
+                       : chat      ? chat_logprobs(tok, events)
+                                   : completion_logprobs(tok, events, text_offset);
   return {{"id", h.id},
           {"object", chat ? "chat.completion.chunk" : "text_completion"},
           {"created", h.created},
