@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Renders the README's results tables from the committed JSON, so that every number there names its device and
 commit and comes from a file in bench/results/. Each table sits between `<!-- table:NAME -->` and
-`<!-- /table:NAME -->` in README.md; this script rewrites what is between them.
+`<!-- /table:NAME -->` in README.md (or the document TARGETS names); this script rewrites what is between them,
+title line included.
 
-    python3 bench/readme_tables.py           # rewrite README.md
-    python3 bench/readme_tables.py --check   # exit 1 when README.md differs from what the JSON renders (a test)
+    python3 bench/readme_tables.py           # rewrite README.md and the documents of TARGETS
+    python3 bench/readme_tables.py --check   # exit 1 when one differs from what the JSON renders (a test)
 """
 import json
 import pathlib
@@ -185,28 +186,49 @@ def table_train():
 RENDERERS = {"fwd": table_fwd, "decode": table_decode, "engine": table_engine, "cpu": table_cpu, "bwd": table_bwd,
              "train": table_train}
 
+# Each table's first line starts with its title and the benchmark that measured it.
+TITLES = {
+    "fwd": "**Fused forward** (bench/fwd/side_by_side.py):",
+    "decode": "**Decode** (bench/decode):",
+    "engine": "**Engine, CUDA** (bench/e2e.py):",
+    "bwd": "**Backward** (bench/bwd/side_by_side.py):",
+    "train": "**Training** (bench/train.py):",
+    "cpu": "**CPU** (`flashlite bench cpu --json`):",
+}
 
-def render(text):
-    for name, fn in RENDERERS.items():
+# Tables rendered into a document other than README.md (relative to the repository root).
+TARGETS = {"train": "docs/backward.md"}
+
+
+def render(text, names, doc="README.md"):
+    for name in names:
         pattern = re.compile(rf"(<!-- table:{name} -->\n).*?(<!-- /table:{name} -->)", re.S)
         if not pattern.search(text):
-            raise SystemExit(f"README.md has no <!-- table:{name} --> ... <!-- /table:{name} --> block")
-        body = "\n".join(fn()) + "\n"
+            raise SystemExit(f"{doc} has no <!-- table:{name} --> ... <!-- /table:{name} --> block")
+        lines = RENDERERS[name]()
+        body = "\n".join([f"{TITLES[name]} {lines[0]}"] + lines[1:]) + "\n"
         text = pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
     return text
 
 
 def main(argv):
-    readme = ROOT / "README.md"
-    old = readme.read_text()
-    new = render(old)
-    if argv[1:] == ["--check"]:
-        if new != old:
-            print("README.md tables differ from bench/results JSON: run python3 bench/readme_tables.py", file=sys.stderr)
-            return 1
-        return 0
-    readme.write_text(new)
-    return 0
+    if argv[1:] not in ([], ["--check"]):
+        print(__doc__, file=sys.stderr)
+        return 2
+    check = argv[1:] == ["--check"]
+    status = 0
+    for doc in dict.fromkeys(["README.md", *TARGETS.values()]):
+        path = ROOT / doc
+        old = path.read_text()
+        new = render(old, [n for n in RENDERERS if TARGETS.get(n, "README.md") == doc], doc)
+        if check:
+            if new != old:
+                print(f"{doc} tables differ from bench/results JSON: run python3 bench/readme_tables.py",
+                      file=sys.stderr)
+                status = 1
+        else:
+            path.write_text(new)
+    return status
 
 
 if __name__ == "__main__":
