@@ -29,7 +29,7 @@ namespace {
 
 struct ModelSettings {
   std::string model, tokenizer, device = "cpu", attention = "auto", precision = "auto";
-  int threads = 0, context = 0;
+  int threads = 0, context = 0, tp = 1;
   bool json_out = false;
   bool no_graphs = false, profile = false, verbose = false;  // CUDA: CudaEngineOptions
 };
@@ -54,6 +54,9 @@ void add_model_options(CLI::App* cmd, ModelSettings& m) {
   cmd->add_option("--tokenizer", m.tokenizer, "Tokenizer (llama2.c .bin or tokenizer.json); default: the model directory, "
                                               "or the tok*.bin beside a llama2.c model");
   cmd->add_option("--device", m.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  cmd->add_option("--tp", m.tp, "Tensor parallelism: split the model over this many GPUs (cuda: devices 0..N-1) or "
+                                "CPU thread groups (cpu)")
+      ->check(int_between(1, 64))->capture_default_str();
   cmd->add_option("-t,--threads", m.threads, "CPU threads (0 = automatic: 1 for tiny models)")->check(int_between(0, 4096));
   cmd->add_option("--context", m.context, "KV cache positions per sequence (default: prompt + max tokens, or 4096 for chat; "
                                           "at most the model's maximum)")
@@ -194,6 +197,7 @@ void print_stats(const eng::GenerationStats& st, const eng::LlamaModel& model) {
 eng::RuntimeOptions runtime_options(const ModelSettings& m) {
   eng::RuntimeOptions ro;
   ro.threads = m.threads;
+  ro.tp = m.tp;
   ro.attention = parse_backend(m.attention);
   ro.precision = m.precision;
   ro.cuda.graphs = !m.no_graphs;

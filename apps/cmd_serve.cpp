@@ -32,7 +32,7 @@ namespace {
 
 struct ServeSettings {
   std::string model, tokenizer, model_name, device = "cpu", precision = "auto", host = "127.0.0.1", api_key;
-  int port = 8080, max_batch = 16, kv_pages = 0, page_size = 16, max_queue = 256, context = 0, threads = 0;
+  int port = 8080, max_batch = 16, kv_pages = 0, page_size = 16, max_queue = 256, context = 0, threads = 0, tp = 1;
   double kv_memory_gib = 0;
   int prefill_chunk = 512, max_body_kib = 1024;
 };
@@ -77,6 +77,7 @@ void run_serve(const ServeSettings& s) {
   ro.context = s.context > 0 ? s.context : std::min(c.max_seq_len, 4096);
   ro.threads = s.threads;
   ro.precision = s.precision;
+  ro.tp = s.tp;
   if (s.device == "cpu") {  // the CPU engine's paged cache; the CUDA engine keeps one region per slot
     ro.kv_page_size = s.page_size;
     const int64_t page_bytes = checked_product({2, c.n_layers, s.page_size, c.kv_dim(), 4});
@@ -146,6 +147,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--tokenizer", s->tokenizer, "Tokenizer (default: found beside the model)");
   cmd->add_option("--model-name", s->model_name, "The name requests use in 'model' (default: the model's file or folder name)");
   cmd->add_option("--device", s->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  cmd->add_option("--tp", s->tp, "Tensor parallelism: split the model over this many GPUs (cuda) or CPU thread groups")
+      ->check(int_between(1, 64))->capture_default_str();
   cmd->add_option("--precision", s->precision, "CUDA: auto (bf16), bf16 or fp32")
       ->check(CLI::IsMember({"auto", "bf16", "fp32"}))->capture_default_str();
   cmd->add_option("--host", s->host, "Address to bind (0.0.0.0: every interface)")->capture_default_str();

@@ -10,8 +10,13 @@
 
 namespace flashlite::engine {
 
-LlamaCpu::LlamaCpu(const ModelWeights& weights, const RuntimeOptions& options) : w_(weights), opt_(options) {
-  const ModelConfig& c = w_.config;
+LlamaCpu::LlamaCpu(const ModelWeights& weights, const RuntimeOptions& options, Collective* collective)
+    : w_(weights), c_(weights.rank_config()), opt_(options), collective_(collective) {
+  const ModelConfig& c = c_;
+  if ((collective ? collective->ranks() : 1) != w_.shard.ranks) {
+    fail("the weights are tensor-parallel rank " + std::to_string(w_.shard.rank) + " of " + std::to_string(w_.shard.ranks) +
+         " but the model has " + std::to_string(collective ? collective->ranks() : 1) + " rank(s)");
+  }
   const int context = opt_.context > 0 ? opt_.context : c.max_seq_len;
   if (context > c.max_seq_len) {
     fail("context " + std::to_string(context) + " exceeds the model's maximum of " + std::to_string(c.max_seq_len) + " positions");
@@ -31,7 +36,7 @@ LlamaCpu::LlamaCpu(const ModelWeights& weights, const RuntimeOptions& options) :
 }
 
 void LlamaCpu::ensure_scratch(int rows, int logit_rows) {
-  const ModelConfig& c = w_.config;
+  const ModelConfig& c = c_;
   auto grow = [](std::vector<float>& v, size_t n) {
     if (v.size() < n) v.resize(n);
   };
@@ -46,7 +51,7 @@ void LlamaCpu::ensure_scratch(int rows, int logit_rows) {
 }
 
 void LlamaCpu::attend(int layer, const KvGroup& g, int row) {
-  const ModelConfig& c = w_.config;
+  const ModelConfig& c = c_;
   const int D = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim(), qkv_w = qd + 2 * kvd;
   // [count, n, heads, head_dim] views of the group's rows (sequence i's n rows follow sequence i - 1's).
   auto rows = [&](float* p, int heads, int64_t ld) {
@@ -99,7 +104,7 @@ void LlamaCpu::attend(int layer, const KvGroup& g, int row) {
 }
 
 const std::vector<float>& LlamaCpu::forward(const std::vector<SequenceInput>& inputs) {
-  const ModelConfig& c = w_.config;
+  const ModelConfig& c = c_;
   const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
   const int qkv_w = qd + 2 * kvd;
   // Rows: every new token of every input, in order. Validate before touching the cache.
@@ -117,8 +122,8 @@ const std::vector<float>& LlamaCpu::forward(const std::vector<SequenceInput>& in
            std::to_string(n) + " new); the context holds " + std::to_string(context()));
     }
     for (int t : in.tokens) {
-      if (t < 0 || t >= c.vocab_size) {
-        fail("token id " + std::to_string(t) + " is outside the model's vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+      if (t < 0 || t >= w_.config.vocab_size) {  // the embedding's rows (c.vocab_size: this rank's logits)
+        fail("token id " + std::to_string(t) + " is outside the model's vocabulary [0, " + std::to_string(w_.config.vocab_size) + ")");
       }
     }
     for (size_t j = 0; j < inputs.size() && &inputs[j] != &in; ++j) {
@@ -138,6 +143,10 @@ const std::vector<float>& LlamaCpu::forward(const std::vector<SequenceInput>& in
   auto mm = [&](float* y, const float* x, const float* w, int in, int out, int ldx, int ldy) {
     cpu::matmul({y, x, w, rows, in, out, ldx, ldy, threads_});
   };
+  // Tensor parallelism: each rank's O / down output is a partial sum over its heads / FFN columns.
+  auto all_reduce = [&](float* y, size_t n) {
+    if (collective_) collective_->all_reduce_sum(y, n, DType::f32, nullptr);
+  };
   // The library's order: the cache lengths include this call's tokens before the appends (restored on an error).
   // A paged cache takes the pages the new tokens need here (an Error when they are not free).
   std::vector<int> before(inputs.size());
@@ -151,11 +160,13 @@ const std::vector<float>& LlamaCpu::forward(const std::vector<SequenceInput>& in
       mm(qkv_.data(), xb_.data(), L.wqkv, dim, qkv_w, dim, qkv_w);
       for (const KvGroup& g : groups) attend(l, g, row0[g.first]);  // q, k rotated; k, v cached; att = attention
       mm(xo_.data(), att_.data(), L.wo, qd, dim, qd, dim);
+      all_reduce(xo_.data(), size_t(rows) * dim);
       for (size_t i = 0; i < size_t(rows) * dim; ++i) x_[i] += xo_[i];
       for (int r = 0; r < rows; ++r) cpu::rmsnorm(&xb_[size_t(r) * dim], &x_[size_t(r) * dim], L.rms_ffn, dim, c.rms_eps);
       mm(h13_.data(), xb_.data(), L.w13, dim, 2 * hid, dim, 2 * hid);
       for (int r = 0; r < rows; ++r) cpu::swiglu(&hb_[size_t(r) * hid], &h13_[size_t(r) * 2 * hid], &h13_[size_t(r) * 2 * hid + hid], hid);
       mm(xo_.data(), hb_.data(), L.w2, hid, dim, hid, dim);
+      all_reduce(xo_.data(), size_t(rows) * dim);
       for (size_t i = 0; i < size_t(rows) * dim; ++i) x_[i] += xo_[i];
     }
   } catch (...) {
@@ -185,7 +196,7 @@ KvUsage LlamaCpu::kv_usage() {
 }
 
 std::string LlamaCpu::attention_kernel() {
-  const ModelConfig& c = w_.config;
+  const ModelConfig& c = c_;
   std::vector<float> q(size_t(c.q_dim())), o(size_t(c.q_dim()));
   const int32_t one = 1;  // a one-token decode step of slot 0
   const KvCacheShape& s = cache_.shape();

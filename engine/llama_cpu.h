@@ -9,6 +9,7 @@
 
 #include "engine/kv_cache.h"
 #include "engine/model.h"
+#include "engine/parallel/collective.h"
 #include "engine/weights.h"
 #include "flashlite/attention.h"
 
@@ -16,13 +17,15 @@ namespace flashlite::engine {
 
 class LlamaCpu final : public LlamaModel {
  public:
-  LlamaCpu(const ModelWeights& weights, const RuntimeOptions& options);
+  // `weights` must outlive the model. With `collective` (tensor parallelism: weights.shard is one rank's part), the
+  // O and down projections' partial sums are all-reduced and the logits are the rank's vocabulary columns.
+  LlamaCpu(const ModelWeights& weights, const RuntimeOptions& options, Collective* collective = nullptr);
 
   // Runs every sequence's new tokens in one pass (their rows share the matmuls). Returns the logits rows,
   // (sum over inputs of n or 1, vocab), in input order. Throws Error on a bad token or a context overflow.
   const std::vector<float>& forward(const std::vector<SequenceInput>& inputs) override;
 
-  const ModelConfig& config() const override { return w_.config; }
+  const ModelConfig& config() const override { return c_; }  // the rank's shape (ModelWeights::rank_config)
   KvCache& cache() { return cache_; }
   int slots() const override { return cache_.shape().slots; }
   int context() const override { return cache_.shape().capacity; }
@@ -44,7 +47,9 @@ class LlamaCpu final : public LlamaModel {
   void attend(int layer, const KvGroup& g, int row);
 
   const ModelWeights& w_;
+  ModelConfig c_;  // w_.rank_config()
   RuntimeOptions opt_;
+  Collective* collective_ = nullptr;
   int threads_ = 1;
   KvCache cache_;
   RopeOptions rope_;

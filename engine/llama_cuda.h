@@ -12,6 +12,9 @@
 
 namespace flashlite::engine {
 
-std::unique_ptr<LlamaModel> create_llama_cuda(const ModelWeights& weights, const RuntimeOptions& options);
+class Collective;
+// With `collective`, one tensor-parallel rank over its shard of the weights (engine/parallel/parallel_model.h).
+std::unique_ptr<LlamaModel> create_llama_cuda(const ModelWeights& weights, const RuntimeOptions& options,
+                                             Collective* collective = nullptr);
 
 }  // namespace flashlite::engine

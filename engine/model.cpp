@@ -4,6 +4,7 @@
 
 #include "engine/errors.h"
 #include "engine/llama_cpu.h"
+#include "engine/parallel/parallel_model.h"
 #include "engine/sampler.h"
 #if FLASHLITE_ENGINE_CUDA
 #include "engine/llama_cuda.h"
@@ -79,22 +80,30 @@ LogitsOutput LlamaModel::select_on_host(const float* logits, int rows, const Log
   return out;
 }
 
-std::unique_ptr<LlamaModel> create_model(const ModelWeights& weights, const RuntimeOptions& options,
-                                         const std::string& device) {
+std::unique_ptr<LlamaModel> create_model_rank(const ModelWeights& weights, const RuntimeOptions& options,
+                                              const std::string& device, Collective* collective) {
   if (device == "cpu") {
     if (options.precision != "auto" && options.precision != "fp32") {
       fail("precision '" + options.precision + "' is unavailable on the CPU; the CPU path computes in fp32");
     }
-    return std::make_unique<LlamaCpu>(weights, options);
+    return std::make_unique<LlamaCpu>(weights, options, collective);
   }
   if (device == "cuda") {
 #if FLASHLITE_ENGINE_CUDA
-    return create_llama_cuda(weights, options);
+    return create_llama_cuda(weights, options, collective);
 #else
     fail("device 'cuda': this flashlite was built without CUDA; use --device cpu");
 #endif
   }
   fail("device '" + device + "' is unknown; expected cpu or cuda");
+}
+
+std::unique_ptr<LlamaModel> create_model(const ModelWeights& weights, const RuntimeOptions& options,
+                                         const std::string& device) {
+  if (options.tp < 1) fail("--tp " + std::to_string(options.tp) + ": expected at least 1");
+  if (options.tp == 1) return create_model_rank(weights, options, device, nullptr);
+  return std::make_unique<ParallelModel>(
+      options.tp, [&weights](int rank, int ranks) { return slice_weights(weights, rank, ranks); }, options, device);
 }
 
 }  // namespace flashlite::engine

@@ -60,6 +60,9 @@ struct RuntimeOptions {
   // (0 pages: enough for every slot at full context); kv_page_size 0 = contiguous, one region per slot.
   int kv_page_size = 0;
   int kv_pages = 0;
+  // Tensor parallelism (docs/parallel.md): the model split over this many ranks, on the CPU threads of one process
+  // or on GPUs device_index .. device_index + tp - 1 (NCCL). 1: one model.
+  int tp = 1;
   CudaEngineOptions cuda;
 };
 
@@ -104,8 +107,14 @@ struct SamplingParams;
 LogitsRequest logits_request_for(const SamplingParams& params, int vocab);
 
 struct ModelWeights;
-// A model on `device` ("cpu" or "cuda"); throws Error when the device is unavailable in this build or machine.
+class Collective;
+// A model on `device` ("cpu" or "cuda"); throws Error when the device is unavailable in this build or machine. With
+// options.tp > 1, a ParallelModel whose ranks each take their slice of `weights` (which need not outlive it).
+// Otherwise the CPU model reads `weights` in place: they must outlive it.
 std::unique_ptr<LlamaModel> create_model(const ModelWeights& weights, const RuntimeOptions& options,
                                          const std::string& device);
+// One tensor-parallel rank's model over `weights` (one shard), its row-parallel sums through `collective`.
+std::unique_ptr<LlamaModel> create_model_rank(const ModelWeights& weights, const RuntimeOptions& options,
+                                              const std::string& device, Collective* collective);
 
 }  // namespace flashlite::engine

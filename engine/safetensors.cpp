@@ -434,26 +434,47 @@ size_t SafetensorsCheckpoint::total_bytes() const {
   return n;
 }
 
-void read_f32(const StTensor& t, float* out) {
-  const uint64_t n = t.numel;
+namespace {
+
+// n values from `src` (the tensor's dtype) to fp32.
+void convert_f32(const StTensor& t, const uint8_t* src, uint64_t n, float* out) {
   switch (t.dtype) {
-    case StDType::f32: std::memcpy(out, t.data, size_t(n) * 4); break;
+    case StDType::f32: std::memcpy(out, src, size_t(n) * 4); break;
     case StDType::f16:
       for (uint64_t i = 0; i < n; ++i) {
         uint16_t h;
-        std::memcpy(&h, t.data + 2 * i, 2);
+        std::memcpy(&h, src + 2 * i, 2);
         out[i] = fp16_to_float(h);
       }
       break;
     case StDType::bf16:
       for (uint64_t i = 0; i < n; ++i) {
         uint16_t h;
-        std::memcpy(&h, t.data + 2 * i, 2);
+        std::memcpy(&h, src + 2 * i, 2);
         out[i] = bf16_to_float(h);
       }
       break;
     case StDType::unsupported:
       fail("tensor '" + t.name + "' in '" + t.file + "' has dtype '" + t.dtype_name + "'; expected F32, F16 or BF16");
+  }
+}
+
+}  // namespace
+
+void read_f32(const StTensor& t, float* out) { convert_f32(t, t.data, t.numel, out); }
+
+void read_f32_block(const StTensor& t, int64_t row0, int64_t rows, int64_t col0, int64_t cols, float* out) {
+  const uint64_t width = t.shape.empty() ? 1 : t.shape.back();
+  const uint64_t height = width ? t.numel / width : 0;
+  if (row0 < 0 || rows < 0 || col0 < 0 || cols < 0 || uint64_t(row0) + uint64_t(rows) > height ||
+      uint64_t(col0) + uint64_t(cols) > width) {
+    fail("tensor '" + t.name + "' in '" + t.file + "' (shape " + t.shape_string() + ") has no block of rows [" +
+         std::to_string(row0) + ", " + std::to_string(row0 + rows) + ") x columns [" + std::to_string(col0) + ", " +
+         std::to_string(col0 + cols) + ")");
+  }
+  const size_t esize = st_dtype_size(t.dtype);
+  for (int64_t r = 0; r < rows; ++r) {
+    convert_f32(t, t.data + ((uint64_t(row0) + r) * width + col0) * esize, uint64_t(cols), out + r * cols);
   }
 }
 

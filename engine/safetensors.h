@@ -77,5 +77,9 @@ class SafetensorsCheckpoint {
 
 // The tensor's values converted to fp32 (row-major) into out[0, numel); its dtype must be F32, F16 or BF16.
 void read_f32(const StTensor& t, float* out);
+// Rows [row0, row0 + rows) x columns [col0, col0 + cols) of a tensor read as 2-D (a 1-D tensor is one row), converted
+// to fp32 into out (rows x cols, row-major). Only those bytes of the mapping are touched. Throws Error when the
+// block is outside the tensor.
+void read_f32_block(const StTensor& t, int64_t row0, int64_t rows, int64_t col0, int64_t cols, float* out);
 
 }  // namespace flashlite::engine

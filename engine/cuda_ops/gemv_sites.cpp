@@ -33,7 +33,7 @@ GemvParams added(const StepGemvs& s, const void* w, int k, const void* in) {
   p.in = GemvIn::bf16;
   p.x = in;
   p.epi = GemvOut::add_f32;
-  p.y = s.x;
+  p.y = s.sum_into ? s.sum_into : s.x;
   p.split = gemv_auto_split(p.out, k);
   p.pdl = s.pdl;
   return p;

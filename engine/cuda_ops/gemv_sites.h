@@ -29,11 +29,12 @@ struct StepGemvs {
   int rows;
   bool pdl;  // CudaEngineOptions::pdl
   void* stream;
+  float* sum_into = nullptr;  // where O and down add (rows, dim) fp32; null: x (a tensor-parallel rank's partial sums)
 
   // qkv = rmsnorm(x) Wqkv^T into qkv (rows, q_dim + 2 kv_dim) bf16; with `rope` (gemv_fuses_rope) only q lands
   // there, rotated, and k (rotated) and v go to the KV cache.
   void qkv(const void* w, const void* norm, void* qkv, const GemvRope* rope) const;
-  void o(const void* w, const void* att) const;                     // x += att Wo^T, att (rows, q_dim) bf16
+  void o(const void* w, const void* att) const;                     // x (or sum_into) += att Wo^T, att (rows, q_dim) bf16
   void gate_up(const void* w, const void* norm, void* h) const;     // h = swiglu(rmsnorm(x) W13^T), (rows, hidden)
   void down(const void* w, const void* h) const;                    // x += h W2^T
   // logits (lrows, vocab) fp32 = rmsnorm(x[row_index]) W^T; with argmax_keys each row's argmax key folded in

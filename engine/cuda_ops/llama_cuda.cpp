@@ -25,6 +25,7 @@
 #include "engine/errors.h"
 #include "engine/kv_cache.h"
 #include "engine/llama_cuda.h"
+#include "engine/parallel/collective.h"
 #include "flashlite/kv_cache.h"
 #include "flashlite/version.h"
 
@@ -52,7 +53,13 @@ struct Step {
 
 class LlamaCuda final : public LlamaModel {
  public:
-  LlamaCuda(const ModelWeights& w, const RuntimeOptions& o) : c_(w.config), opt_(o), graphs_(o.cuda.graphs) {
+  LlamaCuda(const ModelWeights& w, const RuntimeOptions& o, Collective* collective)
+      : c_(w.rank_config()), vocab_in_(w.config.vocab_size), opt_(o), collective_(collective), graphs_(o.cuda.graphs) {
+    if ((collective ? collective->ranks() : 1) != w.shard.ranks) {
+      fail("the weights are tensor-parallel rank " + std::to_string(w.shard.rank) + " of " +
+           std::to_string(w.shard.ranks) + " but the model has " + std::to_string(collective ? collective->ranks() : 1) +
+           " rank(s)");
+    }
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       cudaGetLastError();
@@ -112,7 +119,9 @@ class LlamaCuda final : public LlamaModel {
     const int32_t one = 1;
     return decode_kernel_name(decode_args(0, 1, &one, nullptr));
   }
-  size_t device_bytes() const override { return DeviceBuffer::allocated() + (size_t(32) << 20); }  // + GEMM workspace
+  size_t device_bytes() const override {  // + the GEMM workspace
+    return DeviceBuffer::allocated(opt_.device_index) + (size_t(32) << 20);
+  }
 
   const std::vector<float>& forward(const std::vector<SequenceInput>& inputs) override {
     run(inputs, LogitsRequest{});
@@ -140,7 +149,7 @@ class LlamaCuda final : public LlamaModel {
 
   void upload_weights(const ModelWeights& w) {
     const size_t dim = c_.dim, hid = c_.hidden_dim, qd = c_.q_dim(), kvd = c_.kv_dim(), vocab = c_.vocab_size;
-    upload(embedding_, w.embedding, vocab * dim, "the embedding");
+    upload(embedding_, w.embedding, size_t(vocab_in_) * dim, "the embedding");  // whole, also under TP
     upload(rms_final_, w.rms_final, dim, "the final norm");
     if (!c_.tie_embeddings) upload(lm_head_, w.lm_head, vocab * dim, "the LM head");
     layers_.resize(c_.n_layers);
@@ -245,6 +254,7 @@ class LlamaCuda final : public LlamaModel {
     h13_.reserve(r * 2 * c_.hidden_dim * e, "activations");
     hb_.reserve(r * c_.hidden_dim * e, "activations");
     xo_.reserve(r * c_.dim * e, "activations");
+    if (collective_) partial_.reserve(r * c_.dim * 4, "activations");
     ensure_step_inputs(std::max({rows, logit_rows, slots_}));
     logits_dev_.reserve(size_t(logit_rows) * c_.vocab_size * 4, "logits");
     keys_dev_.reserve(size_t(logit_rows) * 8, "argmax keys");
@@ -272,8 +282,10 @@ class LlamaCuda final : public LlamaModel {
     if (profile_) profile_->mark(name);
   }
 
-  ModelConfig c_;
+  ModelConfig c_;     // the rank's shape (ModelWeights::rank_config)
+  int vocab_in_ = 0;  // token ids the embedding takes (the whole vocabulary)
   RuntimeOptions opt_;
+  Collective* collective_ = nullptr;  // tensor parallelism: sums the O and down projections' partial outputs
   Elem elem_ = Elem::bf16;
   int context_ = 0, slots_ = 1;
   Backend attention_ = Backend::cuda;
@@ -292,6 +304,7 @@ class LlamaCuda final : public LlamaModel {
   // Activations for `rows` rows: x (rows, dim) fp32 residual stream; xb (rows, dim) normed; qkv (rows, q_dim + 2 kv_dim);
   // att (rows, q_dim); h13 (rows, 2 hidden); hb (rows, hidden); xo (rows, dim) a projection before its residual add.
   DeviceBuffer x_, xb_, qkv_, att_, h13_, hb_, xo_;
+  DeviceBuffer partial_;  // tensor parallelism: (rows, dim) fp32, a fused GEMV's partial output before its all-reduce
   DeviceBuffer logits_dev_, decode_ws_;  // (logit rows, vocab) fp32; the decode plan's workspace
   DeviceBuffer step_in_dev_;  // see ensure_step_inputs
   PinnedBuffer step_in_host_;
@@ -322,8 +335,8 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
     st.row0.push_back(int(tokens.size()));
     for (int i = 0; i < n; ++i) {
       const int t = in.tokens[i];
-      if (t < 0 || t >= c_.vocab_size) {
-        fail("token id " + std::to_string(t) + " is outside the model's vocabulary [0, " + std::to_string(c_.vocab_size) + ")");
+      if (t < 0 || t >= vocab_in_) {  // the embedding's rows (c_.vocab_size: this rank's logits)
+        fail("token id " + std::to_string(t) + " is outside the model's vocabulary [0, " + std::to_string(vocab_in_) + ")");
       }
       if (in.all_logits || i == n - 1) logit_index.push_back(int32_t(tokens.size()));
       tokens.push_back(t);
@@ -371,7 +384,23 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
 void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, const LogitsRequest& request) {
   const int dim = c_.dim, qd = c_.q_dim(), hid = c_.hidden_dim, qkv_w = qd + 2 * c_.kv_dim(), rows = st.rows;
   void* s = stream_;
-  const cuda_ops::StepGemvs gemvs{c_, x_.as<float>(), rows, opt_.cuda.pdl, s};
+  // Under tensor parallelism the O and down GEMVs add into partial_ (zeroed), which is summed over the ranks and
+  // then added to x; alone they add into x itself.
+  const cuda_ops::StepGemvs gemvs{c_, x_.as<float>(), rows, opt_.cuda.pdl, s,
+                                  collective_ ? partial_.as<float>() : nullptr};
+  const size_t n_residual = size_t(rows) * dim;
+  auto gemv_added = [&](auto&& add) {  // O or down through the GEMVs
+    if (collective_) cuda_check(cudaMemsetAsync(partial_.ptr, 0, n_residual * 4, stream_), "memset");
+    add();
+    if (collective_) {
+      collective_->all_reduce_sum(partial_.ptr, n_residual, DType::f32, s);
+      cuda_ops::residual_add(x_.as<float>(), partial_.ptr, n_residual, Elem::f32, s);
+    }
+  };
+  auto gemm_added = [&] {  // x += xo, xo summed over the ranks first
+    if (collective_) collective_->all_reduce_sum(xo_.ptr, n_residual, dtype(), s);
+    cuda_ops::residual_add(x_.as<float>(), xo_.ptr, n_residual, elem_, s);
+  };
   const bool fused_rope = st.gemv && cuda_ops::gemv_fuses_rope(c_);
   uint64_t* keys = keys_dev_.as<uint64_t>();
   mark("start");
@@ -423,22 +452,22 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
     mark("attention");
     // x += att Wo^T; h = swiglu(rmsnorm(x) W13^T); x += h W2^T
     if (st.gemv) {
-      gemvs.o(L.wo.ptr, att_.ptr);
+      gemv_added([&] { gemvs.o(L.wo.ptr, att_.ptr); });
       mark("o");
       gemvs.gate_up(L.w13.ptr, L.rms_ffn.ptr, hb_.ptr);
       mark("gate_up");
-      gemvs.down(L.w2.ptr, hb_.ptr);
+      gemv_added([&] { gemvs.down(L.w2.ptr, hb_.ptr); });
       mark("down");
     } else {
       gemm_->run(xo_.ptr, att_.ptr, L.wo.ptr, rows, qd, dim, elem_, false, s);
-      cuda_ops::residual_add(x_.as<float>(), xo_.ptr, size_t(rows) * dim, elem_, s);
+      gemm_added();
       mark("o");
       cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_ffn.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);
       gemm_->run(h13_.ptr, xb_.ptr, L.w13.ptr, rows, dim, 2 * hid, elem_, false, s);
       cuda_ops::swiglu(hb_.ptr, h13_.ptr, rows, hid, elem_, s);
       mark("gate_up");
       gemm_->run(xo_.ptr, hb_.ptr, L.w2.ptr, rows, hid, dim, elem_, false, s);
-      cuda_ops::residual_add(x_.as<float>(), xo_.ptr, size_t(rows) * dim, elem_, s);
+      gemm_added();
       mark("down");
     }
   }
@@ -526,8 +555,9 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
 
 }  // namespace
 
-std::unique_ptr<LlamaModel> create_llama_cuda(const ModelWeights& weights, const RuntimeOptions& options) {
-  return std::make_unique<LlamaCuda>(weights, options);
+std::unique_ptr<LlamaModel> create_llama_cuda(const ModelWeights& weights, const RuntimeOptions& options,
+                                             Collective* collective) {
+  return std::make_unique<LlamaCuda>(weights, options, collective);
 }
 
 }  // namespace flashlite::engine

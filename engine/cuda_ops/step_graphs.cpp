@@ -6,6 +6,17 @@
 
 namespace flashlite::engine::cuda_ops {
 
+namespace {
+
+// The allocation count of the current device's buffers (the graphs are captured and replayed on one device).
+uint64_t buffers_generation() {
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  return DeviceBuffer::generation(device);
+}
+
+}  // namespace
+
 StepGraphs::~StepGraphs() {
   for (auto& [key, g] : graphs_)
     if (g.exec) cudaGraphExecDestroy(g.exec);
@@ -14,7 +25,7 @@ StepGraphs::~StepGraphs() {
 void StepGraphs::run(const Key& key, cudaStream_t stream, const std::function<void()>& step) {
   if (!on_) return step();
   Entry& g = graphs_[key];
-  if (g.exec && g.generation != DeviceBuffer::generation()) {  // a buffer moved since the capture
+  if (g.exec && g.generation != buffers_generation()) {  // a buffer moved since the capture
     cudaGraphExecDestroy(g.exec);
     g.exec = nullptr;
   }
@@ -41,7 +52,7 @@ void StepGraphs::capture(Entry& g, cudaStream_t stream, const std::function<void
     on_ = false;
     return;
   }
-  g.generation = DeviceBuffer::generation();
+  g.generation = buffers_generation();
 }
 
 }  // namespace flashlite::engine::cuda_ops

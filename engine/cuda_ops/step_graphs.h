@@ -26,7 +26,7 @@ class StepGraphs {
  private:
   struct Entry {
     cudaGraphExec_t exec = nullptr;
-    uint64_t generation = 0;  // DeviceBuffer::generation() at the capture
+    uint64_t generation = 0;  // DeviceBuffer::generation(device) at the capture
     int seen = 0;
   };
   void capture(Entry& g, cudaStream_t stream, const std::function<void()>& step);

@@ -1,0 +1,42 @@
+#pragma once
+// The one collective tensor parallelism needs inside a forward pass: the sum of every rank's partial output of a
+// row-parallel projection (O and down), in place. Implementations: LocalGroup (ranks as threads of one process,
+// host memory: the CPU engine and the sharding tests) and NcclGroup (one GPU per rank, device memory, NCCL).
+#include <cstddef>
+
+#include "flashlite/errors.h"
+#include "flashlite/tensor.h"
+
+namespace flashlite::engine {
+
+// What a rank throws when it was released from a collective because another rank failed (that rank's own error is
+// the one to report).
+struct CollectiveAborted : Error {
+  CollectiveAborted() : Error(ErrorKind::runtime, "another tensor-parallel rank failed; this rank's step was abandoned") {}
+};
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  virtual int rank() const = 0;
+  virtual int ranks() const = 0;
+  // data[0, n) of every rank := the sum over ranks, the same values on every rank. `stream`: the CUDA stream the
+  // data is ordered on (device implementations; the call only queues the work), ignored on the host. Throws Error
+  // when the group was aborted (another rank failed) or the collective failed.
+  virtual void all_reduce_sum(void* data, size_t n, DType dtype, void* stream) = 0;
+};
+
+// The ranks of one model, each a Collective.
+class CollectiveGroup {
+ public:
+  virtual ~CollectiveGroup() = default;
+  virtual int ranks() const = 0;
+  virtual Collective& member(int rank) = 0;  // used from rank `rank`'s thread only
+  // A rank failed: release every rank waiting in a collective (they throw Error). Called from any thread.
+  virtual void abort() = 0;
+  // After an abort, once every rank has returned: whether the group can be used again (the in-process one can; a
+  // NCCL communicator, once aborted, cannot).
+  virtual bool recover() = 0;
+};
+
+}  // namespace flashlite::engine

@@ -1,0 +1,100 @@
+#include "engine/parallel/nccl_group.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/errors.h"
+
+namespace flashlite::engine {
+
+namespace {
+
+void nccl_check(ncclResult_t r, const std::string& what) {
+  if (r != ncclSuccess && r != ncclInProgress) {
+    fail_runtime("NCCL " + what + " failed: " + ncclGetErrorString(r) + " (" + ncclGetLastError(nullptr) + ")");
+  }
+}
+
+ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::f32: return ncclFloat32;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    default: break;
+  }
+  fail("an all-reduce of dtype " + std::string(dtype_name(d)) + " is not supported");
+}
+
+class NcclGroup final : public CollectiveGroup {
+ public:
+  NcclGroup(int first_device, int ranks) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      cudaGetLastError();
+      count = 0;
+    }
+    if (first_device < 0 || first_device + ranks > count) {
+      fail("tensor parallelism over " + std::to_string(ranks) + " GPUs from device " + std::to_string(first_device) +
+           " needs devices " + std::to_string(first_device) + ".." + std::to_string(first_device + ranks - 1) +
+           "; this machine has " + std::to_string(count));
+    }
+    std::vector<int> devices(ranks);
+    for (int r = 0; r < ranks; ++r) devices[r] = first_device + r;
+    comms_.assign(ranks, nullptr);
+    nccl_check(ncclCommInitAll(comms_.data(), ranks, devices.data()), "communicator setup (ncclCommInitAll)");
+    for (int r = 0; r < ranks; ++r) members_.push_back(std::make_unique<Member>(*this, r));
+  }
+  ~NcclGroup() override {
+    for (ncclComm_t c : comms_)
+      if (c) ncclCommDestroy(c);
+  }
+
+  int ranks() const override { return int(comms_.size()); }
+  Collective& member(int r) override { return *members_.at(r); }
+  // Kernels of an aborted communicator return, so a rank whose peer failed is not left spinning on the GPU.
+  void abort() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    for (ncclComm_t& c : comms_) {
+      ncclCommAbort(c);
+      c = nullptr;
+    }
+  }
+  bool recover() override { return !aborted_; }
+
+ private:
+  class Member final : public Collective {
+   public:
+    Member(NcclGroup& g, int rank) : g_(g), rank_(rank) {}
+    int rank() const override { return rank_; }
+    int ranks() const override { return g_.ranks(); }
+    void all_reduce_sum(void* data, size_t n, DType dtype, void* stream) override {
+      if (g_.aborted_) throw CollectiveAborted();
+      nccl_check(ncclAllReduce(data, data, n, nccl_type(dtype), ncclSum, g_.comms_[rank_], cudaStream_t(stream)),
+                 "all-reduce");
+    }
+
+   private:
+    NcclGroup& g_;
+    int rank_;
+  };
+
+  std::vector<ncclComm_t> comms_;
+  std::vector<std::unique_ptr<Member>> members_;
+  std::mutex mu_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace
+
+std::unique_ptr<CollectiveGroup> create_nccl_group(int first_device, int ranks) {
+  return std::make_unique<NcclGroup>(first_device, ranks);
+}
+
+}  // namespace flashlite::engine

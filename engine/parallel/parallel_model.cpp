@@ -1,0 +1,119 @@
+#include "engine/parallel/parallel_model.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/errors.h"
+#include "engine/parallel/local_group.h"
+#if FLASHLITE_ENGINE_CUDA
+#include "engine/parallel/nccl_group.h"
+#endif
+
+namespace flashlite::engine {
+
+ParallelModel::ParallelModel(int ranks, const RankLoader& load, const RuntimeOptions& options, const std::string& device)
+    : device_(device) {
+  if (ranks < 1) fail("--tp " + std::to_string(ranks) + ": expected at least 1 rank");
+  if (device == "cpu") {
+    group_ = std::make_unique<LocalGroup>(ranks);
+  } else if (device == "cuda") {
+#if FLASHLITE_ENGINE_CUDA
+    group_ = create_nccl_group(options.device_index, ranks);
+#else
+    fail("device 'cuda': this flashlite was built without CUDA; use --device cpu");
+#endif
+  } else {
+    fail("device '" + device + "' is unknown; expected cpu or cuda");
+  }
+  weights_.resize(ranks);
+  ranks_.resize(ranks);
+  rank_logits_.assign(ranks, nullptr);
+  threads_ = std::make_unique<RankThreads>(ranks);
+  // Each rank loads its shard and builds its model on its own thread (its GPU, its OpenMP team), all at once.
+  on_all_ranks([&](int r) {
+    weights_[r] = load(r, ranks);
+    if (r == 0) config_ = weights_[0].config;
+    RuntimeOptions o = options;
+    o.tp = 1;
+    o.device_index = options.device_index + r;
+    if (device == "cpu" && o.threads <= 0) o.threads = std::max(1, omp_get_num_procs() / ranks);  // cores shared
+    ranks_[r] = create_model_rank(weights_[r], o, device, &group_->member(r));
+    if (device != "cpu") weights_[r] = ModelWeights{};  // uploaded
+  });
+}
+
+ParallelModel::~ParallelModel() {
+  if (threads_) threads_->run([&](int r) { ranks_[r].reset(); });  // each on the thread (and GPU) that made it
+}
+
+void ParallelModel::on_all_ranks(const std::function<void(int)>& fn) {
+  if (broken_) fail("the tensor-parallel group failed earlier and cannot run again; restart the model");
+  const std::vector<std::exception_ptr> errors = threads_->run(fn, [&](int) { group_->abort(); });
+  int first = -1;  // the first rank's own error, not the CollectiveAborted that the abort gave the others
+  for (int r = 0; r < int(errors.size()) && first < 0; ++r) {
+    if (!errors[r]) continue;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const CollectiveAborted&) {
+    } catch (...) {
+      first = r;
+    }
+  }
+  if (first < 0) {
+    for (int r = 0; r < int(errors.size()) && first < 0; ++r)
+      if (errors[r]) first = r;
+  }
+  if (first < 0) return;
+  if (!group_->recover()) broken_ = true;
+  std::rethrow_exception(errors[first]);
+}
+
+const std::vector<float>& ParallelModel::forward(const std::vector<SequenceInput>& inputs) {
+  try {
+    on_all_ranks([&](int r) { rank_logits_[r] = &ranks_[r]->forward(inputs); });
+  } catch (...) {
+    // A failure after some ranks appended (possible only past the last collective) must not leave the ranks
+    // disagreeing about a sequence: such a sequence is dropped on every rank.
+    for (const SequenceInput& in : inputs) {
+      if (in.slot < 0 || in.slot >= slots()) continue;
+      bool same = true;
+      for (const auto& m : ranks_) same = same && m->length(in.slot) == ranks_[0]->length(in.slot);
+      if (!same) reset(in.slot);
+    }
+    throw;
+  }
+  // Rank r's logits are columns [vocab0, vocab0 + its vocab) of each row.
+  const int vocab = config_.vocab_size, R = ranks();
+  const size_t rows = rank_logits_[0]->size() / size_t(ranks_[0]->config().vocab_size);
+  logits_.resize(rows * vocab);
+  for (int r = 0; r < R; ++r) {
+    const TensorShard s = TensorShard::of(config_, r, R);
+    const float* src = rank_logits_[r]->data();
+    for (size_t i = 0; i < rows; ++i) std::copy_n(src + i * s.vocab, s.vocab, logits_.data() + i * vocab + s.vocab0);
+  }
+  return logits_;
+}
+
+void ParallelModel::reset(int slot) {
+  for (auto& m : ranks_) m->reset(slot);
+}
+
+int ParallelModel::threads() const {
+  int n = 0;
+  for (const auto& m : ranks_) n += m->threads();
+  return n;
+}
+
+std::string ParallelModel::device() const {
+  return ranks_[0]->device() + ", tensor parallel over " + std::to_string(ranks()) + " ranks";
+}
+
+size_t ParallelModel::device_bytes() const {
+  size_t n = 0;
+  for (const auto& m : ranks_) n += m->device_bytes();
+  return n;
+}
+
+}  // namespace flashlite::engine

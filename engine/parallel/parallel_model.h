@@ -1,0 +1,56 @@
+#pragma once
+// Tensor parallelism (docs/parallel.md): the model split over `ranks` workers, one thread each, every rank a CPU or
+// CUDA model holding its shard (ModelWeights::shard). Each forward call runs on all ranks at once; inside, the O and
+// down projections' partial sums are all-reduced (a Collective: in-process on the CPU, NCCL between GPUs), and the
+// ranks' logits columns are gathered here, so that callers see one model of the whole vocabulary.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model.h"
+#include "engine/parallel/collective.h"
+#include "engine/parallel/rank_threads.h"
+#include "engine/weights.h"
+
+namespace flashlite::engine {
+
+class ParallelModel final : public LlamaModel {
+ public:
+  // Rank r's weights: load(r, ranks). device "cpu" (ranks share the cores) or "cuda" (rank r on GPU
+  // options.device_index + r). Throws Error when the model does not split into `ranks` (KV heads) or the GPUs are
+  // too few.
+  using RankLoader = std::function<ModelWeights(int rank, int ranks)>;
+  ParallelModel(int ranks, const RankLoader& load, const RuntimeOptions& options, const std::string& device);
+  ~ParallelModel() override;
+
+  const std::vector<float>& forward(const std::vector<SequenceInput>& inputs) override;
+  const ModelConfig& config() const override { return config_; }
+  int slots() const override { return ranks_[0]->slots(); }
+  int context() const override { return ranks_[0]->context(); }
+  int length(int slot) override { return ranks_[0]->length(slot); }
+  void reset(int slot) override;
+  KvUsage kv_usage() override { return ranks_[0]->kv_usage(); }
+  int threads() const override;
+  std::string device() const override;
+  size_t device_bytes() const override;
+  std::string attention_kernel() override { return ranks_[0]->attention_kernel(); }
+  int ranks() const { return int(ranks_.size()); }
+
+ private:
+  // fn(r) on every rank's thread; on a failure, the group is aborted (so no rank waits for the failed one) and the
+  // first rank's own error is rethrown.
+  void on_all_ranks(const std::function<void(int)>& fn);
+
+  ModelConfig config_;                    // the whole model's
+  std::string device_;
+  std::vector<ModelWeights> weights_;     // per rank (a CPU rank reads them in place; CUDA ranks drop them after upload)
+  std::unique_ptr<CollectiveGroup> group_;
+  bool broken_ = false;                   // the group could not recover from a failure
+  std::vector<std::unique_ptr<LlamaModel>> ranks_;
+  std::vector<const std::vector<float>*> rank_logits_;
+  std::unique_ptr<RankThreads> threads_;  // last: its threads stop before what they use goes
+  std::vector<float> logits_;
+};
+
+}  // namespace flashlite::engine

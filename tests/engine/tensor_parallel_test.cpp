@@ -1,0 +1,326 @@
+// Tensor parallelism (engine/parallel/): the split itself (TensorShard), a rank's blocks read straight from a
+// Hugging Face checkpoint against the same blocks cut from the whole model, and the sharded model against the whole
+// one: N ranks as threads of this process, the all-reduce an in-process sum, teacher-forced fp32 logits within 1e-5
+// on stories260K and random checkpoints (GQA, tied and untied, uneven FFN and vocabulary splits, contiguous and
+// paged caches, prefill and decode rows in one call). Also what failures do: a rank that throws ends every rank with
+// its own message and nothing waits. On a machine with two GPUs, the same comparison through NCCL in bf16.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/llama_cpu.h"
+#include "engine/model.h"
+#include "engine/parallel/local_group.h"
+#include "engine/parallel/parallel_model.h"
+#include "engine/parallel/rank_threads.h"
+#include "engine/sampler.h"
+#include "engine/weights.h"
+#include "flashlite/errors.h"
+#include "flashlite/version.h"
+#include "models_required.h"
+#include "reference_llama.h"
+#include "synthetic_hf.h"
+
+namespace {
+
+namespace eng = flashlite::engine;
+using flashlite::DType;
+
+std::string stories() { return reftest::models_dir() + "/stories260K/stories260K.bin"; }
+
+// One call of each kind over three slots: a 13-token prefill with every row's logits, a 1-token and a 9-token
+// prompt, then decode steps of all three; every logits row, in order.
+std::vector<float> scenario(eng::LlamaModel& m, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int vocab = m.config().vocab_size;
+  auto tokens = [&](int n) {
+    std::vector<int> t(n);
+    for (int& x : t) x = int(rng() % uint32_t(vocab));
+    return t;
+  };
+  std::vector<float> all;
+  auto run = [&](const std::vector<eng::SequenceInput>& in) {
+    const std::vector<float>& l = m.forward(in);
+    all.insert(all.end(), l.begin(), l.end());
+  };
+  run({{0, tokens(13), true}, {1, tokens(1), false}, {2, tokens(9), false}});
+  for (int step = 0; step < 5; ++step) run({{0, tokens(1)}, {1, tokens(1)}, {2, tokens(1)}});
+  run({{1, tokens(11), true}});  // a chunk appended to a cached prefix
+  return all;
+}
+
+// Largest |a - b| relative to the reference's largest magnitude (fp32 logits; summation order is all that differs).
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& ref) {
+  EXPECT_EQ(a.size(), ref.size());
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < std::min(a.size(), ref.size()); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    diff = std::max(diff, std::abs(double(a[i]) - ref[i]));
+    scale = std::max(scale, std::abs(double(ref[i])));
+  }
+  return diff / scale;
+}
+
+eng::RuntimeOptions options(int tp, int page_size = 0) {
+  eng::RuntimeOptions o;
+  o.slots = 3;
+  o.context = 64;
+  o.threads = 1;
+  o.tp = tp;
+  o.kv_page_size = page_size;
+  return o;
+}
+
+TEST(TensorShard, RangesCoverTheModelOnce) {
+  eng::ModelConfig c;
+  c.n_heads = 32, c.n_kv_heads = 8, c.hidden_dim = 14337, c.vocab_size = 128257, c.head_dim = 128, c.dim = 4096;
+  for (int ranks : {1, 2, 4, 8}) {
+    int heads = 0, kv = 0, hidden = 0, vocab = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const eng::TensorShard s = eng::TensorShard::of(c, r, ranks);
+      EXPECT_EQ(s.head0, heads);  // contiguous, in rank order
+      EXPECT_EQ(s.kv_head0, kv);
+      EXPECT_EQ(s.hidden0, hidden);
+      EXPECT_EQ(s.vocab0, vocab);
+      EXPECT_EQ(s.heads * c.n_kv_heads, s.kv_heads * c.n_heads);  // each rank's query heads read its own KV heads
+      EXPECT_LE(std::abs(s.hidden - c.hidden_dim / ranks), 1);
+      heads += s.heads, kv += s.kv_heads, hidden += s.hidden, vocab += s.vocab;
+    }
+    EXPECT_EQ(heads, c.n_heads);
+    EXPECT_EQ(kv, c.n_kv_heads);
+    EXPECT_EQ(hidden, c.hidden_dim);
+    EXPECT_EQ(vocab, c.vocab_size);
+  }
+  auto error = [&](int rank, int ranks) {
+    try {
+      eng::TensorShard::of(c, rank, ranks);
+    } catch (const flashlite::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error(0, 3).find("KV heads to divide among them; the model has 8"), std::string::npos) << error(0, 3);
+  EXPECT_NE(error(0, 16).find("KV heads"), std::string::npos);
+  EXPECT_NE(error(2, 2).find("rank 2 of 2 does not exist"), std::string::npos) << error(2, 2);
+  EXPECT_NE(error(0, 0).find("does not exist"), std::string::npos);
+  c.hidden_dim = 3;
+  EXPECT_NE(error(0, 4).find("intermediate_size (3) is smaller"), std::string::npos) << error(0, 4);
+}
+
+// A rank's weights read from the checkpoint's blocks equal the blocks cut from the whole model, bit for bit, for
+// every tensor (the split's definition is one list: tensor_slots).
+TEST(TensorParallelLoad, RankBlocksFromTheFileEqualTheSlicedWholeModel) {
+  for (bool tied : {false, true}) {
+    const synth::Spec spec{tied ? "tp_load_tied" : "tp_load", 48, 90, 2, 8, 4, 6, 203, "BF16", tied, true, tied ? 0 : 2};
+    const auto dir = synth::fresh_dir(spec.name);
+    synth::write_checkpoint(dir, spec, 7);
+    const eng::ModelWeights whole = eng::load_checkpoint(dir.string());
+    for (int ranks : {2, 4}) {
+      for (int r = 0; r < ranks; ++r) {
+        const eng::ModelWeights read = eng::load_checkpoint(dir.string(), {}, r, ranks);
+        const eng::ModelWeights cut = eng::slice_weights(whole, r, ranks);
+        ASSERT_EQ(read.arena.size, cut.arena.size);
+        EXPECT_EQ(read.shard.vocab, cut.shard.vocab);
+        EXPECT_TRUE(std::equal(read.arena.data.get(), read.arena.data.get() + read.arena.size, cut.arena.data.get()))
+            << spec.name << " rank " << r << " of " << ranks;
+        // The LM head's rows are the rank's vocabulary rows of the whole model's head.
+        const eng::ModelConfig rc = read.rank_config();
+        EXPECT_EQ(rc.vocab_size, read.shard.vocab);
+        EXPECT_TRUE(std::equal(read.lm_head, read.lm_head + size_t(rc.vocab_size) * rc.dim,
+                               whole.lm_head + size_t(read.shard.vocab0) * rc.dim));
+      }
+    }
+  }
+}
+
+// stories260K (llama2.c, tied, 8 / 4 heads, head_dim 8, FFN 172): TP 2 and 4 against the whole model.
+TEST(TensorParallelCpu, Stories260KLogitsEqualTheWholeModel) {
+  if (!std::filesystem::exists(stories())) {
+    FLASHLITE_MODEL_ABSENT("stories260K is not in " << reftest::models_dir());
+  }
+  const eng::ModelWeights w = eng::load_checkpoint(stories());
+  for (int page : {0, 16}) {
+    const auto whole = eng::create_model(w, options(1, page), "cpu");
+    const std::vector<float> ref = scenario(*whole, 3);
+    for (int tp : {2, 4}) {
+      const auto split = eng::create_model(w, options(tp, page), "cpu");
+      EXPECT_EQ(split->config().vocab_size, 512);
+      const std::vector<float> got = scenario(*split, 3);
+      EXPECT_LE(max_rel_diff(got, ref), 1e-5) << "tp " << tp << " page size " << page;
+      for (int s = 0; s < 3; ++s) EXPECT_EQ(split->length(s), whole->length(s));
+      EXPECT_EQ(split->kv_usage().pages_used, whole->kv_usage().pages_used);
+    }
+  }
+}
+
+// Random Hugging Face checkpoints, each rank loading only its blocks (ParallelModel's loader), uneven FFN and
+// vocabulary splits, against the whole model (which the hf_checkpoint tests hold to the float64 forward).
+TEST(TensorParallelCpu, RandomCheckpointsLogitsEqualTheWholeModel) {
+  for (bool tied : {false, true}) {
+    const synth::Spec spec{tied ? "tp_model_tied" : "tp_model", 64, 90, 2, 8, 4, 8, 203, "F32", tied, true, 0};
+    const auto dir = synth::fresh_dir(spec.name);
+    synth::write_checkpoint(dir, spec, 11);
+    const eng::ModelWeights w = eng::load_checkpoint(dir.string());
+    const auto whole = eng::create_model(w, options(1), "cpu");
+    const std::vector<float> ref = scenario(*whole, 5);
+    for (int tp : {2, 4}) {
+      eng::ParallelModel split(
+          tp, [&](int r, int n) { return eng::load_checkpoint(dir.string(), {}, r, n); }, options(tp), "cpu");
+      EXPECT_LE(max_rel_diff(scenario(split, 5), ref), 1e-5) << spec.name << " tp " << tp;
+      EXPECT_EQ(split.ranks(), tp);
+    }
+  }
+}
+
+// Greedy decoding through forward_select (argmax over the gathered logits): the same tokens, or a tie-aware
+// difference (the two candidates within 1e-5 of each other in the whole model) after which the runs may part.
+TEST(TensorParallelCpu, GreedyTokensMatchTieAware) {
+  if (!std::filesystem::exists(stories())) {
+    FLASHLITE_MODEL_ABSENT("stories260K is not in " << reftest::models_dir());
+  }
+  const eng::ModelWeights w = eng::load_checkpoint(stories());
+  const auto whole = eng::create_model(w, options(1), "cpu");
+  const auto split = eng::create_model(w, options(2), "cpu");
+  int a = 1, b = 1;
+  const eng::LogitsRequest greedy{eng::LogitsRequest::Kind::argmax, 0};
+  for (int step = 0; step < 60; ++step) {
+    const std::vector<float> row = whole->forward({{0, {a}}});
+    const int next_a = eng::argmax(row.data(), int(row.size()));
+    const int next_b = split->forward_select({{0, {b}}}, greedy).ids[0];
+    if (next_a != next_b) {
+      EXPECT_LE(std::abs(row[next_a] - row[next_b]), 1e-5 * std::max(1.0f, std::abs(row[next_a]))) << "step " << step;
+      break;
+    }
+    a = b = next_a;
+  }
+}
+
+// Bad input fails on every rank alike, with the message of one model, and changes nothing; the model then runs on.
+TEST(TensorParallelCpu, BadInputLeavesEveryRankAsItWas) {
+  if (!std::filesystem::exists(stories())) {
+    FLASHLITE_MODEL_ABSENT("stories260K is not in " << reftest::models_dir());
+  }
+  const eng::ModelWeights w = eng::load_checkpoint(stories());
+  const auto whole = eng::create_model(w, options(1), "cpu");
+  const auto split = eng::create_model(w, options(2), "cpu");
+  for (auto* m : {whole.get(), split.get()}) m->forward({{0, {1, 2, 3}}});
+  auto error = [](eng::LlamaModel& m, const std::vector<eng::SequenceInput>& in) {
+    try {
+      m.forward(in);
+    } catch (const flashlite::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  for (const auto& bad : std::vector<std::vector<eng::SequenceInput>>{
+           {{0, {512}}}, {{0, {-1}}}, {{3, {1}}}, {{0, {1}}, {0, {2}}}, {{0, std::vector<int>(62, 1)}}}) {
+    const std::string e = error(*split, bad);
+    EXPECT_EQ(e, error(*whole, bad));
+    EXPECT_EQ(split->length(0), 3) << e;
+  }
+  const std::vector<float> a = whole->forward({{0, {4}}}), b = split->forward({{0, {4}}});
+  EXPECT_LE(max_rel_diff(b, a), 1e-5);
+}
+
+TEST(TensorParallelCpu, WeightsOfAnotherSplitAreRefused) {
+  if (!std::filesystem::exists(stories())) {
+    FLASHLITE_MODEL_ABSENT("stories260K is not in " << reftest::models_dir());
+  }
+  const eng::ModelWeights part = eng::slice_weights(eng::load_checkpoint(stories()), 1, 2);
+  try {
+    eng::LlamaCpu m(part, options(1));
+    FAIL() << "a rank's weights ran as a whole model";
+  } catch (const flashlite::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 of 2 but the model has 1 rank(s)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(eng::slice_weights(part, 0, 2), flashlite::Error);  // only a whole model is sliced
+}
+
+// A rank that fails (here: its loader) ends the whole model with that rank's own error, not the "another rank
+// failed" that the others see, and nothing waits for the failed rank.
+TEST(TensorParallelCpu, ARankThatFailsEndsEveryRankWithItsMessage) {
+  if (!std::filesystem::exists(stories())) {
+    FLASHLITE_MODEL_ABSENT("stories260K is not in " << reftest::models_dir());
+  }
+  const eng::ModelWeights w = eng::load_checkpoint(stories());
+  try {
+    eng::ParallelModel m(
+        4,
+        [&](int r, int n) {
+          if (r == 2) throw flashlite::Error(flashlite::ErrorKind::runtime, "rank 2 could not read its shard");
+          return eng::slice_weights(w, r, n);
+        },
+        options(4), "cpu");
+    FAIL() << "a failed rank went unnoticed";
+  } catch (const flashlite::Error& e) {
+    EXPECT_STREQ(e.what(), "rank 2 could not read its shard");
+  }
+}
+
+// The in-process all-reduce: the sum in rank order on every rank (bitwise the same everywhere); a rank that fails
+// before its collective releases the others with CollectiveAborted; after recover() the group works again.
+TEST(LocalGroup, SumsInRankOrderAndAbortsWithoutWaiting) {
+  const int ranks = 3;
+  const size_t n = 1001;
+  eng::LocalGroup group(ranks);
+  eng::RankThreads threads(ranks);
+  std::vector<std::vector<float>> data(ranks, std::vector<float>(n));
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1e3f, 1e3f);
+  for (auto& d : data)
+    for (float& x : d) x = u(rng);
+  std::vector<float> expect(n);
+  for (size_t i = 0; i < n; ++i) expect[i] = (data[0][i] + data[1][i]) + data[2][i];
+  auto errors = threads.run([&](int r) { group.member(r).all_reduce_sum(data[r].data(), n, DType::f32, nullptr); });
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_FALSE(errors[r]);
+    EXPECT_EQ(data[r], expect) << "rank " << r;
+  }
+  // Rank 1 fails before its collective; ranks 0 and 2 are released.
+  errors = threads.run(
+      [&](int r) {
+        if (r == 1) throw flashlite::Error(flashlite::ErrorKind::runtime, "rank 1 failed");
+        group.member(r).all_reduce_sum(data[r].data(), n, DType::f32, nullptr);
+      },
+      [&](int) { group.abort(); });
+  for (int r : {0, 2}) EXPECT_THROW(std::rethrow_exception(errors[r]), eng::CollectiveAborted);
+  EXPECT_THROW(std::rethrow_exception(errors[1]), flashlite::Error);
+  EXPECT_EQ(data[0], expect);  // untouched
+  ASSERT_TRUE(group.recover());
+  errors = threads.run([&](int r) { group.member(r).all_reduce_sum(data[r].data(), n, DType::f32, nullptr); });
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_FALSE(errors[r]);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(data[r][i], 3 * expect[i] - (3 * expect[i] - data[0][i])) << i;
+  }
+  EXPECT_THROW(group.member(0).all_reduce_sum(data[0].data(), n, DType::bf16, nullptr), flashlite::Error);
+}
+
+// Two GPUs (the GPU machine with 2 H100s): TP 2 through NCCL against TP 1, bf16 (CUDA graphs and GEMVs in decode
+// steps, cuBLASLt in prefill) and fp32.
+TEST(TensorParallelCuda, TwoGpusLogitsEqualOneGpu) {
+  if (flashlite::cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const synth::Spec spec{"tp_cuda", 256, 704, 2, 8, 4, 64, 1000, "BF16", false, true, 0};
+  const auto dir = synth::fresh_dir(spec.name);
+  synth::write_checkpoint(dir, spec, 13);
+  const eng::ModelWeights w = eng::load_checkpoint(dir.string());
+  for (const char* precision : {"fp32", "bf16"}) {
+    eng::RuntimeOptions o = options(1);
+    o.precision = precision;
+    const auto one = eng::create_model(w, o, "cuda");
+    const std::vector<float> ref = scenario(*one, 9);
+    o.tp = 2;
+    const auto two = eng::create_model(w, o, "cuda");
+    const double tol = std::string(precision) == "fp32" ? 1e-5 : 2e-2;
+    EXPECT_LE(max_rel_diff(scenario(*two, 9), ref), tol) << precision;
+  }
+}
+
+}  // namespace
