@@ -93,7 +93,7 @@ void add_sampling_options(CLI::App* cmd, SamplingSettings& s) {
 }
 
 struct Loaded {
-  eng::ModelWeights weights;
+  Checkpoint model;
   std::unique_ptr<eng::Tokenizer> tokenizer;
 };
 
@@ -109,16 +109,16 @@ Loaded load(const ModelSettings& m, bool quiet) {
       if (done == total) std::fprintf(stderr, "\n");
     };
   }
-  Loaded l{eng::load_checkpoint(checkpoint, progress), nullptr};
+  Loaded l{load_model_checkpoint(checkpoint, m.tp, progress), nullptr};
   l.tokenizer = eng::load_tokenizer(tok);
-  if (l.tokenizer->vocab_size() > l.weights.config.vocab_size) {
+  if (l.tokenizer->vocab_size() > l.model.config.vocab_size) {
     throw Error(ErrorKind::invalid_value, "tokenizer '" + tok + "' has " + std::to_string(l.tokenizer->vocab_size()) +
-                                              " tokens but the model's vocabulary is " + std::to_string(l.weights.config.vocab_size));
+                                              " tokens but the model's vocabulary is " + std::to_string(l.model.config.vocab_size));
   }
   if (!quiet) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "%s\n%zu parameters, tokenizer %s, loaded in %.2f s\n", l.weights.config.summary().c_str(),
-                 l.weights.parameter_count(), l.tokenizer->kind().c_str(), s);
+    std::fprintf(stderr, "%s\n%zu parameters, tokenizer %s, loaded in %.2f s\n", l.model.config.summary().c_str(),
+                 eng::parameter_count(l.model.config), l.tokenizer->kind().c_str(), s);
   }
   return l;
 }
@@ -155,11 +155,11 @@ std::string continuation_text(const eng::Tokenizer& tok, const std::vector<int>&
 }
 
 int bos_of(const Loaded& l) {
-  return l.weights.config.bos_id >= 0 ? l.weights.config.bos_id : l.tokenizer->bos_id();
+  return l.model.config.bos_id >= 0 ? l.model.config.bos_id : l.tokenizer->bos_id();
 }
 
 std::vector<int> stop_ids_of(const Loaded& l) {
-  std::vector<int> stops = l.weights.config.eos_ids;
+  std::vector<int> stops = l.model.config.eos_ids;
   for (const char* name : {"<|eot_id|>", "<|end_of_text|>"}) {
     if (auto id = l.tokenizer->token_id(name); id && std::find(stops.begin(), stops.end(), *id) == stops.end()) stops.push_back(*id);
   }
@@ -255,7 +255,7 @@ void run_generate(const GenerateSettings& g) {
   std::vector<std::string> texts = g.prompts.empty() ? std::vector<std::string>{""} : g.prompts;
   const size_t given = texts.size();
   for (size_t b = given; int(b) < g.batch; ++b) texts.push_back(texts[b % given]);
-  const int max_ctx = l.weights.config.max_seq_len;
+  const int max_ctx = l.model.config.max_seq_len;
   if (g.prompt_tokens > max_ctx) {
     throw Error(ErrorKind::invalid_value, "--prompt-tokens " + std::to_string(g.prompt_tokens) +
                                               " exceeds the model's context of " + std::to_string(max_ctx) + " positions");
@@ -293,8 +293,8 @@ void run_generate(const GenerateSettings& g) {
   ro.slots = int(prompts.size());
   // (int64: a huge --max-tokens must not wrap around to a small context)
   ro.context = g.m.context > 0 ? g.m.context : int(std::min<int64_t>(max_ctx, int64_t(longest) + g.s.max_tokens));
-  check_runtime_fits(l.weights.config, ro, g.m.device);
-  std::unique_ptr<eng::LlamaModel> model_ptr = eng::create_model(l.weights, ro, g.m.device);
+  check_runtime_fits(l.model.config, ro, g.m.device);
+  std::unique_ptr<eng::LlamaModel> model_ptr = make_model(l.model, ro, g.m.device);
   eng::LlamaModel& model = *model_ptr;
   const bool stream = !g.m.json_out && prompts.size() == 1;
   if (stream) {
@@ -345,9 +345,9 @@ struct ChatSettings {
 void run_chat(const ChatSettings& c) {
   Loaded l = load(c.m, false);
   eng::RuntimeOptions ro = runtime_options(c.m);
-  ro.context = c.m.context > 0 ? c.m.context : std::min(l.weights.config.max_seq_len, 4096);
-  check_runtime_fits(l.weights.config, ro, c.m.device);
-  std::unique_ptr<eng::LlamaModel> model_ptr = eng::create_model(l.weights, ro, c.m.device);
+  ro.context = c.m.context > 0 ? c.m.context : std::min(l.model.config.max_seq_len, 4096);
+  check_runtime_fits(l.model.config, ro, c.m.device);
+  std::unique_ptr<eng::LlamaModel> model_ptr = make_model(l.model, ro, c.m.device);
   eng::LlamaModel& model = *model_ptr;
   eng::ChatSession session(model);
   eng::ChatFormatter fmt(*l.tokenizer, bos_of(l), c.system);
@@ -412,7 +412,7 @@ void run_score(const ScoreSettings& sc) {
   const std::vector<int64_t> given = parse_int_list(sc.ids, "--ids");  // before the model loads: typos fail at once
   std::unique_ptr<eng::Tokenizer> tok;
   const std::string checkpoint = resolve_checkpoint(m.model);
-  eng::ModelWeights w = eng::load_checkpoint(checkpoint);
+  const Checkpoint w = load_model_checkpoint(checkpoint, m.tp);
   std::vector<int> ids;
   for (size_t i = 0; i < given.size(); ++i) {
     if (given[i] < 0 || given[i] >= w.config.vocab_size) {
@@ -435,7 +435,7 @@ void run_score(const ScoreSettings& sc) {
   eng::RuntimeOptions ro = runtime_options(m);
   ro.context = m.context > 0 ? m.context : std::min<int>(w.config.max_seq_len, int(ids.size()));
   check_runtime_fits(w.config, ro, m.device);
-  std::unique_ptr<eng::LlamaModel> model = eng::create_model(w, ro, m.device);
+  std::unique_ptr<eng::LlamaModel> model = make_model(w, ro, m.device);
   const size_t split = sc.decode_from < 0 ? ids.size() : std::min<size_t>(ids.size(), std::max(1, sc.decode_from));
   std::vector<float> logits = model->forward({{0, std::vector<int>(ids.begin(), ids.begin() + split), true}});
   for (size_t i = split; i < ids.size(); ++i) {

@@ -61,9 +61,9 @@ void run_serve(const ServeSettings& s) {
   const std::string checkpoint = resolve_checkpoint(s.model);
   const std::string tok_path = s.tokenizer.empty() ? tokenizer_beside(checkpoint) : s.tokenizer;
   std::fprintf(stderr, "loading %s (tokenizer %s) ...\n", checkpoint.c_str(), tok_path.c_str());
-  const eng::ModelWeights weights = eng::load_checkpoint(checkpoint);
+  const Checkpoint model_files = load_model_checkpoint(checkpoint, s.tp);
   const std::unique_ptr<eng::Tokenizer> tok = eng::load_tokenizer(tok_path);
-  const eng::ModelConfig& c = weights.config;
+  const eng::ModelConfig& c = model_files.config;
   if (tok->vocab_size() > c.vocab_size) {
     throw Error(ErrorKind::invalid_value, "tokenizer '" + tok_path + "' has " + std::to_string(tok->vocab_size()) +
                                               " tokens but the model's vocabulary is " + std::to_string(c.vocab_size));
@@ -89,7 +89,7 @@ void run_serve(const ServeSettings& s) {
     throw Error(ErrorKind::invalid_value, "--kv-pages / --kv-memory size the CPU engine's paged cache; the CUDA engine holds "
                                           "--max-batch x --context positions");
   }
-  std::unique_ptr<eng::LlamaModel> model = eng::create_model(weights, ro, s.device);
+  std::unique_ptr<eng::LlamaModel> model = make_model(model_files, ro, s.device);
 
   const int bos = c.bos_id >= 0 ? c.bos_id : tok->bos_id();
   std::vector<int> stops = c.eos_ids;

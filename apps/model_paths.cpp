@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "engine/parallel/parallel_model.h"
 #include "flashlite/errors.h"
 
 namespace flashlite::cli {
@@ -100,6 +101,24 @@ std::string resolve_tokenizer(const std::string& path) {
          (dir / toks[0]).string());
   }
   return path;  // the loader names the files it looked for
+}
+
+Checkpoint load_model_checkpoint(const std::string& path, int tp, const engine::LoadProgress& progress) {
+  Checkpoint c;
+  c.path = path;
+  if (tp > 1) {
+    c.config = engine::load_checkpoint_config(path);
+  } else {
+    c.weights = engine::load_checkpoint(path, progress);
+    c.config = c.weights.config;
+  }
+  return c;
+}
+
+std::unique_ptr<engine::LlamaModel> make_model(const Checkpoint& c, const engine::RuntimeOptions& ro,
+                                               const std::string& device) {
+  if (ro.tp > 1) return engine::load_parallel_model(c.path, ro, device);
+  return engine::create_model(c.weights, ro, device);
 }
 
 }  // namespace flashlite::cli

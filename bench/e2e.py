@@ -6,10 +6,15 @@ read per decode step / step time) against the device's measured copy bandwidth, 
 
 Run on the GPU machine after building flashlite with CUDA:
   python3 bench/e2e.py --flashlite build/bin/flashlite --out $OUT/e2e.json
-The checkpoint is written once to --checkpoint (default /tmp/flashlite_llama32_1b_random) with the Llama 3 tokenizer
+The checkpoint is written once to --checkpoint (default /tmp/flashlite_<shape>_random) with the Llama 3 tokenizer
 files from ../shared/models/llama3-tokenizer (or --tokenizer-dir) beside it.
+
+Tensor parallelism (docs/parallel.md), on a machine with several GPUs: --tp 1,2 runs the engine at each degree on the
+same checkpoint (no transformers row for TP > 1); --shape llama3-8b is the Llama-3-8B shape (16 GB of bf16 weights,
+written once, about a minute). Each row then carries the all-reduce time per step from a --profile run.
 """
 import argparse
+import itertools
 import json
 import os
 import pathlib
@@ -31,6 +36,15 @@ LLAMA32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, n
                                 "original_max_position_embeddings": 8192})
 
 
+LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+                 rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=128000,
+                 eos_token_id=[128001, 128008, 128009],
+                 rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 8192})
+SHAPES = {"llama32-1b": LLAMA32_1B, "llama3-8b": LLAMA3_8B}
+
+
 def default_tokenizer_dir():
     """The Llama 3 tokenizer: $FLASHLITE_MODELS (the GPU machine's .carry/models), .carry/models, or ../shared/models."""
     roots = [os.environ.get("FLASHLITE_MODELS"), REPO / ".carry" / "models", REPO.parent / "shared" / "models"]
@@ -40,7 +54,7 @@ def default_tokenizer_dir():
     return str(REPO.parent / "shared" / "models" / "llama3-tokenizer")
 
 
-def make_checkpoint(path, tokenizer_dir):
+def make_checkpoint(path, tokenizer_dir, shape="llama32-1b"):
     """The random checkpoint (written once) with the tokenizer files beside it: the engine's CLI loads its tokenizer
     from the model directory, so a checkpoint without tokenizer.json makes `flashlite generate` fail."""
     path = pathlib.Path(path)
@@ -50,8 +64,10 @@ def make_checkpoint(path, tokenizer_dir):
                          "into .carry/models or pass --tokenizer-dir)")
     if not (path / "config.json").exists():
         torch.manual_seed(0)
+        torch.set_default_dtype(torch.bfloat16)  # built in bf16: an 8B model in fp32 would not fit beside the copy
         with torch.device("cuda"):
-            model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA32_1B)).to(torch.bfloat16)
+            model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPES[shape]))
+        torch.set_default_dtype(torch.float32)
         model.save_pretrained(path, safe_serialization=True)
         del model
         torch.cuda.empty_cache()
@@ -90,9 +106,22 @@ def weight_bytes(model_dir):
     return total
 
 
-def run_engine(args, model_dir, batch, prompt, new):
+def all_reduce_us(args, model_dir, batch, tp):
+    """Mean all-reduce time per decode step (us) from the engine's --profile output (eager steps, rank 0's lines)."""
+    cmd = [args.flashlite, "generate", "--model", str(model_dir), "--device", "cuda", "--prompt-tokens", "64",
+           "--batch", str(batch), "--max-tokens", "40", "--ignore-eos", "--tp", str(tp), "--profile", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    step = [line.split() for line in proc.stderr.splitlines() if line.strip().startswith(("all-reduce", "flashlite engine profile"))]
+    totals = [float(w[w.index("us") - 1]) for w in step if w[0] == "flashlite"]
+    reduces = [float(w[1]) for w in step if w[0] == "all-reduce"]
+    if proc.returncode != 0 or not reduces:
+        return {"error": proc.stderr[-800:]}
+    return {"all_reduce_us_per_step": reduces[0], "profiled_step_us": totals[0] if totals else None}
+
+
+def run_engine(args, model_dir, batch, prompt, new, tp=1):
     cmd = [args.flashlite, "generate", "--model", str(model_dir), "--device", "cuda", "--prompt-tokens", str(prompt),
-           "--batch", str(batch), "--max-tokens", str(new), "--ignore-eos", "--warmup", "1", "--json"]
+           "--batch", str(batch), "--max-tokens", str(new), "--ignore-eos", "--warmup", "1", "--json", "--tp", str(tp)]
     runs = []
     for _ in range(args.repeats):
         proc = subprocess.run(cmd, capture_output=True)
@@ -133,7 +162,9 @@ def run_transformers(model, batch, prompt, new, repeats):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--flashlite", default=os.environ.get("FLASHLITE_BIN", str(REPO / "build" / "bin" / "flashlite")))
-    ap.add_argument("--checkpoint", default="/tmp/flashlite_llama32_1b_random")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama32-1b")
+    ap.add_argument("--checkpoint", default=None, help="default: /tmp/flashlite_<shape>_random")
+    ap.add_argument("--tp", default="1", help="tensor-parallel degrees to run, e.g. 1,2")
     ap.add_argument("--tokenizer-dir", default=default_tokenizer_dir())
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--prompts", default="512,4096")
@@ -144,7 +175,11 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    model_dir = make_checkpoint(args.checkpoint, args.tokenizer_dir)
+    tps = [int(t) for t in args.tp.split(",")]
+    if max(tps) > torch.cuda.device_count():
+        raise SystemExit(f"e2e: --tp {max(tps)} needs that many GPUs; this machine has {torch.cuda.device_count()}")
+    checkpoint = args.checkpoint or f"/tmp/flashlite_{args.shape.replace('-', '_')}_random"
+    model_dir = make_checkpoint(checkpoint, args.tokenizer_dir, args.shape)
     bw = copy_bandwidth()
     wbytes = weight_bytes(model_dir)
     hf = None
@@ -157,29 +192,31 @@ def main():
     rows = []
 
     def write():  # after every measurement, so a run cut short keeps what it measured
-        result = {"benchmark": "e2e", "device": torch.cuda.get_device_name(), "commit": commit,
+        result = {"benchmark": "e2e", "device": torch.cuda.get_device_name(), "commit": commit, "shape": args.shape,
+                  "gpus": torch.cuda.device_count(),
                   "torch": torch.__version__, "transformers": transformers.__version__,
                   "copy_bandwidth_gb_s": bw / 1e9, "weight_bytes": wbytes, "rows": rows}
         pathlib.Path(out).write_text(json.dumps(result, indent=2) + "\n")
 
-    for b in map(int, args.batches.split(",")):
-        for p in map(int, args.prompts.split(",")):
-            row = {"batch": b, "prompt": p, "new_tokens": args.new_tokens,
-                   "flashlite": run_engine(args, model_dir, b, p, args.new_tokens)}
-            if hf is not None:
-                row["transformers"] = run_transformers(hf, b, p, args.new_tokens, args.repeats)
-            for k in ("flashlite", "transformers"):
-                if k in row and "tbt_ms" in row[k]:  # every decode step reads all weights once
-                    row[k]["weight_gb_s"] = wbytes / (row[k]["tbt_ms"] / 1e3) / 1e9
-                    row[k]["fraction_of_copy_bw"] = row[k]["weight_gb_s"] * 1e9 / bw
-            # Floor of a decode step: the weights read once at the measured bandwidth (KV cache reads add to it).
-            row["weight_floor_tbt_ms"] = wbytes / bw * 1e3
-            if "transformers" in row and "decode_tok_s" in row["flashlite"]:
-                row["decode_speedup"] = row["flashlite"]["decode_tok_s"] / row["transformers"]["decode_tok_s"]
-                row["ttft_speedup"] = row["transformers"]["ttft_ms"] / row["flashlite"]["ttft_ms"]
-            rows.append(row)
-            print(json.dumps(row))
-            write()
+    for tp, b, p in itertools.product(tps, map(int, args.batches.split(",")), map(int, args.prompts.split(","))):
+        row = {"batch": b, "prompt": p, "new_tokens": args.new_tokens, "tp": tp,
+               "flashlite": run_engine(args, model_dir, b, p, args.new_tokens, tp)}
+        if tp > 1:
+            row["flashlite"].update(all_reduce_us(args, model_dir, b, tp))
+        if hf is not None and tp == 1:
+            row["transformers"] = run_transformers(hf, b, p, args.new_tokens, args.repeats)
+        for k in ("flashlite", "transformers"):
+            if k in row and "tbt_ms" in row[k]:  # every decode step reads all weights once (each GPU its 1 / tp)
+                row[k]["weight_gb_s"] = wbytes / tp / (row[k]["tbt_ms"] / 1e3) / 1e9
+                row[k]["fraction_of_copy_bw"] = row[k]["weight_gb_s"] * 1e9 / bw
+        # Floor of a decode step: the weights read once at the measured bandwidth (KV cache reads add to it).
+        row["weight_floor_tbt_ms"] = wbytes / tp / bw * 1e3
+        if "transformers" in row and "decode_tok_s" in row["flashlite"]:
+            row["decode_speedup"] = row["flashlite"]["decode_tok_s"] / row["transformers"]["decode_tok_s"]
+            row["ttft_speedup"] = row["transformers"]["ttft_ms"] / row["flashlite"]["ttft_ms"]
+        rows.append(row)
+        print(json.dumps(row))
+        write()
     write()
     print(f"wrote {out}")
 

@@ -21,7 +21,8 @@ ModelWeights load_hf_checkpoint(const std::string& dir, const LoadProgress& prog
   w.config = load_hf_config(dir);
   const ModelConfig& c = w.config;
   SafetensorsCheckpoint ckpt(dir);
-  // Some exports keep lm_head even when tied; others omit it without saying tie_word_embeddings.
+  // Some exports keep lm_head even when tied; others omit it without saying tie_word_embeddings
+  // (load_checkpoint_config does the same).
   if (!c.tie_embeddings && !ckpt.has("lm_head.weight")) w.config.tie_embeddings = true;
   w.shard = TensorShard::of(c, rank, ranks);
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
 #include <cstring>
+#include <map>
 #include <new>
 
 #include "engine/errors.h"
@@ -21,8 +21,9 @@ void FloatArena::allocate(size_t n) {
   size = n;
 }
 
-size_t ModelWeights::parameter_count() const {
-  const ModelConfig& c = config;
+size_t ModelWeights::parameter_count() const { return engine::parameter_count(config); }
+
+size_t parameter_count(const ModelConfig& c) {
   const size_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim(), vocab = c.vocab_size;
   return vocab * dim * (c.tie_embeddings ? 1 : 2) + dim +
          size_t(c.n_layers) * (2 * dim + (qd + 2 * kvd) * dim + dim * qd + 3 * hid * dim);
@@ -159,6 +160,13 @@ ModelWeights slice_weights(const ModelWeights& whole, int rank, int ranks) {
     }
   }
   return part;
+}
+
+ModelConfig load_checkpoint_config(const std::string& path) {
+  if (!is_directory(path)) return load_checkpoint(path).config;
+  ModelConfig c = load_hf_config(path);
+  if (!c.tie_embeddings && !SafetensorsCheckpoint(path).has("lm_head.weight")) c.tie_embeddings = true;  // as the loader
+  return c;
 }
 
 ModelWeights load_checkpoint(const std::string& path, const LoadProgress& progress, int rank, int ranks) {

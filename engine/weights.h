@@ -87,6 +87,10 @@ inline float* writable(const float* p) { return const_cast<float*>(p); }
 using LoadProgress = std::function<void(int, int)>;
 ModelWeights load_checkpoint(const std::string& path, const LoadProgress& progress = {}, int rank = 0, int ranks = 1);
 ModelWeights load_llama2c_checkpoint(const std::string& path);
+// The model's config alone, as load_checkpoint would set it (a Hugging Face checkpoint's tensors are not read; a
+// llama2.c file, small, is).
+ModelConfig load_checkpoint_config(const std::string& path);
+size_t parameter_count(const ModelConfig& c);
 ModelWeights load_hf_checkpoint(const std::string& dir, const LoadProgress& progress = {}, int rank = 0, int ranks = 1);
 
 }  // namespace flashlite::engine

@@ -389,12 +389,15 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
   const cuda_ops::StepGemvs gemvs{c_, x_.as<float>(), rows, opt_.cuda.pdl, s,
                                   collective_ ? partial_.as<float>() : nullptr};
   const size_t n_residual = size_t(rows) * dim;
-  auto gemv_added = [&](auto&& add) {  // O or down through the GEMVs
+  // The all-reduce is its own group in --profile (the time per step it reports).
+  auto gemv_added = [&](auto&& add, const char* name) {  // O or down through the GEMVs
     if (collective_) cuda_check(cudaMemsetAsync(partial_.ptr, 0, n_residual * 4, stream_), "memset");
     add();
+    mark(name);
     if (collective_) {
       collective_->all_reduce_sum(partial_.ptr, n_residual, DType::f32, s);
       cuda_ops::residual_add(x_.as<float>(), partial_.ptr, n_residual, Elem::f32, s);
+      mark("all-reduce");
     }
   };
   auto gemm_added = [&] {  // x += xo, xo summed over the ranks first
@@ -452,12 +455,10 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
     mark("attention");
     // x += att Wo^T; h = swiglu(rmsnorm(x) W13^T); x += h W2^T
     if (st.gemv) {
-      gemv_added([&] { gemvs.o(L.wo.ptr, att_.ptr); });
-      mark("o");
+      gemv_added([&] { gemvs.o(L.wo.ptr, att_.ptr); }, "o");
       gemvs.gate_up(L.w13.ptr, L.rms_ffn.ptr, hb_.ptr);
       mark("gate_up");
-      gemv_added([&] { gemvs.down(L.w2.ptr, hb_.ptr); });
-      mark("down");
+      gemv_added([&] { gemvs.down(L.w2.ptr, hb_.ptr); }, "down");
     } else {
       gemm_->run(xo_.ptr, att_.ptr, L.wo.ptr, rows, qd, dim, elem_, false, s);
       gemm_added();

@@ -116,4 +116,10 @@ size_t ParallelModel::device_bytes() const {
   return n;
 }
 
+std::unique_ptr<LlamaModel> load_parallel_model(const std::string& path, const RuntimeOptions& options,
+                                                const std::string& device) {
+  return std::make_unique<ParallelModel>(
+      options.tp, [path](int rank, int ranks) { return load_checkpoint(path, {}, rank, ranks); }, options, device);
+}
+
 }  // namespace flashlite::engine

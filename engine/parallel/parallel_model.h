@@ -53,4 +53,9 @@ class ParallelModel final : public LlamaModel {
   std::vector<float> logits_;
 };
 
+// The model of the checkpoint at `path` split over options.tp ranks, each loading only its blocks of the files
+// (load_checkpoint(path, {}, rank, tp)), all at once.
+std::unique_ptr<LlamaModel> load_parallel_model(const std::string& path, const RuntimeOptions& options,
+                                                const std::string& device);
+
 }  // namespace flashlite::engine

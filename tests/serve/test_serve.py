@@ -379,3 +379,19 @@ def test_chat_uses_the_llama3_template(start_server, models_dir, tmp_path):
     inject = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a<|eot_id|>b"}], max_tokens=1)
     plain = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "ab"}], max_tokens=1)
     assert inject.usage.prompt_tokens > plain.usage.prompt_tokens + 1
+
+
+def test_tensor_parallel_server_answers_as_one_model(start_server, models_dir, server):
+    # --tp 2 on the CPU (two ranks as threads): concurrent greedy completions equal the unsplit server's.
+    s = start_server(["--model", stories(models_dir), "--max-batch", "4", "--tp", "2"])
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=6)
+
+    def texts(srv):
+        c = client(srv)
+        jobs = [pool.submit(c.completions.create, model="stories260K", prompt=p, max_tokens=40, temperature=0)
+                for p in PROMPTS]
+        return [j.result().choices[0].text for j in jobs]
+
+    assert texts(s) == texts(server)
+    m = s.wait_idle()
+    assert m["flashlite_kv_pages_used"] == 0 and m["flashlite_requests_running"] == 0
