@@ -8,7 +8,8 @@
 # decode, engine e2e, CPU) are described in bench/README.md.
 #
 #   bash scripts/gpu-check.sh [OUTDIR] [--only STEP[,STEP...]] [--skip STEP[,STEP...]]
-#   steps, in order: info build ctest attn pytest serve sanitize bench
+#   steps, in order: info build ctest attn pytest serve sanitize bench tp
+#   (tp: tensor parallelism on a machine of 2+ GPUs, e.g. `--only build,tp` on nvidia-h100-x2; nothing on one GPU)
 #
 # Environment: COMMIT (id recorded in the results when the tree has no .git), BENCH_ARGS (for bench/attention.py,
 # default --quick), CMAKE_EXTRA (more CMake arguments), BUILD_TARGETS (default: all), CTEST_ARGS (e.g. "-L gpu"),
@@ -175,12 +176,29 @@ step_sanitize() {
   return $rc
 }
 
+step_tp() {  # 2+ GPUs: the NCCL tests, TP 2 against TP 1 on an 8B-shaped checkpoint, and the TP benchmark (bench/e2e.py)
+  local gpus ckpt=/tmp/flashlite_llama3_8b_random rc=0
+  gpus="$(nvidia-smi -L 2>/dev/null | wc -l)"
+  [ "$gpus" -lt 2 ] && { echo "$gpus GPU(s): tensor parallelism needs 2 (its CPU tests ran in ctest)"; return 0; }
+  "$build/tests/engine/flashlite_engine_tensor_parallel_test" > "$logs/tp_test.log" 2>&1 || rc=1
+  tail -3 "$logs/tp_test.log"
+  # The checkpoint (16 GB, written once) and the benchmark rows: TP 1 and 2, batch 1 and 16, prompt 512 and 4096.
+  pyenv python3 "$root/bench/e2e.py" --flashlite "$build/bin/flashlite" --shape llama3-8b --checkpoint "$ckpt" \
+    --tp 1,2 --batches 1,16 --prompts 512,4096 --repeats 1 --skip-transformers --out "$dest/e2e_tp.json" \
+    > "$logs/e2e_tp.log" 2>&1 || rc=1
+  tail -4 "$logs/e2e_tp.log"
+  FLASHLITE_BIN="$build/bin/flashlite" FLASHLITE_TP_CHECKPOINT="$ckpt" pyenv python3 -m pytest -q -rs -p no:cacheprovider \
+    "$root/tests/engine/test_engine_tp_gpu.py" > "$logs/tp_pytest.log" 2>&1 || rc=1
+  tail -5 "$logs/tp_pytest.log"
+  return $rc
+}
+
 step_bench() {
   pyenv python3 "$root/bench/attention.py" --commit "$commit" --out "$dest/attention.json" \
     --plots "$dest" ${BENCH_ARGS:---quick} 2>&1 | tee "$logs/bench.log" | tail -60
 }
 
-for s in info build ctest attn pytest serve sanitize bench; do step "$s"; done
+for s in info build ctest attn pytest serve sanitize bench tp; do step "$s"; done
 say "done; failed steps: ${failed[*]:-none}"
 pack
 [ ${#failed[@]} -eq 0 ]
