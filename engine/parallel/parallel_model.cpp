@@ -7,6 +7,7 @@
 
 #include "engine/errors.h"
 #include "engine/parallel/local_group.h"
+#include "engine/sampler.h"
 #if FLASHLITE_ENGINE_CUDA
 #include "engine/parallel/nccl_group.h"
 #endif
@@ -70,9 +71,9 @@ void ParallelModel::on_all_ranks(const std::function<void(int)>& fn) {
   std::rethrow_exception(errors[first]);
 }
 
-const std::vector<float>& ParallelModel::forward(const std::vector<SequenceInput>& inputs) {
+void ParallelModel::step(const std::vector<SequenceInput>& inputs, const std::function<void(int)>& fn) {
   try {
-    on_all_ranks([&](int r) { rank_logits_[r] = &ranks_[r]->forward(inputs); });
+    on_all_ranks(fn);
   } catch (...) {
     // A failure after some ranks appended (possible only past the last collective) must not leave the ranks
     // disagreeing about a sequence: such a sequence is dropped on every rank.
@@ -84,6 +85,10 @@ const std::vector<float>& ParallelModel::forward(const std::vector<SequenceInput
     }
     throw;
   }
+}
+
+const std::vector<float>& ParallelModel::forward(const std::vector<SequenceInput>& inputs) {
+  step(inputs, [&](int r) { rank_logits_[r] = &ranks_[r]->forward(inputs); });
   // Rank r's logits are columns [vocab0, vocab0 + its vocab) of each row.
   const int vocab = config_.vocab_size, R = ranks();
   const size_t rows = rank_logits_[0]->size() / size_t(ranks_[0]->config().vocab_size);
@@ -94,6 +99,46 @@ const std::vector<float>& ParallelModel::forward(const std::vector<SequenceInput
     for (size_t i = 0; i < rows; ++i) std::copy_n(src + i * s.vocab, s.vocab, logits_.data() + i * vocab + s.vocab0);
   }
   return logits_;
+}
+
+LogitsOutput ParallelModel::forward_select(const std::vector<SequenceInput>& inputs, const LogitsRequest& request) {
+  const int R = ranks();
+  int narrowest = config_.vocab_size;  // the fewest vocabulary columns a rank holds
+  for (int r = 0; r < R; ++r) narrowest = std::min(narrowest, ranks_[r]->config().vocab_size);
+  const int k = request.kind == LogitsRequest::Kind::argmax ? 1 : request.k;
+  if (request.kind == LogitsRequest::Kind::logits || k >= narrowest) return LlamaModel::forward_select(inputs, request);
+  if (k <= 0 || k >= config_.vocab_size) {
+    fail("top-k request for " + std::to_string(k) + " candidates; expected 0 < k < " + std::to_string(config_.vocab_size));
+  }
+  // Each rank's k best (top-k's tie rule: the lowest ids at the k-th value), then the k best of those.
+  rank_selected_.resize(R);
+  step(inputs, [&](int r) { rank_selected_[r] = ranks_[r]->forward_select(inputs, {LogitsRequest::Kind::top_k, k}); });
+  const int rows = rank_selected_[0].rows;
+  select_ids_.resize(size_t(rows) * k);
+  select_values_.resize(size_t(rows) * k);
+  std::vector<std::pair<float, int>> cand(size_t(R) * k);
+  for (int i = 0; i < rows; ++i) {
+    for (int r = 0; r < R; ++r) {
+      const LogitsOutput& o = rank_selected_[r];
+      const int vocab0 = TensorShard::of(config_, r, R).vocab0;
+      for (int j = 0; j < k; ++j) cand[size_t(r) * k + j] = {o.values[size_t(i) * k + j], vocab0 + o.ids[size_t(i) * k + j]};
+    }
+    std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), Sampler::before);
+    for (int j = 0; j < k; ++j) {
+      select_values_[size_t(i) * k + j] = cand[j].first;
+      select_ids_[size_t(i) * k + j] = cand[j].second;
+    }
+  }
+  LogitsOutput out;
+  out.kind = request.kind;
+  out.rows = rows;
+  out.vocab = config_.vocab_size;
+  out.ids = select_ids_.data();
+  if (request.kind == LogitsRequest::Kind::top_k) {
+    out.k = k;
+    out.values = select_values_.data();
+  }
+  return out;
 }
 
 void ParallelModel::reset(int slot) {

@@ -25,6 +25,9 @@ class ParallelModel final : public LlamaModel {
   ~ParallelModel() override;
 
   const std::vector<float>& forward(const std::vector<SequenceInput>& inputs) override;
+  // Greedy and top-k: each rank selects among its own vocabulary columns (on its GPU, for CUDA ranks) and only the
+  // candidates come back; the merge keeps the one model's tie rule (the lowest id among equal logits).
+  LogitsOutput forward_select(const std::vector<SequenceInput>& inputs, const LogitsRequest& request) override;
   const ModelConfig& config() const override { return config_; }
   int slots() const override { return ranks_[0]->slots(); }
   int context() const override { return ranks_[0]->context(); }
@@ -41,6 +44,8 @@ class ParallelModel final : public LlamaModel {
   // fn(r) on every rank's thread; on a failure, the group is aborted (so no rank waits for the failed one) and the
   // first rank's own error is rethrown.
   void on_all_ranks(const std::function<void(int)>& fn);
+  // on_all_ranks for a forward call over `inputs`: after a failure no sequence is left cached on some ranks only.
+  void step(const std::vector<SequenceInput>& inputs, const std::function<void(int)>& fn);
 
   ModelConfig config_;                    // the whole model's
   std::string device_;
@@ -49,6 +54,7 @@ class ParallelModel final : public LlamaModel {
   bool broken_ = false;                   // the group could not recover from a failure
   std::vector<std::unique_ptr<LlamaModel>> ranks_;
   std::vector<const std::vector<float>*> rank_logits_;
+  std::vector<LogitsOutput> rank_selected_;
   std::unique_ptr<RankThreads> threads_;  // last: its threads stop before what they use goes
   std::vector<float> logits_;
 };

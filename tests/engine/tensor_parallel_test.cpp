@@ -203,6 +203,48 @@ TEST(TensorParallelCpu, GreedyTokensMatchTieAware) {
   }
 }
 
+// Greedy and top-k selected per rank and merged (only candidates come back): the one model's picks, values and tie
+// rule; a k above a rank's columns takes the whole rows.
+TEST(TensorParallelCpu, SelectionMergedAcrossRanksEqualsTheWholeModel) {
+  if (!std::filesystem::exists(stories())) {
+    FLASHLITE_MODEL_ABSENT("stories260K is not in " << reftest::models_dir());
+  }
+  const eng::ModelWeights w = eng::load_checkpoint(stories());
+  for (int tp : {2, 4}) {
+    const auto whole = eng::create_model(w, options(1), "cpu");
+    const auto split = eng::create_model(w, options(tp), "cpu");
+    std::mt19937 rng(tp);
+    for (const eng::LogitsRequest req : {eng::LogitsRequest{eng::LogitsRequest::Kind::argmax, 0},
+                                         eng::LogitsRequest{eng::LogitsRequest::Kind::top_k, 1},
+                                         eng::LogitsRequest{eng::LogitsRequest::Kind::top_k, 7},
+                                         eng::LogitsRequest{eng::LogitsRequest::Kind::top_k, 300}}) {
+      std::vector<eng::SequenceInput> in;
+      for (int s = 0; s < 3; ++s) in.push_back({s, {int(rng() % 512), int(rng() % 512)}, s == 1});
+      const eng::LogitsOutput a = whole->forward_select(in, req);
+      const std::vector<int32_t> a_ids(a.ids, a.ids + a.rows * std::max(1, a.k));
+      const std::vector<float> a_values = a.values ? std::vector<float>(a.values, a.values + a.rows * a.k) : std::vector<float>{};
+      const eng::LogitsOutput b = split->forward_select(in, req);
+      ASSERT_EQ(b.rows, a.rows);
+      ASSERT_EQ(b.k, a.k);
+      EXPECT_EQ(b.kind, a.kind);
+      for (int r = 0; r < a.rows; ++r) {
+        // top-k is a set: compare sorted by (value, id) as the sampler reads it
+        std::vector<std::pair<float, int>> x, y;
+        for (int j = 0; j < std::max(1, a.k); ++j) {
+          x.push_back({a.values ? a_values[r * a.k + j] : 0.f, a_ids[r * std::max(1, a.k) + j]});
+          y.push_back({b.values ? b.values[r * b.k + j] : 0.f, b.ids[r * std::max(1, b.k) + j]});
+        }
+        std::sort(x.begin(), x.end(), eng::Sampler::before);
+        std::sort(y.begin(), y.end(), eng::Sampler::before);
+        for (size_t j = 0; j < x.size(); ++j) {
+          EXPECT_EQ(y[j].second, x[j].second) << "tp " << tp << " k " << req.k << " row " << r << " rank " << j;
+          EXPECT_NEAR(y[j].first, x[j].first, 1e-5 * std::max(1.0f, std::abs(x[j].first)));
+        }
+      }
+    }
+  }
+}
+
 // Bad input fails on every rank alike, with the message of one model, and changes nothing; the model then runs on.
 TEST(TensorParallelCpu, BadInputLeavesEveryRankAsItWas) {
   if (!std::filesystem::exists(stories())) {
