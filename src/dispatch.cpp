@@ -184,7 +184,7 @@ AttentionProblem validate(const ForwardArgs& a) {
     check_dim(a.lse, "lse", 1, hq, "q_heads");
     check_dim(a.lse, "lse", 2, lse_seq, "seq_q");
     p.lse = static_cast<float*>(a.lse.data);
-    p.lse_stride = {a.lse.strides[0], a.lse.strides[1], a.lse.strides[2]};
+    p.lse_stride = lse_strides(a.lse);
     check_no_overlap(a.lse, "lse", a.q, "q");
     check_no_overlap(a.lse, "lse", a.k, "k");
     check_no_overlap(a.lse, "lse", a.v, "v");
@@ -459,16 +459,8 @@ void reference_forward_f64(const ForwardArgs& args, double* out, double* lse) {
 
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const TensorView& lse, const AttentionOptions& options, Backend backend, void* stream) {
-  ForwardArgs args;
-  args.q = q;
-  args.k = k;
-  args.v = v;
-  args.out = out;
-  args.lse = lse;
-  args.options = options;
-  args.backend = backend;
-  args.stream = stream;
-  forward(args);
+  forward(ForwardArgs{.q = q, .k = k, .v = v, .out = out, .lse = lse, .options = options, .backend = backend,
+                      .stream = stream});
 }
 
 AttentionProblem validate_forward(const ForwardArgs& args) { return validate(args); }

@@ -248,6 +248,45 @@ void zero_v_rows(const Plan& plan, int64_t v_base, int64_t j0, int64_t keys, con
   for (int b = 0; b < n_bad; ++b) std::fill(vbuf + bad[b] * dp, vbuf + (bad[b] + 1) * dp, 0.0f);
 }
 
+// The K (is_v false) or V operand of keys [j0, j0 + keys) as fp32 rows: the tensor as stored when in_place (base: the
+// kv head's row 0), else converted into buf (row stride plan.dp, columns zero-padded to pad_cols).
+struct KvOperand {
+  const float* rows;
+  int64_t row_stride;
+};
+
+KvOperand kv_operand(const Plan& plan, bool is_v, bool in_place, int64_t base, int64_t j0, int64_t keys, float* buf,
+                     int64_t pad_cols) {
+  const AttentionProblem& p = plan.p;
+  if (in_place) {
+    const int64_t row = is_v ? p.v_stride.seq : p.k_stride.seq;
+    return {static_cast<const float*>(is_v ? p.v : p.k) + base + j0 * row, row};
+  }
+  load_kv_rows(plan, is_v, base, j0, keys, buf, plan.dp, pad_cols);
+  return {buf, plan.dp};
+}
+
+// After P V over the operand with the rows `bad` zeroed: those keys added back, p v, for the query columns
+// n = r * heads + g that see them (prob(n, c): column n's probability of key c). row: one V row's scratch (dp floats).
+template <class Prob>
+void add_zeroed_v_rows(const Plan& plan, const Task& t, const SequenceSlice& s, int64_t v_base, int64_t j0,
+                       const int16_t* bad, int n_bad, float* row, float* o, Prob prob) {
+  const AttentionProblem& p = plan.p;
+  const int64_t d = p.head_dim, dp = plan.dp, heads = t.heads, i0 = t.row0;
+  for (int b = 0; b < n_bad; ++b) {
+    const int64_t c = bad[b];
+    load_kv_rows(plan, true, v_base, j0 + c, 1, row, dp, dp);
+    for (int64_t r = 0; r < t.rows; ++r) {
+      if (!key_visible(p.mask, i0 + r, j0 + c, s.seq_q, s.seq_k)) continue;
+      for (int64_t g = 0; g < heads; ++g) {
+        const int64_t n = r * heads + g;
+        const float pc = prob(n, c);
+        for (int64_t x = 0; x < d; ++x) o[n * dp + x] += pc * row[x];
+      }
+    }
+  }
+}
+
 void run_task(const Plan& plan, const Task& t, Scratch& scratch) {
   const AttentionProblem& p = plan.p;
   const TiledKernels& kern = plan.k;
@@ -298,22 +337,8 @@ void run_task(const Plan& plan, const Task& t, Scratch& scratch) {
       const int64_t j1 = std::min(j0 + kKeys, ranges[ri].end), keys = j1 - j0;
 
       // K and V tiles as fp32 operands.
-      const float* ka = kbuf;
-      int64_t ka_row = dp;
-      if (plan.k_in_place) {
-        ka = static_cast<const float*>(p.k) + k_base + j0 * p.k_stride.seq;
-        ka_row = p.k_stride.seq;
-      } else {
-        load_kv_rows(plan, false, k_base, j0, keys, kbuf, dp, d);
-      }
-      const float* vb = vbuf;
-      int64_t vb_row = dp;
-      if (plan.v_in_place) {
-        vb = static_cast<const float*>(p.v) + v_base + j0 * p.v_stride.seq;
-        vb_row = p.v_stride.seq;
-      } else {
-        load_kv_rows(plan, true, v_base, j0, keys, vbuf, dp, dp);
-      }
+      const auto [ka, ka_row] = kv_operand(plan, false, plan.k_in_place, k_base, j0, keys, kbuf, d);
+      auto [vb, vb_row] = kv_operand(plan, true, plan.v_in_place, v_base, j0, keys, vbuf, dp);
 
       // S^T = K Q^T, softcap, mask.
       kern.gemm({ka, ka_row, 1, qt, np, st, np, keys, np, d, false, nullptr});
@@ -342,18 +367,8 @@ void run_task(const Plan& plan, const Task& t, Scratch& scratch) {
       kern.online_softmax({st, np, keys, np, plan.log2_scale, m, l, alpha});
       kern.gemm({st, 1, np, vb, vb_row, o, dp, n_real, dp, keys, !o_folded, alpha});
       o_folded = false;
-      for (int b = 0; b < n_bad; ++b) {  // the zeroed rows, for the columns that see them
-        const int64_t c = bad[b];
-        load_kv_rows(plan, true, v_base, j0 + c, 1, row, dp, dp);
-        for (int64_t r = 0; r < t.rows; ++r) {
-          if (!key_visible(p.mask, i0 + r, j0 + c, s.seq_q, s.seq_k)) continue;
-          for (int64_t g = 0; g < heads; ++g) {
-            const int64_t n = r * heads + g;
-            const float pc = st[c * np + n];
-            for (int64_t x = 0; x < d; ++x) o[n * dp + x] += pc * row[x];
-          }
-        }
-      }
+      add_zeroed_v_rows(plan, t, s, v_base, j0, bad, n_bad, row, o,
+                        [&](int64_t n, int64_t c) { return st[c * np + n]; });  // st holds P^T
       if ((unfolded += keys) >= kFoldKeys) {
         fold(tot, n_real, dp, o, l, m, false);
         unfolded = 0;
@@ -421,20 +436,10 @@ void run_task_small(const Plan& plan, const Task& t, Scratch& scratch) {
   for (int ri = 0; ri < n_ranges; ++ri) {
     for (int64_t j0 = ranges[ri].begin; j0 < ranges[ri].end; j0 += chunk) {
       const int64_t j1 = std::min(j0 + chunk, ranges[ri].end), keys = j1 - j0, kp = round_up(keys, w);
-      SmallArgs a{q, dp, nullptr, 0, nullptr, 0, sc, chunk, o, dp, n_real, keys, dp, plan.log2_scale, m, l};
-      if (kv_in_place) {
-        a.k = static_cast<const float*>(p.k) + k_base + j0 * p.k_stride.seq;
-        a.k_row = p.k_stride.seq;
-        a.v = static_cast<const float*>(p.v) + v_base + j0 * p.v_stride.seq;
-        a.v_row = p.v_stride.seq;
-      } else {
-        load_kv_rows(plan, false, k_base, j0, keys, kbuf, dp, dp);
-        load_kv_rows(plan, true, v_base, j0, keys, vbuf, dp, dp);
-        a.k = kbuf;
-        a.k_row = dp;
-        a.v = vbuf;
-        a.v_row = dp;
-      }
+      const KvOperand ko = kv_operand(plan, false, kv_in_place, k_base, j0, keys, kbuf, dp);
+      const KvOperand vo = kv_operand(plan, true, kv_in_place, v_base, j0, keys, vbuf, dp);
+      SmallArgs a{q, dp, ko.rows, ko.row_stride, vo.rows, vo.row_stride, sc, chunk, o, dp, n_real, keys, dp,
+                  plan.log2_scale, m, l};
       kern.small_scores(a);
       if (p.softcap > 0) kern.softcap({sc, chunk, n_real, kp, plan.softcap_in, plan.softcap_out});
       int16_t bad[kSmallKeys];  // hidden keys with a non-finite V row
@@ -457,18 +462,10 @@ void run_task_small(const Plan& plan, const Task& t, Scratch& scratch) {
       }
       for (int64_t n = 0; n < n_real; ++n) std::fill(sc + n * chunk + keys, sc + n * chunk + kp, neg_inf);
       kern.small_softmax_pv(a);
-      for (int b = 0; b < n_bad; ++b) {  // the zeroed rows, for the columns that see them: p from the updated max
-        const int64_t c = bad[b];
-        load_kv_rows(plan, true, v_base, j0 + c, 1, row, dp, dp);
-        for (int64_t r = 0; r < t.rows; ++r) {
-          if (!key_visible(p.mask, i0 + r, j0 + c, s.seq_q, s.seq_k)) continue;
-          for (int64_t g = 0; g < heads; ++g) {
-            const int64_t n = r * heads + g;
-            const float pc = std::exp2(sc[n * chunk + c] * plan.log2_scale - std::max(m[n], -FLT_MAX));
-            for (int64_t x = 0; x < d; ++x) o[n * dp + x] += pc * row[x];
-          }
-        }
-      }
+      // p from the updated max (sc holds scores).
+      add_zeroed_v_rows(plan, t, s, v_base, j0, bad, n_bad, row, o, [&](int64_t n, int64_t c) {
+        return std::exp2(sc[n * chunk + c] * plan.log2_scale - std::max(m[n], -FLT_MAX));
+      });
       if ((unfolded += keys) >= kFoldKeys) {
         fold(tot, n_real, dp, o, l, m, true);
         unfolded = 0;

@@ -72,6 +72,25 @@ __device__ __forceinline__ bool q_block_sees_keys(const MaskParams& m, int i0, i
   return r.begin < j1 && j0 < r.end;
 }
 
+// One k16 step of two products over a pair of n8 tiles: c1[n], c1[n + 1] += a1 B1 and c2[n], c2[n + 1] += a2 B2, with
+// B1 and B2 the x4 fragments at sB1 + off and sB2 + off (ldmatrix, or ldmatrix.trans for TRANS).
+template <class T, bool TRANS, int N>
+__device__ __forceinline__ void mma_pair_n16(float (&c1)[N][4], float (&c2)[N][4], int n, const uint32_t (&a1)[4],
+                                             const uint32_t (&a2)[4], uint32_t sB1, uint32_t sB2, uint32_t off) {
+  uint32_t b1[4], b2[4];
+  if constexpr (TRANS) {
+    cuda_fwd::ldmatrix_x4_trans(b1, sB1 + off);
+    cuda_fwd::ldmatrix_x4_trans(b2, sB2 + off);
+  } else {
+    cuda_fwd::ldmatrix_x4(b1, sB1 + off);
+    cuda_fwd::ldmatrix_x4(b2, sB2 + off);
+  }
+  cuda_fwd::mma_16816<T>(c1[n], a1, b1[0], b1[1]);
+  cuda_fwd::mma_16816<T>(c1[n + 1], a1, b1[2], b1[3]);
+  cuda_fwd::mma_16816<T>(c2[n], a2, b2[0], b2[1]);
+  cuda_fwd::mma_16816<T>(c2[n + 1], a2, b2[2], b2[3]);
+}
+
 // Both kernels' pair of products over head_dim, this warp's 16 rows (from row w of the A tiles) x NT n8 tiles (rows
 // of the B tiles): c1 = A1 B1^T and c2 = A2 B2^T, zeroed first. dK/dV: S^T = K Q^T and dP^T = V dO^T; dQ: S = Q K^T
 // and dP = dO V^T. a_off / b_off: this lane's ldmatrix offsets (bytes).
@@ -91,14 +110,7 @@ __device__ __forceinline__ void warp_mma_pair(float (&c1)[NT][4], float (&c2)[NT
     cuda_fwd::ldmatrix_x4(a2, sA2 + a);
 #pragma unroll
     for (int nj = 0; nj < NT; nj += 2) {
-      uint32_t b1[4], b2[4];
-      const uint32_t bo = b_off + uint32_t((nj * 8 * LD + kk * 16) * 2);
-      cuda_fwd::ldmatrix_x4(b1, sB1 + bo);
-      cuda_fwd::ldmatrix_x4(b2, sB2 + bo);
-      cuda_fwd::mma_16816<T>(c1[nj], a1, b1[0], b1[1]);
-      cuda_fwd::mma_16816<T>(c1[nj + 1], a1, b1[2], b1[3]);
-      cuda_fwd::mma_16816<T>(c2[nj], a2, b2[0], b2[1]);
-      cuda_fwd::mma_16816<T>(c2[nj + 1], a2, b2[2], b2[3]);
+      mma_pair_n16<T, false>(c1, c2, nj, a1, a2, sB1, sB2, b_off + uint32_t((nj * 8 * LD + kk * 16) * 2));
     }
   }
 }
@@ -329,14 +341,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
       const uint32_t da[4] = {dsk[2 * kb][0], dsk[2 * kb][1], dsk[2 * kb + 1][0], dsk[2 * kb + 1][1]};
 #pragma unroll
       for (int dn = 0; dn < ND; dn += 2) {
-        uint32_t ob[4], qb[4];
-        const uint32_t to = a_off + uint32_t((kb * 16 * LD + dn * 8) * 2);
-        cuda_fwd::ldmatrix_x4_trans(ob, sO + to);
-        cuda_fwd::ldmatrix_x4_trans(qb, sQ + to);
-        cuda_fwd::mma_16816<T>(dv[dn], pa, ob[0], ob[1]);
-        cuda_fwd::mma_16816<T>(dv[dn + 1], pa, ob[2], ob[3]);
-        cuda_fwd::mma_16816<T>(dk[dn], da, qb[0], qb[1]);
-        cuda_fwd::mma_16816<T>(dk[dn + 1], da, qb[2], qb[3]);
+        mma_pair_n16<T, true>(dv, dk, dn, pa, da, sO, sQ, a_off + uint32_t((kb * 16 * LD + dn * 8) * 2));
       }
     }
     x = xn;

@@ -60,11 +60,9 @@ const char* dtype_tag(DType t) { return t == DType::f16 ? "f16" : t == DType::bf
 BwdParams make_params(const BackwardProblem& bp) {
   const AttentionProblem& p = bp.fwd;
   BwdParams b;
-  b.q = p.q, b.k = p.k, b.v = p.v, b.out = p.out, b.dout = bp.dout, b.lse = p.lse, b.sink_logits = p.sink_logits;
-  b.dq = bp.dq, b.dk = bp.dk, b.dv = bp.dv, b.dsink = bp.dsink;
-  b.q_stride = p.q_stride, b.k_stride = p.k_stride, b.v_stride = p.v_stride, b.out_stride = p.out_stride;
+  cuda::set_attention_tensors(b, p);
+  b.dout = bp.dout, b.dq = bp.dq, b.dk = bp.dk, b.dv = bp.dv, b.dsink = bp.dsink;
   b.dout_stride = bp.dout_stride, b.dq_stride = bp.dq_stride, b.dk_stride = bp.dk_stride, b.dv_stride = bp.dv_stride;
-  b.lse_stride = p.lse_stride;
   b.dlse = bp.dlse;
   b.dlse_stride = bp.dlse_stride;
   b.batch = int(p.batch);
@@ -79,14 +77,9 @@ BwdParams make_params(const BackwardProblem& bp) {
   b.tensor_batch = int(p.varlen() ? 1 : p.batch);
   b.rows_q = p.q_tensor_rows;
   b.rows_k = bp.k_tensor_rows;
-  const double log2e = 1.4426950408889634;
   b.scale = float(p.scale);
-  b.scale_log2 = float(p.scale * log2e);
-  if (p.softcap > 0) {
-    b.softcap = float(p.softcap);
-    b.softcap_pre = float(p.scale / p.softcap);
-    b.softcap_post = float(p.softcap * log2e);
-  }
+  if (p.softcap > 0) b.softcap = float(p.softcap);
+  cuda::set_score_scaling(b, p);
   const int64_t tb = b.tensor_batch;
   b.vec_in = rows_16byte_aligned(p.q, p.q_stride, tb, p.q_heads) &&
              rows_16byte_aligned(p.k, p.k_stride, tb, p.kv_heads) &&

@@ -2,14 +2,17 @@
 // Per-call host arrays (varlen offsets past the inline table) on their way to the device: a stream-ordered
 // allocation that is freed stream-ordered when the call ends, also when a launch throws, and a refusal under CUDA
 // graph capture (the copy reads pageable host memory that is gone after the call, so a replay could not repeat it).
+// And the host values every launcher copies from its problem into its kernel's parameters (passed by value).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "common/problem.h"
 #include "cuda/common/check.h"
 #include "flashlite/errors.h"
+#include "kv/kv_problem.h"
 
 namespace flashlite::cuda {
 
@@ -84,6 +87,41 @@ inline char* call_workspace(CallBuffer& owned, void* workspace, size_t workspace
     throw Error(ErrorKind::invalid_value, "workspace is not 16-byte aligned; expected an allocation's start address");
   }
   return static_cast<char*>(workspace);
+}
+
+// ------------------------------------------------------------------ kernel parameters
+// The parameter structs name the fields they take from a problem alike (the attention tensors: FwdParams, BwdParams,
+// NaiveParams; the cache index: FwdParams, DecodeParams, AppendParams), so each fill is written once.
+
+// The attention tensors of the problem: data and strides.
+template <class Params>
+void set_attention_tensors(Params& x, const AttentionProblem& p) {
+  x.q = p.q, x.k = p.k, x.v = p.v, x.out = p.out, x.lse = p.lse, x.sink_logits = p.sink_logits;
+  x.q_stride = p.q_stride, x.k_stride = p.k_stride, x.v_stride = p.v_stride, x.out_stride = p.out_stride;
+  x.lse_stride = p.lse_stride;
+}
+
+// Scores in log2 units (scale * log2(e)) and the softcap's factors (s -> softcap * tanh(s * scale / softcap)): the
+// same floats for the forward and the backward, whose recomputed P must meet the forward's LSE.
+template <class Params>
+void set_score_scaling(Params& x, const AttentionProblem& p) {
+  const double log2e = 1.4426950408889634;
+  x.scale_log2 = float(p.scale * log2e);
+  if (p.softcap > 0) {
+    x.softcap_pre = float(p.scale / p.softcap);
+    x.softcap_post = float(p.softcap * log2e);
+  }
+}
+
+// The cache's index as the kernels read it: lengths (contiguous) or the page table (paged).
+template <class Params>
+void set_cache_index(Params& x, const KvCacheDesc& c) {
+  x.paged = c.paged;
+  x.page_size = c.paged ? int(c.capacity) : 0;
+  x.seq_lens = c.k_seq_lens;
+  x.indptr = c.k_indptr;
+  x.indices = c.k_indices;
+  x.last_page_len = c.k_last_page_len;
 }
 
 }  // namespace flashlite::cuda

@@ -12,6 +12,7 @@
 #include "cuda/common/check.h"
 #include "cuda/common/context_cache.h"
 #include "cuda/common/device_props.h"
+#include "cuda/common/host_copy.h"
 #include "cuda/common/kernel_arch.h"
 #include "cuda/decode/cluster_merge.cuh"
 #include "cuda/decode/decode_kernels.h"
@@ -175,16 +176,11 @@ void run_cuda_decode(const DecodeProblem& p, const CudaDecodeLaunch& plan, void*
   P.k = c.k;
   P.v = c.v;
   P.k_stride = c.ks, P.v_stride = c.vs;
-  P.paged = c.paged;
-  P.page_size = c.paged ? int(c.capacity) : 0;
+  cuda::set_cache_index(P, c);
   if (c.paged && (P.page_size & (P.page_size - 1)) == 0) {
     P.page_shift = 0;
     while ((1 << P.page_shift) < P.page_size) ++P.page_shift;
   }
-  P.seq_lens = c.k_seq_lens;
-  P.indptr = c.k_indptr;
-  P.indices = c.k_indices;
-  P.last_page_len = c.k_last_page_len;
   P.batch = int(c.batch);
   P.q_len = int(p.q_len);
   P.q_heads = int(p.q_heads);

@@ -32,9 +32,9 @@ struct BlockWork {
 
 // Length of sequence b in a KV cache, from the cache's device index (prefill, CACHE kernels).
 __device__ __forceinline__ int cache_length(const FwdParams& p, int b) {
-  if (!p.kv_paged) return p.kv_seq_lens[b];
-  const int pages = p.kv_page_indptr[b + 1] - p.kv_page_indptr[b];
-  return paged_length<int>(pages, p.page_size, p.kv_last_page_len, b);
+  if (!p.paged) return p.seq_lens[b];
+  const int pages = p.indptr[b + 1] - p.indptr[b];
+  return paged_length<int>(pages, p.page_size, p.last_page_len, b);
 }
 
 // 1-D grid over (sequence, head) pairs and tile ranks (block_order.h). Pair-major (default): a pair's tiles run side by

@@ -156,7 +156,7 @@ __device__ __forceinline__ void load_kv_paged(uint32_t s_k, uint32_t s_v, const 
 }
 
 // CACHE = false: attention over k / v tensors (forward()). CACHE = true: prefill, K/V read from a KV cache
-// (contiguous or paged, FwdParams::kv_paged), lengths from the cache's device index; otherwise the same kernel.
+// (contiguous or paged, FwdParams::paged), lengths from the cache's device index; otherwise the same kernel.
 template <class T, class Cfg, bool CACHE = false>
 __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_constant__ FwdParams p) {
   constexpr int BR = Cfg::BR, BC = Cfg::BC, MT = Cfg::MT, NT = Cfg::NT, KD = Cfg::KD, ND = Cfg::ND,
@@ -177,10 +177,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
   const T* qg = static_cast<const T*>(p.q) + w.tb * p.q_stride.batch + w.q_row0 * p.q_stride.seq +
       w.head * p.q_stride.head;
   // K/V: tensors at (tb, k_row0); a contiguous cache at its sequence; a paged cache at page 0 (pages added per row).
-  const int64_t kb = CACHE ? (p.kv_paged ? 0 : w.seq) : w.tb;
+  const int64_t kb = CACHE ? (p.paged ? 0 : w.seq) : w.tb;
   const T* kg = static_cast<const T*>(p.k) + kb * p.k_stride.batch + w.k_row0 * p.k_stride.seq + kvh * p.k_stride.head;
   const T* vg = static_cast<const T*>(p.v) + kb * p.v_stride.batch + w.k_row0 * p.v_stride.seq + kvh * p.v_stride.head;
-  const int* pages = CACHE && p.kv_paged ? p.kv_page_indices + p.kv_page_indptr[w.seq] : nullptr;
+  const int* pages = CACHE && p.paged ? p.indices + p.indptr[w.seq] : nullptr;
 
   // Shared memory as 32-bit addresses (bytes): [stage][K tile | V tile], then Q unless it aliases the last stage.
   constexpr uint32_t STAGE_BYTES = Cfg::STAGE_ELEMS * 2, TILE_BYTES = Cfg::TILE_ELEMS * 2;
@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
     const uint32_t st = s_base + uint32_t(n % STAGES) * STAGE_BYTES;
     const int j0 = kt.tile(n) * BC;
     if constexpr (CACHE) {
-      if (p.kv_paged) {
+      if (p.paged) {
         load_kv_paged<Cfg, BC>(st, st + TILE_BYTES, kg, vg, p, pages, j0, sk);
         return;
       }

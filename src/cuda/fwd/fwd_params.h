@@ -62,13 +62,14 @@ struct FwdParams {
   // Prefill from a KV cache (read only by the kernels instantiated with CACHE = true). q / out / lse are padded or
   // ragged (varlen tables: only cu_seqlens_q is used); K/V of sequence b come from the cache, its length from the
   // cache's device index. Contiguous: key j at k + k_stride.offset(b, j, h). Paged: at k + k_stride.offset(page,
-  // j % page_size, h) with page = page_indices[page_indptr[b] + j / page_size] (k_stride.batch: the page stride).
-  bool kv_paged = false;
+  // j % page_size, h) with page = indices[indptr[b] + j / page_size] (k_stride.batch: the page stride). The names
+  // of DecodeParams and AppendParams: one fill for all (cuda::set_cache_index).
+  bool paged = false;
   int page_size = 0;
-  const int* kv_seq_lens = nullptr;      // contiguous: (batch)
-  const int* kv_page_indptr = nullptr;   // paged: (batch + 1)
-  const int* kv_page_indices = nullptr;  // paged
-  const int* kv_last_page_len = nullptr;  // paged: (batch)
+  const int* seq_lens = nullptr;       // contiguous: (batch)
+  const int* indptr = nullptr;         // paged: (batch + 1)
+  const int* indices = nullptr;        // paged
+  const int* last_page_len = nullptr;  // paged: (batch)
 };
 
 }  // namespace flashlite::cuda_fwd

@@ -34,27 +34,15 @@ std::string dtype_tag(DType t) { return t == DType::f16 ? "f16" : t == DType::bf
 
 FwdParams make_fwd_params(const AttentionProblem& p, int block_rows, bool tensor_cores) {
   FwdParams f;
-  f.q = p.q;
-  f.k = p.k;
-  f.v = p.v;
-  f.out = p.out;
-  f.lse = p.lse;
-  f.sink_logits = p.sink_logits;
-  f.q_stride = p.q_stride, f.k_stride = p.k_stride, f.v_stride = p.v_stride, f.out_stride = p.out_stride;
-  f.lse_stride = p.lse_stride;
+  cuda::set_attention_tensors(f, p);
   f.batch = int(p.batch);
   f.seq_q = int(p.seq_q);
   f.seq_k = int(p.seq_k);
   f.q_heads = int(p.q_heads);
   f.group = int(p.group_size());
   f.q_tiles = int((p.seq_q + block_rows - 1) / block_rows);
-  const double log2e = 1.4426950408889634;
-  f.scale_log2 = float(p.scale * log2e);
   f.softcap = p.softcap > 0;
-  if (f.softcap) {
-    f.softcap_pre = float(p.scale / p.softcap);
-    f.softcap_post = float(p.softcap * log2e);
-  }
+  cuda::set_score_scaling(f, p);
   // Causal: heaviest query tiles first (tile rank slowest; mma.sync: over the whole grid, measured 3-10% faster than
   // keeping a head's tiles together); otherwise a head's tiles run side by side (K/V shared in L2).
   f.reverse_tiles = p.mask.causal;
@@ -97,11 +85,7 @@ void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream
       }
     } else {
       f.varlen = VarlenMode::device_table;
-      std::vector<int> host(size_t(2 * (p.batch + 1)));  // (2, batch + 1)
-      for (int64_t b = 0; b <= p.batch; ++b) {
-        host[size_t(b)] = p.cu_seqlens_q[b];
-        host[size_t(p.batch + 1 + b)] = p.cu_seqlens_k[b];
-      }
+      const std::vector<int32_t> host = cuda::varlen_table(p.cu_seqlens_q, p.cu_seqlens_k, p.batch);  // (2, batch + 1)
       const size_t bytes = host.size() * sizeof(int);
       cuda::refuse_host_copy_under_capture(stream, "the varlen offsets of " + std::to_string(p.batch) + " sequences");
       check(cudaMallocAsync(&table.ptr, bytes, stream), "cudaMallocAsync (varlen offsets)");
@@ -149,12 +133,7 @@ void run_cuda_prefill(const PrefillProblem& p, const FwdPlan& plan, void* stream
   f.vec_in = rows_16byte_aligned(a.q, a.q_stride, p.ragged() ? 1 : a.batch, a.q_heads) &&
              rows_16byte_aligned(a.k, a.k_stride, kv_rows, c.kv_heads) &&
              rows_16byte_aligned(a.v, a.v_stride, kv_rows, c.kv_heads);
-  f.kv_paged = c.paged;
-  f.page_size = c.paged ? int(c.capacity) : 0;
-  f.kv_seq_lens = c.k_seq_lens;
-  f.kv_page_indptr = c.k_indptr;
-  f.kv_page_indices = c.k_indices;
-  f.kv_last_page_len = c.k_last_page_len;
+  cuda::set_cache_index(f, c);
   cuda::CallBuffer fold(stream);  // caches longer than kFoldKeys: fold space for long rows (fwd_params.h)
   if (plan.fold_bytes > 0) {
     f.fold = reinterpret_cast<float*>(cuda::call_workspace(fold, nullptr, 0, plan.fold_bytes, "prefill", ""));

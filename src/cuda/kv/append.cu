@@ -14,6 +14,7 @@
 #include "common/paged.h"
 #include "cuda/common/check.h"
 #include "cuda/common/dtype.cuh"
+#include "cuda/common/host_copy.h"
 #include "cuda/common/kernel_arch.h"
 #include "cuda/common/pdl.cuh"
 #include "flashlite/cuda/rope.cuh"
@@ -136,12 +137,7 @@ void run_cuda_append(const AppendProblem& p, void* stream) {
   P.k_cache = c.k;
   P.v_cache = c.v;
   P.k_cache_stride = c.ks, P.v_cache_stride = c.vs;
-  P.paged = c.paged;
-  P.page_size = c.paged ? int(c.capacity) : 0;
-  P.seq_lens = c.k_seq_lens;
-  P.indptr = c.k_indptr;
-  P.indices = c.k_indices;
-  P.last_page_len = c.k_last_page_len;
+  cuda::set_cache_index(P, c);
   P.n_new = int(p.n_new);
   P.kv_heads = int(c.kv_heads);
   P.head_dim = int(c.head_dim);

@@ -49,18 +49,11 @@ size_t scores_bytes(const AttentionProblem& p) {
   return size_t(n);
 }
 
-// Frees a workspace the call allocated itself, stream-ordered, also when a launch throws.
+// The kernels' parameters: the problem, and the score buffer in the workspace.
 NaiveParams make_params(const AttentionProblem& p, float* scores) {
   NaiveParams n;
-  n.q = p.q;
-  n.k = p.k;
-  n.v = p.v;
-  n.out = p.out;
-  n.lse = p.lse;
-  n.sink_logits = p.sink_logits;
+  cuda::set_attention_tensors(n, p);
   n.s = scores;
-  n.q_stride = p.q_stride, n.k_stride = p.k_stride, n.v_stride = p.v_stride, n.out_stride = p.out_stride;
-  n.lse_stride = p.lse_stride;
   n.batch = p.batch;
   n.seq_q = p.seq_q;
   n.seq_k = p.seq_k;
