@@ -54,7 +54,28 @@ void PageAllocator::give_back(const int32_t* pages, int n) {
   for (int i = n - 1; i >= 0; --i) free_.push_back(pages[i]);
 }
 
-KvCache::KvCache(const KvCacheShape& shape) : s_(shape) {
+KvCacheView kv_paged_view(const KvCacheShape& s, void* k, void* v, DType dtype, Device device, const PageTable& host,
+                          const PageTablePointers& dev) {
+  KvCacheView c;
+  c.layout = KvLayout::paged;
+  c.k = TensorView::contiguous(k, dtype, device, {s.pages, s.page_size, s.kv_heads, s.head_dim});
+  c.v = TensorView::contiguous(v, dtype, device, {s.pages, s.page_size, s.kv_heads, s.head_dim});
+  const int64_t n = host.count(), n_indices = int64_t(host.indices.size());
+  auto i32 = [](const int32_t* p, int64_t len, Device d) {
+    return TensorView::contiguous(const_cast<int32_t*>(p), DType::i32, d, {len});
+  };
+  c.host.page_indptr = i32(host.indptr.data(), n + 1, Device::cpu());
+  c.host.page_indices = i32(host.indices.data(), n_indices, Device::cpu());
+  c.host.last_page_len = i32(host.last_page_len.data(), n, Device::cpu());
+  if (dev.indptr) {
+    c.device.page_indptr = i32(dev.indptr, n + 1, device);
+    c.device.page_indices = i32(dev.indices, n_indices, device);
+    c.device.last_page_len = i32(dev.last_page_len, n, device);
+  }
+  return c;
+}
+
+KvBook::KvBook(const KvCacheShape& shape) : s_(shape) {
   if (s_.layers <= 0 || s_.slots <= 0 || s_.capacity <= 0 || s_.kv_heads <= 0 || s_.head_dim <= 0) {
     fail("KV cache shape (layers " + std::to_string(s_.layers) + ", slots " + std::to_string(s_.slots) + ", capacity " +
          std::to_string(s_.capacity) + ", kv_heads " + std::to_string(s_.kv_heads) + ", head_dim " +
@@ -64,16 +85,6 @@ KvCache::KvCache(const KvCacheShape& shape) : s_(shape) {
     fail("paged KV cache of " + std::to_string(s_.pages) + " pages of " + std::to_string(s_.page_size) +
          " tokens: expected a page size in [16, 256] and at least one page");
   }
-  const int64_t row = int64_t(s_.kv_heads) * s_.head_dim;
-  const int64_t rows_per_layer = paged() ? int64_t(s_.pages) * s_.page_size : int64_t(s_.slots) * s_.capacity;
-  const double bytes = 2.0 * s_.layers * double(rows_per_layer) * row * sizeof(float);
-  if (bytes > 64.0 * (1ull << 30)) {
-    fail("KV cache of " + std::to_string(int64_t(bytes / (1 << 20))) + " MiB for capacity " + std::to_string(s_.capacity) +
-         " x " + std::to_string(s_.slots) + " sequences is too large; lower the context length or the batch");
-  }
-  const size_t n = size_t(s_.layers) * size_t(rows_per_layer) * row;
-  k_.assign(n, 0.f);
-  v_.assign(n, 0.f);
   lengths_.assign(s_.slots, 0);
   if (paged()) {
     alloc_ = PageAllocator(s_.pages);
@@ -81,7 +92,7 @@ KvCache::KvCache(const KvCacheShape& shape) : s_(shape) {
   }
 }
 
-void KvCache::set_length(int slot, int len) {
+void KvBook::set_length(int slot, int len) {
   if (slot < 0 || slot >= s_.slots) fail("KV cache slot " + std::to_string(slot) + " is outside [0, " + std::to_string(s_.slots) + ")");
   if (len < 0 || len > s_.capacity) {
     fail("KV cache length " + std::to_string(len) + " is outside [0, " + std::to_string(s_.capacity) + "]");
@@ -98,44 +109,57 @@ void KvCache::set_length(int slot, int len) {
   lengths_[slot] = len;
 }
 
-KvCacheView KvCache::view(int layer, int slot0, int count) {
-  if (count < 0) count = s_.slots - slot0;
-  if (layer < 0 || layer >= s_.layers || slot0 < 0 || count < 1 || slot0 + count > s_.slots) {
-    fail("KV cache view of layer " + std::to_string(layer) + ", slots [" + std::to_string(slot0) + ", " +
-         std::to_string(slot0 + count) + ") is outside " + std::to_string(s_.layers) + " layers x " + std::to_string(s_.slots) +
-         " slots");
+void KvBook::page_table(const int* slots, int count, PageTable& t) const {
+  t.indptr.assign(1, 0);
+  t.indices.clear();
+  t.last_page_len.clear();
+  for (int i = 0; i < count; ++i) {
+    const std::vector<int32_t>& own = slot_pages_.at(slots[i]);
+    t.indices.insert(t.indices.end(), own.begin(), own.end());
+    t.indptr.push_back(int32_t(t.indices.size()));
+    t.last_page_len.push_back(own.empty() ? 0 : lengths_[slots[i]] - (int(own.size()) - 1) * s_.page_size);
   }
-  if (paged()) return paged_view(layer, slot0, count);
-  const size_t layer_off = size_t(layer) * s_.slots * s_.capacity * s_.kv_heads * s_.head_dim;
-  return kv_cache_view(s_, k_.data() + layer_off, v_.data() + layer_off, DType::f32, Device::cpu(), slot0, count,
-                       lengths_.data() + slot0);
+  if (t.indices.empty()) t.indices.push_back(0);  // a valid pointer for a batch without pages
 }
 
-KvCacheView KvCache::paged_view(int layer, int slot0, int count) {
-  indptr_.assign(1, 0);
-  indices_.clear();
-  last_page_len_.clear();
-  for (int b = slot0; b < slot0 + count; ++b) {
-    const std::vector<int32_t>& own = slot_pages_[b];
-    indices_.insert(indices_.end(), own.begin(), own.end());
-    indptr_.push_back(int32_t(indices_.size()));
-    last_page_len_.push_back(own.empty() ? 0 : lengths_[b] - (int(own.size()) - 1) * s_.page_size);
+int64_t KvBook::row(int slot, int pos) const {
+  if (!paged()) return int64_t(slot) * s_.capacity + pos;
+  return int64_t(slot_pages_.at(slot).at(size_t(pos / s_.page_size))) * s_.page_size + pos % s_.page_size;
+}
+
+KvCache::KvCache(const KvCacheShape& shape) : book_(shape) {
+  const KvCacheShape& sh = book_.shape();
+  const int64_t row = int64_t(sh.kv_heads) * sh.head_dim;
+  const int64_t rows_per_layer = paged() ? int64_t(sh.pages) * sh.page_size : int64_t(sh.slots) * sh.capacity;
+  const double bytes = 2.0 * sh.layers * double(rows_per_layer) * row * sizeof(float);
+  if (bytes > 64.0 * (1ull << 30)) {
+    fail("KV cache of " + std::to_string(int64_t(bytes / (1 << 20))) + " MiB for capacity " + std::to_string(sh.capacity) +
+         " x " + std::to_string(sh.slots) + " sequences is too large; lower the context length or the batch");
   }
-  if (indices_.empty()) indices_.push_back(0);  // a valid pointer for a batch without pages
-  const int64_t row = int64_t(s_.kv_heads) * s_.head_dim;
-  const size_t layer_off = size_t(layer) * s_.pages * s_.page_size * row;
-  auto pool = [&](std::vector<float>& data) {
-    return TensorView::contiguous(data.data() + layer_off, DType::f32, Device::cpu(), {s_.pages, s_.page_size, s_.kv_heads, s_.head_dim});
-  };
-  KvCacheView c;
-  c.layout = KvLayout::paged;
-  c.k = pool(k_);
-  c.v = pool(v_);
-  auto i32 = [](std::vector<int32_t>& v, int64_t n) { return TensorView::contiguous(v.data(), DType::i32, Device::cpu(), {n}); };
-  c.host.page_indptr = i32(indptr_, count + 1);
-  c.host.page_indices = i32(indices_, int64_t(indices_.size()));
-  c.host.last_page_len = i32(last_page_len_, count);
-  return c;
+  const size_t n = size_t(sh.layers) * size_t(rows_per_layer) * row;
+  k_.assign(n, 0.f);
+  v_.assign(n, 0.f);
+}
+
+KvCacheView KvCache::view(int layer, int slot0, int count) {
+  const KvCacheShape& sh = book_.shape();
+  if (count < 0) count = sh.slots - slot0;
+  if (layer < 0 || layer >= sh.layers || slot0 < 0 || count < 1 || slot0 + count > sh.slots) {
+    fail("KV cache view of layer " + std::to_string(layer) + ", slots [" + std::to_string(slot0) + ", " +
+         std::to_string(slot0 + count) + ") is outside " + std::to_string(sh.layers) + " layers x " + std::to_string(sh.slots) +
+         " slots");
+  }
+  const int64_t row = int64_t(sh.kv_heads) * sh.head_dim;
+  if (paged()) {
+    std::vector<int> slots(count);
+    for (int i = 0; i < count; ++i) slots[i] = slot0 + i;
+    book_.page_table(slots.data(), count, table_);
+    const size_t layer_off = size_t(layer) * sh.pages * sh.page_size * row;
+    return kv_paged_view(sh, k_.data() + layer_off, v_.data() + layer_off, DType::f32, Device::cpu(), table_);
+  }
+  const size_t layer_off = size_t(layer) * sh.slots * sh.capacity * row;
+  return kv_cache_view(sh, k_.data() + layer_off, v_.data() + layer_off, DType::f32, Device::cpu(), slot0, count,
+                       book_.lengths() + slot0);
 }
 
 }  // namespace flashlite::engine

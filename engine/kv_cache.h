@@ -47,6 +47,48 @@ class PageAllocator {
 KvCacheView kv_cache_view(const KvCacheShape& shape, void* k, void* v, DType dtype, Device device, int slot0, int count,
                           const int32_t* host_lens, const int32_t* device_lens = nullptr);
 
+// A CSR page table of `count` sequences (flashlite's paged index): indptr [count + 1], indices [indptr[count]] (at
+// least one element, so that the pointer is valid), last_page_len [count].
+struct PageTable {
+  std::vector<int32_t> indptr, indices, last_page_len;
+  int count() const { return int(last_page_len.size()); }
+};
+// The flashlite view of one layer's page pools k, v (each [pages, page_size, kv_heads, head_dim], contiguous) with the
+// page table `host` (and `device`: the same arrays on the cache's device, for CUDA caches; null pointers otherwise).
+struct PageTablePointers {
+  const int32_t* indptr = nullptr;
+  const int32_t* indices = nullptr;
+  const int32_t* last_page_len = nullptr;
+};
+KvCacheView kv_paged_view(const KvCacheShape& shape, void* k, void* v, DType dtype, Device device, const PageTable& host,
+                          const PageTablePointers& device_table = {});
+
+// The index of a cache, apart from its storage: each slot's length and, paged, the pages it holds (taken from a
+// PageAllocator as it grows, given back as it shrinks or resets). The CPU cache (KvCache) and the CUDA model keep one.
+class KvBook {
+ public:
+  KvBook() = default;
+  explicit KvBook(const KvCacheShape& shape);  // throws Error when a size is not positive or the page size is out of range
+  const KvCacheShape& shape() const { return s_; }
+  bool paged() const { return s_.page_size > 0; }
+  int length(int slot) const { return lengths_.at(slot); }
+  const int32_t* lengths() const { return lengths_.data(); }
+  // Throws Error outside [0, capacity] or, paged, when the pages it needs are not free (then nothing changes).
+  void set_length(int slot, int len);
+  const PageAllocator& pages() const { return alloc_; }
+  // The page table of `slots` (in that order) at their lengths.
+  void page_table(const int* slots, int count, PageTable& out) const;
+  // Where position `pos` of `slot` lies in a layer's storage, in rows of kv_heads x head_dim: page * page_size +
+  // pos % page_size (paged; the page must be held), else slot * capacity + pos.
+  int64_t row(int slot, int pos) const;
+
+ private:
+  KvCacheShape s_;
+  std::vector<int32_t> lengths_;
+  PageAllocator alloc_;
+  std::vector<std::vector<int32_t>> slot_pages_;  // paged: each slot's pages in token order
+};
+
 // A run of a forward call's inputs that one library call serves: `count` consecutive inputs from `first` on the
 // consecutive slots slot0 .. slot0 + count - 1, each with n new tokens (a decode step over slots 0..B-1, or a batch of
 // equal prompts, is one group).
@@ -60,13 +102,13 @@ class KvCache {
   KvCache() = default;
   explicit KvCache(const KvCacheShape& shape);  // throws Error when a size is not positive or too large
 
-  const KvCacheShape& shape() const { return s_; }
-  int length(int slot) const { return lengths_.at(slot); }
+  const KvCacheShape& shape() const { return book_.shape(); }
+  int length(int slot) const { return book_.length(slot); }
   // Throws Error outside [0, capacity] or, paged, when the pages it needs are not free (then nothing changes).
-  void set_length(int slot, int len);
+  void set_length(int slot, int len) { book_.set_length(slot, len); }
   void reset(int slot) { set_length(slot, 0); }
-  bool paged() const { return s_.page_size > 0; }
-  const PageAllocator& pages() const { return alloc_; }
+  bool paged() const { return book_.paged(); }
+  const PageAllocator& pages() const { return book_.pages(); }
 
   // Layer `layer` as a flashlite cache over the `count` slots from slot0 (default: every slot) at their lengths.
   // Paged: its page table lives in this object until the next view() call.
@@ -74,13 +116,9 @@ class KvCache {
   size_t bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
 
  private:
-  KvCacheView paged_view(int layer, int slot0, int count);
-  KvCacheShape s_;
-  std::vector<float> k_, v_;      // contiguous (layer, slot, capacity, kv_heads, head_dim); paged (layer, page, page_size, ...)
-  std::vector<int32_t> lengths_;  // (slots): the views' host seq_lens
-  PageAllocator alloc_;
-  std::vector<std::vector<int32_t>> slot_pages_;             // paged: each slot's pages in token order
-  std::vector<int32_t> indptr_, indices_, last_page_len_;  // paged: the last view's CSR page table
+  KvBook book_;
+  std::vector<float> k_, v_;  // contiguous (layer, slot, capacity, kv_heads, head_dim); paged (layer, page, page_size, ...)
+  PageTable table_;           // paged: the last view's page table
 };
 
 }  // namespace flashlite::engine
