@@ -1,7 +1,10 @@
 // The Llama model on a CUDA GPU: weights, KV cache and scratch on the device, and one forward call (a prefill, a
 // decode step, or a mix) as a sequence of launches: embedding, per layer QKV + RoPE + cache append, attention, O,
 // gate/up + SwiGLU, down, then the LM head and the selection the sampler asked for. The KV cache is a flashlite KV
-// cache on the device (engine/kv_cache.h: contiguous, per layer [slots, context, kv_heads, head_dim]). Decode steps of
+// cache on the device (engine/kv_cache.h): contiguous, per layer [slots, context, kv_heads, head_dim], or paged
+// (RuntimeOptions::kv_page_size: per layer a pool [pages, page_size, kv_heads, head_dim], pages taken as sequences
+// grow, the server's cache; then a decode step batches any slots, and prefill reads the cache through
+// flashlite::prefill). Its index (lengths, pages) is a KvBook on the host. Decode steps of
 // few rows take the fused GEMVs (gemv_sites.h; the QKV one rotates with the library's device RoPE and appends to the
 // cache in its epilogue) and flashlite::decode and are replayed from CUDA graphs (step_graphs.h); everything else
 // takes cuBLASLt (gemm.h), flashlite::append_kv, the small kernels of ops.h and flashlite::forward over the cache.
@@ -47,6 +50,8 @@ struct Step {
   bool decode = false;        // one new token for each of slots 0..rows-1: one batched decode launch per layer
   bool fused_argmax = false;  // the greedy argmax folded into the LM-head GEMV
   std::vector<int32_t> lens_after;  // each input's sequence length after this step (host; device: step_in(3))
+  std::vector<int32_t> lens_before;  // ... before it (restored when the step fails)
+  std::vector<int32_t> cu_rows;      // paged prefill: the inputs' first rows and the total (host, ragged q)
   std::vector<KvGroup> groups;      // the inputs as runs of slots (append_kv calls)
   DecodePlan plan;                  // decode
 };
@@ -74,7 +79,6 @@ class LlamaCuda final : public LlamaModel {
     if (context_ > c_.max_seq_len) fail("context " + std::to_string(context_) + " exceeds the model's maximum of " + std::to_string(c_.max_seq_len));
     if (o.slots < 1) fail("batch (slots) must be at least 1");
     slots_ = o.slots;
-    lengths_.assign(slots_, 0);
     cuda_check(cudaStreamCreate(&stream_), "stream creation");
     gemm_ = std::make_unique<cuda_ops::Gemm>();  // after the device checks: it allocates on the device
     if (o.cuda.profile) profile_.emplace(stream_);
@@ -85,8 +89,19 @@ class LlamaCuda final : public LlamaModel {
     cos_.reserve(table, "RoPE cos");
     sin_.reserve(table, "RoPE sin");
     cuda_ops::rope_tables(cos_.as<float>(), sin_.as<float>(), rope_, context_, c_.head_dim);
-    kv_shape_ = {c_.n_layers, slots_, context_, c_.n_kv_heads, c_.head_dim};
-    const size_t kv_bytes = size_t(slots_) * context_ * c_.kv_dim() * esize();
+    const int page = std::max(0, o.kv_page_size);
+    const int pages = page == 0 ? 0 : o.kv_pages > 0 ? o.kv_pages : slots_ * ((context_ + page - 1) / page);
+    kv_shape_ = {c_.n_layers, slots_, context_, c_.n_kv_heads, c_.head_dim, page, pages};
+    book_ = KvBook(kv_shape_);
+    const size_t rows_per_layer = page ? size_t(pages) * page : size_t(slots_) * context_;
+    const size_t kv_bytes = rows_per_layer * c_.kv_dim() * esize();
+    if (paged()) {  // the step's page table: indptr (slots + 1), last_page_len (slots), indices (every page)
+      const size_t ints = 2 * size_t(slots_) + 1 + size_t(pages);
+      table_dev_.reserve(ints * 4, "the page table");
+      table_host_.reserve(ints * 4);
+      table_ = PageTable{{0, 1}, {0}, {1}};  // one token on page 0: what the probes and attention_kernel() plan with
+      upload_table(nullptr);
+    }
     k_cache_.resize(c_.n_layers);
     v_cache_.resize(c_.n_layers);
     for (int l = 0; l < c_.n_layers; ++l) {
@@ -97,6 +112,11 @@ class LlamaCuda final : public LlamaModel {
     }
     attention_ = choose_attention();
     decode_ok_ = probe_decode();
+    if (paged() && !decode_ok_) {
+      const int32_t one = 1;
+      fail("a paged KV cache on CUDA needs flashlite's decode and prefill kernels (bf16, head_dim 64 or 128): " +
+           plan_decode(decode_args(0, 1, &one, nullptr)).unsupported);
+    }
     if (o.cuda.verbose) print_plan();
   }
 
@@ -107,8 +127,12 @@ class LlamaCuda final : public LlamaModel {
   const ModelConfig& config() const override { return c_; }
   int slots() const override { return slots_; }
   int context() const override { return context_; }
-  int length(int slot) override { return lengths_.at(slot); }
-  void reset(int slot) override { lengths_.at(slot) = 0; }
+  int length(int slot) override { return book_.length(slot); }
+  void reset(int slot) override { book_.set_length(slot, 0); }  // a paged slot's pages go back
+  KvUsage kv_usage() override {
+    if (!paged()) return LlamaModel::kv_usage();
+    return {kv_shape_.page_size, book_.pages().total(), book_.pages().used()};
+  }
   std::string device() const override {
     return std::string("cuda:") + std::to_string(opt_.device_index) + " " +
            ::flashlite::cuda_device_info(opt_.device_index).name + " (" +
@@ -166,9 +190,31 @@ class LlamaCuda final : public LlamaModel {
   }
 
   // Layer `layer`'s flashlite KV cache over the `count` slots from slot0, holding host_lens / device_lens tokens.
+  // Paged: the step's inputs [slot0, slot0 + count) of its page table (the lengths are the table's).
   KvCacheView cache_view(int layer, int slot0, int count, const int32_t* host_lens, const int32_t* device_lens) const {
+    if (paged()) {
+      return kv_paged_view(kv_shape_, k_cache_[layer]->ptr, v_cache_[layer]->ptr, dtype(), Device::cuda(opt_.device_index),
+                           slot0, count, int64_t(table_.indices.size()), pointers(table_), table_device());
+    }
     return kv_cache_view(kv_shape_, k_cache_[layer]->ptr, v_cache_[layer]->ptr, dtype(), Device::cuda(opt_.device_index),
                          slot0, count, host_lens, device_lens);
+  }
+
+  bool paged() const { return kv_shape_.page_size > 0; }
+  // The page table's arrays on the device (paged): indptr, last_page_len, indices, laid out for slots_ sequences.
+  PageTablePointers table_device() const {
+    const int32_t* t = table_dev_.as<int32_t>();
+    return {t, t + 2 * slots_ + 1, t + slots_ + 1};
+  }
+  // table_ to the device through the pinned staging buffer, on `stream` (null: synchronously, at construction).
+  void upload_table(cudaStream_t stream) {
+    int32_t* h = table_host_.as<int32_t>();
+    std::copy(table_.indptr.begin(), table_.indptr.end(), h);
+    std::copy(table_.last_page_len.begin(), table_.last_page_len.end(), h + slots_ + 1);
+    std::copy(table_.indices.begin(), table_.indices.end(), h + 2 * slots_ + 1);
+    const size_t bytes = (2 * size_t(slots_) + 1 + table_.indices.size()) * 4;
+    if (stream) cuda_check(cudaMemcpyAsync(table_dev_.ptr, h, bytes, cudaMemcpyHostToDevice, stream), "page table upload");
+    else cuda_check(cudaMemcpy(table_dev_.ptr, h, bytes, cudaMemcpyHostToDevice), "page table upload");
   }
 
   // [count, n, heads, head_dim] device view of `heads` heads from column `col` of the fused QKV rows from `row0`
@@ -194,6 +240,23 @@ class LlamaCuda final : public LlamaModel {
                                 {1, n, c_.n_heads, D}, {int64_t(n) * c_.q_dim(), c_.q_dim(), D, 1});
     a.options.causal = true;
     a.backend = attention_;
+    a.stream = stream_;
+    return a;
+  }
+
+  // Paged: every input's new rows (a ragged batch) over its cached sequence, one flashlite::prefill call.
+  PrefillArgs prefill_args(int layer, const Step& st) {
+    const int D = c_.head_dim, qd = c_.q_dim();
+    PrefillArgs a;
+    a.q = qkv_rows(0, 0, 1, st.rows, c_.n_heads);
+    a.out = TensorView::strided(att_.ptr, dtype(), Device::cuda(opt_.device_index), {1, st.rows, c_.n_heads, D},
+                                {int64_t(st.rows) * qd, qd, D, 1});
+    const int count = int(st.row0.size());
+    a.cache = cache_view(layer, 0, count, st.lens_after.data(), step_in(3));
+    a.options.causal = true;
+    a.options.cu_seqlens_q = TensorView::contiguous(const_cast<int32_t*>(st.cu_rows.data()), DType::i32, Device::cpu(),
+                                                    {count + 1});
+    a.backend = Backend::cuda;
     a.stream = stream_;
     return a;
   }
@@ -275,6 +338,7 @@ class LlamaCuda final : public LlamaModel {
 
   LogitsOutput run(const std::vector<SequenceInput>& inputs, const LogitsRequest& request);
   Step stage(const std::vector<SequenceInput>& inputs, const LogitsRequest& request);
+  void restore(const Step& st, const std::vector<SequenceInput>& inputs);  // the lengths before the step
   void queue(const Step& st, const std::vector<SequenceInput>& inputs, const LogitsRequest& request);
   void download(const Step& st, const LogitsRequest& request);
   LogitsOutput selected(const Step& st, const LogitsRequest& request);
@@ -291,8 +355,11 @@ class LlamaCuda final : public LlamaModel {
   Backend attention_ = Backend::cuda;
   bool decode_ok_ = false;  // the batched decode kernel takes this model
   RopeOptions rope_;        // the model's RoPE as the library applies it
-  KvCacheShape kv_shape_;   // the flashlite KV cache of every layer: [slots, context, kv_heads, head_dim]
-  std::vector<int> lengths_;
+  KvCacheShape kv_shape_;   // the flashlite KV cache of every layer (contiguous or paged)
+  KvBook book_;             // its lengths and pages
+  PageTable table_;         // paged: the current step's page table (its inputs in order), on the device in table_dev_
+  DeviceBuffer table_dev_;
+  PinnedBuffer table_host_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda_ops::Gemm> gemm_;
   cuda_ops::StepGraphs graphs_;
@@ -300,7 +367,7 @@ class LlamaCuda final : public LlamaModel {
   DeviceBuffer embedding_, rms_final_, lm_head_;  // (vocab, dim), (dim), (vocab, dim) unless tied
   DeviceBuffer cos_, sin_;                        // (context, head_dim / 2) fp32: rope_cos_sin of the library
   std::vector<Layer> layers_;
-  std::vector<std::unique_ptr<DeviceBuffer>> k_cache_, v_cache_;  // per layer [slots, context, kv_heads, head_dim]
+  std::vector<std::unique_ptr<DeviceBuffer>> k_cache_, v_cache_;  // per layer: [slots, context, ...] or [pages, page_size, ...]
   // Activations for `rows` rows: x (rows, dim) fp32 residual stream; xb (rows, dim) normed; qkv (rows, q_dim + 2 kv_dim);
   // att (rows, q_dim); h13 (rows, 2 hidden); hb (rows, hidden); xo (rows, dim) a projection before its residual add.
   DeviceBuffer x_, xb_, qkv_, att_, h13_, hb_, xo_;
@@ -317,14 +384,13 @@ class LlamaCuda final : public LlamaModel {
 // Validates the inputs, lays out the step (rows, logit rows, decode plan) and starts the step inputs' upload.
 Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequest& request) {
   std::vector<int32_t> tokens, pos, logit_index;
-  std::vector<int64_t> cache_row;
   Step st;
   // Nothing to run: zero rows would reach the kernels as zero-block launches (and, inside a graph capture, turn the
   // graphs off for good). Rejected before anything is uploaded or launched.
   if (inputs.empty()) fail("forward needs at least one input sequence; got none");
   for (const SequenceInput& in : inputs) {
     if (in.slot < 0 || in.slot >= slots_) fail("slot " + std::to_string(in.slot) + " is outside [0, " + std::to_string(slots_) + ")");
-    const int n = int(in.tokens.size()), len = lengths_[in.slot];
+    const int n = int(in.tokens.size()), len = book_.length(in.slot);
     if (n == 0) fail("an input sequence has no new tokens");
     if (len + n > context_) {
       fail("sequence would reach " + std::to_string(len + n) + " tokens (" + std::to_string(len) + " cached + " +
@@ -341,43 +407,68 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
       if (in.all_logits || i == n - 1) logit_index.push_back(int32_t(tokens.size()));
       tokens.push_back(t);
       pos.push_back(len + i);
-      cache_row.push_back(int64_t(in.slot) * context_ + len + i);
     }
+    st.lens_before.push_back(int32_t(len));
+    st.lens_after.push_back(int32_t(len + n));
   }
   st.rows = int(tokens.size());
   st.lrows = int(logit_index.size());
   if (request.kind == LogitsRequest::Kind::top_k && (request.k <= 0 || request.k >= c_.vocab_size)) {
     fail("top-k request for " + std::to_string(request.k) + " candidates; expected 0 < k < " + std::to_string(c_.vocab_size));
   }
-  ensure_scratch(st.rows, st.lrows);
-  if (request.kind == LogitsRequest::Kind::top_k) {
-    const size_t n = size_t(st.lrows) * request.k;
-    topk_values_dev_.reserve(n * 4, "top-k values");
-    topk_ids_dev_.reserve(n * 4, "top-k ids");
-    topk_values_host_.reserve(n * 4);
-    topk_ids_host_.reserve(n * 4);
-  }
-  st.gemv = use_gemv(st.rows);
-  st.fused_argmax = st.gemv && request.kind == LogitsRequest::Kind::argmax;
-  st.decode = decode_ok_ && st.rows == int(inputs.size());
-  for (size_t q = 0; st.decode && q < inputs.size(); ++q) st.decode = inputs[q].slot == int(q);
-  for (const SequenceInput& in : inputs) st.lens_after.push_back(int32_t(lengths_[in.slot] + int(in.tokens.size())));
-  std::copy(st.lens_after.begin(), st.lens_after.end(), step_in_host(3));
-  st.groups = kv_groups(inputs);
-  if (st.decode) {
-    st.plan = plan_decode(decode_args(0, st.rows, st.lens_after.data(), nullptr), context_);  // graph-stable
-    if (st.plan.workspace_bytes > decode_ws_.bytes) {
-      cuda_check(cudaStreamSynchronize(stream_), "decode workspace");
-      decode_ws_.reserve(st.plan.workspace_bytes, "the decode workspace");
+  // The library's order: the lengths (a paged slot's pages) grow before the appends. Restored when anything from
+  // here on fails, here or in run().
+  try {
+    for (size_t q = 0; q < inputs.size(); ++q) book_.set_length(inputs[q].slot, st.lens_after[q]);
+    std::vector<int64_t> cache_row;  // where each new token's K / V go: a row of the layer's storage
+    for (size_t q = 0; q < inputs.size(); ++q)
+      for (int p = st.lens_before[q]; p < st.lens_after[q]; ++p) cache_row.push_back(book_.row(inputs[q].slot, p));
+    ensure_scratch(st.rows, st.lrows);
+    if (request.kind == LogitsRequest::Kind::top_k) {
+      const size_t n = size_t(st.lrows) * request.k;
+      topk_values_dev_.reserve(n * 4, "top-k values");
+      topk_ids_dev_.reserve(n * 4, "top-k ids");
+      topk_values_host_.reserve(n * 4);
+      topk_ids_host_.reserve(n * 4);
     }
+    st.gemv = use_gemv(st.rows);
+    st.fused_argmax = st.gemv && request.kind == LogitsRequest::Kind::argmax;
+    // One batched decode launch per layer: one new token per input, on any slots when paged (the page table lists
+    // them in input order), else on slots 0..rows-1.
+    st.decode = decode_ok_ && st.rows == int(inputs.size());
+    for (size_t q = 0; st.decode && !paged() && q < inputs.size(); ++q) st.decode = inputs[q].slot == int(q);
+    std::copy(st.lens_after.begin(), st.lens_after.end(), step_in_host(3));
+    st.groups = kv_groups(inputs);
+    if (paged()) {
+      std::vector<int> slots;
+      for (const SequenceInput& in : inputs) slots.push_back(in.slot);
+      book_.page_table(slots.data(), int(slots.size()), table_);
+      st.cu_rows = st.row0;
+      st.cu_rows.push_back(st.rows);
+    }
+    if (st.decode) {
+      st.plan = plan_decode(decode_args(0, st.rows, st.lens_after.data(), nullptr), context_);  // graph-stable
+      if (st.plan.workspace_bytes > decode_ws_.bytes) {
+        cuda_check(cudaStreamSynchronize(stream_), "decode workspace");
+        decode_ws_.reserve(st.plan.workspace_bytes, "the decode workspace");
+      }
+    }
+    std::copy(tokens.begin(), tokens.end(), step_in_host(0));
+    std::copy(pos.begin(), pos.end(), step_in_host(1));
+    std::copy(logit_index.begin(), logit_index.end(), step_in_host(2));
+    std::copy(cache_row.begin(), cache_row.end(), reinterpret_cast<int64_t*>(step_in_host(4)));
+    cuda_check(cudaMemcpyAsync(step_in_dev_.ptr, step_in_host_.ptr, size_t(step_cap_) * 16 + size_t(st.rows) * 8,
+                               cudaMemcpyHostToDevice, stream_), "step input upload");
+    if (paged()) upload_table(stream_);
+  } catch (...) {
+    restore(st, inputs);
+    throw;
   }
-  std::copy(tokens.begin(), tokens.end(), step_in_host(0));
-  std::copy(pos.begin(), pos.end(), step_in_host(1));
-  std::copy(logit_index.begin(), logit_index.end(), step_in_host(2));
-  std::copy(cache_row.begin(), cache_row.end(), reinterpret_cast<int64_t*>(step_in_host(4)));
-  cuda_check(cudaMemcpyAsync(step_in_dev_.ptr, step_in_host_.ptr, size_t(step_cap_) * 16 + size_t(st.rows) * 8,
-                             cudaMemcpyHostToDevice, stream_), "step input upload");
   return st;
+}
+
+void LlamaCuda::restore(const Step& st, const std::vector<SequenceInput>& inputs) {
+  for (size_t q = 0; q < st.lens_before.size(); ++q) book_.set_length(inputs[q].slot, st.lens_before[q]);
 }
 
 // Queues the whole step on the stream (also what a graph captures): nothing here waits for the device.
@@ -430,7 +521,7 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
       // q rotated in place, k rotated and v appended to the cache: flashlite::append_kv, one launch per run of slots.
       for (const KvGroup& g : st.groups) {
         AppendArgs ap;
-        ap.cache = cache_view(l, g.slot0, g.count, st.lens_after.data() + g.first, step_in(3) + g.first);
+        ap.cache = cache_view(l, paged() ? g.first : g.slot0, g.count, st.lens_after.data() + g.first, step_in(3) + g.first);
         const int row0 = st.row0[g.first];
         ap.k = qkv_rows(row0, qd, g.count, g.n, c_.n_kv_heads);
         ap.v = qkv_rows(row0, qd + c_.kv_dim(), g.count, g.n, c_.n_kv_heads);
@@ -446,10 +537,12 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
     // att = attention(q, the cache)
     if (st.decode) {
       flashlite::decode(decode_args(l, rows, st.lens_after.data(), &st.plan));
+    } else if (paged()) {
+      flashlite::prefill(prefill_args(l, st));
     } else {
       for (size_t q = 0; q < inputs.size(); ++q) {
         const int n = int(inputs[q].tokens.size());
-        flashlite::forward(attention_args(l, inputs[q].slot, st.row0[q], n, lengths_[inputs[q].slot] + n));
+        flashlite::forward(attention_args(l, inputs[q].slot, st.row0[q], n, st.lens_after[q]));
       }
     }
     mark("attention");
@@ -547,10 +640,10 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
   } catch (...) {
     cudaStreamSynchronize(stream_);
     cudaGetLastError();
+    restore(st, inputs);
     throw;
   }
   if (profiled) profile_->collect(st.rows);
-  for (const SequenceInput& in : inputs) lengths_[in.slot] += int(in.tokens.size());
   return selected(st, request);
 }
 

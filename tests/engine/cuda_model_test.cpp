@@ -387,3 +387,101 @@ TEST(CudaEngine, NonFiniteLogitsAreRefusedAsOnTheHost) {
 }
 
 }  // namespace
+
+namespace {
+
+// The paged cache (the server's): a synthetic bf16 model (head_dim 64) through prefill chunks and decode steps over
+// slots in any order, against the contiguous cache (the same kernels but attention: within bf16 noise, the same
+// top-1) and against float64; pages taken as sequences grow and given back on reset, a full pool refused by name with
+// nothing changed.
+TEST(CudaEngine, PagedCacheMatchesContiguousAndFloat64) {
+  const synth::Spec spec{"cuda_paged", 256, 512, 2, 4, 2, 64, 300, "BF16", false, true, 0};
+  const auto dir = synth::fresh_dir(spec.name);
+  const reftest::RefModel ref = synth::write_checkpoint(dir, spec, 78);
+  const eng::ModelWeights w = eng::load_checkpoint(dir.string());
+  eng::RuntimeOptions o;
+  o.precision = "bf16";
+  o.slots = 4;
+  o.context = 128;
+  std::unique_ptr<eng::LlamaModel> flat;
+  try {
+    flat = eng::create_model(w, o, "cuda");
+  } catch (const flashlite::Error& e) {
+    GTEST_SKIP() << "no CUDA engine here: " << e.what();
+  }
+  o.kv_page_size = 16;
+  o.kv_pages = 18;  // 288 positions for 4 x 128: the pool, not the slots, runs out first
+  const auto paged = eng::create_model(w, o, "cuda");
+  EXPECT_EQ(paged->kv_usage().pages_total, 18);
+  // Three sequences: prompts of 40, 17 and 5 tokens in one call (slots 3, 0, 2: out of order), then 30 decode steps
+  // over those slots in another order, every row's logits kept.
+  std::vector<std::vector<int>> seq(4);
+  for (int s = 0; s < 4; ++s)
+    for (int i = 0; i < 80; ++i) seq[s].push_back((i * 37 + s * 11 + 3) % spec.vocab);
+  auto run = [&](eng::LlamaModel& m) {
+    std::vector<float> all;
+    auto add = [&](const std::vector<float>& l) { all.insert(all.end(), l.begin(), l.end()); };
+    add(m.forward({{3, {seq[3].begin(), seq[3].begin() + 40}, true},
+                   {0, {seq[0].begin(), seq[0].begin() + 17}, true},
+                   {2, {seq[2].begin(), seq[2].begin() + 5}, true}}));
+    for (int t = 0; t < 30; ++t) add(m.forward({{2, {seq[2][5 + t]}, true}, {3, {seq[3][40 + t]}, true}, {0, {seq[0][17 + t]}, true}}));
+    return all;
+  };
+  const std::vector<float> a = run(*flat), b = run(*paged);
+  ASSERT_EQ(a.size(), b.size());
+  double diff = 0, scale = 0;
+  int top1 = 0, rows = int(a.size() / spec.vocab);
+  for (int r = 0; r < rows; ++r) {
+    int ia = 0, ib = 0;
+    for (int v = 0; v < spec.vocab; ++v) {
+      const size_t i = size_t(r) * spec.vocab + v;
+      diff = std::max(diff, std::isfinite(b[i]) ? std::abs(double(a[i]) - b[i]) : INFINITY);
+      scale = std::max(scale, std::abs(double(a[i])));
+      if (a[i] > a[size_t(r) * spec.vocab + ia]) ia = v;
+      if (b[i] > b[size_t(r) * spec.vocab + ib]) ib = v;
+    }
+    top1 += ia == ib;
+  }
+  EXPECT_LT(diff, 0.02 * scale) << diff;
+  EXPECT_GE(top1, rows - 2);
+  // Slot 3 against float64: its 70 positions.
+  const auto want = reftest::forward_all(ref, {seq[3].begin(), seq[3].begin() + 70});
+  std::vector<float> got3(b.begin(), b.begin() + size_t(40) * spec.vocab);
+  for (int t = 0; t < 30; ++t) {
+    const size_t row = size_t(40 + 17 + 5 + 3 * t + 1);  // the decode step's second row is slot 3
+    got3.insert(got3.end(), b.begin() + row * spec.vocab, b.begin() + (row + 1) * spec.vocab);
+  }
+  const Errors e = compare(got3, want);
+  EXPECT_LT(e.max_abs, 0.05 * e.max_ref);
+  // Pages: 47 + 35 + 70 tokens hold 3 + 3 + 5; an 8-page prompt does not fit the 7 left of 18.
+  EXPECT_EQ(paged->kv_usage().pages_used, 11);
+  const std::vector<int> long_prompt(150, 7);
+  EXPECT_THROW(paged->forward({{1, {long_prompt.begin(), long_prompt.begin() + 128}}}), flashlite::Error);
+  EXPECT_EQ(paged->length(1), 0);
+  EXPECT_EQ(paged->kv_usage().pages_used, 11);
+  paged->reset(3);
+  EXPECT_EQ(paged->kv_usage().pages_used, 6);
+  EXPECT_NO_THROW(paged->forward({{1, {long_prompt.begin(), long_prompt.begin() + 100}}}));  // 7 pages now fit
+  EXPECT_EQ(paged->kv_usage().pages_used, 13);
+  std::filesystem::remove_all(dir);
+}
+
+// fp32 has no paged decode / prefill kernel on CUDA: refused by name.
+TEST(CudaEngine, PagedCacheNeedsTheTensorCoreKernels) {
+  const std::string path = reftest::models_dir() + "/stories260K/stories260K.bin";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "model absent: " << path;
+  const eng::ModelWeights w = eng::load_checkpoint(path);
+  std::string why;
+  if (!cuda_model(w, "fp32", 1, &why)) GTEST_SKIP() << "no CUDA engine here: " << why;
+  eng::RuntimeOptions o;
+  o.precision = "fp32";
+  o.kv_page_size = 16;
+  try {
+    eng::create_model(w, o, "cuda");
+    FAIL() << "a paged fp32 CUDA model was made";
+  } catch (const flashlite::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a paged KV cache on CUDA needs"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
