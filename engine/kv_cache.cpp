@@ -54,26 +54,27 @@ void PageAllocator::give_back(const int32_t* pages, int n) {
   for (int i = n - 1; i >= 0; --i) free_.push_back(pages[i]);
 }
 
-KvCacheView kv_paged_view(const KvCacheShape& s, void* k, void* v, DType dtype, Device device, const PageTable& host,
-                          const PageTablePointers& dev) {
+KvCacheView kv_paged_view(const KvCacheShape& s, void* k, void* v, DType dtype, Device device, int first, int count,
+                          int64_t n_indices, const PageTablePointers& host, const PageTablePointers& dev) {
   KvCacheView c;
   c.layout = KvLayout::paged;
   c.k = TensorView::contiguous(k, dtype, device, {s.pages, s.page_size, s.kv_heads, s.head_dim});
   c.v = TensorView::contiguous(v, dtype, device, {s.pages, s.page_size, s.kv_heads, s.head_dim});
-  const int64_t n = host.count(), n_indices = int64_t(host.indices.size());
   auto i32 = [](const int32_t* p, int64_t len, Device d) {
     return TensorView::contiguous(const_cast<int32_t*>(p), DType::i32, d, {len});
   };
-  c.host.page_indptr = i32(host.indptr.data(), n + 1, Device::cpu());
-  c.host.page_indices = i32(host.indices.data(), n_indices, Device::cpu());
-  c.host.last_page_len = i32(host.last_page_len.data(), n, Device::cpu());
+  c.host.page_indptr = i32(host.indptr + first, count + 1, Device::cpu());
+  c.host.page_indices = i32(host.indices, n_indices, Device::cpu());
+  c.host.last_page_len = i32(host.last_page_len + first, count, Device::cpu());
   if (dev.indptr) {
-    c.device.page_indptr = i32(dev.indptr, n + 1, device);
+    c.device.page_indptr = i32(dev.indptr + first, count + 1, device);
     c.device.page_indices = i32(dev.indices, n_indices, device);
-    c.device.last_page_len = i32(dev.last_page_len, n, device);
+    c.device.last_page_len = i32(dev.last_page_len + first, count, device);
   }
   return c;
 }
+
+PageTablePointers pointers(const PageTable& t) { return {t.indptr.data(), t.indices.data(), t.last_page_len.data()}; }
 
 KvBook::KvBook(const KvCacheShape& shape) : s_(shape) {
   if (s_.layers <= 0 || s_.slots <= 0 || s_.capacity <= 0 || s_.kv_heads <= 0 || s_.head_dim <= 0) {
@@ -155,7 +156,8 @@ KvCacheView KvCache::view(int layer, int slot0, int count) {
     for (int i = 0; i < count; ++i) slots[i] = slot0 + i;
     book_.page_table(slots.data(), count, table_);
     const size_t layer_off = size_t(layer) * sh.pages * sh.page_size * row;
-    return kv_paged_view(sh, k_.data() + layer_off, v_.data() + layer_off, DType::f32, Device::cpu(), table_);
+    return kv_paged_view(sh, k_.data() + layer_off, v_.data() + layer_off, DType::f32, Device::cpu(), 0, count,
+                         int64_t(table_.indices.size()), pointers(table_));
   }
   const size_t layer_off = size_t(layer) * sh.slots * sh.capacity * row;
   return kv_cache_view(sh, k_.data() + layer_off, v_.data() + layer_off, DType::f32, Device::cpu(), slot0, count,

@@ -53,15 +53,19 @@ struct PageTable {
   std::vector<int32_t> indptr, indices, last_page_len;
   int count() const { return int(last_page_len.size()); }
 };
-// The flashlite view of one layer's page pools k, v (each [pages, page_size, kv_heads, head_dim], contiguous) with the
-// page table `host` (and `device`: the same arrays on the cache's device, for CUDA caches; null pointers otherwise).
+// Where a page table's arrays lie (host, or the same values on a CUDA cache's device).
 struct PageTablePointers {
   const int32_t* indptr = nullptr;
   const int32_t* indices = nullptr;
   const int32_t* last_page_len = nullptr;
 };
-KvCacheView kv_paged_view(const KvCacheShape& shape, void* k, void* v, DType dtype, Device device, const PageTable& host,
-                          const PageTablePointers& device_table = {});
+// The flashlite view of one layer's page pools k, v (each [pages, page_size, kv_heads, head_dim], contiguous) for
+// sequences [first, first + count) of the page table `host` (`n_indices` page ids in all; its indptr values are
+// absolute, so a run of sequences is a slice), and `device`: the same arrays on the cache's device for CUDA caches
+// (null pointers otherwise).
+KvCacheView kv_paged_view(const KvCacheShape& shape, void* k, void* v, DType dtype, Device device, int first, int count,
+                          int64_t n_indices, const PageTablePointers& host, const PageTablePointers& device_table = {});
+PageTablePointers pointers(const PageTable& t);
 
 // The index of a cache, apart from its storage: each slot's length and, paged, the pages it holds (taken from a
 // PageAllocator as it grows, given back as it shrinks or resets). The CPU cache (KvCache) and the CUDA model keep one.

@@ -56,8 +56,8 @@ struct RuntimeOptions {
   Backend attention = Backend::automatic;  // flashlite backend; automatic = cpu on the CPU, cuda on the GPU
   std::string precision = "auto";          // CUDA: "bf16", "fp32", or auto (= bf16); the CPU path is fp32
   int device_index = 0;                    // CUDA device
-  // CPU: a paged KV cache (flashlite's paged layout) of kv_pages pages of kv_page_size tokens shared by the slots
-  // (0 pages: enough for every slot at full context); kv_page_size 0 = contiguous, one region per slot.
+  // A paged KV cache (flashlite's paged layout) of kv_pages pages of kv_page_size tokens shared by the slots (0 pages:
+  // enough for every slot at full context); kv_page_size 0 = contiguous, one region per slot. CUDA: bf16 only.
   int kv_page_size = 0;
   int kv_pages = 0;
   // Tensor parallelism (docs/parallel.md): the model split over this many ranks, on the CPU threads of one process
