@@ -7,7 +7,7 @@
 //   query blocks (one q head):  the same S, P, dP, dS over the key blocks it sees, dQ += dS K, and the block's share
 //                               of dsink = -sum_i exp(sink - L_i) D_i (summed per head in task order).
 // The five products run on the forward's SIMD GEMM (src/cpu/tiled_kernels.h: the build the planner's cpu_simd_default
-// picks); the element-wise step between them is plain C++.
+// picks), and so does the element-wise step between them (bwd_row: exp and tanh by the forward's polynomials).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -100,16 +100,12 @@ struct Pass {
       float* drow = w.ds.data() + i * kTile;
       // A row without keys and without a sink has L = -inf: its P is 0 (exp(-inf - -inf) would be NaN).
       const float L = terms.lse[size_t(t0 + i)] == -inf ? inf : terms.lse[size_t(t0 + i)];
-      const float D = terms.delta[size_t(t0 + i)];
+      kern.bwd_row({srow, drow, kTile, scale, cap, L, terms.delta[size_t(t0 + i)]});
+      if (full && bk == kTile) continue;
       for (int64_t j = 0; j < kTile; ++j) {
-        const float x = srow[j] * scale;
-        const float t = cap > 0.f ? cap * std::tanh(x / cap) : x;
-        const bool visible = j < bk && (full || key_visible(p.mask, i0 + i, j0 + j, s.seq_q, s.seq_k));
-        const float pr = visible ? std::exp(t - L) : 0.f;
-        float g = pr * (drow[j] - D);
-        if (cap > 0.f) g *= 1.f - (t / cap) * (t / cap);
-        srow[j] = pr;
-        drow[j] = visible ? g * scale : 0.f;
+        if (j < bk && (full || key_visible(p.mask, i0 + i, j0 + j, s.seq_q, s.seq_k))) continue;
+        srow[j] = 0.f;
+        drow[j] = 0.f;
       }
     }
   }

@@ -90,6 +90,18 @@ struct SmallArgs {
   float* l;  // (n) running sum
 };
 
+// The backward's element-wise step (src/backward/cpu.cpp) on one row of a tile, n a multiple of the width. With
+// x = s[j] * scale and t = cap > 0 ? cap * tanh(x / cap) : x:
+//   p = e^(t - L);  s[j] = p;  ds[j] = p * (ds[j] - D) * (cap > 0 ? 1 - (t / cap)^2 : 1) * scale
+// (ds holds dP = dO V^T on entry). L = +inf gives p = 0; t - L past 128 (an lse that is not the forward's) gives +inf,
+// NaN stays NaN. The caller zeroes the masked entries afterwards.
+struct BwdRowArgs {
+  float* s;
+  float* ds;
+  int64_t n;
+  float scale, cap, lse, delta;
+};
+
 struct TiledKernels {
   const char* name;
   int width;  // floats per vector: query columns and padded head_dim are multiples of it
@@ -100,6 +112,7 @@ struct TiledKernels {
   // Null where the instruction set has no transposing sum (V::hsum_rows): those builds keep the tiled path.
   void (*small_scores)(const SmallArgs&);
   void (*small_softmax_pv)(const SmallArgs&);
+  void (*bwd_row)(const BwdRowArgs&);
 };
 
 const TiledKernels& kernels_portable();

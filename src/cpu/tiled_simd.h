@@ -189,6 +189,30 @@ struct TiledSimd {
     }
   }
 
+  // ---- The backward's element-wise step (BwdRowArgs).
+  static void bwd_row(const BwdRowArgs& a) {
+    constexpr float kLog2e = 1.44269504088896341f;
+    const reg scale = V::set1(a.scale), delta = V::set1(a.delta), log2e = V::set1(kLog2e);
+    const reg neg_lse = V::set1(-a.lse * kLog2e);  // lse = +inf (a row that saw nothing): p = 2^-inf = 0
+    const reg big = V::set1(128.0f), inf = V::set1(__builtin_inff()), one = V::set1(1.0f);
+    const bool capped = a.cap > 0.f;
+    const reg in_mul = V::set1(capped ? 1.0f / a.cap : 0.f), cap = V::set1(a.cap);
+    for (int64_t j = 0; j < a.n; j += W) {
+      reg t = V::mul(V::load(a.s + j), scale);
+      reg u = t;  // t / cap when capped
+      if (capped) {
+        u = tanh(V::mul(t, in_mul));
+        t = V::mul(cap, u);
+      }
+      const reg x = V::fma(t, log2e, neg_lse);
+      const reg p = V::select_lt(big, x, inf, exp2(V::min(big, x)));  // NaN passes both
+      reg g = V::mul(p, V::sub(V::load(a.ds + j), delta));
+      if (capped) g = V::mul(g, V::sub(one, V::mul(u, u)));
+      V::store(a.s + j, p);
+      V::store(a.ds + j, V::mul(g, scale));
+    }
+  }
+
   // ---- Decode-shaped tasks (SmallArgs): W keys at a time, one accumulator per key over head_dim, then one
   // transposing sum turns the W accumulators into W scores.
   // W keys from c0 (count of them real, the rest summing zero accumulators): one transposing sum gives W scores.
@@ -367,9 +391,10 @@ struct TiledSimd {
 
   static constexpr TiledKernels table(const char* name) {
     if constexpr (HasHsumRows<V>::value) {
-      return {name, W, &gemm, &convert, &online_softmax, &softcap, &small_scores_impl<V>, &small_softmax_pv_impl<V>};
+      return {name, W, &gemm, &convert, &online_softmax, &softcap, &small_scores_impl<V>, &small_softmax_pv_impl<V>,
+              &bwd_row};
     } else {
-      return {name, W, &gemm, &convert, &online_softmax, &softcap, nullptr, nullptr};
+      return {name, W, &gemm, &convert, &online_softmax, &softcap, nullptr, nullptr, &bwd_row};
     }
   }
 };
