@@ -176,15 +176,18 @@ step_sanitize() {
   return $rc
 }
 
-step_tp() {  # 2+ GPUs: the NCCL tests, TP 2 against TP 1 on an 8B-shaped checkpoint, and the TP benchmark (bench/e2e.py)
+step_tp() {  # 2+ GPUs: the NCCL tests, TP 2 (and 4) against TP 1 on an 8B-shaped checkpoint, the TP benchmark (bench/e2e.py)
   local gpus ckpt=/tmp/flashlite_llama3_8b_random rc=0
   gpus="$(nvidia-smi -L 2>/dev/null | wc -l)"
   [ "$gpus" -lt 2 ] && { echo "$gpus GPU(s): tensor parallelism needs 2 (its CPU tests ran in ctest)"; return 0; }
   "$build/tests/engine/flashlite_engine_tensor_parallel_test" > "$logs/tp_test.log" 2>&1 || rc=1
   tail -3 "$logs/tp_test.log"
-  # The checkpoint (16 GB, written once) and the benchmark rows: TP 1 and 2, batch 1 and 16, prompt 512 and 4096.
+  # The checkpoint (16 GB, written once) and the benchmark rows: TP 1, 2 (and 4 on 4+ GPUs), batch 1 and 16, prompt
+  # 512 and 4096.
+  local tps=1,2
+  [ "$gpus" -ge 4 ] && tps=1,2,4
   pyenv python3 "$root/bench/e2e.py" --flashlite "$build/bin/flashlite" --shape llama3-8b --checkpoint "$ckpt" \
-    --tp 1,2 --batches 1,16 --prompts 512,4096 --repeats 1 --skip-transformers --out "$dest/e2e_tp.json" \
+    --tp "$tps" --batches 1,16 --prompts 512,4096 --repeats 1 --skip-transformers --out "$dest/e2e_tp.json" \
     > "$logs/e2e_tp.log" 2>&1 || rc=1
   tail -4 "$logs/e2e_tp.log"
   FLASHLITE_BIN="$build/bin/flashlite" FLASHLITE_TP_CHECKPOINT="$ckpt" pyenv python3 -m pytest -q -rs -p no:cacheprovider \
