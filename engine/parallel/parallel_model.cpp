@@ -49,9 +49,15 @@ ParallelModel::~ParallelModel() {
   if (threads_) threads_->run([&](int r) { ranks_[r].reset(); });  // each on the thread (and GPU) that made it
 }
 
-void ParallelModel::on_all_ranks(const std::function<void(int)>& fn) {
+void ParallelModel::on_all_ranks(const std::function<void(int)>& fn, std::chrono::milliseconds deadline) {
   if (broken_) fail("the tensor-parallel group failed earlier and cannot run again; restart the model");
-  const std::vector<std::exception_ptr> errors = threads_->run(fn, [&](int) { group_->abort(); });
+  const std::vector<std::exception_ptr> errors =
+      threads_->run(fn, [&](int) { group_->abort(); }, deadline, [&] { group_->abort(); });
+  if (threads_->timed_out()) {
+    if (!group_->recover()) broken_ = true;
+    fail_runtime("a tensor-parallel step did not finish on every rank within " + std::to_string(deadline.count()) +
+                 " ms; the group was aborted" + (broken_ ? " and the model must be restarted" : ""));
+  }
   int first = -1;  // the first rank's own error, not the CollectiveAborted that the abort gave the others
   for (int r = 0; r < int(errors.size()) && first < 0; ++r) {
     if (!errors[r]) continue;
@@ -73,7 +79,7 @@ void ParallelModel::on_all_ranks(const std::function<void(int)>& fn) {
 
 void ParallelModel::step(const std::vector<SequenceInput>& inputs, const std::function<void(int)>& fn) {
   try {
-    on_all_ranks(fn);
+    on_all_ranks(fn, step_deadline_);
   } catch (...) {
     // A failure after some ranks appended (possible only past the last collective) must not leave the ranks
     // disagreeing about a sequence: such a sequence is dropped on every rank.

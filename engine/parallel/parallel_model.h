@@ -3,6 +3,7 @@
 // CUDA model holding its shard (ModelWeights::shard). Each forward call runs on all ranks at once; inside, the O and
 // down projections' partial sums are all-reduced (a Collective: in-process on the CPU, NCCL between GPUs), and the
 // ranks' logits columns are gathered here, so that callers see one model of the whole vocabulary.
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -22,6 +23,9 @@ class ParallelModel final : public LlamaModel {
   // too few.
   using RankLoader = std::function<ModelWeights(int rank, int ranks)>;
   ParallelModel(int ranks, const RankLoader& load, const RuntimeOptions& options, const std::string& device);
+  // How long one forward call may take on all ranks before the group is aborted (no collective waits forever).
+  static constexpr std::chrono::milliseconds kStepDeadline{300'000};
+  void set_step_deadline(std::chrono::milliseconds d) { step_deadline_ = d; }  // tests
   ~ParallelModel() override;
 
   const std::vector<float>& forward(const std::vector<SequenceInput>& inputs) override;
@@ -42,8 +46,9 @@ class ParallelModel final : public LlamaModel {
 
  private:
   // fn(r) on every rank's thread; on a failure, the group is aborted (so no rank waits for the failed one) and the
-  // first rank's own error is rethrown.
-  void on_all_ranks(const std::function<void(int)>& fn);
+  // first rank's own error is rethrown. With a deadline, ranks not all done by then abort the group too (a rank that
+  // never reached a collective: a hung device, say) and the call fails saying so.
+  void on_all_ranks(const std::function<void(int)>& fn, std::chrono::milliseconds deadline = std::chrono::milliseconds(0));
   // on_all_ranks for a forward call over `inputs`: after a failure no sequence is left cached on some ranks only.
   void step(const std::vector<SequenceInput>& inputs, const std::function<void(int)>& fn);
 
@@ -52,6 +57,7 @@ class ParallelModel final : public LlamaModel {
   std::vector<ModelWeights> weights_;     // per rank (a CPU rank reads them in place; CUDA ranks drop them after upload)
   std::unique_ptr<CollectiveGroup> group_;
   bool broken_ = false;                   // the group could not recover from a failure
+  std::chrono::milliseconds step_deadline_ = kStepDeadline;
   std::vector<std::unique_ptr<LlamaModel>> ranks_;
   std::vector<const std::vector<float>*> rank_logits_;
   std::vector<LogitsOutput> rank_selected_;

@@ -16,14 +16,23 @@ RankThreads::~RankThreads() {
 }
 
 std::vector<std::exception_ptr> RankThreads::run(const std::function<void(int)>& fn,
-                                                 const std::function<void(int)>& on_error) {
+                                                 const std::function<void(int)>& on_error,
+                                                 std::chrono::milliseconds deadline,
+                                                 const std::function<void()>& on_timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   fn_ = &fn;
   on_error_ = on_error ? &on_error : nullptr;
   errors_.assign(threads_.size(), nullptr);
   pending_ = int(threads_.size());
+  timed_out_ = false;
   ++job_;
   work_.notify_all();
+  if (deadline.count() > 0 && !done_.wait_for(lock, deadline, [&] { return pending_ == 0; })) {
+    timed_out_ = true;
+    lock.unlock();  // the abort may need the ranks to make progress
+    if (on_timeout) on_timeout();
+    lock.lock();
+  }
   done_.wait(lock, [&] { return pending_ == 0; });
   fn_ = on_error_ = nullptr;
   return errors_;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -343,6 +344,36 @@ TEST(LocalGroup, SumsInRankOrderAndAbortsWithoutWaiting) {
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(data[r][i], 3 * expect[i] - (3 * expect[i] - data[0][i])) << i;
   }
   EXPECT_THROW(group.member(0).all_reduce_sum(data[0].data(), n, DType::bf16, nullptr), flashlite::Error);
+}
+
+// A rank that never reaches its collective (a hung device, say): the deadline aborts the group, the waiting ranks
+// are released, the late rank fails at its collective, and nothing waits forever.
+TEST(LocalGroup, ADeadlineReleasesRanksWaitingForOneThatNeverCame) {
+  const int ranks = 3;
+  eng::LocalGroup group(ranks);
+  eng::RankThreads threads(ranks);
+  std::vector<std::vector<float>> data(ranks, std::vector<float>(64, 1.f));
+  std::atomic<bool> released{false};
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto errors = threads.run(
+      [&](int r) {
+        if (r == 1) {  // late: arrives only after the others were released
+          while (!released) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        group.member(r).all_reduce_sum(data[r].data(), 64, DType::f32, nullptr);
+      },
+      [&](int) { released = true; }, std::chrono::milliseconds(100), [&] { group.abort(); });
+  EXPECT_TRUE(threads.timed_out());
+  for (int r = 0; r < ranks; ++r) EXPECT_THROW(std::rethrow_exception(errors[r]), eng::CollectiveAborted) << r;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_TRUE(group.recover());
+  const auto again = threads.run([&](int r) { group.member(r).all_reduce_sum(data[r].data(), 64, DType::f32, nullptr); },
+                                 {}, std::chrono::milliseconds(5000), [&] { group.abort(); });
+  EXPECT_FALSE(threads.timed_out());
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_FALSE(again[r]);
+    EXPECT_EQ(data[r][0], 3.f);
+  }
 }
 
 // Two GPUs (the GPU machine with 2 H100s; 4 where there are four): TP 2 (and 4) through NCCL against TP 1, bf16
