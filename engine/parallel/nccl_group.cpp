@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -58,7 +59,7 @@ class NcclGroup final : public CollectiveGroup {
   Collective& member(int r) override { return *members_.at(r); }
   // Kernels of an aborted communicator return, so a rank whose peer failed is not left spinning on the GPU.
   void abort() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::shared_mutex> lock(mu_);  // no rank is inside ncclAllReduce while its comm goes
     if (aborted_) return;
     aborted_ = true;
     for (ncclComm_t& c : comms_) {
@@ -75,6 +76,7 @@ class NcclGroup final : public CollectiveGroup {
     int rank() const override { return rank_; }
     int ranks() const override { return g_.ranks(); }
     void all_reduce_sum(void* data, size_t n, DType dtype, void* stream) override {
+      std::shared_lock<std::shared_mutex> lock(g_.mu_);
       if (g_.aborted_) throw CollectiveAborted();
       nccl_check(ncclAllReduce(data, data, n, nccl_type(dtype), ncclSum, g_.comms_[rank_], cudaStream_t(stream)),
                  "all-reduce");
@@ -87,7 +89,7 @@ class NcclGroup final : public CollectiveGroup {
 
   std::vector<ncclComm_t> comms_;
   std::vector<std::unique_ptr<Member>> members_;
-  std::mutex mu_;
+  std::shared_mutex mu_;
   std::atomic<bool> aborted_{false};
 };
 
