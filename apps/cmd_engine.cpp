@@ -31,7 +31,7 @@ struct ModelSettings {
   std::string model, tokenizer, device = "cpu", attention = "auto", precision = "auto";
   int threads = 0, context = 0, tp = 1;
   bool json_out = false;
-  bool no_graphs = false, profile = false, verbose = false;  // CUDA: CudaEngineOptions
+  bool no_graphs = false, profile = false, verbose = false, nccl_only = false;  // CUDA: CudaEngineOptions
 };
 
 struct SamplingSettings {
@@ -68,6 +68,8 @@ void add_model_options(CLI::App* cmd, ModelSettings& m) {
   cmd->add_flag("--json", m.json_out, "Print one JSON object instead of streaming text");
   cmd->add_flag("--no-graphs", m.no_graphs, "CUDA: launch each decode step's kernels one by one instead of replaying "
                                             "a CUDA graph (debugging; slower)");
+  cmd->add_flag("--nccl-only", m.nccl_only, "CUDA --tp: every all-reduce through NCCL, none through the one-shot "
+                                            "kernel over NVLink peer memory (comparison, debugging)");
   cmd->add_flag("--profile", m.profile, "CUDA: print per-kernel-group times of decode steps on stderr every 16 steps "
                                         "(those steps run eagerly, without graphs)");
   cmd->add_flag("--verbose", m.verbose, "CUDA: print how the model runs (device, GEMVs or cuBLASLt, graphs, PDL, "
@@ -202,6 +204,7 @@ eng::RuntimeOptions runtime_options(const ModelSettings& m) {
   ro.precision = m.precision;
   ro.cuda.graphs = !m.no_graphs;
   ro.cuda.profile = m.profile;
+  ro.cuda.one_shot_allreduce = !m.nccl_only;
   ro.cuda.verbose = m.verbose;
   return ro;
 }

@@ -119,9 +119,10 @@ def all_reduce_us(args, model_dir, batch, tp):
     return {"all_reduce_us_per_step": reduces[0], "profiled_step_us": totals[0] if totals else None}
 
 
-def run_engine(args, model_dir, batch, prompt, new, tp=1):
+def run_engine(args, model_dir, batch, prompt, new, tp=1, extra=()):
     cmd = [args.flashlite, "generate", "--model", str(model_dir), "--device", "cuda", "--prompt-tokens", str(prompt),
-           "--batch", str(batch), "--max-tokens", str(new), "--ignore-eos", "--warmup", "1", "--json", "--tp", str(tp)]
+           "--batch", str(batch), "--max-tokens", str(new), "--ignore-eos", "--warmup", "1", "--json", "--tp", str(tp),
+           *extra]
     runs = []
     for _ in range(args.repeats):
         proc = subprocess.run(cmd, capture_output=True)
@@ -165,6 +166,7 @@ def main():
     ap.add_argument("--shape", choices=sorted(SHAPES), default="llama32-1b")
     ap.add_argument("--checkpoint", default=None, help="default: /tmp/flashlite_<shape>_random")
     ap.add_argument("--tp", default="1", help="tensor-parallel degrees to run, e.g. 1,2")
+    ap.add_argument("--nccl-compare", action="store_true", help="TP > 1 rows also with --nccl-only (no one-shot kernel)")
     ap.add_argument("--tokenizer-dir", default=default_tokenizer_dir())
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--prompts", default="512,4096")
@@ -203,6 +205,8 @@ def main():
                "flashlite": run_engine(args, model_dir, b, p, args.new_tokens, tp)}
         if tp > 1:
             row["flashlite"].update(all_reduce_us(args, model_dir, b, tp))
+            if args.nccl_compare:
+                row["flashlite_nccl_only"] = run_engine(args, model_dir, b, p, args.new_tokens, tp, ["--nccl-only"])
         if hf is not None and tp == 1:
             row["transformers"] = run_transformers(hf, b, p, args.new_tokens, args.repeats)
         for k in ("flashlite", "transformers"):

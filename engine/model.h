@@ -45,6 +45,7 @@ struct CudaEngineOptions {
   bool gemv = true;      // steps of <= 8 rows through the fused GEMVs (bf16); off: cuBLASLt and separate small kernels,
                          // the path of fp32, of larger batches and of models the GEMVs do not fit
   bool pdl = true;       // programmatic dependent launch (sm_90+); off: plain stream order, as on older GPUs
+  bool one_shot_allreduce = true;  // --tp: small sums in one kernel over NVLink peer memory; off: NCCL for all
   bool profile = false;  // per-kernel-group times of decode steps on stderr (those steps run eagerly)
   bool verbose = false;  // the model's plan on stderr when it is built
 };

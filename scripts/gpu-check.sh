@@ -8,8 +8,9 @@
 # decode, engine e2e, CPU) are described in bench/README.md.
 #
 #   bash scripts/gpu-check.sh [OUTDIR] [--only STEP[,STEP...]] [--skip STEP[,STEP...]]
-#   steps, in order: info build ctest attn pytest serve sanitize bench tp
-#   (tp: tensor parallelism on a machine of 2+ GPUs, e.g. `--only build,tp` on nvidia-h100-x2; nothing on one GPU)
+#   steps, in order: info build ctest attn pytest serve sanitize bench tp tpbench
+#   (tp, tpbench: tensor parallelism on a machine of 2+ GPUs, e.g. `--only build,tp` then `--only tpbench` on
+#   nvidia-h100-x2; nothing on one GPU)
 #
 # Environment: COMMIT (id recorded in the results when the tree has no .git), BENCH_ARGS (for bench/attention.py,
 # default --quick), CMAKE_EXTRA (more CMake arguments), BUILD_TARGETS (default: all), CTEST_ARGS (e.g. "-L gpu"),
@@ -176,23 +177,40 @@ step_sanitize() {
   return $rc
 }
 
-step_tp() {  # 2+ GPUs: the NCCL tests, TP 2 (and 4) against TP 1 on an 8B-shaped checkpoint, the TP benchmark (bench/e2e.py)
-  local gpus ckpt=/tmp/flashlite_llama3_8b_random rc=0
+tp_gpus() {  # prints the GPU count; fails (nothing to run) below 2
+  local gpus
   gpus="$(nvidia-smi -L 2>/dev/null | wc -l)"
-  [ "$gpus" -lt 2 ] && { echo "$gpus GPU(s): tensor parallelism needs 2 (its CPU tests ran in ctest)"; return 0; }
+  echo "$gpus"
+  [ "$gpus" -ge 2 ]
+}
+tp_ckpt=/tmp/flashlite_llama3_8b_random  # the 8B-shaped checkpoint (16 GB, written once by bench/e2e.py)
+
+step_tp() {  # 2+ GPUs: the NCCL tests, then TP 2 (and 4) against TP 1 on the 8B-shaped checkpoint
+  local gpus rc=0
+  gpus="$(tp_gpus)" || { echo "$gpus GPU(s): tensor parallelism needs 2 (its CPU tests ran in ctest)"; return 0; }
   "$build/tests/engine/flashlite_engine_tensor_parallel_test" > "$logs/tp_test.log" 2>&1 || rc=1
-  tail -3 "$logs/tp_test.log"
-  # The checkpoint (16 GB, written once) and the benchmark rows: TP 1, 2 (and 4 on 4+ GPUs), batch 1 and 16, prompt
-  # 512 and 4096.
-  local tps=1,2
-  [ "$gpus" -ge 4 ] && tps=1,2,4
-  pyenv python3 "$root/bench/e2e.py" --flashlite "$build/bin/flashlite" --shape llama3-8b --checkpoint "$ckpt" \
-    --tp "$tps" --batches 1,16 --prompts 512,4096 --repeats 1 --skip-transformers --out "$dest/e2e_tp.json" \
-    > "$logs/e2e_tp.log" 2>&1 || rc=1
-  tail -4 "$logs/e2e_tp.log"
-  FLASHLITE_BIN="$build/bin/flashlite" FLASHLITE_TP_CHECKPOINT="$ckpt" pyenv python3 -m pytest -q -rs -p no:cacheprovider \
+  grep -E "^tp |PASSED|FAILED|SKIPPED" "$logs/tp_test.log" | head -12
+  pyenv python3 -c "import sys; sys.path.insert(0, '$root/bench'); import e2e; e2e.make_checkpoint('$tp_ckpt', e2e.default_tokenizer_dir(), 'llama3-8b')" \
+    > "$logs/tp_ckpt.log" 2>&1 || { tail -5 "$logs/tp_ckpt.log"; return 1; }
+  FLASHLITE_BIN="$build/bin/flashlite" FLASHLITE_TP_CHECKPOINT="$tp_ckpt" pyenv python3 -m pytest -q -rs -p no:cacheprovider \
     "$root/tests/engine/test_engine_tp_gpu.py" > "$logs/tp_pytest.log" 2>&1 || rc=1
   tail -5 "$logs/tp_pytest.log"
+  return $rc
+}
+
+step_tpbench() {  # 2+ GPUs: bench/e2e.py on the 8B shape, TP 1, 2 (and 4): batch 1 and 16 at prompt 512 (TP > 1 also
+  # with --nccl-only), then TTFT at prompt 4096
+  local gpus tps=1,2 rc=0
+  gpus="$(tp_gpus)" || { echo "$gpus GPU(s): nothing to run"; return 0; }
+  [ "$gpus" -ge 4 ] && tps=1,2,4
+  pyenv python3 "$root/bench/e2e.py" --flashlite "$build/bin/flashlite" --shape llama3-8b --checkpoint "$tp_ckpt" \
+    --tp "$tps" --batches 1,16 --prompts 512 --repeats 1 --skip-transformers --nccl-compare \
+    --out "$dest/e2e_tp.json" > "$logs/e2e_tp.log" 2>&1 || rc=1
+  tail -3 "$logs/e2e_tp.log"
+  pyenv python3 "$root/bench/e2e.py" --flashlite "$build/bin/flashlite" --shape llama3-8b --checkpoint "$tp_ckpt" \
+    --tp "$tps" --batches 1 --prompts 4096 --new-tokens 16 --repeats 1 --skip-transformers \
+    --out "$dest/e2e_tp_prompt4096.json" > "$logs/e2e_tp_4096.log" 2>&1 || rc=1
+  tail -3 "$logs/e2e_tp_4096.log"
   return $rc
 }
 
@@ -201,7 +219,7 @@ step_bench() {
     --plots "$dest" ${BENCH_ARGS:---quick} 2>&1 | tee "$logs/bench.log" | tail -60
 }
 
-for s in info build ctest attn pytest serve sanitize bench tp; do step "$s"; done
+for s in info build ctest attn pytest serve sanitize bench tp tpbench; do step "$s"; done
 say "done; failed steps: ${failed[*]:-none}"
 pack
 [ ${#failed[@]} -eq 0 ]

@@ -486,8 +486,10 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
     add();
     mark(name);
     if (collective_) {
-      collective_->all_reduce_sum(partial_.ptr, n_residual, DType::f32, s);
-      cuda_ops::residual_add(x_.as<float>(), partial_.ptr, n_residual, Elem::f32, s);
+      if (!collective_->sum_into(x_.as<float>(), partial_.as<float>(), n_residual, s)) {  // one-shot: sum and add in one
+        collective_->all_reduce_sum(partial_.ptr, n_residual, DType::f32, s);
+        cuda_ops::residual_add(x_.as<float>(), partial_.ptr, n_residual, Elem::f32, s);
+      }
       mark("all-reduce");
     }
   };
@@ -599,6 +601,7 @@ void LlamaCuda::download(const Step& st, const LogitsRequest& request) {
                "logits download");
   }
   cuda_check(cudaStreamSynchronize(stream_), "forward");
+  if (collective_) collective_->check();
 }
 
 LogitsOutput LlamaCuda::selected(const Step& st, const LogitsRequest& request) {

@@ -3,6 +3,7 @@
 // row-parallel projection (O and down), in place. Implementations: LocalGroup (ranks as threads of one process,
 // host memory: the CPU engine and the sharding tests) and NcclGroup (one GPU per rank, device memory, NCCL).
 #include <cstddef>
+#include <string>
 
 #include "flashlite/errors.h"
 #include "flashlite/tensor.h"
@@ -24,6 +25,11 @@ class Collective {
   // data is ordered on (device implementations; the call only queues the work), ignored on the host. Throws Error
   // when the group was aborted (another rank failed) or the collective failed.
   virtual void all_reduce_sum(void* data, size_t n, DType dtype, void* stream) = 0;
+  // x[0, n) += the sum over ranks of partial[0, n) (fp32) in one fused step where the implementation has one for
+  // this size (returns true); false: nothing was done, the caller all-reduces and adds itself.
+  virtual bool sum_into(float* /*x*/, float* /*partial*/, size_t /*n*/, void* /*stream*/) { return false; }
+  // After the rank's step synchronized: throws Error when a collective of the step failed on the device.
+  virtual void check() {}
 };
 
 // The ranks of one model, each a Collective.
@@ -31,6 +37,7 @@ class CollectiveGroup {
  public:
   virtual ~CollectiveGroup() = default;
   virtual int ranks() const = 0;
+  virtual std::string name() const = 0;  // how it communicates, e.g. "NCCL + one-shot over NVLink"
   virtual Collective& member(int rank) = 0;  // used from rank `rank`'s thread only
   // A rank failed: release every rank waiting in a collective (they throw Error). Called from any thread.
   virtual void abort() = 0;

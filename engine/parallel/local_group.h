@@ -16,6 +16,7 @@ class LocalGroup final : public CollectiveGroup {
   explicit LocalGroup(int ranks);
   ~LocalGroup() override;
   int ranks() const override { return int(members_.size()); }
+  std::string name() const override { return "in-process sums"; }
   Collective& member(int r) override;
   void abort() override;
   bool recover() override;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/errors.h"
+#include "engine/parallel/one_shot.h"
 
 namespace flashlite::engine {
 
@@ -33,7 +34,7 @@ ncclDataType_t nccl_type(DType d) {
 
 class NcclGroup final : public CollectiveGroup {
  public:
-  NcclGroup(int first_device, int ranks) {
+  NcclGroup(int first_device, int ranks, bool one_shot) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess) {
       cudaGetLastError();
@@ -48,6 +49,7 @@ class NcclGroup final : public CollectiveGroup {
     for (int r = 0; r < ranks; ++r) devices[r] = first_device + r;
     comms_.assign(ranks, nullptr);
     nccl_check(ncclCommInitAll(comms_.data(), ranks, devices.data()), "communicator setup (ncclCommInitAll)");
+    if (one_shot) one_shot_ = OneShotSum::create(devices);
     for (int r = 0; r < ranks; ++r) members_.push_back(std::make_unique<Member>(*this, r));
   }
   ~NcclGroup() override {
@@ -56,6 +58,7 @@ class NcclGroup final : public CollectiveGroup {
   }
 
   int ranks() const override { return int(comms_.size()); }
+  std::string name() const override { return one_shot_ ? "NCCL + one-shot over NVLink" : "NCCL"; }
   Collective& member(int r) override { return *members_.at(r); }
   // Kernels of an aborted communicator return, so a rank whose peer failed is not left spinning on the GPU.
   void abort() override {
@@ -81,6 +84,16 @@ class NcclGroup final : public CollectiveGroup {
       nccl_check(ncclAllReduce(data, data, n, nccl_type(dtype), ncclSum, g_.comms_[rank_], cudaStream_t(stream)),
                  "all-reduce");
     }
+    bool sum_into(float* x, float* partial, size_t n, void* stream) override {
+      if (!g_.one_shot_ || n > OneShotSum::kMaxFloats) return false;
+      std::shared_lock<std::shared_mutex> lock(g_.mu_);
+      if (g_.aborted_) throw CollectiveAborted();
+      g_.one_shot_->sum_into(rank_, x, partial, n, stream);
+      return true;
+    }
+    void check() override {
+      if (g_.one_shot_) g_.one_shot_->check(rank_);
+    }
 
    private:
     NcclGroup& g_;
@@ -88,6 +101,7 @@ class NcclGroup final : public CollectiveGroup {
   };
 
   std::vector<ncclComm_t> comms_;
+  std::unique_ptr<OneShotSum> one_shot_;  // null: NCCL for everything
   std::vector<std::unique_ptr<Member>> members_;
   std::shared_mutex mu_;
   std::atomic<bool> aborted_{false};
@@ -95,8 +109,8 @@ class NcclGroup final : public CollectiveGroup {
 
 }  // namespace
 
-std::unique_ptr<CollectiveGroup> create_nccl_group(int first_device, int ranks) {
-  return std::make_unique<NcclGroup>(first_device, ranks);
+std::unique_ptr<CollectiveGroup> create_nccl_group(int first_device, int ranks, bool one_shot) {
+  return std::make_unique<NcclGroup>(first_device, ranks, one_shot);
 }
 
 }  // namespace flashlite::engine

@@ -7,8 +7,10 @@
 
 namespace flashlite::engine {
 
-// Ranks on GPUs first_device .. first_device + ranks - 1, one NCCL communicator each (ncclCommInitAll). Throws Error
-// when the GPUs are fewer, or NCCL fails (its own message included).
-std::unique_ptr<CollectiveGroup> create_nccl_group(int first_device, int ranks);
+// Ranks on GPUs first_device .. first_device + ranks - 1, one NCCL communicator each (ncclCommInitAll). With
+// `one_shot` and peer access between every pair, small fused sums (Collective::sum_into) take the one-shot kernel
+// (engine/parallel/one_shot.h); otherwise everything goes through NCCL. Throws Error when the GPUs are fewer, or
+// NCCL fails (its own message included).
+std::unique_ptr<CollectiveGroup> create_nccl_group(int first_device, int ranks, bool one_shot = true);
 
 }  // namespace flashlite::engine

@@ -21,7 +21,7 @@ ParallelModel::ParallelModel(int ranks, const RankLoader& load, const RuntimeOpt
     group_ = std::make_unique<LocalGroup>(ranks);
   } else if (device == "cuda") {
 #if FLASHLITE_ENGINE_CUDA
-    group_ = create_nccl_group(options.device_index, ranks);
+    group_ = create_nccl_group(options.device_index, ranks, options.cuda.one_shot_allreduce);
 #else
     fail("device 'cuda': this flashlite was built without CUDA; use --device cpu");
 #endif
@@ -158,7 +158,7 @@ int ParallelModel::threads() const {
 }
 
 std::string ParallelModel::device() const {
-  return ranks_[0]->device() + ", tensor parallel over " + std::to_string(ranks()) + " ranks";
+  return ranks_[0]->device() + ", tensor parallel over " + std::to_string(ranks()) + " ranks (" + group_->name() + ")";
 }
 
 size_t ParallelModel::device_bytes() const {

@@ -392,9 +392,19 @@ TEST(TensorParallelCuda, TwoGpusLogitsEqualOneGpu) {
     for (int tp : {2, 4}) {  // 4 where the machine has four GPUs (issue 27)
       if (tp > flashlite::cuda_device_count()) continue;
       o.tp = tp;
+      o.cuda.one_shot_allreduce = true;
       const auto split = eng::create_model(w, o, "cuda");
       const double tol = std::string(precision) == "fp32" ? 1e-5 : 2e-2;
-      EXPECT_LE(max_rel_diff(scenario(*split, 9), ref), tol) << precision << " tp " << tp;
+      const std::vector<float> got = scenario(*split, 9);
+      EXPECT_LE(max_rel_diff(got, ref), tol) << precision << " tp " << tp;
+      std::printf("tp %d %s: %s\n", tp, precision, split->device().c_str());
+      // The one-shot kernel (decode steps) against NCCL alone: at TP 2 a + b either way, so the same bits.
+      o.cuda.one_shot_allreduce = false;
+      const auto nccl = eng::create_model(w, o, "cuda");
+      EXPECT_EQ(nccl->device().find("one-shot"), std::string::npos) << nccl->device();
+      const std::vector<float> by_nccl = scenario(*nccl, 9);
+      if (tp == 2) EXPECT_EQ(got, by_nccl) << precision;
+      else EXPECT_LE(max_rel_diff(by_nccl, ref), tol) << precision << " tp " << tp;
     }
   }
 }
