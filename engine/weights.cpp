@@ -16,7 +16,14 @@ void FloatArena::allocate(size_t n) {
   const size_t bytes = (CheckedSize(n, what) * sizeof(float)).round_up(64).value();
   void* p = bytes ? std::aligned_alloc(64, bytes) : nullptr;
   if (bytes && !p) fail_runtime("cannot allocate " + std::to_string(bytes) + " bytes for the model weights");
-  if (p) std::memset(p, 0, bytes);
+  // Zeroed in parallel: an 8B model's fp32 arena is 32 GB of first-touch page faults.
+  constexpr size_t kChunk = size_t(64) << 20;
+  const int64_t chunks = int64_t((bytes + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t off = size_t(c) * kChunk;
+    std::memset(static_cast<char*>(p) + off, 0, std::min(kChunk, bytes - off));
+  }
   data = std::unique_ptr<float[], void (*)(float*)>(static_cast<float*>(p), [](float* q) { std::free(q); });
   size = n;
 }
