@@ -157,6 +157,32 @@ def _attention_backward(ctx, grad_out, grad_lse):
 
 attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)
 
+
+class _Attention(torch.autograd.Function):
+    """flashlite::attention and its autograd formula without the custom ops' dispatch, for eager calls that autograd
+    records (the dispatch of a Python custom op costs ~65 us of host time per call, more than the kernels of a small
+    layer): the same kernels forward and backward, the same saved tensors and gradients. torch.compile traces the op."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k, *options):
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
+        _run(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k, *options)
+        ctx.save_for_backward(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k)
+        ctx.options = options  # causal, scale, window_left, window_right, sink_tokens, softcap, backend
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None, as the op's formula expects
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        if grad_out is None:  # only lse was used
+            grad_out = torch.zeros_like(out)
+        dq, dk, dv, dsink = _run_backward(q, k, v, out, lse, grad_out.contiguous(), grad_lse, sink_logits,
+                                          cu_seqlens_q, cu_seqlens_k, *ctx.options, False)
+        return (dq, dk, dv, dsink if ctx.needs_input_grad[3] else None) + (None,) * 9
+
 # flashlite.decode / prefill and attention(out=...) stay forward-only.
 BACKWARD_ERROR = ("is forward-only: gradients cannot flow through it. Run it under torch.no_grad() / "
                   "torch.inference_mode() or on detached inputs; to train, call flashlite.attention (without out=), "
@@ -235,7 +261,12 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
             *_args.options(causal, scale, window, sink_tokens, softcap, backend))
     if out is not None:
         _check_no_grad_for_out(q, k, v, args[0])
-    if _eager_ok(q, k, v, args[0]):  # the same kernel call without the custom-op dispatch (~60 us of host time)
+    # Eager calls skip the custom ops' dispatch (~65 us of host time): the kernel directly when autograd records
+    # nothing, else the same formula as an autograd.Function. torch.compile (and tensor subclasses) see the ops.
+    eager = _eager(q, k, v)
+    if eager and out is None and needs_grad(q, k, v, args[0]):
+        out, lse = _Attention.apply(q, k, v, *args)
+    elif eager and not needs_grad(q, k, v, args[0]):
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
@@ -247,11 +278,9 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
     return (out, lse) if return_lse else out
 
 
-def _eager_ok(q, k, v, sink_logits):
-    """Whether calling the kernel directly is exactly what the custom op would do: not while torch.compile traces
-    (it must see the op), and not when autograd would have to record it (the op carries the autograd formula)."""
+def _eager(q, k, v):
+    """Whether this is an eager call on plain tensors: not while torch.compile traces (it must see the ops), and not
+    for tensor subclasses (fake, functional), which go through the ops."""
     if torch.compiler.is_compiling():
         return False
-    if needs_grad(q, k, v, sink_logits):
-        return False
-    return all(type(t) is torch.Tensor for t in (q, k, v))  # subclasses (fake, functional) go through the op
+    return all(type(t) is torch.Tensor for t in (q, k, v))
