@@ -1,9 +1,10 @@
-// `flashlite info`: build options, CPU features and threads, CUDA devices.
+// `flashlite info`: build options, CPU features and threads, CUDA devices, what --tp can use.
 #include <fstream>
 #include <iostream>
 #include <string>
 
 #include "commands.h"
+#include "engine/parallel/parallel_model.h"
 #include "flashlite/version.h"
 
 namespace flashlite::cli {
@@ -27,6 +28,7 @@ void add_info_command(CLI::App& app) {
               << (__builtin_cpu_supports("avx512f") ? "yes" : "no") << ")\n";
     std::cout << "cpu threads: " << cpu_threads() << "\n";
     std::cout << "cuda devices: " << cuda_devices_info() << "\n";
+    std::cout << "tensor parallelism (--tp): " << engine::tensor_parallel_support() << "\n";
   });
 }
 

@@ -109,6 +109,13 @@ class NcclGroup final : public CollectiveGroup {
 
 }  // namespace
 
+std::string nccl_description() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "NCCL (version unknown)";
+  return "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) +
+         ", one-shot kernel over NVLink where the GPUs have peer access";
+}
+
 std::unique_ptr<CollectiveGroup> create_nccl_group(int first_device, int ranks, bool one_shot) {
   return std::make_unique<NcclGroup>(first_device, ranks, one_shot);
 }

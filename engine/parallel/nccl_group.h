@@ -2,6 +2,7 @@
 // Tensor-parallel ranks on the GPUs of one node, one thread each in this process, summing device arrays with NCCL
 // (built when CUDA and NCCL are found; otherwise create_nccl_group says so).
 #include <memory>
+#include <string>
 
 #include "engine/parallel/collective.h"
 
@@ -12,5 +13,7 @@ namespace flashlite::engine {
 // (engine/parallel/one_shot.h); otherwise everything goes through NCCL. Throws Error when the GPUs are fewer, or
 // NCCL fails (its own message included).
 std::unique_ptr<CollectiveGroup> create_nccl_group(int first_device, int ranks, bool one_shot = true);
+// "NCCL 2.28.9, one-shot kernel over NVLink", or why there is none ("no NCCL in this build").
+std::string nccl_description();
 
 }  // namespace flashlite::engine

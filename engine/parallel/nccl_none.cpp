@@ -10,4 +10,6 @@ std::unique_ptr<CollectiveGroup> create_nccl_group(int, int ranks, bool) {
        "nvidia-nccl package)");
 }
 
+std::string nccl_description() { return "no NCCL in this build: --tp on GPUs is unavailable"; }
+
 }  // namespace flashlite::engine

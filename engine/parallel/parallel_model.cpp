@@ -167,6 +167,14 @@ size_t ParallelModel::device_bytes() const {
   return n;
 }
 
+std::string tensor_parallel_support() {
+#if FLASHLITE_ENGINE_CUDA
+  return "cpu (in-process); cuda (" + nccl_description() + ")";
+#else
+  return "cpu (in-process); cuda: not in this build";
+#endif
+}
+
 std::unique_ptr<LlamaModel> load_parallel_model(const std::string& path, const RuntimeOptions& options,
                                                 const std::string& device) {
   return std::make_unique<ParallelModel>(

@@ -65,6 +65,9 @@ class ParallelModel final : public LlamaModel {
   std::vector<float> logits_;
 };
 
+// What --tp can run on in this build, e.g. "cpu (in-process); cuda (NCCL 2.28.9, one-shot kernel over NVLink)".
+std::string tensor_parallel_support();
+
 // The model of the checkpoint at `path` split over options.tp ranks, each loading only its blocks of the files
 // (load_checkpoint(path, {}, rank, tp)), all at once.
 std::unique_ptr<LlamaModel> load_parallel_model(const std::string& path, const RuntimeOptions& options,

@@ -143,3 +143,10 @@ def test_progress_shows_on_a_terminal_only(flashlite_bin):
     piped = subprocess.run([flashlite_bin, *SLOW_CHECK], capture_output=True, timeout=300)
     assert piped.returncode == 0 and piped.stderr == b"", piped.stderr
     assert b"\r" not in piped.stdout and b"reference:" not in piped.stdout, piped.stdout
+
+
+def test_info_names_what_tensor_parallelism_can_use(flashlite_bin):
+    out = run(flashlite_bin, ["info"]).stdout
+    line = next((l for l in out.splitlines() if l.startswith("tensor parallelism (--tp): ")), None)
+    assert line is not None and "cpu (in-process)" in line, out
+    assert "cuda: not in this build" in line or "NCCL" in line, line
