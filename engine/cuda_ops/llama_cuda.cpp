@@ -114,8 +114,9 @@ class LlamaCuda final : public LlamaModel {
     decode_ok_ = probe_decode();
     if (paged() && !decode_ok_) {
       const int32_t one = 1;
+      const bool forced = opt_.attention != Backend::automatic && opt_.attention != Backend::cuda;
       fail("a paged KV cache on CUDA needs flashlite's decode and prefill kernels (bf16, head_dim 64 or 128): " +
-           plan_decode(decode_args(0, 1, &one, nullptr)).unsupported);
+           (forced ? std::string("the attention backend was set to another") : plan_decode(decode_args(0, 1, &one, nullptr)).unsupported));
     }
     if (o.cuda.verbose) print_plan();
   }
