@@ -227,19 +227,16 @@ void run_backward_cpu(const BackwardProblem& bp) {
       for (int64_t qb = 0; qb * kTile < s.seq_q; ++qb) q_tasks.emplace_back(b, h, qb);
   }
   const Pass pass{bp, p, kern, terms, d, dp};
+  std::vector<double> dsink_parts(q_tasks.size(), 0.0);
+  // Both passes in one parallel region, one scratch per thread (the passes write disjoint outputs).
 #pragma omp parallel
   {
     Scratch w(dp);
-#pragma omp for schedule(dynamic)
+#pragma omp for schedule(dynamic) nowait
     for (size_t t = 0; t < kv_tasks.size(); ++t) {
       const auto [b, g, kb] = kv_tasks[t];
       pass.dkdv(b, g, kb, w);
     }
-  }
-  std::vector<double> dsink_parts(q_tasks.size(), 0.0);
-#pragma omp parallel
-  {
-    Scratch w(dp);
 #pragma omp for schedule(dynamic)
     for (size_t t = 0; t < q_tasks.size(); ++t) {
       const auto [b, h, qb] = q_tasks[t];
