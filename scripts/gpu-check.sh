@@ -199,7 +199,7 @@ step_tp() {  # 2+ GPUs: the NCCL tests, then TP 2 (and 4) against TP 1 on the 8B
 }
 
 step_tpbench() {  # 2+ GPUs: bench/e2e.py on the 8B shape, TP 1, 2 (and 4): batch 1 and 16 at prompt 512 (TP > 1 also
-  # with --nccl-only), then TTFT at prompt 4096
+  # with --nccl-only), then TTFT at prompt 4096; and the 1B shape
   local gpus tps=1,2 rc=0
   gpus="$(tp_gpus)" || { echo "$gpus GPU(s): nothing to run"; return 0; }
   [ "$gpus" -ge 4 ] && tps=1,2,4
@@ -211,6 +211,11 @@ step_tpbench() {  # 2+ GPUs: bench/e2e.py on the 8B shape, TP 1, 2 (and 4): batc
     --tp "$tps" --batches 1 --prompts 4096 --new-tokens 16 --repeats 1 --skip-transformers \
     --out "$dest/e2e_tp_prompt4096.json" > "$logs/e2e_tp_4096.log" 2>&1 || rc=1
   tail -3 "$logs/e2e_tp_4096.log"
+  # The Llama-3.2-1B shape: where TP stops paying (2.5 GB of weights per step).
+  pyenv python3 "$root/bench/e2e.py" --flashlite "$build/bin/flashlite" --shape llama32-1b --tp "$tps" \
+    --batches 1,16 --prompts 512 --repeats 1 --skip-transformers --out "$dest/e2e_tp_1b.json" \
+    > "$logs/e2e_tp_1b.log" 2>&1 || rc=1
+  tail -3 "$logs/e2e_tp_1b.log"
   return $rc
 }
 
