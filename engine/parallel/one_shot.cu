@@ -108,6 +108,8 @@ std::unique_ptr<OneShotSum> OneShotSum::create(const std::vector<int>& devices) 
 }
 
 OneShotSum::~OneShotSum() {
+  int current = 0;
+  cudaGetDevice(&current);
   for (Rank& k : ranks_) {
     cudaSetDevice(k.device);
     cudaFree(k.staging);
@@ -115,6 +117,7 @@ OneShotSum::~OneShotSum() {
     cudaFree(k.round);
     cudaFreeHost(k.error);
   }
+  cudaSetDevice(current);
 }
 
 void OneShotSum::sum_into(int rank, float* x, const float* partial, size_t n, void* stream) {
