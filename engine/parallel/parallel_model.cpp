@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "engine/errors.h"
 #include "engine/parallel/local_group.h"
