@@ -23,6 +23,7 @@
 #include "engine/parallel/parallel_model.h"
 #include "engine/parallel/rank_threads.h"
 #include "engine/sampler.h"
+#include "engine/safetensors.h"
 #include "engine/weights.h"
 #include "flashlite/errors.h"
 #include "flashlite/version.h"
@@ -140,6 +141,53 @@ TEST(TensorParallelLoad, RankBlocksFromTheFileEqualTheSlicedWholeModel) {
       }
     }
   }
+}
+
+// What the CLI reads under --tp instead of the weights: the config exactly as the loader sets it, also where a
+// checkpoint omits lm_head without saying tie_word_embeddings (the loader ties it).
+TEST(TensorParallelLoad, ConfigAloneEqualsTheLoadersConfig) {
+  std::vector<std::string> paths;
+  for (bool tied : {false, true}) {
+    const synth::Spec spec{tied ? "tp_cfg_tied" : "tp_cfg", 48, 90, 2, 8, 4, 6, 203, "BF16", tied, true, 0};
+    const auto dir = synth::fresh_dir(spec.name);
+    synth::write_checkpoint(dir, spec, 5);
+    paths.push_back(dir.string());
+  }
+  {  // tied by omission: config.json says untied, the file has no lm_head
+    const synth::Spec spec{"tp_cfg_omitted", 48, 90, 2, 8, 4, 6, 203, "BF16", true, true, 0};
+    const auto dir = synth::fresh_dir(spec.name);
+    synth::write_checkpoint(dir, spec, 6);
+    nlohmann::json cfg = synth::config_json(spec);
+    cfg["tie_word_embeddings"] = false;
+    synth::write_file(dir / "config.json", cfg.dump());
+    paths.push_back(dir.string());
+  }
+  if (std::filesystem::exists(stories())) paths.push_back(stories());
+  for (const std::string& p : paths) {
+    const eng::ModelConfig a = eng::load_checkpoint_config(p), b = eng::load_checkpoint(p).config;
+    EXPECT_EQ(a.summary(), b.summary()) << p;
+    EXPECT_EQ(a.tie_embeddings, b.tie_embeddings) << p;
+    EXPECT_EQ(a.eos_ids, b.eos_ids) << p;
+    EXPECT_EQ(a.bos_id, b.bos_id) << p;
+  }
+  EXPECT_TRUE(eng::load_checkpoint_config(paths[2]).tie_embeddings);
+}
+
+// A block read from a tensor is those rows and columns of the whole tensor read; a block outside it is refused.
+TEST(TensorParallelLoad, BlocksOfATensor) {
+  const synth::Spec spec{"tp_block", 48, 90, 1, 8, 4, 6, 203, "F16", false, true, 0};
+  const auto dir = synth::fresh_dir(spec.name);
+  synth::write_checkpoint(dir, spec, 8);
+  const eng::SafetensorsCheckpoint ckpt(dir.string());
+  const eng::StTensor& t = ckpt.get("model.layers.0.mlp.down_proj.weight");  // [48, 90]
+  std::vector<float> whole(t.numel), block(size_t(7) * 11);
+  eng::read_f32(t, whole.data());
+  eng::read_f32_block(t, 40, 7, 79, 11, block.data());
+  for (int r = 0; r < 7; ++r)
+    for (int c = 0; c < 11; ++c) ASSERT_EQ(block[size_t(r) * 11 + c], whole[size_t(40 + r) * 90 + 79 + c]) << r << " " << c;
+  EXPECT_THROW(eng::read_f32_block(t, 42, 7, 0, 1, block.data()), flashlite::Error);
+  EXPECT_THROW(eng::read_f32_block(t, 0, 1, 80, 11, block.data()), flashlite::Error);
+  EXPECT_THROW(eng::read_f32_block(t, -1, 1, 0, 1, block.data()), flashlite::Error);
 }
 
 // stories260K (llama2.c, tied, 8 / 4 heads, head_dim 8, FFN 172): TP 2 and 4 against the whole model.
