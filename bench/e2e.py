@@ -215,6 +215,10 @@ def main():
                 row[k]["fraction_of_copy_bw"] = row[k]["weight_gb_s"] * 1e9 / bw
         # Floor of a decode step: the weights read once at the measured bandwidth (KV cache reads add to it).
         row["weight_floor_tbt_ms"] = wbytes / tp / bw * 1e3
+        base = next((r for r in rows if r["tp"] == 1 and r["batch"] == b and r["prompt"] == p), None)
+        if tp > 1 and base and "decode_tok_s" in base["flashlite"] and "decode_tok_s" in row["flashlite"]:
+            row["decode_speedup_vs_tp1"] = row["flashlite"]["decode_tok_s"] / base["flashlite"]["decode_tok_s"]
+            row["ttft_speedup_vs_tp1"] = base["flashlite"]["ttft_ms"] / row["flashlite"]["ttft_ms"]
         if "transformers" in row and "decode_tok_s" in row["flashlite"]:
             row["decode_speedup"] = row["flashlite"]["decode_tok_s"] / row["transformers"]["decode_tok_s"]
             row["ttft_speedup"] = row["transformers"]["ttft_ms"] / row["flashlite"]["ttft_ms"]
