@@ -16,14 +16,17 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 }  // namespace
 
+void tie_if_head_missing(ModelConfig& c, const SafetensorsCheckpoint& ckpt) {
+  if (!c.tie_embeddings && !ckpt.has("lm_head.weight")) c.tie_embeddings = true;
+}
+
 ModelWeights load_hf_checkpoint(const std::string& dir, const LoadProgress& progress, int rank, int ranks) {
   ModelWeights w;
   w.config = load_hf_config(dir);
   const ModelConfig& c = w.config;
   SafetensorsCheckpoint ckpt(dir);
-  // Some exports keep lm_head even when tied; others omit it without saying tie_word_embeddings
-  // (load_checkpoint_config does the same).
-  if (!c.tie_embeddings && !ckpt.has("lm_head.weight")) w.config.tie_embeddings = true;
+  // (Some exports keep lm_head even when tied: that one is checked and ignored below.)
+  tie_if_head_missing(w.config, ckpt);
   w.shard = TensorShard::of(c, rank, ranks);
 
   // Every shape against the config before a byte is allocated: the arena is sized from config.json, so a config

@@ -110,17 +110,32 @@ void KvBook::set_length(int slot, int len) {
   lengths_[slot] = len;
 }
 
-void KvBook::page_table(const int* slots, int count, PageTable& t) const {
+namespace {
+
+template <class SlotOf>
+void fill_page_table(const std::vector<std::vector<int32_t>>& slot_pages, const std::vector<int32_t>& lengths,
+                     int page_size, int count, SlotOf slot_of, PageTable& t) {
   t.indptr.assign(1, 0);
   t.indices.clear();
   t.last_page_len.clear();
   for (int i = 0; i < count; ++i) {
-    const std::vector<int32_t>& own = slot_pages_.at(slots[i]);
+    const int s = slot_of(i);
+    const std::vector<int32_t>& own = slot_pages.at(size_t(s));
     t.indices.insert(t.indices.end(), own.begin(), own.end());
     t.indptr.push_back(int32_t(t.indices.size()));
-    t.last_page_len.push_back(own.empty() ? 0 : lengths_[slots[i]] - (int(own.size()) - 1) * s_.page_size);
+    t.last_page_len.push_back(own.empty() ? 0 : lengths[size_t(s)] - (int(own.size()) - 1) * page_size);
   }
   if (t.indices.empty()) t.indices.push_back(0);  // a valid pointer for a batch without pages
+}
+
+}  // namespace
+
+void KvBook::page_table(const int* slots, int count, PageTable& t) const {
+  fill_page_table(slot_pages_, lengths_, s_.page_size, count, [&](int i) { return slots[i]; }, t);
+}
+
+void KvBook::page_table(int slot0, int count, PageTable& t) const {
+  fill_page_table(slot_pages_, lengths_, s_.page_size, count, [&](int i) { return slot0 + i; }, t);
 }
 
 int64_t KvBook::row(int slot, int pos) const {
@@ -152,9 +167,7 @@ KvCacheView KvCache::view(int layer, int slot0, int count) {
   }
   const int64_t row = int64_t(sh.kv_heads) * sh.head_dim;
   if (paged()) {
-    std::vector<int> slots(count);
-    for (int i = 0; i < count; ++i) slots[i] = slot0 + i;
-    book_.page_table(slots.data(), count, table_);
+    book_.page_table(slot0, count, table_);
     const size_t layer_off = size_t(layer) * sh.pages * sh.page_size * row;
     return kv_paged_view(sh, k_.data() + layer_off, v_.data() + layer_off, DType::f32, Device::cpu(), 0, count,
                          int64_t(table_.indices.size()), pointers(table_));

@@ -80,8 +80,9 @@ class KvBook {
   // Throws Error outside [0, capacity] or, paged, when the pages it needs are not free (then nothing changes).
   void set_length(int slot, int len);
   const PageAllocator& pages() const { return alloc_; }
-  // The page table of `slots` (in that order) at their lengths.
+  // The page table of `slots` (in that order), or of the run slot0 .. slot0 + count - 1, at their lengths.
   void page_table(const int* slots, int count, PageTable& out) const;
+  void page_table(int slot0, int count, PageTable& out) const;
   // Where position `pos` of `slot` lies in a layer's storage, in rows of kv_heads x head_dim: page * page_size +
   // pos % page_size (paged; the page must be held), else slot * capacity + pos.
   int64_t row(int slot, int pos) const;

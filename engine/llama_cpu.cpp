@@ -13,10 +13,7 @@ namespace flashlite::engine {
 LlamaCpu::LlamaCpu(const ModelWeights& weights, const RuntimeOptions& options, Collective* collective)
     : w_(weights), c_(weights.rank_config()), opt_(options), collective_(collective) {
   const ModelConfig& c = c_;
-  if ((collective ? collective->ranks() : 1) != w_.shard.ranks) {
-    fail("the weights are tensor-parallel rank " + std::to_string(w_.shard.rank) + " of " + std::to_string(w_.shard.ranks) +
-         " but the model has " + std::to_string(collective ? collective->ranks() : 1) + " rank(s)");
-  }
+  w_.shard.require_ranks(collective ? collective->ranks() : 1);
   const int context = opt_.context > 0 ? opt_.context : c.max_seq_len;
   if (context > c.max_seq_len) {
     fail("context " + std::to_string(context) + " exceeds the model's maximum of " + std::to_string(c.max_seq_len) + " positions");

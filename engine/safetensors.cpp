@@ -472,8 +472,8 @@ void read_f32_block(const StTensor& t, int64_t row0, int64_t rows, int64_t col0,
          std::to_string(row0) + ", " + std::to_string(row0 + rows) + ") x columns [" + std::to_string(col0) + ", " +
          std::to_string(col0 + cols) + ")");
   }
+  if (t.dtype == StDType::unsupported) convert_f32(t, t.data, 0, out);  // its error, before the threads (none may throw)
   const size_t esize = st_dtype_size(t.dtype);
-  if (esize == 0) convert_f32(t, t.data, 0, out);  // the dtype's error, before the threads
   // Rows in parallel: an 8B checkpoint converts 16 GB (the reads are page faults of the mapping as much as math).
 #pragma omp parallel for schedule(static) if (uint64_t(rows) * uint64_t(cols) >= (uint64_t(1) << 20))
   for (int64_t r = 0; r < rows; ++r) {

@@ -61,6 +61,13 @@ TensorShard TensorShard::of(const ModelConfig& c, int rank, int ranks) {
   return s;
 }
 
+void TensorShard::require_ranks(int model_ranks) const {
+  if (model_ranks != ranks) {
+    fail("the weights are tensor-parallel rank " + std::to_string(rank) + " of " + std::to_string(ranks) +
+         " but the model has " + std::to_string(model_ranks) + " rank(s)");
+  }
+}
+
 ModelConfig ModelWeights::rank_config() const {
   ModelConfig c = config;
   if (shard.ranks <= 1) return c;
@@ -172,7 +179,7 @@ ModelWeights slice_weights(const ModelWeights& whole, int rank, int ranks) {
 ModelConfig load_checkpoint_config(const std::string& path) {
   if (!is_directory(path)) return load_checkpoint(path).config;
   ModelConfig c = load_hf_config(path);
-  if (!c.tie_embeddings && !SafetensorsCheckpoint(path).has("lm_head.weight")) c.tie_embeddings = true;  // as the loader
+  tie_if_head_missing(c, SafetensorsCheckpoint(path));
   return c;
 }
 

@@ -39,6 +39,8 @@ struct TensorShard {
   // Rank `rank` of `ranks` of a model of config `c`; throws Error when the KV heads do not divide among the ranks
   // or a rank would hold no FFN column or vocabulary row.
   static TensorShard of(const ModelConfig& c, int rank, int ranks);
+  // Throws Error unless a model of `model_ranks` ranks may run on these weights (the models' constructors).
+  void require_ranks(int model_ranks) const;
 };
 
 struct ModelWeights {
@@ -92,5 +94,8 @@ ModelWeights load_llama2c_checkpoint(const std::string& path);
 ModelConfig load_checkpoint_config(const std::string& path);
 size_t parameter_count(const ModelConfig& c);
 ModelWeights load_hf_checkpoint(const std::string& dir, const LoadProgress& progress = {}, int rank = 0, int ranks = 1);
+// Ties the embeddings of a Hugging Face config whose checkpoint holds no lm_head (some exports omit it without saying
+// tie_word_embeddings); the loader and load_checkpoint_config read the model the same way.
+void tie_if_head_missing(ModelConfig& c, const SafetensorsCheckpoint& ckpt);
 
 }  // namespace flashlite::engine

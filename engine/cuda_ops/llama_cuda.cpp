@@ -60,11 +60,7 @@ class LlamaCuda final : public LlamaModel {
  public:
   LlamaCuda(const ModelWeights& w, const RuntimeOptions& o, Collective* collective)
       : c_(w.rank_config()), vocab_in_(w.config.vocab_size), opt_(o), collective_(collective), graphs_(o.cuda.graphs) {
-    if ((collective ? collective->ranks() : 1) != w.shard.ranks) {
-      fail("the weights are tensor-parallel rank " + std::to_string(w.shard.rank) + " of " +
-           std::to_string(w.shard.ranks) + " but the model has " + std::to_string(collective ? collective->ranks() : 1) +
-           " rank(s)");
-    }
+    w.shard.require_ranks(collective ? collective->ranks() : 1);
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       cudaGetLastError();

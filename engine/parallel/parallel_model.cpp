@@ -28,6 +28,7 @@ ParallelModel::ParallelModel(int ranks, const RankLoader& load, const RuntimeOpt
     fail("device '" + device + "' is unknown; expected cpu or cuda");
   }
   weights_.resize(ranks);
+  shards_.resize(ranks);
   ranks_.resize(ranks);
   rank_logits_.assign(ranks, nullptr);
   threads_ = std::make_unique<RankThreads>(ranks);
@@ -35,6 +36,7 @@ ParallelModel::ParallelModel(int ranks, const RankLoader& load, const RuntimeOpt
   on_all_ranks([&](int r) {
     weights_[r] = load(r, ranks);
     if (r == 0) config_ = weights_[0].config;
+    shards_[r] = weights_[r].shard;
     RuntimeOptions o = options;
     o.tp = 1;
     o.device_index = options.device_index + r;
@@ -99,7 +101,7 @@ const std::vector<float>& ParallelModel::forward(const std::vector<SequenceInput
   const size_t rows = rank_logits_[0]->size() / size_t(ranks_[0]->config().vocab_size);
   logits_.resize(rows * vocab);
   for (int r = 0; r < R; ++r) {
-    const TensorShard s = TensorShard::of(config_, r, R);
+    const TensorShard& s = shards_[r];
     const float* src = rank_logits_[r]->data();
     for (size_t i = 0; i < rows; ++i) std::copy_n(src + i * s.vocab, s.vocab, logits_.data() + i * vocab + s.vocab0);
   }
@@ -109,7 +111,7 @@ const std::vector<float>& ParallelModel::forward(const std::vector<SequenceInput
 LogitsOutput ParallelModel::forward_select(const std::vector<SequenceInput>& inputs, const LogitsRequest& request) {
   const int R = ranks();
   int narrowest = config_.vocab_size;  // the fewest vocabulary columns a rank holds
-  for (int r = 0; r < R; ++r) narrowest = std::min(narrowest, ranks_[r]->config().vocab_size);
+  for (const TensorShard& s : shards_) narrowest = std::min(narrowest, s.vocab);
   const int k = request.kind == LogitsRequest::Kind::argmax ? 1 : request.k;
   if (request.kind == LogitsRequest::Kind::logits || k >= narrowest) return LlamaModel::forward_select(inputs, request);
   if (k <= 0 || k >= config_.vocab_size) {
@@ -125,7 +127,7 @@ LogitsOutput ParallelModel::forward_select(const std::vector<SequenceInput>& inp
   for (int i = 0; i < rows; ++i) {
     for (int r = 0; r < R; ++r) {
       const LogitsOutput& o = rank_selected_[r];
-      const int vocab0 = TensorShard::of(config_, r, R).vocab0;
+      const int vocab0 = shards_[r].vocab0;
       for (int j = 0; j < k; ++j) cand[size_t(r) * k + j] = {o.values[size_t(i) * k + j], vocab0 + o.ids[size_t(i) * k + j]};
     }
     std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), Sampler::before);

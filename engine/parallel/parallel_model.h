@@ -53,6 +53,7 @@ class ParallelModel final : public LlamaModel {
   void step(const std::vector<SequenceInput>& inputs, const std::function<void(int)>& fn);
 
   ModelConfig config_;                    // the whole model's
+  std::vector<TensorShard> shards_;       // each rank's part (its vocabulary columns, for the logits)
   std::string device_;
   std::vector<ModelWeights> weights_;     // per rank (a CPU rank reads them in place; CUDA ranks drop them after upload)
   std::unique_ptr<CollectiveGroup> group_;
