@@ -63,10 +63,15 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, sink_logits: Optional[Tensor],
                  cu_seqlens_k: Optional[Tensor], causal: bool, scale: Optional[float], window_left: int,
                  window_right: int, sink_tokens: int, softcap: float, backend: str) -> Tuple[Tensor, Tensor]:
     """out [B, Sq, Hq, D] (q's dtype) and lse [B, Hq, Sq] fp32 for q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D]."""
+    return _forward(q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left, window_right,
+                    sink_tokens, softcap, backend)
+
+
+def _forward(q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k, *options):
+    """(out, lse) of a forward call: the op's body, and the eager autograd path's."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
-    _run(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left, window_right,
-         sink_tokens, softcap, backend)
+    _run(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k, *options)
     return out, lse
 
 
@@ -119,6 +124,11 @@ def _run_backward(q, k, v, out, lse, dout, dlse, sink_logits, cu_seqlens_q, cu_s
     return dq, dk, dv, dsink
 
 
+def _backward(q, k, v, out, lse, dout, dlse, *rest):
+    """(dq, dk, dv, dsink or None) of one forward call: the backward op's body, and the eager autograd path's."""
+    return _run_backward(q, k, v, out, lse, dout.contiguous(), dlse, *rest, False)
+
+
 @torch.library.custom_op("flashlite::attention_backward", mutates_args=())
 def attention_backward_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor,
                           dlse: Optional[Tensor], sink_logits: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
@@ -127,8 +137,8 @@ def attention_backward_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Ten
                           backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dsink_logits) of flashlite::attention for the gradients dout (and dlse) of its outputs;
     dsink_logits is empty without sink logits (an op cannot return None)."""
-    dq, dk, dv, dsink = _run_backward(q, k, v, out, lse, dout.contiguous(), dlse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal,
-                         scale, window_left, window_right, sink_tokens, softcap, backend, False)
+    dq, dk, dv, dsink = _backward(q, k, v, out, lse, dout, dlse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal,
+                                  scale, window_left, window_right, sink_tokens, softcap, backend)
     return dq, dk, dv, q.new_empty((0,), dtype=torch.float32) if dsink is None else dsink
 
 
@@ -146,13 +156,19 @@ def _attention_setup_context(ctx, inputs, output):
     ctx.options = inputs[6:]  # causal, scale, window_left, window_right, sink_tokens, softcap, backend
 
 
-def _attention_backward(ctx, grad_out, grad_lse):
+def _gradients(ctx, grad_out, grad_lse, backward):
+    """The autograd formula of flashlite::attention (its 13 inputs' gradients) with `backward` running the kernels:
+    the backward op (traced by torch.compile) or _run_backward (eager)."""
     q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     if grad_out is None:  # only lse was used
         grad_out = torch.zeros_like(out)
-    dq, dk, dv, dsink = attention_backward_op(q, k, v, out, lse, grad_out, grad_lse, sink_logits, cu_seqlens_q,
-                                              cu_seqlens_k, *ctx.options)
+    dq, dk, dv, dsink = backward(q, k, v, out, lse, grad_out, grad_lse, sink_logits, cu_seqlens_q, cu_seqlens_k,
+                                 *ctx.options)
     return (dq, dk, dv, dsink if ctx.needs_input_grad[3] and sink_logits is not None else None) + (None,) * 9
+
+
+def _attention_backward(ctx, grad_out, grad_lse):
+    return _gradients(ctx, grad_out, grad_lse, attention_backward_op)
 
 
 attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)
@@ -165,23 +181,15 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k, *options):
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
-        _run(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k, *options)
-        ctx.save_for_backward(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k)
-        ctx.options = options  # causal, scale, window_left, window_right, sink_tokens, softcap, backend
+        out, lse = _forward(q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k, *options)
+        _attention_setup_context(ctx, (q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k, *options), (out, lse))
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None, as the op's formula expects
         return out, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-        if grad_out is None:  # only lse was used
-            grad_out = torch.zeros_like(out)
-        dq, dk, dv, dsink = _run_backward(q, k, v, out, lse, grad_out.contiguous(), grad_lse, sink_logits,
-                                          cu_seqlens_q, cu_seqlens_k, *ctx.options, False)
-        return (dq, dk, dv, dsink if ctx.needs_input_grad[3] else None) + (None,) * 9
+        return _gradients(ctx, grad_out, grad_lse, _backward)
 
 # flashlite.decode / prefill and attention(out=...) stay forward-only.
 BACKWARD_ERROR = ("is forward-only: gradients cannot flow through it. Run it under torch.no_grad() / "
