@@ -34,14 +34,9 @@ LLAMA32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, n
                   eos_token_id=[128001, 128008, 128009],
                   rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                 "original_max_position_embeddings": 8192})
-
-
-LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
-                 rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=128000,
-                 eos_token_id=[128001, 128008, 128009],
-                 rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                               "original_max_position_embeddings": 8192})
+# Llama 3 8B: the same vocabulary, heads and RoPE rule; wider, deeper, untied, RoPE factor 8.
+LLAMA3_8B = dict(LLAMA32_1B, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, head_dim=128,
+                 tie_word_embeddings=False, rope_scaling=dict(LLAMA32_1B["rope_scaling"], factor=8.0))
 SHAPES = {"llama32-1b": LLAMA32_1B, "llama3-8b": LLAMA3_8B}
 
 
