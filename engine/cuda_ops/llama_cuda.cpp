@@ -91,13 +91,7 @@ class LlamaCuda final : public LlamaModel {
     book_ = KvBook(kv_shape_);
     const size_t rows_per_layer = page ? size_t(pages) * page : size_t(slots_) * context_;
     const size_t kv_bytes = rows_per_layer * c_.kv_dim() * esize();
-    if (paged()) {  // the step's page table: indptr (slots + 1), last_page_len (slots), indices (every page)
-      const size_t ints = 2 * size_t(slots_) + 1 + size_t(pages);
-      table_dev_.reserve(ints * 4, "the page table");
-      table_host_.reserve(ints * 4);
-      table_ = PageTable{{0, 1}, {0}, {1}};  // one token on page 0: what the probes and attention_kernel() plan with
-      upload_table(nullptr);
-    }
+    if (paged()) table_ = PageTable{{0, 1}, {0}, {1}};  // one token on page 0: what the probes plan with
     k_cache_.resize(c_.n_layers);
     v_cache_.resize(c_.n_layers);
     for (int l = 0; l < c_.n_layers; ++l) {
@@ -198,21 +192,15 @@ class LlamaCuda final : public LlamaModel {
   }
 
   bool paged() const { return kv_shape_.page_size > 0; }
-  // The page table's arrays on the device (paged): indptr, last_page_len, indices, laid out for slots_ sequences.
+  // The page table's arrays on the device (paged; see ensure_step_inputs): indptr, then last_page_len, then indices.
   PageTablePointers table_device() const {
-    const int32_t* t = table_dev_.as<int32_t>();
+    const int32_t* t = step_table(step_in_dev_);
     return {t, t + 2 * slots_ + 1, t + slots_ + 1};
   }
-  // table_ to the device through the pinned staging buffer, on `stream` (null: synchronously, at construction).
-  void upload_table(cudaStream_t stream) {
-    int32_t* h = table_host_.as<int32_t>();
-    std::copy(table_.indptr.begin(), table_.indptr.end(), h);
-    std::copy(table_.last_page_len.begin(), table_.last_page_len.end(), h + slots_ + 1);
-    std::copy(table_.indices.begin(), table_.indices.end(), h + 2 * slots_ + 1);
-    const size_t bytes = (2 * size_t(slots_) + 1 + table_.indices.size()) * 4;
-    if (stream) cuda_check(cudaMemcpyAsync(table_dev_.ptr, h, bytes, cudaMemcpyHostToDevice, stream), "page table upload");
-    else cuda_check(cudaMemcpy(table_dev_.ptr, h, bytes, cudaMemcpyHostToDevice), "page table upload");
-  }
+  int32_t* step_table(const DeviceBuffer& b) const { return b.as<int32_t>() + size_t(step_cap_) * 6; }
+  int32_t* step_table(const PinnedBuffer& b) const { return b.as<int32_t>() + size_t(step_cap_) * 6; }
+  // Page table ints: indptr (slots + 1), last_page_len (slots), indices (at most every page).
+  size_t table_ints() const { return paged() ? 2 * size_t(slots_) + 1 + size_t(kv_shape_.pages) : 0; }
 
   // [count, n, heads, head_dim] device view of `heads` heads from column `col` of the fused QKV rows from `row0`
   // (sequence i's n rows follow sequence i - 1's).
@@ -322,11 +310,12 @@ class LlamaCuda final : public LlamaModel {
   }
 
   // A step's small inputs go up in one copy from pinned memory, laid out for `cap` rows: [0] token ids, [1] positions,
-  // [2] logit row index, [3] sequence lengths after the step (int32, cap each), then the cache rows (int64, cap).
+  // [2] logit row index, [3] sequence lengths after the step (int32, cap each), then the cache rows (int64, cap),
+  // then (paged) the step's page table.
   void ensure_step_inputs(int cap) {
     if (cap <= step_cap_) return;
-    step_in_dev_.reserve(size_t(cap) * 24, "step inputs");
-    step_in_host_.reserve(size_t(cap) * 24);
+    step_in_dev_.reserve(size_t(cap) * 24 + table_ints() * 4, "step inputs");
+    step_in_host_.reserve(size_t(cap) * 24 + table_ints() * 4);
     step_cap_ = cap;
   }
   int32_t* step_in(int i) const { return step_in_dev_.as<int32_t>() + size_t(i) * step_cap_; }
@@ -354,9 +343,7 @@ class LlamaCuda final : public LlamaModel {
   RopeOptions rope_;        // the model's RoPE as the library applies it
   KvCacheShape kv_shape_;   // the flashlite KV cache of every layer (contiguous or paged)
   KvBook book_;             // its lengths and pages
-  PageTable table_;         // paged: the current step's page table (its inputs in order), on the device in table_dev_
-  DeviceBuffer table_dev_;
-  PinnedBuffer table_host_;
+  PageTable table_;         // paged: the current step's page table (its inputs in order), uploaded with the step inputs
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda_ops::Gemm> gemm_;
   cuda_ops::StepGraphs graphs_;
@@ -454,9 +441,16 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
     std::copy(pos.begin(), pos.end(), step_in_host(1));
     std::copy(logit_index.begin(), logit_index.end(), step_in_host(2));
     std::copy(cache_row.begin(), cache_row.end(), reinterpret_cast<int64_t*>(step_in_host(4)));
-    cuda_check(cudaMemcpyAsync(step_in_dev_.ptr, step_in_host_.ptr, size_t(step_cap_) * 16 + size_t(st.rows) * 8,
-                               cudaMemcpyHostToDevice, stream_), "step input upload");
-    if (paged()) upload_table(stream_);
+    size_t bytes = size_t(step_cap_) * 16 + size_t(st.rows) * 8;
+    if (paged()) {  // after the cache rows: one copy for everything
+      int32_t* h = step_table(step_in_host_);
+      std::copy(table_.indptr.begin(), table_.indptr.end(), h);
+      std::copy(table_.last_page_len.begin(), table_.last_page_len.end(), h + slots_ + 1);
+      std::copy(table_.indices.begin(), table_.indices.end(), h + 2 * slots_ + 1);
+      bytes = size_t(step_cap_) * 24 + (2 * size_t(slots_) + 1 + table_.indices.size()) * 4;
+    }
+    cuda_check(cudaMemcpyAsync(step_in_dev_.ptr, step_in_host_.ptr, bytes, cudaMemcpyHostToDevice, stream_),
+               "step input upload");
   } catch (...) {
     restore(st, inputs);
     throw;
