@@ -1,8 +1,9 @@
 #pragma once
-// The engine's KV cache is a flashlite KV cache (include/flashlite/kv_cache.h, docs/kv-cache.md), contiguous layout,
-// one per layer: k, v [slots, capacity, kv_heads, head_dim], slot s holding length(s) tokens at rows 0... Both models
-// write it through the library (CPU: append_kv, which applies the RoPE; CUDA: append_kv, or the QKV GEMV's epilogue
-// with the library's device RoPE writing row slot * capacity + position of the same layout) and attend over it with
+// The engine's KV cache is a flashlite KV cache (include/flashlite/kv_cache.h, docs/kv-cache.md), one per layer:
+// contiguous, k, v [slots, capacity, kv_heads, head_dim] with slot s holding length(s) tokens at rows 0..., or paged,
+// [pages, page_size, kv_heads, head_dim] with each slot's pages in its page table (KvBook). Both models write it
+// through the library (CPU: append_kv, which applies the RoPE; CUDA: append_kv, or the QKV GEMV's epilogue with the
+// library's device RoPE writing the row KvBook::row names, the one append_kv writes) and attend over it with
 // flashlite::decode / prefill. A step follows the library's order: grow the lengths, append, attend.
 //   kv_cache_view  the flashlite view of any storage in this layout (CPU fp32 here, bf16 / fp32 device memory in
 //                  engine/cuda_ops) for a run of slots and their lengths;

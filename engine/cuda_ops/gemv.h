@@ -31,9 +31,10 @@ enum class GemvIn { bf16, rmsnorm };
 enum class GemvOut { bf16, f32, add_f32, swiglu_bf16, rope_bf16, f32_argmax };
 
 // rope_bf16: where the QKV row's parts go. y receives the rotated q heads only (the k and v columns of y are not
-// written); k (rotated) and v go to row cache_row[r] of the caches: a contiguous flashlite KV cache
-// [slots, capacity, kv_heads, head_dim] seen as (slots * capacity) rows, row slot * capacity + position (what
-// append_kv writes). Requires head_dim % 8 == 0 and out == (heads + 2 kv_heads) * head_dim.
+// written); k (rotated) and v go to row cache_row[r] of the caches, seen as rows of kv_heads * head_dim: a
+// flashlite KV cache, contiguous [slots, capacity, ...] (row slot * capacity + position) or paged [pages, page_size,
+// ...] (row page * page_size + position % page_size), the row append_kv writes (KvBook::row). Requires
+// head_dim % 8 == 0 and out == (heads + 2 kv_heads) * head_dim.
 struct GemvRope {
   const float* cos = nullptr;          // (positions, head_dim / 2): flashlite::cuda::rope_cos_sin of each (position,
   const float* sin = nullptr;          //   pair), as ops.h's rope_tables fills them

@@ -47,7 +47,8 @@ struct Step {
   int lrows = 0;              // rows whose logits are asked for
   std::vector<int> row0;      // first activation row of each input
   bool gemv = false;          // through the fused GEMVs
-  bool decode = false;        // one new token for each of slots 0..rows-1: one batched decode launch per layer
+  bool decode = false;        // one new token per input (any slots when paged, else slots 0..rows-1): one batched
+                              // decode launch per layer
   bool fused_argmax = false;  // the greedy argmax folded into the LM-head GEMV
   std::vector<int32_t> lens_after;  // each input's sequence length after this step (host; device: step_in(3))
   std::vector<int32_t> lens_before;  // ... before it (restored when the step fails)
@@ -75,7 +76,8 @@ class LlamaCuda final : public LlamaModel {
     if (context_ > c_.max_seq_len) fail("context " + std::to_string(context_) + " exceeds the model's maximum of " + std::to_string(c_.max_seq_len));
     if (o.slots < 1) fail("batch (slots) must be at least 1");
     slots_ = o.slots;
-    cuda_check(cudaStreamCreate(&stream_), "stream creation");
+    cuda_check(cudaStreamCreate(&stream_owner_.s), "stream creation");
+    stream_ = stream_owner_.s;
     gemm_ = std::make_unique<cuda_ops::Gemm>();  // after the device checks: it allocates on the device
     if (o.cuda.profile) profile_.emplace(stream_);
     upload_weights(w);
@@ -86,6 +88,10 @@ class LlamaCuda final : public LlamaModel {
     sin_.reserve(table, "RoPE sin");
     cuda_ops::rope_tables(cos_.as<float>(), sin_.as<float>(), rope_, context_, c_.head_dim);
     const int page = std::max(0, o.kv_page_size);
+    if (page > 0 && elem_ == Elem::f32) {  // before the pools are allocated (an fp32 pool may not even fit)
+      fail("a paged KV cache on CUDA needs flashlite's decode and prefill kernels (bf16, head_dim 64 or 128): this "
+           "model runs in fp32 (precision bf16 or auto, or the contiguous cache)");
+    }
     const int pages = page == 0 ? 0 : o.kv_pages > 0 ? o.kv_pages : slots_ * ((context_ + page - 1) / page);
     kv_shape_ = {c_.n_layers, slots_, context_, c_.n_kv_heads, c_.head_dim, page, pages};
     book_ = KvBook(kv_shape_);
@@ -109,10 +115,6 @@ class LlamaCuda final : public LlamaModel {
            (forced ? std::string("the attention backend was set to another") : plan_decode(decode_args(0, 1, &one, nullptr)).unsupported));
     }
     if (o.cuda.verbose) print_plan();
-  }
-
-  ~LlamaCuda() override {
-    if (stream_) cudaStreamDestroy(stream_);
   }
 
   const ModelConfig& config() const override { return c_; }
@@ -213,6 +215,7 @@ class LlamaCuda final : public LlamaModel {
 
   // Device views of sequence `slot`: `n` new query rows starting at fused row `row0`, keys [0, kv_len) of its cache.
   ForwardArgs attention_args(int layer, int slot, int row0, int n, int kv_len) {
+    if (paged()) fail("internal error: a forward() view of a paged cache was asked for (paged steps use prefill)");
     const int D = c_.head_dim;
     const Device dev = Device::cuda(opt_.device_index);
     ForwardArgs a;
@@ -246,9 +249,11 @@ class LlamaCuda final : public LlamaModel {
     return a;
   }
 
-  // The fused kernel when it takes this head_dim and dtype, else flashlite's split CUDA kernels.
+  // The fused kernel when it takes this head_dim and dtype, else flashlite's split CUDA kernels. Paged: no forward()
+  // call ever runs (decode and prefill attend), so nothing to probe.
   Backend choose_attention() {
     if (opt_.attention != Backend::automatic) return opt_.attention;
+    if (paged()) return Backend::cuda;
     ensure_scratch(1, 1);
     attention_ = Backend::cuda;
     return plan_forward(attention_args(0, 0, 0, 1, 1)).supported() ? Backend::cuda : Backend::naive;
@@ -332,6 +337,13 @@ class LlamaCuda final : public LlamaModel {
     if (profile_) profile_->mark(name);
   }
 
+  // The model's stream, destroyed after every other member (declared first) and also when the constructor throws.
+  struct OwnedStream {
+    cudaStream_t s = nullptr;
+    ~OwnedStream() {
+      if (s) cudaStreamDestroy(s);
+    }
+  } stream_owner_;
   ModelConfig c_;     // the rank's shape (ModelWeights::rank_config)
   int vocab_in_ = 0;  // token ids the embedding takes (the whole vocabulary)
   RuntimeOptions opt_;
