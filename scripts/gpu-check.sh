@@ -2,18 +2,20 @@
 # The one command for a GPU machine: builds everything for the GPU it finds (sm_90a on Hopper) plus the Python module
 # (pip, into a target folder), runs every ctest suite (the GPU tests run for real there), the main job (`flashlite
 # attn`) on a few shapes, pytest tests/python (GPU backends vs float64 and torch SDPA, torch.compile, CUDA graphs),
-# the server's tests (tests/serve, with the openai client from .carry/wheels), compute-sanitizer (memcheck, racecheck, initcheck) on a small driver, and the attention benchmark. Results go to
+# the server's tests (tests/serve, with the openai client from .carry/wheels), compute-sanitizer (memcheck, racecheck,
+# initcheck) on a small driver and a few backward cases, the attention benchmark and the backward side by side
+# (bench/bwd). Results go to
 # OUTDIR (argument, else $OUT, else ./out): attn_main_job.json, attention.json and plots as files, every log bundled
 # into gpu_check_logs.tgz (a GPU lease returns at most 8 files). The per-area benchmarks (forward side by side,
 # decode, engine e2e, CPU) are described in bench/README.md.
 #
 #   bash scripts/gpu-check.sh [OUTDIR] [--only STEP[,STEP...]] [--skip STEP[,STEP...]]
-#   steps, in order: info build ctest attn pytest serve sanitize bench tp tpbench
+#   steps, in order: info build ctest attn pytest serve sanitize bench bwdbench tp tpbench
 #   (tp, tpbench: tensor parallelism on a machine of 2+ GPUs, e.g. `--only build,tp` then `--only tpbench` on
 #   nvidia-h100-x2; nothing on one GPU)
 #
 # Environment: COMMIT (id recorded in the results when the tree has no .git), BENCH_ARGS (for bench/attention.py,
-# default --quick), CMAKE_EXTRA (more CMake arguments), BUILD_TARGETS (default: all), CTEST_ARGS (e.g. "-L gpu"),
+# default --quick), BWD_SEQS (bwdbench's sequence lengths), CMAKE_EXTRA (more CMake arguments), BUILD_TARGETS (default: all), CTEST_ARGS (e.g. "-L gpu"),
 # PYTEST_ARGS, BUILD_DIR, CUDA_ARCH.
 # The GPU machine has no package registry: GoogleTest, CLI11 and PCRE2 come from .carry/ (made here by
 # scripts/make-carry.sh; name .carry in the device tool's carry list); torch, nanobind and scikit-build-core are there.
@@ -173,7 +175,23 @@ step_sanitize() {
     local r=$?
     echo "$tool rc=$r: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|cases passed|skipped' "$logs/sanitize_$tool.log" | tr '\n' ' ')"
     [ $r -ne 0 ] && { rc=1; grep -m5 -E "Invalid|Race|Uninitialized|Error" "$logs/sanitize_$tool.log"; }
+    # The backward suite on a few small cases (the Hopper kernels where the GPU has them, as the suite forces them).
+    compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/gpu/flashlite_gpu_backward_test" \
+      --gtest_filter='Grid/*/bf16_seq130_causal:Grid/*/f16_d64_gqa4_batch2_causal:Grid/*/bf16_d128_seq1025_causal_sinklogits' \
+      > "$logs/sanitize_bwd_$tool.log" 2>&1
+    r=$?
+    echo "$tool (backward) rc=$r: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$logs/sanitize_bwd_$tool.log" | tr '\n' ' ')"
+    [ $r -ne 0 ] && { rc=1; grep -m5 -E "Invalid|Race|Uninitialized|Error" "$logs/sanitize_bwd_$tool.log"; }
   done
+  return $rc
+}
+
+step_bwdbench() {  # the backward side by side with torch (SDPA flash, cuDNN, FlexAttention), and each CUDA family forced
+  pyenv python3 "$root/bench/bwd/side_by_side.py" --lib "$build/lib/libflashlite_bwd_capi.so" \
+    --seqs "${BWD_SEQS:-1024,2048,4096,8192,16384}" --rounds 2 --out "$dest/bwd_side_by_side.json" \
+    > "$logs/bwdbench.log" 2>&1
+  local rc=$?
+  tail -25 "$logs/bwdbench.log"
   return $rc
 }
 
@@ -224,7 +242,7 @@ step_bench() {
     --plots "$dest" ${BENCH_ARGS:---quick} 2>&1 | tee "$logs/bench.log" | tail -60
 }
 
-for s in info build ctest attn pytest serve sanitize bench tp tpbench; do step "$s"; done
+for s in info build ctest attn pytest serve sanitize bench bwdbench tp tpbench; do step "$s"; done
 say "done; failed steps: ${failed[*]:-none}"
 pack
 [ ${#failed[@]} -eq 0 ]

@@ -60,12 +60,14 @@ void run_cuda_naive(const AttentionProblem& p, void* stream, void* workspace, si
 FwdPlan plan_cuda_fused(const AttentionProblem& p, ForwardKernel forced, const KvCacheDesc* cache = nullptr);
 void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream, void* workspace, size_t workspace_bytes);
 std::string cuda_fused_kernel_name(const AttentionProblem& p, const FwdPlan& plan);
-// The CUDA backward (src/cuda/bwd/): empty string when it supports p, otherwise why not (names the dtype or
-// head_dim); the kernel's name; its workspace; the run (all on `stream`, workspace allocated when null).
+// The CUDA backward (src/cuda/bwd/, src/cuda/bwd_hopper/): empty string when it supports p, otherwise why not (names
+// the dtype or head_dim); why the Hopper kernels cannot run p on its device (empty: they can); the kernel's name; its
+// workspace (the same for both families); the run (all on `stream`, workspace allocated when null).
 std::string cuda_backward_unsupported_reason(const BackwardProblem& p);
-std::string cuda_backward_kernel_name(const BackwardProblem& p);
+std::string cuda_backward_hopper_reject_reason(const BackwardProblem& p);
+std::string cuda_backward_kernel_name(const BackwardProblem& p, bool hopper);
 size_t cuda_backward_workspace_bytes(const BackwardProblem& p);
-void run_cuda_backward(const BackwardProblem& p, void* stream, void* workspace, size_t workspace_bytes);
+void run_cuda_backward(const BackwardProblem& p, bool hopper, void* stream, void* workspace, size_t workspace_bytes);
 #endif
 
 }  // namespace flashlite

@@ -17,12 +17,28 @@
 //
 // Backends: 'reference' and 'cpu' (CPU tensors, any dtype); 'cuda' (automatic for CUDA tensors): float16 / bfloat16
 // with head_dim 64, 96 or 128 on sm_80 and newer (tensor cores, fp32 accumulation); other dtypes or head dims are
-// refused with an error naming them.
+// refused with an error naming them. Hopper kernels (wgmma, TMA; padded batches, head_dim 64 or 128) are built for
+// sm_90a but run only when BackwardOverrides forces them, until their first verification on an H100.
 #include <string>
 
 #include "flashlite/attention.h"
 
 namespace flashlite {
+
+// The kernels backward() may run; the planner picks one per call.
+enum class BackwardKernel {
+  automatic,    // in BackwardOverrides: the planner's choice
+  reference,    // CPU float64 oracle
+  cpu_tiled,    // CPU tiled FlashAttention-2 backward
+  cuda_mma,     // CUDA mma.sync tensor-core kernels (sm_80+; fp16 / bf16)
+  cuda_hopper,  // CUDA wgmma + TMA kernels (sm_90a; fp16 / bf16, head_dim 64 / 128, padded batches)
+};
+
+// Tests and benchmarks force a kernel here; the default choice needs none. A forced kernel that cannot run the call
+// (or that the backend excludes) is an Error naming why.
+struct BackwardOverrides {
+  BackwardKernel kernel = BackwardKernel::automatic;
+};
 
 struct BackwardArgs {
   TensorView q, k, v;     // the forward's inputs
@@ -48,13 +64,14 @@ struct BackwardArgs {
 };
 
 // Validates every argument (throws Error, nothing is written), picks the kernel and runs it.
-void backward(const BackwardArgs& args);
+void backward(const BackwardArgs& args, const BackwardOverrides& overrides = {});
 
-// Bytes of workspace the chosen backend needs for these arguments (0 for the CPU backends). Validates the arguments.
-size_t backward_workspace_bytes(const BackwardArgs& args);
+// Bytes of workspace the chosen kernel needs for these arguments (0 for the CPU backends). Validates the arguments.
+size_t backward_workspace_bytes(const BackwardArgs& args, const BackwardOverrides& overrides = {});
 
-// Which kernel backward() would run, as a readable name. Validates the arguments.
-std::string backward_kernel_name(const BackwardArgs& args);
+// Which kernel backward() would run, as a readable name (e.g. "cuda_backward_hopper_bf16_d128"). Validates the
+// arguments.
+std::string backward_kernel_name(const BackwardArgs& args, const BackwardOverrides& overrides = {});
 
 // The float64 oracle (CPU tensors only): recomputes the forward in float64 from q, k, v and the sink logits (out and
 // lse are validated but not read) and writes contiguous float64 gradients shaped like q, k, v ([batch, rows, heads,

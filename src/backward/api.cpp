@@ -31,14 +31,12 @@ void check_like(const TensorView& t, const char* name, const TensorView& ref, co
   }
 }
 
-enum class BackwardKernel { reference, cpu, cuda };
-
 struct Resolved {
   BackwardProblem problem;
   BackwardKernel kernel;
 };
 
-Resolved resolve(const BackwardArgs& a) {
+Resolved resolve(const BackwardArgs& a, const BackwardOverrides& o) {
   ForwardArgs f;
   f.q = a.q, f.k = a.k, f.v = a.v, f.out = a.out, f.lse = a.lse, f.options = a.options;
   check_present(a.lse, "lse");  // forward treats lse as optional; backward needs it
@@ -103,36 +101,49 @@ Resolved resolve(const BackwardArgs& a) {
   p.deterministic = a.deterministic;
 
   const bool on_cpu = p.fwd.device.type == DeviceType::cpu;
-  // CUDA tensors: the tensor-core kernels of src/cuda/bwd/ when they support the problem, otherwise a named refusal.
+  // CUDA tensors: the mma.sync kernels of src/cuda/bwd/, or a named refusal. The Hopper kernels (src/cuda/bwd_hopper/)
+  // run only when o.kernel forces them: they compile, but have not yet run on an H100, and the planner takes them
+  // only once the GPU suite has verified them (docs/backward.md).
   const auto cuda_kernel = [&]() -> BackwardKernel {
 #if FLASHLITE_WITH_CUDA
     if (std::string why = cuda_backward_unsupported_reason(p); !why.empty()) {
       if (why.rfind("dtype", 0) == 0) fail_type(why);
       fail(why);
     }
-    return BackwardKernel::cuda;
+    if (o.kernel != BackwardKernel::cuda_hopper) return BackwardKernel::cuda_mma;
+    if (std::string why = cuda_backward_hopper_reject_reason(p); !why.empty()) {
+      fail("the forced kernel cuda_hopper cannot run this call: " + why);
+    }
+    return BackwardKernel::cuda_hopper;
 #else
     fail("the tensors are on " + device_name(p.fwd.device) + " but flashlite was built without CUDA");
 #endif
   };
+  const auto chosen = [&](BackwardKernel k) -> Resolved {
+    if (o.kernel != BackwardKernel::automatic && o.kernel != k) {
+      fail("the forced backward kernel (BackwardOverrides) does not agree with backend '" +
+           std::string(backend_name(a.backend)) + "' on " + device_name(p.fwd.device) + " tensors");
+    }
+    return {p, k};
+  };
   switch (a.backend) {
     case Backend::reference:
       if (!on_cpu) fail("backend 'reference' runs on CPU tensors only; these are on " + device_name(p.fwd.device));
-      return {p, BackwardKernel::reference};
+      return chosen(BackwardKernel::reference);
     case Backend::automatic:
     case Backend::cpu:
       if (!on_cpu) {
-        if (a.backend == Backend::automatic) return {p, cuda_kernel()};
+        if (a.backend == Backend::automatic) return chosen(cuda_kernel());
         fail("backend 'cpu' needs CPU tensors; these are on " + device_name(p.fwd.device));
       }
       if (p.fwd.head_dim > kMaxCpuHeadDim) {
         fail("head_dim " + std::to_string(p.fwd.head_dim) + " is unsupported by backend 'cpu'; expected at most " +
              std::to_string(kMaxCpuHeadDim));
       }
-      return {p, BackwardKernel::cpu};
+      return chosen(BackwardKernel::cpu_tiled);
     case Backend::cuda:
       if (on_cpu) fail("backend 'cuda' needs CUDA tensors, but the tensors are on cpu");
-      return {p, cuda_kernel()};
+      return chosen(cuda_kernel());
     case Backend::naive:
       fail("backend 'naive' has no backward; use 'cuda', 'cpu' or 'reference'");
   }
@@ -141,41 +152,48 @@ Resolved resolve(const BackwardArgs& a) {
 
 }  // namespace
 
-void backward(const BackwardArgs& args) {
-  const Resolved r = resolve(args);
+void backward(const BackwardArgs& args, const BackwardOverrides& overrides) {
+  const Resolved r = resolve(args, overrides);
   switch (r.kernel) {
     case BackwardKernel::reference: run_backward_reference(r.problem); return;
-    case BackwardKernel::cpu: run_backward_cpu(r.problem); return;
-    case BackwardKernel::cuda:
+    case BackwardKernel::cpu_tiled: run_backward_cpu(r.problem); return;
+    case BackwardKernel::cuda_mma:
+    case BackwardKernel::cuda_hopper:
 #if FLASHLITE_WITH_CUDA
-      run_cuda_backward(r.problem, args.stream, args.workspace, args.workspace_bytes);
+      run_cuda_backward(r.problem, r.kernel == BackwardKernel::cuda_hopper, args.stream, args.workspace,
+                        args.workspace_bytes);
       return;
 #else
       break;
 #endif
+    case BackwardKernel::automatic: break;
   }
   throw Error(ErrorKind::runtime, "internal error: no backward kernel for the chosen backend");
 }
 
-size_t backward_workspace_bytes(const BackwardArgs& args) {
-  [[maybe_unused]] const Resolved r = resolve(args);
+size_t backward_workspace_bytes(const BackwardArgs& args, const BackwardOverrides& overrides) {
+  [[maybe_unused]] const Resolved r = resolve(args, overrides);
 #if FLASHLITE_WITH_CUDA
-  if (r.kernel == BackwardKernel::cuda) return cuda_backward_workspace_bytes(r.problem);
+  if (r.kernel == BackwardKernel::cuda_mma || r.kernel == BackwardKernel::cuda_hopper) {
+    return cuda_backward_workspace_bytes(r.problem);
+  }
 #endif
   return 0;
 }
 
-std::string backward_kernel_name(const BackwardArgs& args) {
-  const Resolved r = resolve(args);
+std::string backward_kernel_name(const BackwardArgs& args, const BackwardOverrides& overrides) {
+  const Resolved r = resolve(args, overrides);
   switch (r.kernel) {
     case BackwardKernel::reference: return "reference_backward_f64";
-    case BackwardKernel::cpu: return "cpu_backward_tiled";
-    case BackwardKernel::cuda:
+    case BackwardKernel::cpu_tiled: return "cpu_backward_tiled";
+    case BackwardKernel::cuda_mma:
+    case BackwardKernel::cuda_hopper:
 #if FLASHLITE_WITH_CUDA
-      return cuda_backward_kernel_name(r.problem);
+      return cuda_backward_kernel_name(r.problem, r.kernel == BackwardKernel::cuda_hopper);
 #else
       break;
 #endif
+    case BackwardKernel::automatic: break;
   }
   return "unknown";
 }
@@ -183,7 +201,7 @@ std::string backward_kernel_name(const BackwardArgs& args) {
 void reference_backward_f64(const BackwardArgs& args, double* dq, double* dk, double* dv, double* dsink) {
   BackwardArgs a = args;
   a.backend = Backend::reference;
-  const Resolved r = resolve(a);
+  const Resolved r = resolve(a, {});
   reference_backward_compute(r.problem, dq, dk, dv, dsink);
 }
 

@@ -23,8 +23,11 @@
 #include <vector>
 
 #include "backward_util.h"
+#include "common/backward_problem.h"
+#include "cuda/bwd_hopper/bwd_hopper.h"
 #include "flashlite/backward.h"
 #include "gpu_util.h"
+#include "test_overrides.h"
 
 namespace fltest {
 namespace {
@@ -410,12 +413,16 @@ class GpuBackwardGrid : public ::testing::TestWithParam<int> {};
 void check_case(const GridCase& c, bool host_only) {
   GpuGrad g(c.spec, "gpu backward " + c.name, host_only, c.dlse);
   if (host_only) g.args.backend = Backend::cpu;
-  const std::string kernel = flashlite::backward_kernel_name(g.args);
+  const flashlite::BackwardOverrides o = host_only ? flashlite::BackwardOverrides{} : cuda_backward_overrides(g.args);
+  const std::string kernel = flashlite::backward_kernel_name(g.args, o);
   SCOPED_TRACE("kernel " + kernel);
   if (!host_only) {
-    EXPECT_EQ(kernel.rfind("cuda_backward_mma_", 0), 0u);
+    EXPECT_EQ(kernel.rfind("cuda_backward_", 0), 0u);
+    if (suite_overrides().no_hopper) {
+      EXPECT_EQ(kernel.rfind("cuda_backward_mma_", 0), 0u);
+    }
   }
-  flashlite::backward(g.args);
+  flashlite::backward(g.args, o);
   if (!host_only) g.download();
   const Grads ref = reference(g), lowp = lowp_reference(g);
   expect_within_rule("dq", gather(g.hargs.dq), ref.dq, lowp.dq);
@@ -461,21 +468,23 @@ TEST(GpuBackward, BitwiseEqualAcrossRunsAndWorkspaces) {
     s.sink_logits = true;
     GpuGrad g(s, std::string("gpu determinism ") + dt_name(t));
     g.args.deterministic = true;
-    flashlite::backward(g.args);
+    const flashlite::BackwardOverrides o = cuda_backward_overrides(g.args);
+    SCOPED_TRACE(flashlite::backward_kernel_name(g.args, o));
+    flashlite::backward(g.args, o);
     const auto first = g.device_bytes();
-    flashlite::backward(g.args);
+    flashlite::backward(g.args, o);
     EXPECT_EQ(first, g.device_bytes()) << dt_name(t) << ": second run differs";
     // A caller's workspace gives the same bits.
-    const size_t bytes = flashlite::backward_workspace_bytes(g.args);
+    const size_t bytes = flashlite::backward_workspace_bytes(g.args, o);
     EXPECT_GT(bytes, 0u);
     void* ws = nullptr;
     FL_CUDA_OK(cudaMalloc(&ws, bytes));
     BackwardArgs a = g.args;
     a.workspace = ws, a.workspace_bytes = bytes;
-    flashlite::backward(a);
+    flashlite::backward(a, o);
     EXPECT_EQ(first, g.device_bytes()) << dt_name(t) << ": caller's workspace differs";
     a.workspace_bytes = bytes - 1;
-    EXPECT_THROW(flashlite::backward(a), flashlite::Error);
+    EXPECT_THROW(flashlite::backward(a, o), flashlite::Error);
     FL_CUDA_OK(cudaFree(ws));
   }
 }
@@ -487,6 +496,13 @@ TEST(GpuBackward, KernelNameAndStream) {
   GpuGrad g(s, "gpu name");
   g.args.backend = Backend::cuda;
   EXPECT_EQ(flashlite::backward_kernel_name(g.args), "cuda_backward_mma_bf16_d128");
+  // sm_90 (this build has its 90a code): the Hopper kernels when forced.
+  cudaDeviceProp prop{};
+  FL_CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  if (prop.major == 9 && prop.minor == 0) {
+    EXPECT_EQ(flashlite::backward_kernel_name(g.args, {flashlite::BackwardKernel::cuda_hopper}),
+              "cuda_backward_hopper_bf16_d128");
+  }
   cudaStream_t stream = nullptr;
   FL_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   g.args.stream = stream;
@@ -525,6 +541,64 @@ TEST(GpuBackwardValidation, UnsupportedIsNamedAndNothingIsWritten) {
   expect_refused(s, "head_dim 80");
   s.d = 64, s.dtype = DType::f32;
   expect_refused(s, "dtype float32");
+}
+
+// A forced kernel that cannot run a call is refused by name, with nothing written.
+TEST(GpuBackwardValidation, ForcedKernelThatCannotRunIsNamed) {
+  FL_SKIP_WITHOUT_GPU();
+  Spec s;
+  s.seq_q = s.seq_k = 20, s.hq = 2, s.hkv = 1, s.d = 96, s.dtype = DType::bf16;
+  GpuGrad g(s, "gpu forced hopper d96");
+  const auto before = g.device_bytes();
+  try {
+    flashlite::backward(g.args, {flashlite::BackwardKernel::cuda_hopper});
+    ADD_FAILURE() << "no error";
+  } catch (const flashlite::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda_hopper cannot run this call"), std::string::npos) << e.what();
+  }
+  try {
+    flashlite::backward(g.args, {flashlite::BackwardKernel::cpu_tiled});
+    ADD_FAILURE() << "no error";
+  } catch (const flashlite::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not agree with backend"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(before, g.device_bytes());
+}
+
+// Which calls the Hopper backward takes (host logic only: runs without a GPU). Pointers are never dereferenced.
+TEST(HopperBackwardEligibility, ReasonsNameWhatIsMissing) {
+  alignas(16) static unsigned char arena[1 << 12];
+  flashlite::BackwardProblem bp;
+  flashlite::AttentionProblem& p = bp.fwd;
+  p.dtype = DType::bf16, p.batch = 2, p.seq_q = 300, p.seq_k = 500, p.q_heads = 8, p.kv_heads = 2, p.head_dim = 128;
+  const flashlite::RowStrides q_st{300 * 8 * 128, 8 * 128, 128}, k_st{500 * 2 * 128, 2 * 128, 128};
+  p.q = p.k = p.v = arena;
+  bp.dout = arena;
+  bp.dq = bp.dk = bp.dv = arena;
+  p.q_stride = bp.dout_stride = bp.dq_stride = q_st;
+  p.k_stride = p.v_stride = bp.dk_stride = bp.dv_stride = k_st;
+  using flashlite::cuda_bwd_hopper::bwd_hopper_reject_reason;
+  EXPECT_EQ(bwd_hopper_reject_reason(bp, 90), "");
+  EXPECT_NE(bwd_hopper_reject_reason(bp, 80).find("compute capability 9.0"), std::string::npos);
+  EXPECT_NE(bwd_hopper_reject_reason(bp, 100).find("compute capability 9.0"), std::string::npos);
+  const auto with = [&](auto change, const char* needle) {
+    flashlite::BackwardProblem b = bp;
+    change(b);
+    EXPECT_NE(bwd_hopper_reject_reason(b, 90).find(needle), std::string::npos) << needle;
+  };
+  with([](auto& b) { b.fwd.head_dim = 96; }, "head_dim 64 or 128");
+  with([](auto& b) { b.fwd.dtype = DType::f32; }, "float16 or bfloat16");
+  const int32_t cu[3] = {0, 100, 300};
+  with([&](auto& b) { b.fwd.cu_seqlens_q = b.fwd.cu_seqlens_k = cu; }, "padded batches only");
+  with([](auto& b) { b.fwd.k = arena + 2; }, "TMA");
+  with([](auto& b) { b.dout_stride.seq = 129; }, "TMA");
+  with([](auto& b) { b.dout_stride.head = 129; }, "TMA");
+  with([](auto& b) { b.dk = arena + 2; }, "4-byte pairs");
+  with([](auto& b) { b.dq_stride.seq = 129; }, "4-byte pairs");
+  flashlite::BackwardProblem f16 = bp;
+  f16.fwd.dtype = DType::f16, f16.fwd.head_dim = 64;
+  EXPECT_EQ(bwd_hopper_reject_reason(f16, 90), "");
+  EXPECT_EQ(flashlite::cuda_bwd_hopper::bwd_hopper_kernel_name(f16), "cuda_backward_hopper_f16_d64");
 }
 
 // Bad arguments are caught before anything runs (the shared validation, on CUDA tensors).

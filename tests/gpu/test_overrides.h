@@ -1,12 +1,14 @@
 #pragma once
 // What a re-run of a GPU suite forces through the planners' overrides (never the environment): set from the command
 // line by overrides_main.cpp (ctest passes it, tests/gpu/CMakeLists.txt). --no-hopper: the mma.sync kernel wherever
-// the Hopper kernel would run (sm_90's fallback stays tested on the H100); --combine: split decodes merge in the
+// the Hopper kernels would run, forward and backward (sm_90's fallback stays tested on the H100); --combine: split decodes merge in the
 // combine kernel, not in a cluster (the pre-sm_90 path and the one for too many splits). The wrappers below are the
 // suites' calls of forward / decode under these overrides (suite_*: distinct names, no overload of the library's).
 #include <string>
 
 #include "flashlite/attention.h"
+#include "flashlite/backward.h"
+#include "flashlite/errors.h"
 #include "flashlite/kv_cache.h"
 
 namespace fltest {
@@ -40,6 +42,19 @@ inline std::string suite_forward_kernel_name(flashlite::ForwardArgs args) {
   const flashlite::ForwardPlan plan = suite_forward_plan(args);
   args.plan = &plan;
   return flashlite::forward_kernel_name(args);
+}
+
+// The backward overrides of a call on CUDA tensors under the suite's: the Hopper kernels wherever they can run it
+// (forced: the planner does not pick them by default until they are verified), the mma.sync kernels under --no-hopper.
+inline flashlite::BackwardOverrides cuda_backward_overrides(const flashlite::BackwardArgs& args) {
+  using flashlite::BackwardKernel;
+  if (suite_overrides().no_hopper) return {BackwardKernel::cuda_mma};
+  try {
+    flashlite::backward_kernel_name(args, {BackwardKernel::cuda_hopper});
+    return {BackwardKernel::cuda_hopper};
+  } catch (const flashlite::Error&) {  // not sm_90, or a call the Hopper kernels refuse
+    return {};
+  }
 }
 
 // Decode overrides of a call with `splits` forced (0: planned) under the suite's merge.

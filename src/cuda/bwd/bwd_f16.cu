@@ -3,6 +3,8 @@
 
 namespace flashlite::cuda_bwd {
 
+void launch_delta_f16(const BwdParams& p, cudaStream_t stream) { launch_delta<__half>(p, stream); }
+
 void launch_backward_f16(const BwdParams& p, cudaStream_t stream) { launch_backward<__half>(p, stream); }
 
 void launch_zero_rows_f16(void* base, int64_t row_stride, int64_t head_stride, int64_t row0, int64_t rows, int heads,

@@ -20,6 +20,7 @@
 // global memory) get P = 0 and dS = 0; a row with LSE -inf (no visible key, no sink) gets P = 0.
 #include <cuda_runtime.h>
 
+#include "cuda/bwd/bwd_common.cuh"
 #include "cuda/bwd/bwd_params.h"
 #include "cuda/common/dtype.cuh"
 #include "cuda/fwd/fwd_common.cuh"
@@ -29,8 +30,6 @@
 namespace flashlite::cuda_bwd {
 
 using cuda_fwd::KeyTiles;
-using cuda_fwd::kLog2e;
-using cuda_fwd::RowKeys;
 
 template <int D_>
 struct BwdTile {
@@ -51,26 +50,6 @@ struct BwdTile {
   static_assert(BM == WARPS * 16 && BN == WARPS * 16, "each warp owns 16 rows of its tile");
   static_assert(D % 16 == 0, "head_dim is a multiple of 16");
 };
-
-// One sequence's lengths and first rows in the tensors.
-struct SeqInfo {
-  int sq, sk;
-  int64_t q_row0, k_row0, tb;
-};
-
-__device__ __forceinline__ SeqInfo seq_info(const BwdParams& p, int b) {
-  if (p.cu_q) return {p.cu_q[b + 1] - p.cu_q[b], p.cu_k[b + 1] - p.cu_k[b], p.cu_q[b], p.cu_k[b], 0};
-  return {p.seq_q, p.seq_k, 0, 0, b};
-}
-
-// Whether query rows [i0, i1) may see any key of [j0, j1) (the inverse of the forward's tile skip; coarse: entries
-// inside it that the mask hides are masked per element).
-__device__ __forceinline__ bool q_block_sees_keys(const MaskParams& m, int i0, int i1, int j0, int j1, int sq,
-                                                  int sk) {
-  if (j0 < m.sink_tokens && j0 < causal_key_end(m, i1, sq, sk)) return true;
-  const KeyRange r = window_key_range(m, i0, i1, sq, sk);
-  return r.begin < j1 && j0 < r.end;
-}
 
 // One k16 step of two products over a pair of n8 tiles: c1[n], c1[n + 1] += a1 B1 and c2[n], c2[n + 1] += a2 B2, with
 // B1 and B2 the x4 fragments at sB1 + off and sB2 + off (ldmatrix, or ldmatrix.trans for TRANS).
@@ -146,25 +125,6 @@ __device__ __forceinline__ void stage_acc(T* s, const float (&acc)[ND][4], float
       *reinterpret_cast<uint32_t*>(s + (row0 + g + 8 * r) * LD + dn * 8 + 2 * t) =
           cuda_fwd::pack2<T>(acc[dn][2 * r] * mult, acc[dn][2 * r + 1] * mult);
     }
-}
-
-// P and dS of one score (raw dot product x, dot product dp of dout with v), given the row's L log2e and D.
-struct ProbGrad {
-  float p, ds;
-};
-__device__ __forceinline__ ProbGrad prob_grad(const BwdParams& p, float x, float dp, float l2, float delta,
-                                              bool visible) {
-  float logit2, dfac = 1.f;
-  if (p.softcap > 0.f) {
-    const float th = cuda_fwd::accurate_tanh(x * p.softcap_pre);
-    logit2 = th * p.softcap_post;
-    dfac = 1.f - th * th;
-  } else {
-    logit2 = x * p.scale_log2;
-  }
-  if (!visible) return {0.f, 0.f};
-  const float pr = cuda_fwd::fast_exp2(logit2 - l2);
-  return {pr, pr * (dp - delta) * dfac};
 }
 
 // Per-lane element offsets of the ldmatrix x4 addresses (m16n8k16 fragment layouts, as in fwd_mma.cuh):
@@ -269,19 +229,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
     float* sD = sL2 + BM;
     int* sLo = reinterpret_cast<int*>(sD + BM);
     for (int r = tid; r < BM; r += Cfg::THREADS) {
-      const int i = i0 + r;
-      float l2 = INFINITY, d = 0.f;
-      int lo = 1, hi = 0, se = 0;  // rows past the sequence see nothing
-      if (i < s.sq) {
-        const float L = lse[(s.q_row0 + i) * p.lse_stride.seq];
-        l2 = L == -INFINITY ? INFINITY : L * kLog2e;  // no key and no sink: P = 0, not exp(-inf + inf)
-        d = delta[i];
-        const RowKeys rk = cuda_fwd::row_keys(p.mask, i, s.sq, s.sk);
-        lo = cuda_fwd::clamp_to(rk.lo, 0, s.sk);
-        hi = cuda_fwd::clamp_to(rk.hi, -1, s.sk - 1);
-        se = cuda_fwd::clamp_to(rk.sink_end, 0, s.sk);
-      }
-      sL2[r] = l2, sD[r] = d, sLo[r] = lo, sLo[BM + r] = hi, sLo[2 * BM + r] = se;
+      const RowTerms rt = row_terms(p, s, lse, delta, i0 + r);
+      sL2[r] = rt.l2, sD[r] = rt.d, sLo[r] = rt.lo, sLo[BM + r] = rt.hi, sLo[2 * BM + r] = rt.se;
     }
   };
 
@@ -428,17 +377,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dq_kernel(const __grid_co
   int lo[2], hi[2], se[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int i = i0 + qw + g + 8 * r;
-    l2[r] = INFINITY, dl[r] = 0.f, lo[r] = 1, hi[r] = 0, se[r] = 0;
-    if (i < s.sq) {
-      const float L = lse[(s.q_row0 + i) * p.lse_stride.seq];
-      l2[r] = L == -INFINITY ? INFINITY : L * kLog2e;
-      dl[r] = delta[i];
-      const RowKeys rk = cuda_fwd::row_keys(p.mask, i, s.sq, s.sk);
-      lo[r] = cuda_fwd::clamp_to(rk.lo, 0, s.sk);
-      hi[r] = cuda_fwd::clamp_to(rk.hi, -1, s.sk - 1);
-      se[r] = cuda_fwd::clamp_to(rk.sink_end, 0, s.sk);
-    }
+    const RowTerms rt = row_terms(p, s, lse, delta, i0 + qw + g + 8 * r);
+    l2[r] = rt.l2, dl[r] = rt.d, lo[r] = rt.lo, hi[r] = rt.hi, se[r] = rt.se;
   }
 
   float dq[ND][4];

@@ -29,13 +29,17 @@ void launch_backward_d(const BwdParams& p, cudaStream_t stream) {
 }
 
 template <class T>
-void launch_backward(const BwdParams& p, cudaStream_t stream) {
+void launch_delta(const BwdParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.tensor_batch) * p.rows_q * p.q_heads;
   if (rows > 0) {
     constexpr int kWarpsPerBlock = 8;
     bwd_delta_kernel<T><<<unsigned((rows + kWarpsPerBlock - 1) / kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(p);
     FL_CUDA_CHECK_LAUNCH("bwd_delta_kernel");
   }
+}
+
+template <class T>
+void launch_backward(const BwdParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
     case 64: launch_backward_d<T, 64>(p, stream); break;
     case 96: launch_backward_d<T, 96>(p, stream); break;

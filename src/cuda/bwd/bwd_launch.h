@@ -9,7 +9,10 @@ namespace flashlite::cuda_bwd {
 
 inline constexpr bool head_dim_supported(int d) { return d == 64 || d == 96 || d == 128; }
 
-// Runs D = dout . out, the dK/dV kernel and the dQ kernel on `stream` (launch.cu then sums the dsink shares).
+// D = dout . out (less dlse) into p.delta on `stream`: the first step of both kernel families.
+void launch_delta_f16(const BwdParams& p, cudaStream_t stream);
+void launch_delta_bf16(const BwdParams& p, cudaStream_t stream);
+// The mma.sync dK/dV kernel and dQ kernel on `stream`, after launch_delta (launch.cu then sums the dsink shares).
 // p.head_dim must be supported; p's workspace pointers set.
 void launch_backward_f16(const BwdParams& p, cudaStream_t stream);
 void launch_backward_bf16(const BwdParams& p, cudaStream_t stream);

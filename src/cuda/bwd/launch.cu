@@ -1,5 +1,5 @@
-// Entry points of the CUDA backward (src/backends.h): the support check, the kernel's name, the workspace and the
-// launch (bwd_kernels.cuh has the algorithm).
+// Entry points of the CUDA backward (src/backends.h): the support check, whether the Hopper kernels take a call, the
+// kernel's name, the workspace and the launch (bwd_kernels.cuh and src/cuda/bwd_hopper/ have the algorithm).
 //
 // Workspace (backward_workspace_bytes): [varlen offsets (2, batch + 1) int32][D: (tensor_batch, q_heads, rows_q)
 // fp32][dsink shares: (batch, q_heads, q_tiles) fp32, with sink logits only], each part 256-byte aligned. When the
@@ -15,8 +15,11 @@
 
 #include "backends.h"
 #include "cuda/bwd/bwd_launch.h"
+#include "cuda/bwd_hopper/bwd_hopper.h"
 #include "cuda/common/check.h"
+#include "cuda/common/device_props.h"
 #include "cuda/common/host_copy.h"
+#include "cuda/fwd_hopper/hopper_fwd.h"  // hopper_fwd_built: the 90a objects are in this build
 
 namespace flashlite {
 namespace {
@@ -115,13 +118,22 @@ std::string cuda_backward_unsupported_reason(const BackwardProblem& bp) {
   return {};
 }
 
-std::string cuda_backward_kernel_name(const BackwardProblem& bp) {
+std::string cuda_backward_hopper_reject_reason(const BackwardProblem& bp) {
+  if (!cuda_fwd_hopper::hopper_fwd_built()) return "this build has no sm_90a code (CMAKE_CUDA_ARCHITECTURES without 90a)";
+  const int count = cuda::device_count();
+  if (bp.fwd.device.index < 0 || bp.fwd.device.index >= count) return "no such CUDA device";
+  return cuda_bwd_hopper::bwd_hopper_reject_reason(bp, cuda::device_props(bp.fwd.device.index).cc);
+}
+
+std::string cuda_backward_kernel_name(const BackwardProblem& bp, bool hopper) {
+  if (hopper) return cuda_bwd_hopper::bwd_hopper_kernel_name(bp);
   return std::string("cuda_backward_mma_") + dtype_tag(bp.fwd.dtype) + "_d" + std::to_string(bp.fwd.head_dim);
 }
 
 size_t cuda_backward_workspace_bytes(const BackwardProblem& bp) { return workspace_layout(bp).total; }
 
-void run_cuda_backward(const BackwardProblem& bp, void* stream_handle, void* workspace, size_t workspace_bytes) {
+void run_cuda_backward(const BackwardProblem& bp, bool hopper, void* stream_handle, void* workspace,
+                       size_t workspace_bytes) {
   const AttentionProblem& p = bp.fwd;
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   cuda::DeviceGuard guard(p.device.index);
@@ -150,10 +162,15 @@ void run_cuda_backward(const BackwardProblem& bp, void* stream_handle, void* wor
     zero_rows(bp.dk, bp.dk_stride, p.cu_seqlens_k[p.batch], bp.k_tensor_rows, p.kv_heads);
     zero_rows(bp.dv, bp.dv_stride, p.cu_seqlens_k[p.batch], bp.k_tensor_rows, p.kv_heads);
   }
-  if (f16) {
-    cuda_bwd::launch_backward_f16(b, stream);
+  (f16 ? cuda_bwd::launch_delta_f16 : cuda_bwd::launch_delta_bf16)(b, stream);
+  if (hopper) {
+#if defined(FLASHLITE_FWD_HOPPER_BUILT) && FLASHLITE_FWD_HOPPER_BUILT
+    cuda_bwd_hopper::launch_bwd_hopper(bp, b, stream);
+#else
+    throw Error(ErrorKind::runtime, "internal error: the Hopper backward was chosen in a build without sm_90a code");
+#endif
   } else {
-    cuda_bwd::launch_backward_bf16(b, stream);
+    (f16 ? cuda_bwd::launch_backward_f16 : cuda_bwd::launch_backward_bf16)(b, stream);
   }
   if (b.dsink) {
     bwd_dsink_kernel<<<unsigned((b.q_heads + 127) / 128), 128, 0, stream>>>(b);

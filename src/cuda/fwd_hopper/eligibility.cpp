@@ -16,17 +16,11 @@ bool hopper_fwd_built() {
 #endif
 }
 
-namespace {
-
-// TMA addresses rows through a tensor map: 16-byte aligned base, every stride of a dimension longer than one a
-// multiple of 16 bytes (2-byte elements).
-bool tma_ok(const void* base, const RowStrides& s, int64_t batch, int64_t heads) {
+bool tma_rows_ok(const void* base, const RowStrides& s, int64_t batch, int64_t heads) {
   const auto ok = [](int64_t stride) { return stride > 0 && (stride * 2) % 16 == 0 && stride * 2 < (int64_t(1) << 40); };
   return reinterpret_cast<uintptr_t>(base) % 16 == 0 && ok(s.seq) && (batch <= 1 || ok(s.batch)) &&
          (heads <= 1 || ok(s.head));
 }
-
-}  // namespace
 
 std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc) {
   if (cc != 90) return "the Hopper kernel needs compute capability 9.0 (sm_90a code)";
@@ -41,8 +35,8 @@ std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc) {
   if (p.q_heads * p.batch * ((p.seq_q + kBlockRows - 1) / kBlockRows) > INT32_MAX) {
     return "the Hopper kernel's grid would exceed 2^31 - 1 blocks";
   }
-  if (!tma_ok(p.q, p.q_stride, tb, p.q_heads) || !tma_ok(p.k, p.k_stride, tb, p.kv_heads) ||
-      !tma_ok(p.v, p.v_stride, tb, p.kv_heads)) {
+  if (!tma_rows_ok(p.q, p.q_stride, tb, p.q_heads) || !tma_rows_ok(p.k, p.k_stride, tb, p.kv_heads) ||
+      !tma_rows_ok(p.v, p.v_stride, tb, p.kv_heads)) {
     return "the Hopper kernel loads q, k, v with TMA: 16-byte aligned base and strides needed";
   }
   // The epilogue stores pairs of elements (4 bytes) straight from the accumulators.

@@ -24,6 +24,9 @@ bool parse_fwd_hopper_setting(const char* value);
 // Why the Hopper kernel cannot run p on a device of compute capability cc (major * 10 + minor); empty when it can.
 // Pure host logic on the problem's shapes, dtypes, pointers and strides (unit-tested in tests/gpu/hopper_fwd_test.cpp).
 std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc);
+// Whether TMA can address the rows of a [batch, seq, heads, head_dim] view of 16-bit elements: 16-byte aligned base,
+// every stride of a dimension longer than one a positive multiple of 16 bytes (below 2^40).
+bool tma_rows_ok(const void* base, const RowStrides& s, int64_t batch, int64_t heads);
 // "cuda_hopper_wgmma_bf16_d128_pingpong".
 std::string hopper_fwd_kernel_name(const AttentionProblem& p);
 // Launches the kernel. f: the fused kernel's parameters made for kBlockRows-row tiles, varlen tables filled.

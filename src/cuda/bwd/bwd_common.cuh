@@ -1,0 +1,75 @@
+#pragma once
+// Device helpers of both CUDA backward families (the mma.sync kernels of bwd_kernels.cuh and the Hopper kernels of
+// src/cuda/bwd_hopper/): a sequence's rows, which q blocks see a key block, the per-row terms and P / dS of a score.
+#include <cuda_runtime.h>
+
+#include "cuda/bwd/bwd_params.h"
+#include "cuda/fwd/fwd_common.cuh"
+#include "cuda/fwd/row_mask.h"
+
+namespace flashlite::cuda_bwd {
+
+using cuda_fwd::kLog2e;
+
+// One sequence's lengths and first rows in the tensors.
+struct SeqInfo {
+  int sq, sk;
+  int64_t q_row0, k_row0, tb;
+};
+
+__device__ __forceinline__ SeqInfo seq_info(const BwdParams& p, int b) {
+  if (p.cu_q) return {p.cu_q[b + 1] - p.cu_q[b], p.cu_k[b + 1] - p.cu_k[b], p.cu_q[b], p.cu_k[b], 0};
+  return {p.seq_q, p.seq_k, 0, 0, b};
+}
+
+// Whether query rows [i0, i1) may see any key of [j0, j1) (the inverse of the forward's tile skip; coarse: entries
+// inside it that the mask hides are masked per element).
+__device__ __forceinline__ bool q_block_sees_keys(const MaskParams& m, int i0, int i1, int j0, int j1, int sq,
+                                                  int sk) {
+  if (j0 < m.sink_tokens && j0 < causal_key_end(m, i1, sq, sk)) return true;
+  const KeyRange r = window_key_range(m, i0, i1, sq, sk);
+  return r.begin < j1 && j0 < r.end;
+}
+
+// P and dS of one score (raw dot product x, dot product dp of dout with v), given the row's L log2e and D.
+struct ProbGrad {
+  float p, ds;
+};
+__device__ __forceinline__ ProbGrad prob_grad(const BwdParams& p, float x, float dp, float l2, float delta,
+                                              bool visible) {
+  float logit2, dfac = 1.f;
+  if (p.softcap > 0.f) {
+    const float th = cuda_fwd::accurate_tanh(x * p.softcap_pre);
+    logit2 = th * p.softcap_post;
+    dfac = 1.f - th * th;
+  } else {
+    logit2 = x * p.scale_log2;
+  }
+  if (!visible) return {0.f, 0.f};
+  const float pr = cuda_fwd::fast_exp2(logit2 - l2);
+  return {pr, pr * (dp - delta) * dfac};
+}
+
+// The terms of query row i (within its sequence) that every score of the row needs: L log2e, D and the visible key
+// interval [lo, hi] plus the sink keys [0, se). Rows past the sequence see nothing; a row with LSE -inf (no key, no
+// sink) gets L log2e = +inf so that P = exp2(x - inf) = 0, not exp(-inf + inf).
+struct RowTerms {
+  float l2, d;
+  int lo, hi, se;
+};
+__device__ __forceinline__ RowTerms row_terms(const BwdParams& p, const SeqInfo& s, const float* lse,
+                                              const float* delta, int i) {
+  RowTerms r{INFINITY, 0.f, 1, 0, 0};
+  if (i < s.sq) {
+    const float L = lse[(s.q_row0 + i) * p.lse_stride.seq];
+    r.l2 = L == -INFINITY ? INFINITY : L * kLog2e;
+    r.d = delta[i];
+    const cuda_fwd::RowKeys rk = cuda_fwd::row_keys(p.mask, i, s.sq, s.sk);
+    r.lo = cuda_fwd::clamp_to(rk.lo, 0, s.sk);
+    r.hi = cuda_fwd::clamp_to(rk.hi, -1, s.sk - 1);
+    r.se = cuda_fwd::clamp_to(rk.sink_end, 0, s.sk);
+  }
+  return r;
+}
+
+}  // namespace flashlite::cuda_bwd

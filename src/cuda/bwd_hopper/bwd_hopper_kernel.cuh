@@ -1,0 +1,504 @@
+#pragma once
+// The Hopper backward kernels (sm_90a): the two-kernel, atomic-free design of the mma.sync backward (bwd_kernels.cuh)
+// on wgmma and TMA, with FlashAttention-3's warp specialisation. Every operand layout is one the Hopper forward kernel
+// already uses: Q / K / V / dO tiles land by TMA with the 128-byte swizzle, the score products read both operands from
+// shared memory (K-major), and the products with P or dS take them from registers (the accumulator re-packed as the A
+// fragment) against an N-major tile.
+//
+//   bwd_hopper_dkdv_kernel  one CTA of 384 threads per (128 keys, kv head, sequence); warpgroup 0 is the producer (one
+//     thread: K and V once, then the Q and dO tiles of 64 rows of every (q head of the group, q block) that can see
+//     the keys, through a 2-stage ring); warpgroups 1 and 2 own 64 keys each and, per q block:
+//       S^T  = K Q^T,  dP^T = V dO^T       wgmma m64n64k16, both operands from shared memory
+//       P^T  = exp2(S^T scale log2e - L log2e), dS^T = P^T (dP^T - D) (softcap through the tanh), masked per element
+//              on partly visible tiles (the row terms of the 64 q rows sit in shared memory; the consumers write the
+//              next block's while this block's products run)
+//       dV  += P^T dO, dK += dS^T Q       wgmma m64nDk16, A from registers, B (dO, Q) N-major
+//     dK (times scale) and dV are written from registers once, at the end.
+//   bwd_hopper_dq_kernel  one CTA per (128 query rows, q head, sequence); the producer loads Q and dO once and the K / V
+//     tiles of 64 keys that the rows see (the forward's KeyTiles) through a 2-stage ring; warpgroups 1 and 2 own 64
+//     rows each: S = Q K^T, dP = dO V^T, dS as above, dQ += dS K (K N-major); dQ (times scale) from registers. Each
+//     warpgroup also writes its 64 rows' share of dsink (-sum exp(sink - L_i) D_i, in row order) into the workspace
+//     slot the mma.sync dQ kernel would fill for the same 64-row tile, so launch.cu's dsink sum is shared.
+// D = dout . out comes from bwd_delta_kernel (src/cuda/bwd/) before both. No atomics: every run gives the same bits.
+// Padded batches only (varlen runs on the mma.sync kernels): rows past a sequence are past the tensor map's end and
+// land as zeros.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/bwd/bwd_common.cuh"
+#include "cuda/common/context_cache.h"
+#include "cuda/fwd/fwd_launch.h"  // ensure_smem_optin
+#include "cuda/fwd_hopper/hopper_ptx.cuh"
+#include "cuda/fwd_hopper/hopper_wgmma.cuh"
+
+namespace flashlite::cuda_bwd_hopper {
+
+using cuda_bwd::BwdParams;
+using cuda_fwd_hopper::mbar_arrive;
+using cuda_fwd_hopper::mbar_arrive_expect_tx;
+using cuda_fwd_hopper::mbar_init;
+using cuda_fwd_hopper::mbar_init_fence;
+using cuda_fwd_hopper::mbar_wait;
+using cuda_fwd_hopper::named_sync;
+using cuda_fwd_hopper::pin_regs;
+using cuda_fwd_hopper::regs_alloc;
+using cuda_fwd_hopper::regs_dealloc;
+using cuda_fwd_hopper::smem_desc;
+using cuda_fwd_hopper::tma_load_4d;
+using cuda_fwd_hopper::tma_prefetch_map;
+using cuda_fwd_hopper::wgmma_commit;
+using cuda_fwd_hopper::wgmma_fence;
+using cuda_fwd_hopper::wgmma_rs_n128;
+using cuda_fwd_hopper::wgmma_rs_n64;
+using cuda_fwd_hopper::wgmma_ss_n64;
+using cuda_fwd_hopper::wgmma_wait;
+
+// Kernel argument: the tensor maps of q, k, v, dout (boxes of 64 rows x 64 columns) and the backward's parameters.
+struct HopperBwdParams {
+  CUtensorMap tq, tk, tv, tdo;
+  BwdParams b;
+  int key_blocks = 0;  // cdiv(seq_k, 128): dK/dV CTAs per (sequence, kv head)
+  int row_blocks = 0;  // cdiv(seq_q, 128): dQ CTAs per (sequence, q head)
+};
+
+template <int D_>
+struct BwdHopperTile {
+  static constexpr int D = D_, DB = D / 64, THREADS = 384, STAGES = 2;
+  static constexpr int BOX = 64;  // rows of one TMA box (the tensor maps'), 64 columns (one 128-byte swizzle row)
+  // dK/dV kernel: BN keys per CTA, q blocks of BM rows. Tiles are DB blocks of 64 columns, each `rows` x 128 bytes.
+  static constexpr int BN = 128, BM = 64;
+  static constexpr uint32_t KV_BLOCK = BN * 128, KV_BYTES = DB * KV_BLOCK;  // K or V: one 64-column block, all
+  static constexpr uint32_t QM_BLOCK = BM * 128, QM_BYTES = DB * QM_BLOCK;  // Q or dO of one q block
+  static constexpr uint32_t ROW_BYTES = 5 * BM * 4;  // per q row: L log2e, D, then lo, hi, sink end (ints)
+  static constexpr uint32_t KV_OFF_V = KV_BYTES;
+  static constexpr uint32_t KV_OFF_Q = 2 * KV_BYTES;                      // [stage] Q
+  static constexpr uint32_t KV_OFF_O = KV_OFF_Q + STAGES * QM_BYTES;      // [stage] dO
+  static constexpr uint32_t KV_OFF_ROWS = KV_OFF_O + STAGES * QM_BYTES;   // [stage] row terms
+  static constexpr uint32_t KV_OFF_BAR = KV_OFF_ROWS + STAGES * ROW_BYTES;
+  static constexpr uint32_t DKDV_SMEM = KV_OFF_BAR + 64 + 1024;  // barriers, and slack to align the base to 1024
+  // dQ kernel: BR query rows per CTA, key tiles of BC keys.
+  static constexpr int BR = 128, BC = 64;
+  static constexpr uint32_t QR_BLOCK = BR * 128, QR_BYTES = DB * QR_BLOCK;  // Q or dO of the CTA's rows
+  static constexpr uint32_t KC_BLOCK = BC * 128, KC_BYTES = DB * KC_BLOCK;  // K or V of one key tile
+  static constexpr uint32_t Q_OFF_O = QR_BYTES;
+  static constexpr uint32_t Q_OFF_K = 2 * QR_BYTES;                    // [stage] K
+  static constexpr uint32_t Q_OFF_V = Q_OFF_K + STAGES * KC_BYTES;     // [stage] V
+  static constexpr uint32_t Q_OFF_BAR = Q_OFF_V + STAGES * KC_BYTES;
+  static constexpr uint32_t DQ_SMEM = Q_OFF_BAR + 64 + 1024;
+  // setmaxnreg, as the forward kernel: the producer warpgroup gives registers back, the consumers take them, within
+  // the pool of __launch_bounds__(384, 1) (168 per thread).
+  static constexpr int REGS_PRODUCER = 24, REGS_CONSUMER = 240, REGS_ENTRY = 168;
+  static_assert(128 * REGS_PRODUCER + 256 * REGS_CONSUMER <= THREADS * REGS_ENTRY, "setmaxnreg would exceed the pool");
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(BN == 2 * 64 && BR == 2 * 64, "two consumer warpgroups of 64 keys / rows");
+  static_assert(BM % BOX == 0 && BN % BOX == 0 && BR % BOX == 0 && BC % BOX == 0, "tiles are whole boxes");
+  static_assert(KV_BYTES % 1024 == 0 && QM_BYTES % 1024 == 0 && QR_BYTES % 1024 == 0 && KC_BYTES % 1024 == 0 &&
+                    (STAGES * ROW_BYTES) % 8 == 0,
+                "tiles start on 1024-byte boundaries (the swizzle atom), barriers on 8");
+  static_assert(DKDV_SMEM <= 227u * 1024u && DQ_SMEM <= 227u * 1024u, "over the sm_90 opt-in shared memory");
+};
+
+// Rows [row, row + ROWS) of one head of one batch entry, every 64-column block, into a tile at dst whose blocks are
+// ROWS x 128 bytes: ROWS / 64 boxes per block (stacked boxes give the layout of one tall box: the swizzle pattern
+// repeats every 8 rows). Completes DB * ROWS * 128 bytes on `bar`; rows past the map's end land as zeros.
+template <int DB, int ROWS>
+__device__ __forceinline__ void load_rows(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
+                                          int tb) {
+#pragma unroll
+  for (int c = 0; c < DB; ++c)
+#pragma unroll
+    for (int h = 0; h < ROWS / 64; ++h) {
+      tma_load_4d(dst + uint32_t(c * ROWS * 128 + h * 64 * 128), map, bar, c * 64, row + h * 64, head, tb);
+    }
+}
+
+// acc (+)= A B^T over head_dim for this warpgroup's 64 rows of A: A and B K-major tiles (DB blocks of a_block /
+// b_block bytes), issued (not committed). The score products: S^T = K Q^T, dP^T = V dO^T, S = Q K^T, dP = dO V^T.
+template <class T, int D>
+__device__ __forceinline__ void issue_scores(float (&acc)[32], uint32_t a, uint32_t a_block, uint32_t b,
+                                             uint32_t b_block) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t col = uint32_t(kk % 4) * 32u;  // 16 columns = 32 bytes into the 128-byte row
+    wgmma_ss_n64(acc, smem_desc(a + uint32_t(kk / 4) * a_block + col, 16, 1024),
+                 smem_desc(b + uint32_t(kk / 4) * b_block + col, 16, 1024), kk > 0 ? 1 : 0, T{});
+  }
+}
+
+// acc += A B over K rows, A from registers (frag[n8 block][row half], 2 n8 blocks per k16 step, the forward's P
+// layout), B an N-major tile of K rows x D (DB blocks of b_block bytes), issued (not committed). dV += P^T dO,
+// dK += dS^T Q, dQ += dS K.
+template <class T, int D, int K>
+__device__ __forceinline__ void issue_frag_product(float (&acc)[D / 2], const uint32_t (&frag)[K / 8][2], uint32_t b,
+                                                   uint32_t b_block) {
+#pragma unroll
+  for (int kb = 0; kb < K / 16; ++kb) {
+    const uint32_t a[4] = {frag[2 * kb][0], frag[2 * kb][1], frag[2 * kb + 1][0], frag[2 * kb + 1][1]};
+    const uint64_t desc = smem_desc(b + uint32_t(kb) * 16u * 128u, b_block, 1024);
+    if constexpr (D == 128) {
+      wgmma_rs_n128(acc, a, desc, 1, T{});
+    } else {
+      wgmma_rs_n64(acc, a, desc, 1, T{});
+    }
+  }
+}
+
+// Rows of a 64-row accumulator (this thread's two rows g and g + 8 of its warp's 16) times `mult`, stored as pairs at
+// dst + row * row_stride for the rows below `valid` (row numbers relative to dst).
+template <class T, int D>
+__device__ __forceinline__ void store_rows(const float (&acc)[D / 2], float mult, T* dst, int64_t row_stride,
+                                           int row0, int valid, int g, int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + g + 8 * r;
+    if (row >= valid) continue;
+    T* d = dst + int64_t(row) * row_stride + 2 * t;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) {
+      *reinterpret_cast<uint32_t*>(d + dn * 8) =
+          cuda::pack2<T>(acc[dn * 4 + 2 * r] * mult, acc[dn * 4 + 2 * r + 1] * mult);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ dK, dV
+
+template <class T, int D>
+__global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_constant__ HopperBwdParams hp) {
+  using Cfg = BwdHopperTile<D>;
+  constexpr int BN = Cfg::BN, BM = Cfg::BM, DB = Cfg::DB, STAGES = Cfg::STAGES;
+  constexpr int NB = BM / 8;  // n8 blocks of S^T over the q rows
+  const BwdParams& p = hp.b;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+
+  const int kt = int(blockIdx.x % unsigned(hp.key_blocks));
+  const int rest = int(blockIdx.x / unsigned(hp.key_blocks));
+  const int kvh = rest % p.kv_heads, b = rest / p.kv_heads;
+  const cuda_bwd::SeqInfo s = cuda_bwd::seq_info(p, b);
+  const int j0 = kt * BN;
+  if (j0 >= s.sk) return;  // uniform over the CTA
+  const int j1 = min(j0 + BN, s.sk);
+
+  // Work items: (q head of the group, q block) pairs x = head_in_group * q_tiles + q_block, in order, skipping the q
+  // blocks that cannot see these keys; the producer and the consumers walk the same list.
+  const int q_tiles = (s.sq + BM - 1) / BM;
+  const int items = p.group * q_tiles;
+  const auto next_item = [&](int x) {
+    for (; x < items; ++x) {
+      const int i0 = (x % q_tiles) * BM;
+      if (cuda_bwd::q_block_sees_keys(p.mask, i0, min(i0 + BM, s.sq), j0, j1, s.sq, s.sk)) break;
+    }
+    return x;
+  };
+
+  // Shared memory (base aligned to 1024): K | V | Q[2] | dO[2] | row terms[2] | barriers.
+  const uint32_t raw = cuda::smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t sK = base, sV = base + Cfg::KV_OFF_V;
+  const auto sQ = [&](int st) { return base + Cfg::KV_OFF_Q + uint32_t(st) * Cfg::QM_BYTES; };
+  const auto sO = [&](int st) { return base + Cfg::KV_OFF_O + uint32_t(st) * Cfg::QM_BYTES; };
+  const auto rows = [&](int st) {
+    return reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::KV_OFF_ROWS + uint32_t(st) * Cfg::ROW_BYTES);
+  };
+  const uint32_t bar = base + Cfg::KV_OFF_BAR;
+  const uint32_t kv_full = bar;
+  const auto q_full = [&](int st) { return bar + 8u + 8u * uint32_t(st); };
+  const auto q_empty = [&](int st) { return bar + 24u + 8u * uint32_t(st); };
+
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  if (threadIdx.x == 0) {
+    mbar_init(kv_full, 1);
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) {
+      mbar_init(q_full(st), 1);
+      mbar_init(q_empty(st), 8);  // one arrival per consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    // ---------------------------------------------------------------- producer warpgroup
+    regs_dealloc<Cfg::REGS_PRODUCER>();
+    if (warp == 0 && lane == 0) {
+      tma_prefetch_map(&hp.tq);
+      tma_prefetch_map(&hp.tk);
+      tma_prefetch_map(&hp.tv);
+      tma_prefetch_map(&hp.tdo);
+      const int tb = int(s.tb);
+      mbar_arrive_expect_tx(kv_full, 2 * Cfg::KV_BYTES);
+      load_rows<DB, BN>(sK, &hp.tk, kv_full, int(s.k_row0) + j0, kvh, tb);
+      load_rows<DB, BN>(sV, &hp.tv, kv_full, int(s.k_row0) + j0, kvh, tb);
+      int n = 0;
+      for (int x = next_item(0); x < items; x = next_item(x + 1), ++n) {
+        const int st = n % STAGES;
+        const int h = kvh * p.group + x / q_tiles, row = int(s.q_row0) + (x % q_tiles) * BM;
+        mbar_wait(q_empty(st), uint32_t((n / STAGES) & 1) ^ 1u);  // a fresh barrier passes parity 1
+        mbar_arrive_expect_tx(q_full(st), 2 * Cfg::QM_BYTES);
+        load_rows<DB, BM>(sQ(st), &hp.tq, q_full(st), row, h, tb);
+        load_rows<DB, BM>(sO(st), &hp.tdo, q_full(st), row, h, tb);
+      }
+    }
+  } else {
+    // ---------------------------------------------------------------- consumer warpgroups
+    regs_alloc<Cfg::REGS_CONSUMER>();
+    const int cw = warp / 4 - 1;                  // keys [64 cw, 64 cw + 64) of the block
+    const int g = lane / 4, t = lane % 4;
+    const int ct = int(threadIdx.x) - 128;        // consumer thread 0..255
+    const int kw = cw * 64 + (warp % 4) * 16;     // this warp's first key within the block
+    const uint32_t k_wg = sK + uint32_t(cw) * 64u * 128u, v_wg = sV + uint32_t(cw) * 64u * 128u;
+
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+
+    // The row terms of item x into stage st, one consumer thread per q row (read by every consumer after the next
+    // named barrier).
+    const auto write_rows = [&](int x, int st) {
+      if (ct >= BM) return;
+      const int h = kvh * p.group + x / q_tiles, i0 = (x % q_tiles) * BM;
+      const float* lse = p.lse + s.tb * p.lse_stride.batch + int64_t(h) * p.lse_stride.head;
+      const float* delta = p.delta + (s.tb * p.q_heads + h) * p.rows_q + s.q_row0;
+      const cuda_bwd::RowTerms rt = cuda_bwd::row_terms(p, s, lse, delta, i0 + ct);
+      float* r = rows(st);
+      int* ri = reinterpret_cast<int*>(r + 2 * BM);
+      r[ct] = rt.l2, r[BM + ct] = rt.d, ri[ct] = rt.lo, ri[BM + ct] = rt.hi, ri[2 * BM + ct] = rt.se;
+    };
+
+    int x = next_item(0);
+    if (x < items) write_rows(x, 0);
+    mbar_wait(kv_full, 0);
+    for (int n = 0; x < items; ++n) {
+      const int st = n % STAGES;
+      const int xn = next_item(x + 1);
+      const int i0 = (x % q_tiles) * BM, i1 = min(i0 + BM, s.sq);
+      mbar_wait(q_full(st), uint32_t((n / STAGES) & 1));
+      // This item's row terms are written (last iteration, or before the loop), and every consumer is done with the
+      // other stage's (the item before), which is rewritten below.
+      named_sync(1, 256);
+
+      float sct[32], dpt[32];  // S^T and dP^T: this warp's 16 keys x the block's 64 q rows
+      wgmma_fence();
+      issue_scores<T, D>(sct, k_wg, Cfg::KV_BLOCK, sQ(st), Cfg::QM_BLOCK);
+      issue_scores<T, D>(dpt, v_wg, Cfg::KV_BLOCK, sO(st), Cfg::QM_BLOCK);
+      wgmma_commit();
+      if (xn < items) write_rows(xn, st ^ 1);  // while the products run
+      wgmma_wait<0>();
+      pin_regs(sct);
+      pin_regs(dpt);
+
+      // P^T and dS^T, packed to 16 bits as A fragments (rows: keys; columns: the q rows of the block).
+      const float* r = rows(st);
+      const int* ri = reinterpret_cast<const int*>(r + 2 * BM);
+      const bool full = i1 - i0 == BM && j1 - j0 == BN &&
+                        tile_fully_visible(p.mask, i0, i1, j0, j1, s.sq, s.sk);
+      uint32_t pk[NB][2], dsk[NB][2];
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const int key = j0 + kw + g + 8 * rr;
+          cuda_bwd::ProbGrad v[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = nb * 8 + 2 * t + e;
+            const bool vis = full || (key >= ri[col] && key <= ri[BM + col]) || key < ri[2 * BM + col];
+            v[e] = cuda_bwd::prob_grad(p, sct[nb * 4 + 2 * rr + e], dpt[nb * 4 + 2 * rr + e], r[col], r[BM + col],
+                                       vis);
+          }
+          pk[nb][rr] = cuda::pack2<T>(v[0].p, v[1].p);
+          dsk[nb][rr] = cuda::pack2<T>(v[0].ds, v[1].ds);
+        }
+
+      wgmma_fence();
+      issue_frag_product<T, D, BM>(dv, pk, sO(st), Cfg::QM_BLOCK);   // dV += P^T dO
+      issue_frag_product<T, D, BM>(dk, dsk, sQ(st), Cfg::QM_BLOCK);  // dK += dS^T Q
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin_regs(dv);
+      pin_regs(dk);
+      pin_regs(pk);
+      pin_regs(dsk);
+      if (lane == 0) mbar_arrive(q_empty(st));
+      x = xn;
+    }
+
+    // Epilogue: dK (times scale) and dV of this thread's keys, straight from registers.
+    T* dkg = static_cast<T*>(p.dk) + p.dk_stride.offset(s.tb, s.k_row0 + j0, kvh);
+    T* dvg = static_cast<T*>(p.dv) + p.dv_stride.offset(s.tb, s.k_row0 + j0, kvh);
+    store_rows<T, D>(dk, p.scale, dkg, p.dk_stride.seq, kw, j1 - j0, g, t);
+    store_rows<T, D>(dv, 1.f, dvg, p.dv_stride.seq, kw, j1 - j0, g, t);
+  }
+}
+
+// ------------------------------------------------------------------ dQ and dsink
+
+template <class T, int D>
+__global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_constant__ HopperBwdParams hp) {
+  using Cfg = BwdHopperTile<D>;
+  constexpr int BR = Cfg::BR, BC = Cfg::BC, DB = Cfg::DB, STAGES = Cfg::STAGES;
+  constexpr int NB = BC / 8;  // n8 blocks of S over the keys
+  const BwdParams& p = hp.b;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+
+  const int qt = int(blockIdx.x % unsigned(hp.row_blocks));
+  const int rest = int(blockIdx.x / unsigned(hp.row_blocks));
+  const int h = rest % p.q_heads, b = rest / p.q_heads;
+  const cuda_bwd::SeqInfo s = cuda_bwd::seq_info(p, b);
+  const int i0 = qt * BR;
+  if (i0 >= s.sq) return;  // uniform (padded batches: never)
+  const int i1 = min(i0 + BR, s.sq);
+  const int kvh = h / p.group;
+  const cuda_fwd::KeyTiles ktl = cuda_fwd::key_tiles(p.mask, i0, i1, s.sq, s.sk, BC);
+
+  // Shared memory (base aligned to 1024): Q | dO | K[2] | V[2] | barriers.
+  const uint32_t base = (cuda::smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base, sO = base + Cfg::Q_OFF_O;
+  const auto sK = [&](int st) { return base + Cfg::Q_OFF_K + uint32_t(st) * Cfg::KC_BYTES; };
+  const auto sV = [&](int st) { return base + Cfg::Q_OFF_V + uint32_t(st) * Cfg::KC_BYTES; };
+  const uint32_t bar = base + Cfg::Q_OFF_BAR;
+  const uint32_t q_full = bar;
+  const auto kv_full = [&](int st) { return bar + 8u + 8u * uint32_t(st); };
+  const auto kv_empty = [&](int st) { return bar + 24u + 8u * uint32_t(st); };
+
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) {
+      mbar_init(kv_full(st), 1);
+      mbar_init(kv_empty(st), 8);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    // ---------------------------------------------------------------- producer warpgroup
+    regs_dealloc<Cfg::REGS_PRODUCER>();
+    if (warp == 0 && lane == 0) {
+      tma_prefetch_map(&hp.tq);
+      tma_prefetch_map(&hp.tk);
+      tma_prefetch_map(&hp.tv);
+      tma_prefetch_map(&hp.tdo);
+      const int tb = int(s.tb);
+      mbar_arrive_expect_tx(q_full, 2 * Cfg::QR_BYTES);
+      load_rows<DB, BR>(sQ, &hp.tq, q_full, int(s.q_row0) + i0, h, tb);
+      load_rows<DB, BR>(sO, &hp.tdo, q_full, int(s.q_row0) + i0, h, tb);
+      for (int n = 0; n < ktl.count; ++n) {
+        const int st = n % STAGES;
+        const int krow = int(s.k_row0) + ktl.tile(n) * BC;
+        mbar_wait(kv_empty(st), uint32_t((n / STAGES) & 1) ^ 1u);
+        mbar_arrive_expect_tx(kv_full(st), 2 * Cfg::KC_BYTES);
+        load_rows<DB, BC>(sK(st), &hp.tk, kv_full(st), krow, kvh, tb);
+        load_rows<DB, BC>(sV(st), &hp.tv, kv_full(st), krow, kvh, tb);
+      }
+    }
+  } else {
+    // ---------------------------------------------------------------- consumer warpgroups
+    regs_alloc<Cfg::REGS_CONSUMER>();
+    const int cw = warp / 4 - 1;                 // rows [64 cw, 64 cw + 64) of the CTA's
+    const int g = lane / 4, t = lane % 4;
+    const int row_w = cw * 64 + (warp % 4) * 16;  // this warp's first row within the CTA's
+    const int wr0 = i0 + row_w, wr1 = min(wr0 + 16, s.sq);
+    const uint32_t q_wg = sQ + uint32_t(cw) * 64u * 128u, o_wg = sO + uint32_t(cw) * 64u * 128u;
+    const float* lse = p.lse + s.tb * p.lse_stride.batch + int64_t(h) * p.lse_stride.head;
+    const float* delta = p.delta + (s.tb * p.q_heads + h) * p.rows_q + s.q_row0;
+    cuda_bwd::RowTerms rt[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) rt[r] = cuda_bwd::row_terms(p, s, lse, delta, wr0 + g + 8 * r);
+
+    float dq[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
+
+    mbar_wait(q_full, 0);
+    for (int n = 0; n < ktl.count; ++n) {
+      const int st = n % STAGES;
+      const int j0 = ktl.tile(n) * BC, j1 = min(j0 + BC, s.sk);
+      mbar_wait(kv_full(st), uint32_t((n / STAGES) & 1));
+
+      float sc[32], dp[32];  // S and dP: this warp's 16 rows x the tile's 64 keys
+      wgmma_fence();
+      issue_scores<T, D>(sc, q_wg, Cfg::QR_BLOCK, sK(st), Cfg::KC_BLOCK);
+      issue_scores<T, D>(dp, o_wg, Cfg::QR_BLOCK, sV(st), Cfg::KC_BLOCK);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin_regs(sc);
+      pin_regs(dp);
+
+      // dS packed to 16 bits as the A fragment (rows: this warp's q rows; columns: keys).
+      const bool full = wr1 - wr0 == 16 && j1 - j0 == BC && tile_fully_visible(p.mask, wr0, wr1, j0, j1, s.sq, s.sk);
+      uint32_t dsk[NB][2];
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float v[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = j0 + nb * 8 + 2 * t + e;
+            const bool vis = full || (key >= rt[r].lo && key <= rt[r].hi) || key < rt[r].se;
+            v[e] = cuda_bwd::prob_grad(p, sc[nb * 4 + 2 * r + e], dp[nb * 4 + 2 * r + e], rt[r].l2, rt[r].d, vis).ds;
+          }
+          dsk[nb][r] = cuda::pack2<T>(v[0], v[1]);
+        }
+
+      wgmma_fence();
+      issue_frag_product<T, D, BC>(dq, dsk, sK(st), Cfg::KC_BLOCK);  // dQ += dS K
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin_regs(dq);
+      pin_regs(dsk);
+      if (lane == 0) mbar_arrive(kv_empty(st));
+    }
+
+    // Epilogue: dQ (times scale) straight from registers; this warpgroup's 64 rows' dsink share, in row order, into
+    // the slot of their 64-row tile (the mma.sync dQ kernel's tiles: kBlockM = 64).
+    T* dqg = static_cast<T*>(p.dq) + p.dq_stride.offset(s.tb, s.q_row0 + i0, h);
+    store_rows<T, D>(dq, p.scale, dqg, p.dq_stride.seq, row_w, i1 - i0, g, t);
+    const int tile64 = qt * 2 + cw;
+    if (p.dsink_part && warp % 4 == 0 && lane == 0 && tile64 < p.q_tiles) {
+      const float sink = p.sink_logits[h];
+      float sum = 0.f;
+      for (int r = 0; r < 64; ++r) {
+        const int i = tile64 * 64 + r;
+        sum += i < s.sq && sink != -INFINITY ? -expf(sink - lse[(s.q_row0 + i) * p.lse_stride.seq]) * delta[i] : 0.f;
+      }
+      p.dsink_part[(int64_t(b) * p.q_heads + h) * p.q_tiles + tile64] = sum;
+    }
+  }
+}
+
+// Launches both kernels of one instantiation (dK/dV, then dQ) on `stream`. Instantiated once per variant file
+// (bwd_hopper_<dtype>_d<D>.cu); launch_bwd_hopper.cu only refers to them. Returns the launch error, if any.
+template <class T, int D>
+cudaError_t launch_bwd_hopper_variant(const HopperBwdParams& hp, cudaStream_t stream) {
+  using Cfg = BwdHopperTile<D>;
+  static ::flashlite::cuda::PerContextFlag dkdv_optin, dq_optin;
+  cuda_fwd::ensure_smem_optin(bwd_hopper_dkdv_kernel<T, D>, int(Cfg::DKDV_SMEM), dkdv_optin);
+  cuda_fwd::ensure_smem_optin(bwd_hopper_dq_kernel<T, D>, int(Cfg::DQ_SMEM), dq_optin);
+  const int64_t kv_blocks = int64_t(hp.key_blocks) * hp.b.kv_heads * hp.b.batch;
+  if (kv_blocks > 0) {
+    bwd_hopper_dkdv_kernel<T, D><<<unsigned(kv_blocks), Cfg::THREADS, Cfg::DKDV_SMEM, stream>>>(hp);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  const int64_t q_blocks = int64_t(hp.row_blocks) * hp.b.q_heads * hp.b.batch;
+  if (q_blocks > 0) bwd_hopper_dq_kernel<T, D><<<unsigned(q_blocks), Cfg::THREADS, Cfg::DQ_SMEM, stream>>>(hp);
+  return cudaGetLastError();
+}
+
+#define FL_BWD_HOPPER_VARIANTS(X) \
+  X(__nv_bfloat16, 64)            \
+  X(__nv_bfloat16, 128)           \
+  X(__half, 64)                   \
+  X(__half, 128)
+
+#define FL_BWD_HOPPER_EXTERN(T, D) \
+  extern template cudaError_t launch_bwd_hopper_variant<T, D>(const HopperBwdParams&, cudaStream_t);
+FL_BWD_HOPPER_VARIANTS(FL_BWD_HOPPER_EXTERN)
+#undef FL_BWD_HOPPER_EXTERN
+
+}  // namespace flashlite::cuda_bwd_hopper

@@ -1,0 +1,45 @@
+// Host launch of the Hopper backward kernels (sm_90a objects only): the TMA tensor maps of q, k, v and dout and the
+// choice of the variant (dtype, head_dim). No device allocation, no host sync: graph-capturable.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/bwd_hopper/bwd_hopper.h"
+#include "cuda/bwd_hopper/bwd_hopper_kernel.cuh"
+#include "cuda/common/tensor_map.h"
+#include "flashlite/errors.h"
+
+namespace flashlite::cuda_bwd_hopper {
+
+static_assert(kKeysPerBlock == BwdHopperTile<64>::BN && kKeysPerBlock == BwdHopperTile<128>::BN,
+              "dK/dV grid != kernel keys per CTA");
+static_assert(kRowsPerBlock == BwdHopperTile<64>::BR && kRowsPerBlock == BwdHopperTile<128>::BR,
+              "dQ grid != kernel rows per CTA");
+
+void launch_bwd_hopper(const BackwardProblem& bp, const cuda_bwd::BwdParams& b, cudaStream_t stream) {
+  const AttentionProblem& p = bp.fwd;
+  constexpr const char* who = "Hopper attention backward";
+  constexpr int box = BwdHopperTile<64>::BOX;
+  HopperBwdParams hp;
+  hp.b = b;
+  hp.key_blocks = int((p.seq_k + kKeysPerBlock - 1) / kKeysPerBlock);
+  hp.row_blocks = int((p.seq_q + kRowsPerBlock - 1) / kRowsPerBlock);
+  // Padded batches only (bwd_hopper_reject_reason): rows past seq_q / seq_k are past the maps' ends.
+  hp.tq = cuda::make_tile_map(p.q, p.dtype, p.head_dim, p.seq_q, p.q_heads, p.batch, p.q_stride, box, "q", who);
+  hp.tk = cuda::make_tile_map(p.k, p.dtype, p.head_dim, p.seq_k, p.kv_heads, p.batch, p.k_stride, box, "k", who);
+  hp.tv = cuda::make_tile_map(p.v, p.dtype, p.head_dim, p.seq_k, p.kv_heads, p.batch, p.v_stride, box, "v", who);
+  hp.tdo = cuda::make_tile_map(bp.dout, p.dtype, p.head_dim, p.seq_q, p.q_heads, p.batch, bp.dout_stride, box, "dout",
+                               who);
+  const bool f16 = p.dtype == DType::f16;
+  cudaError_t e;
+  if (p.head_dim == 64) {
+    e = f16 ? launch_bwd_hopper_variant<__half, 64>(hp, stream) : launch_bwd_hopper_variant<__nv_bfloat16, 64>(hp, stream);
+  } else {
+    e = f16 ? launch_bwd_hopper_variant<__half, 128>(hp, stream)
+            : launch_bwd_hopper_variant<__nv_bfloat16, 128>(hp, stream);
+  }
+  if (e != cudaSuccess) throw Error(ErrorKind::runtime, std::string(who) + ": launch failed: " + cudaGetErrorString(e));
+}
+
+}  // namespace flashlite::cuda_bwd_hopper
