@@ -595,6 +595,10 @@ TEST(HopperBackwardEligibility, ReasonsNameWhatIsMissing) {
   with([](auto& b) { b.dout_stride.head = 129; }, "TMA");
   with([](auto& b) { b.dk = arena + 2; }, "4-byte pairs");
   with([](auto& b) { b.dq_stride.seq = 129; }, "4-byte pairs");
+  with([](auto& b) { b.fwd.batch = 0; }, "at least one sequence");
+  flashlite::BackwardProblem one = bp;  // strides of extent-1 dimensions never step: odd ones are fine there
+  one.fwd.batch = 1, one.dq_stride.batch = one.dk_stride.batch = 3;
+  EXPECT_EQ(bwd_hopper_reject_reason(one, 90), "");
   flashlite::BackwardProblem f16 = bp;
   f16.fwd.dtype = DType::f16, f16.fwd.head_dim = 64;
   EXPECT_EQ(bwd_hopper_reject_reason(f16, 90), "");

@@ -15,7 +15,9 @@ std::string bwd_hopper_reject_reason(const BackwardProblem& bp, int cc) {
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return "the Hopper backward takes float16 or bfloat16 only";
   if (p.head_dim != 64 && p.head_dim != 128) return "the Hopper backward takes head_dim 64 or 128 only";
   if (p.varlen()) return "the Hopper backward takes padded batches only (varlen runs on the mma.sync kernels)";
-  if (p.seq_q <= 0 || p.seq_k <= 0) return "the Hopper backward needs at least one query and one key row";
+  if (p.batch < 1 || p.seq_q <= 0 || p.seq_k <= 0) {
+    return "the Hopper backward needs at least one sequence, query row and key row";
+  }
   if (p.seq_q > INT32_MAX - 256 || p.seq_k > INT32_MAX - 256 || p.batch > INT32_MAX) {
     return "the Hopper backward addresses rows with 32-bit coordinates";
   }
@@ -31,10 +33,13 @@ std::string bwd_hopper_reject_reason(const BackwardProblem& bp, int cc) {
     return "the Hopper backward loads q, k, v and dout with TMA: 16-byte aligned base and strides needed";
   }
   // The epilogues store pairs of elements (4 bytes) straight from the accumulators.
-  const auto pairs_ok = [](const void* base, const RowStrides& s) {
-    return reinterpret_cast<uintptr_t>(base) % 4 == 0 && s.seq % 2 == 0 && s.head % 2 == 0 && s.batch % 2 == 0;
+  // Strides of dimensions of extent 1 never step.
+  const auto pairs_ok = [&](const void* base, const RowStrides& s, int64_t rows, int64_t heads) {
+    return reinterpret_cast<uintptr_t>(base) % 4 == 0 && (rows <= 1 || s.seq % 2 == 0) &&
+           (heads <= 1 || s.head % 2 == 0) && (p.batch <= 1 || s.batch % 2 == 0);
   };
-  if (!pairs_ok(bp.dq, bp.dq_stride) || !pairs_ok(bp.dk, bp.dk_stride) || !pairs_ok(bp.dv, bp.dv_stride)) {
+  if (!pairs_ok(bp.dq, bp.dq_stride, p.seq_q, p.q_heads) || !pairs_ok(bp.dk, bp.dk_stride, p.seq_k, p.kv_heads) ||
+      !pairs_ok(bp.dv, bp.dv_stride, p.seq_k, p.kv_heads)) {
     return "the Hopper backward stores dq, dk and dv in 4-byte pairs: 4-byte aligned base and strides needed";
   }
   return {};
