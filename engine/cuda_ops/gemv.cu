@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "engine/cuda_ops/gemv.h"
@@ -119,12 +120,23 @@ __global__ void __maxnreg__(R > 2 ? 255 : R == 2 ? 80 : IN == GemvIn::bf16 ? 64 
   if constexpr (kArgmax) fold_argmax<R>(p, best, warp, lane);
 }
 
+int current_device() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return dev;
+}
+
+// The current device's SM count, cached per thread (tensor-parallel ranks are threads, each on its own device).
 int sm_count() {
-  static const int n = [] {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev >= cuda_device_count()) return 1;
-    return std::max(1, cuda_device_info(dev).sms);
-  }();
+  thread_local int dev_cached = -1, n = 1;
+  const int dev = current_device();
+  if (dev != dev_cached) {
+    n = dev < cuda_device_count() ? std::max(1, cuda_device_info(dev).sms) : 1;
+    dev_cached = dev;
+  }
   return n;
 }
 
@@ -132,15 +144,18 @@ template <int R, GemvIn IN, GemvOut OUT>
 void launch(const GemvParams& p, cudaStream_t s) {
   auto* kernel = gemv_kernel<R, IN, OUT>;
   const size_t smem = IN == GemvIn::rmsnorm ? size_t(p.rows) * p.k * 2 : 0;
+  const int dev = current_device();
   if (smem > 48 * 1024) {
-    static bool raised = false;  // once per instantiation (the limit is per kernel), once it succeeded
-    if (!raised) {
+    // Once per instantiation and device (the limit belongs to the kernel in one device's context), once it succeeded.
+    static std::atomic<uint64_t> raised{0};
+    const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+    if (bit == 0 || !(raised.load(std::memory_order_acquire) & bit)) {
       const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_staged_bytes()));
       if (e != cudaSuccess) {
         (void)cudaGetLastError();
         fail_runtime(std::string("the gemv's shared-memory limit could not be raised: ") + cudaGetErrorString(e));
       }
-      raised = true;
+      raised.fetch_or(bit, std::memory_order_acq_rel);
     }
   }
   constexpr int U = OUT == GemvOut::swiglu_bf16 ? 1 : rows_per_warp<OUT>();
@@ -148,15 +163,17 @@ void launch(const GemvParams& p, cudaStream_t s) {
   const int groups = (p.out + U - 1) / U, per_tile = kWarps / S;
   const int tiles = OUT == GemvOut::rope_bf16 ? p.out / 8 : (groups + per_tile - 1) / per_tile;
   // One resident wave at most: the blocks per SM this kernel's registers and shared memory allow (queried once per
-  // instantiation and staged size, on the first, eager step: nothing but the launch happens under capture).
-  static size_t queried_smem = ~size_t(0);
-  static int per_sm = 1;
-  if (smem != queried_smem) {
+  // instantiation, staged size and device, per thread: tensor-parallel ranks are threads; on the first, eager step,
+  // so nothing but the launch happens under capture).
+  thread_local size_t queried_smem = ~size_t(0);
+  thread_local int queried_dev = -1, per_sm = 1;
+  if (smem != queried_smem || dev != queried_dev) {
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess || per_sm < 1) {
       cudaGetLastError();
       per_sm = 1;
     }
     queried_smem = smem;
+    queried_dev = dev;
   }
   const int blocks = std::max(1, std::min(tiles, p.grid_blocks > 0 ? p.grid_blocks : sm_count() * per_sm));
   const cudaError_t e = launch_pdl(p.pdl, kernel, dim3(blocks), dim3(kThreads), smem, s, p);

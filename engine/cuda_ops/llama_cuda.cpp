@@ -61,7 +61,12 @@ class LlamaCuda final : public LlamaModel {
  public:
   LlamaCuda(const ModelWeights& w, const RuntimeOptions& o, Collective* collective)
       : c_(w.rank_config()), vocab_in_(w.config.vocab_size), opt_(o), collective_(collective), graphs_(o.cuda.graphs) {
-    w.shard.require_ranks(collective ? collective->ranks() : 1);
+    const int ranks = collective ? collective->ranks() : 1;
+    w.shard.require_ranks(ranks);
+    for (int r = 0; r < ranks; ++r) {  // every rank's shape (they differ only in FFN width: uneven splits)
+      rank_shapes_.push_back(c_);
+      rank_shapes_.back().hidden_dim = ranks == 1 ? c_.hidden_dim : TensorShard::of(w.config, r, ranks).hidden;
+    }
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       cudaGetLastError();
@@ -78,6 +83,7 @@ class LlamaCuda final : public LlamaModel {
     slots_ = o.slots;
     cuda_check(cudaStreamCreate(&stream_owner_.s), "stream creation");
     stream_ = stream_owner_.s;
+    if (collective_) graphs_.set_launch_guard([c = collective_](const std::function<void()>& f) { c->guarded(f); });
     gemm_ = std::make_unique<cuda_ops::Gemm>();  // after the device checks: it allocates on the device
     if (o.cuda.profile) profile_.emplace(stream_);
     upload_weights(w);
@@ -157,7 +163,13 @@ class LlamaCuda final : public LlamaModel {
   size_t esize() const { return cuda_ops::elem_size(elem_); }
   DType dtype() const { return elem_ == Elem::bf16 ? DType::bf16 : DType::f32; }
   // The fused GEMVs take bf16 weights and few rows (CudaEngineOptions::gemv off: never).
-  bool use_gemv(int rows) const { return opt_.cuda.gemv && elem_ == Elem::bf16 && cuda_ops::gemv_takes(c_, rows); }
+  // The fused GEMVs when every rank's shard takes them: the ranks must agree on the path, since it decides their
+  // collectives (an uneven FFN split may leave one rank a width the GEMVs refuse).
+  bool use_gemv(int rows) const {
+    if (!opt_.cuda.gemv || elem_ != Elem::bf16) return false;
+    return std::all_of(rank_shapes_.begin(), rank_shapes_.end(),
+                       [rows](const ModelConfig& c) { return cuda_ops::gemv_takes(c, rows); });
+  }
 
   void upload(DeviceBuffer& dst, const float* src, size_t n, const char* what) {
     dst.reserve(n * esize(), what);
@@ -345,6 +357,7 @@ class LlamaCuda final : public LlamaModel {
     }
   } stream_owner_;
   ModelConfig c_;     // the rank's shape (ModelWeights::rank_config)
+  std::vector<ModelConfig> rank_shapes_;  // every rank's (c_ with that rank's FFN width); one entry without TP
   int vocab_in_ = 0;  // token ids the embedding takes (the whole vocabulary)
   RuntimeOptions opt_;
   Collective* collective_ = nullptr;  // tensor parallelism: sums the O and down projections' partial outputs

@@ -30,8 +30,10 @@ void StepGraphs::run(const Key& key, cudaStream_t stream, const std::function<vo
     g.exec = nullptr;
   }
   if (!g.exec && ++g.seen >= 2) capture(g, stream, step);
-  if (g.exec) cuda_check(cudaGraphLaunch(g.exec, stream), "decode graph launch");
-  else step();
+  if (!g.exec) return step();
+  const auto launch = [&] { cuda_check(cudaGraphLaunch(g.exec, stream), "decode graph launch"); };
+  if (guard_) guard_(launch);
+  else launch();
 }
 
 void StepGraphs::capture(Entry& g, cudaStream_t stream, const std::function<void()>& step) {

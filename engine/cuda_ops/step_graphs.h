@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <tuple>
+#include <utility>
 
 namespace flashlite::engine::cuda_ops {
 
@@ -22,6 +23,9 @@ class StepGraphs {
 
   // Queues `step` on `stream`: the key's graph when there is one (captured from `step` when due), else `step` itself.
   void run(const Key& key, cudaStream_t stream, const std::function<void()>& step);
+  // Wraps every graph launch (tensor parallelism: Collective::guarded, so no graph replays over an aborted group).
+  using Guard = std::function<void(const std::function<void()>&)>;
+  void set_launch_guard(Guard guard) { guard_ = std::move(guard); }
 
  private:
   struct Entry {
@@ -33,6 +37,7 @@ class StepGraphs {
 
   bool on_;
   std::map<Key, Entry> graphs_;
+  Guard guard_;
 };
 
 }  // namespace flashlite::engine::cuda_ops

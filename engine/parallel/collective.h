@@ -3,6 +3,7 @@
 // row-parallel projection (O and down), in place. Implementations: LocalGroup (ranks as threads of one process,
 // host memory: the CPU engine and the sharding tests) and NcclGroup (one GPU per rank, device memory, NCCL).
 #include <cstddef>
+#include <functional>
 #include <string>
 
 #include "flashlite/errors.h"
@@ -30,6 +31,10 @@ class Collective {
   virtual bool sum_into(float* /*x*/, float* /*partial*/, size_t /*n*/, void* /*stream*/) { return false; }
   // After the rank's step synchronized: throws Error when a collective of the step failed on the device.
   virtual void check() {}
+  // Runs `launch`, which queues device work holding this group's collectives (a CUDA graph of a step), unless the
+  // group was aborted (throws CollectiveAborted); abort() waits until it has queued, so no graph replays over an
+  // aborted communicator.
+  virtual void guarded(const std::function<void()>& launch) { launch(); }
 };
 
 // The ranks of one model, each a Collective.

@@ -4,6 +4,8 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
@@ -47,25 +49,28 @@ class NcclGroup final : public CollectiveGroup {
     }
     std::vector<int> devices(ranks);
     for (int r = 0; r < ranks; ++r) devices[r] = first_device + r;
+    // Connections made at setup, not by each algorithm's first collective: with runtime connection (NCCL 2.22+'s
+    // default where cuMem is supported) a rank's first ncclAllReduce blocks on the host until its peers join, and a
+    // rank that failed before joining would leave it there, holding the lock abort() needs. A user's setting wins.
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
     comms_.assign(ranks, nullptr);
     nccl_check(ncclCommInitAll(comms_.data(), ranks, devices.data()), "communicator setup (ncclCommInitAll)");
-    if (one_shot) one_shot_ = OneShotSum::create(devices);
+    if (one_shot) one_shot_ = OneShotSum::create(devices);  // null on any failure: NCCL alone
     for (int r = 0; r < ranks; ++r) members_.push_back(std::make_unique<Member>(*this, r));
-  }
-  ~NcclGroup() override {
-    for (ncclComm_t c : comms_)
-      if (c) ncclCommDestroy(c);
   }
 
   int ranks() const override { return int(comms_.size()); }
   std::string name() const override { return one_shot_ ? "NCCL + one-shot over NVLink" : "NCCL"; }
   Collective& member(int r) override { return *members_.at(r); }
-  // Kernels of an aborted communicator return, so a rank whose peer failed is not left spinning on the GPU.
+  // Kernels of an aborted communicator return, and one-shot kernels stop waiting (their abort word is set first,
+  // without the lock: a rank may be blocked in its stream's synchronisation behind them), so a rank whose peer failed
+  // is not left spinning on the GPU.
   void abort() override {
-    std::unique_lock<std::shared_mutex> lock(mu_);  // no rank is inside ncclAllReduce while its comm goes
+    if (one_shot_) one_shot_->abort();
+    std::unique_lock<std::shared_mutex> lock(mu_);  // no rank is inside ncclAllReduce or a graph launch meanwhile
     if (aborted_) return;
     aborted_ = true;
-    for (ncclComm_t& c : comms_) {
+    for (ncclComm_t& c : comms_.c) {
       ncclCommAbort(c);
       c = nullptr;
     }
@@ -94,13 +99,29 @@ class NcclGroup final : public CollectiveGroup {
     void check() override {
       if (g_.one_shot_) g_.one_shot_->check(rank_);
     }
+    void guarded(const std::function<void()>& launch) override {
+      std::shared_lock<std::shared_mutex> lock(g_.mu_);
+      if (g_.aborted_) throw CollectiveAborted();
+      launch();
+    }
 
    private:
     NcclGroup& g_;
     int rank_;
   };
 
-  std::vector<ncclComm_t> comms_;
+  // The communicators: destroyed with the group, and also when the constructor throws after creating them.
+  struct Comms {
+    std::vector<ncclComm_t> c;
+    ~Comms() {
+      for (ncclComm_t x : c)
+        if (x) ncclCommDestroy(x);
+    }
+    ncclComm_t* data() { return c.data(); }
+    size_t size() const { return c.size(); }
+    void assign(size_t n, ncclComm_t v) { c.assign(n, v); }
+    ncclComm_t operator[](size_t i) const { return c[i]; }
+  } comms_;
   std::unique_ptr<OneShotSum> one_shot_;  // null: NCCL for everything
   std::vector<std::unique_ptr<Member>> members_;
   std::shared_mutex mu_;

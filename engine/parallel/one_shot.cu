@@ -6,6 +6,7 @@
 
 #include "engine/cuda_ops/device_buffer.h"
 #include "engine/errors.h"
+#include "engine/parallel/collective.h"  // CollectiveAborted
 
 namespace flashlite::engine {
 
@@ -13,10 +14,17 @@ namespace {
 
 using cuda_ops::cuda_check;
 
-// About 20 s at the H100's clock: far past any step (first launches load modules; a peer's host may be capturing a
-// graph), short of the host's own step deadline.
-constexpr long long kTimeoutCycles = 40'000'000'000LL;
+// About 20 s: far past any step (first launches load modules; a peer's host may be capturing a graph), short of the
+// host's own step deadline. The group's abort word is read every millisecond of waiting (it lives in host memory).
+constexpr unsigned long long kTimeoutNs = 20'000'000'000ULL;
+constexpr unsigned long long kAbortPollNs = 1'000'000ULL;
 constexpr int kThreads = 1024;
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 
 struct OneShotParams {
   int rank, ranks;
@@ -27,6 +35,7 @@ struct OneShotParams {
   unsigned* flags[OneShotSum::kMaxRanks];   // every rank's flags
   unsigned* round;
   int* error;
+  int* abort;  // the group's abort word (mapped host memory)
 };
 
 // One block: the messages are a few rows of the residual stream, so the latency of the flags is what counts.
@@ -44,14 +53,27 @@ __global__ void __launch_bounds__(kThreads) one_shot_sum_kernel(OneShotParams p)
     __threadfence_system();  // the block's staging writes (ordered before by the barrier) reach the peers first
     for (int q = 0; q < p.ranks; ++q)
       if (q != p.rank) *reinterpret_cast<volatile unsigned*>(p.flags[q] + p.rank) = round;
-    const long long t0 = clock64();
+    const unsigned long long t0 = global_ns();
+    unsigned long long poll = t0 + kAbortPollNs;
+    volatile int* abort_word = p.abort;
+    bool stop = *abort_word != 0;  // an aborted group: no waiting (the step is failed anyway)
     const volatile unsigned* mine_flags = p.flags[p.rank];
-    for (int q = 0; q < p.ranks; ++q) {
+    for (int q = 0; q < p.ranks && !stop; ++q) {
       if (q == p.rank) continue;
       while (int(mine_flags[q] - round) < 0) {  // (wraps like the counters)
-        if (clock64() - t0 > kTimeoutCycles) {
+        const unsigned long long now = global_ns();
+        if (now - t0 > kTimeoutNs) {  // a peer never came: this rank reports it, every rank stops waiting
           *reinterpret_cast<volatile int*>(p.error) = 1;
+          *abort_word = 1;
+          stop = true;
           break;
+        }
+        if (now > poll) {
+          poll = now + kAbortPollNs;
+          if (*abort_word) {
+            stop = true;
+            break;
+          }
         }
       }
     }
@@ -82,28 +104,43 @@ std::unique_ptr<OneShotSum> OneShotSum::create(const std::vector<int>& devices) 
   }
   std::unique_ptr<OneShotSum> g(new OneShotSum());
   int current = 0;
-  cuda_check(cudaGetDevice(&current), "cudaGetDevice");
+  if (cudaGetDevice(&current) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  // Any failure below (a refused peer mapping, no memory): what was made is freed (the destructor), the current
+  // device restored, and NCCL does everything.
+  const auto ok = [](cudaError_t e) {
+    if (e == cudaSuccess) return true;
+    cudaGetLastError();
+    return false;
+  };
   g->ranks_.resize(R);
-  for (int r = 0; r < R; ++r) {
+  bool made = ok(cudaHostAlloc(&g->abort_, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+  if (made) *reinterpret_cast<volatile int*>(g->abort_) = 0;
+  for (int r = 0; r < R && made; ++r) {
     Rank& k = g->ranks_[r];
     k.device = devices[r];
-    cuda_check(cudaSetDevice(k.device), "cudaSetDevice");
+    made = ok(cudaSetDevice(k.device));
     for (int peer : devices) {
-      if (peer == k.device) continue;
+      if (!made || peer == k.device) continue;
       const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
-      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) cuda_check(e, "peer access");
-      cudaGetLastError();  // (already enabled: by NCCL)
+      made = e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;  // (already enabled: by NCCL)
+      cudaGetLastError();
     }
-    cuda_check(cudaMalloc(&k.staging, 2 * kMaxFloats * sizeof(float)), "one-shot staging");
-    cuda_check(cudaMalloc(&k.flags, kMaxRanks * sizeof(unsigned)), "one-shot flags");
-    cuda_check(cudaMalloc(&k.round, sizeof(unsigned)), "one-shot round");
-    cuda_check(cudaMemset(k.flags, 0, kMaxRanks * sizeof(unsigned)), "one-shot flags");
-    cuda_check(cudaMemset(k.round, 0, sizeof(unsigned)), "one-shot round");
-    cuda_check(cudaHostAlloc(&k.error, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable), "one-shot error flag");
-    *k.error = 0;
-    cuda_check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&k.error_dev), k.error, 0), "one-shot error flag");
+    made = made && ok(cudaMalloc(&k.staging, 2 * kMaxFloats * sizeof(float))) &&
+           ok(cudaMalloc(&k.flags, kMaxRanks * sizeof(unsigned))) && ok(cudaMalloc(&k.round, sizeof(unsigned))) &&
+           ok(cudaMemset(k.flags, 0, kMaxRanks * sizeof(unsigned))) && ok(cudaMemset(k.round, 0, sizeof(unsigned))) &&
+           ok(cudaHostAlloc(&k.error, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+    if (made) {
+      *k.error = 0;
+      made = ok(cudaHostGetDevicePointer(reinterpret_cast<void**>(&k.error_dev), k.error, 0)) &&
+             ok(cudaDeviceSynchronize());  // the zeroed flags are in place before any peer writes into them
+    }
   }
-  cuda_check(cudaSetDevice(current), "cudaSetDevice");
+  cudaSetDevice(current);
+  cudaGetLastError();
+  if (!made) return nullptr;  // ~OneShotSum frees the partial setup
   return g;
 }
 
@@ -112,12 +149,14 @@ OneShotSum::~OneShotSum() {
   cudaGetDevice(&current);
   for (Rank& k : ranks_) {
     cudaSetDevice(k.device);
-    cudaFree(k.staging);
-    cudaFree(k.flags);
-    cudaFree(k.round);
-    cudaFreeHost(k.error);
+    if (k.staging) cudaFree(k.staging);
+    if (k.flags) cudaFree(k.flags);
+    if (k.round) cudaFree(k.round);
+    if (k.error) cudaFreeHost(k.error);
   }
+  if (abort_) cudaFreeHost(abort_);
   cudaSetDevice(current);
+  cudaGetLastError();
 }
 
 void OneShotSum::sum_into(int rank, float* x, const float* partial, size_t n, void* stream) {
@@ -134,6 +173,7 @@ void OneShotSum::sum_into(int rank, float* x, const float* partial, size_t n, vo
   }
   p.round = ranks_[rank].round;
   p.error = ranks_[rank].error_dev;
+  p.abort = abort_;  // portable mapped memory: the host address is the device address on every GPU (UVA)
   one_shot_sum_kernel<<<1, kThreads, 0, cudaStream_t(stream)>>>(p);
   cuda_check(cudaGetLastError(), "one-shot all-reduce launch");
 }
@@ -143,6 +183,9 @@ void OneShotSum::check(int rank) {
     fail_runtime("tensor-parallel rank " + std::to_string(rank) +
                  ": a peer never joined a one-shot all-reduce (about 20 s); the ranks are out of step");
   }
+  if (*reinterpret_cast<volatile int*>(abort_)) throw CollectiveAborted();
 }
+
+void OneShotSum::abort() { *reinterpret_cast<volatile int*>(abort_) = 1; }
 
 }  // namespace flashlite::engine

@@ -15,7 +15,8 @@ class OneShotSum {
  public:
   static constexpr size_t kMaxFloats = 16384;  // 64 KB: a decode step of up to 4 rows at hidden size 4096
   static constexpr int kMaxRanks = 8;
-  // One rank per device of `devices`; null when some pair of them lacks peer access (or there are too many).
+  // One rank per device of `devices`; null when some pair of them lacks peer access, there are too many, or the
+  // setup fails (peer access refused, no memory): then NCCL does everything. Leaves the current device as it was.
   static std::unique_ptr<OneShotSum> create(const std::vector<int>& devices);
   ~OneShotSum();
   OneShotSum(const OneShotSum&) = delete;
@@ -25,8 +26,12 @@ class OneShotSum {
   // arrays, n <= kMaxFloats. Every rank must make the same calls in the same order (as for any collective).
   void sum_into(int rank, float* x, const float* partial, size_t n, void* stream);
   // After rank `rank`'s stream synchronized: throws Error when one of its kernels gave up waiting for a peer (a peer
-  // that never came within about 20 s); the round counters are then out of step and the group must not be reused.
+  // that never came within about 20 s) or the group was aborted; the round counters are then out of step and the
+  // group must not be reused.
   void check(int rank);
+  // From any thread: every rank's kernels, queued or spinning, stop waiting for their peers (within about a
+  // millisecond) and the group is unusable from then on (check() throws). What a failing rank's group does first.
+  void abort();
 
  private:
   OneShotSum() = default;
@@ -39,6 +44,7 @@ class OneShotSum {
     int* error_dev = nullptr;    // the same, as the kernels address it
   };
   std::vector<Rank> ranks_;
+  int* abort_ = nullptr;  // mapped pinned host memory, one word for the group: set by abort() or a kernel that gave up
 };
 
 }  // namespace flashlite::engine
