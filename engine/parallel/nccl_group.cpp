@@ -90,7 +90,7 @@ class NcclGroup final : public CollectiveGroup {
                  "all-reduce");
     }
     bool sum_into(float* x, float* partial, size_t n, void* stream) override {
-      if (!g_.one_shot_ || n > OneShotSum::kMaxFloats) return false;
+      if (!g_.one_shot_ || !OneShotSum::takes(x, partial, n)) return false;  // (the same answer on every rank)
       std::shared_lock<std::shared_mutex> lock(g_.mu_);
       if (g_.aborted_) throw CollectiveAborted();
       g_.one_shot_->sum_into(rank_, x, partial, n, stream);

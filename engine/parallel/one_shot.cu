@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
 
 #include "engine/cuda_ops/device_buffer.h"
@@ -46,8 +47,17 @@ __global__ void __launch_bounds__(kThreads) one_shot_sum_kernel(OneShotParams p)
   // Two staging halves: a peer can run at most one round ahead (it needs this rank's flag of the next round, which
   // this rank writes only after it has read this round), so it never overwrites the half being read.
   const size_t half = size_t(round & 1u) * OneShotSum::kMaxFloats;
-  float* mine = p.staging[p.rank] + half;
-  for (size_t i = threadIdx.x; i < p.n; i += kThreads) mine[i] = p.partial[i];
+  // float4 throughout (sum_into takes n % 4 == 0 and 16-byte aligned arrays; the staging halves are): at most
+  // kMaxFloats / 4 / kThreads = 4 vectors per thread, their peer loads issued together below.
+  constexpr int kPer = int(OneShotSum::kMaxFloats / 4 / kThreads);
+  const int n4 = int(p.n / 4);
+  float4* mine = reinterpret_cast<float4*>(p.staging[p.rank] + half);
+  const float4* part = reinterpret_cast<const float4*>(p.partial);
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int i = int(threadIdx.x) + k * kThreads;
+    if (i < n4) mine[i] = part[i];
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();  // the block's staging writes (ordered before by the barrier) reach the peers first
@@ -81,10 +91,31 @@ __global__ void __launch_bounds__(kThreads) one_shot_sum_kernel(OneShotParams p)
     *p.round = round;
   }
   __syncthreads();
-  for (size_t i = threadIdx.x; i < p.n; i += kThreads) {
-    float s = 0.f;
-    for (int q = 0; q < p.ranks; ++q) s += __ldcv(p.staging[q] + half + i);  // rank order: the same bits everywhere
-    p.x[i] += s;
+  float4 sum[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) sum[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int q = 0; q < p.ranks; ++q) {  // rank order: the same bits on every rank
+    const float4* peer = reinterpret_cast<const float4*>(p.staging[q] + half);
+    float4 v[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int i = int(threadIdx.x) + k * kThreads;
+      v[k] = i < n4 ? __ldcv(peer + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      sum[k].x += v[k].x, sum[k].y += v[k].y, sum[k].z += v[k].z, sum[k].w += v[k].w;
+    }
+  }
+  float4* x = reinterpret_cast<float4*>(p.x);
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int i = int(threadIdx.x) + k * kThreads;
+    if (i < n4) {
+      float4 r = x[i];
+      r.x += sum[k].x, r.y += sum[k].y, r.z += sum[k].z, r.w += sum[k].w;
+      x[i] = r;
+    }
   }
 }
 
@@ -159,8 +190,16 @@ OneShotSum::~OneShotSum() {
   cudaGetLastError();
 }
 
+bool OneShotSum::takes(const float* x, const float* partial, size_t n) {
+  return n <= kMaxFloats && n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(partial) % 16 == 0;
+}
+
 void OneShotSum::sum_into(int rank, float* x, const float* partial, size_t n, void* stream) {
-  if (n > kMaxFloats) fail("one-shot all-reduce of " + std::to_string(n) + " floats; at most " + std::to_string(kMaxFloats));
+  if (!takes(x, partial, n)) {
+    fail("one-shot all-reduce of " + std::to_string(n) + " floats; at most " + std::to_string(kMaxFloats) +
+         ", a multiple of 4, 16-byte aligned arrays");
+  }
   OneShotParams p{};
   p.rank = rank;
   p.ranks = int(ranks_.size());

@@ -22,8 +22,10 @@ class OneShotSum {
   OneShotSum(const OneShotSum&) = delete;
   OneShotSum& operator=(const OneShotSum&) = delete;
 
+  // Whether sum_into takes these arrays: n <= kMaxFloats, n % 4 == 0, both 16-byte aligned (float4 accesses).
+  static bool takes(const float* x, const float* partial, size_t n);
   // Queued on rank `rank`'s stream (its device current): x[0, n) += sum over ranks of their partial[0, n), fp32 device
-  // arrays, n <= kMaxFloats. Every rank must make the same calls in the same order (as for any collective).
+  // arrays that takes() accepts. Every rank must make the same calls in the same order (as for any collective).
   void sum_into(int rank, float* x, const float* partial, size_t n, void* stream);
   // After rank `rank`'s stream synchronized: throws Error when one of its kernels gave up waiting for a peer (a peer
   // that never came within about 20 s) or the group was aborted; the round counters are then out of step and the
