@@ -163,6 +163,34 @@ __device__ __forceinline__ void store_rows(const float (&acc)[D / 2], float mult
   }
 }
 
+// The barriers of both kernels, 8 bytes each from `bar`: `once` (the tiles loaded once: K and V, or Q and dO; one
+// arrival plus the bytes), then a 2-stage ring of the tiles loaded per step, `full` (one arrival plus the bytes) and
+// `empty` (one arrival per consumer warp).
+struct Barriers {
+  uint32_t bar;
+  __device__ __forceinline__ uint32_t once() const { return bar; }
+  __device__ __forceinline__ uint32_t full(int st) const { return bar + 8u + 8u * uint32_t(st); }
+  __device__ __forceinline__ uint32_t empty(int st) const { return bar + 24u + 8u * uint32_t(st); }
+  // By thread 0, before the CTA's first __syncthreads.
+  template <int STAGES>
+  __device__ __forceinline__ void init() const {
+    mbar_init(once(), 1);
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) {
+      mbar_init(full(st), 1);
+      mbar_init(empty(st), 8);
+    }
+    mbar_init_fence();
+  }
+};
+
+__device__ __forceinline__ void prefetch_maps(const HopperBwdParams& hp) {
+  tma_prefetch_map(&hp.tq);
+  tma_prefetch_map(&hp.tk);
+  tma_prefetch_map(&hp.tv);
+  tma_prefetch_map(&hp.tdo);
+}
+
 // ------------------------------------------------------------------ dK, dV
 
 template <class T, int D>
@@ -202,31 +230,20 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
   const auto rows = [&](int st) {
     return reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::KV_OFF_ROWS + uint32_t(st) * Cfg::ROW_BYTES);
   };
-  const uint32_t bar = base + Cfg::KV_OFF_BAR;
-  const uint32_t kv_full = bar;
-  const auto q_full = [&](int st) { return bar + 8u + 8u * uint32_t(st); };
-  const auto q_empty = [&](int st) { return bar + 24u + 8u * uint32_t(st); };
+  const Barriers bars{base + Cfg::KV_OFF_BAR};  // once: K and V; the ring: Q and dO of each item
+  const uint32_t kv_full = bars.once();
+  const auto q_full = [&](int st) { return bars.full(st); };
+  const auto q_empty = [&](int st) { return bars.empty(st); };
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  if (threadIdx.x == 0) {
-    mbar_init(kv_full, 1);
-#pragma unroll
-    for (int st = 0; st < STAGES; ++st) {
-      mbar_init(q_full(st), 1);
-      mbar_init(q_empty(st), 8);  // one arrival per consumer warp
-    }
-    mbar_init_fence();
-  }
+  if (threadIdx.x == 0) bars.init<STAGES>();
   __syncthreads();
 
   if (warp < 4) {
     // ---------------------------------------------------------------- producer warpgroup
     regs_dealloc<Cfg::REGS_PRODUCER>();
     if (warp == 0 && lane == 0) {
-      tma_prefetch_map(&hp.tq);
-      tma_prefetch_map(&hp.tk);
-      tma_prefetch_map(&hp.tv);
-      tma_prefetch_map(&hp.tdo);
+      prefetch_maps(hp);
       const int tb = int(s.tb);
       mbar_arrive_expect_tx(kv_full, 2 * Cfg::KV_BYTES);
       load_rows<DB, BN>(sK, &hp.tk, kv_full, int(s.k_row0) + j0, kvh, tb);
@@ -358,31 +375,20 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
   const uint32_t sQ = base, sO = base + Cfg::Q_OFF_O;
   const auto sK = [&](int st) { return base + Cfg::Q_OFF_K + uint32_t(st) * Cfg::KC_BYTES; };
   const auto sV = [&](int st) { return base + Cfg::Q_OFF_V + uint32_t(st) * Cfg::KC_BYTES; };
-  const uint32_t bar = base + Cfg::Q_OFF_BAR;
-  const uint32_t q_full = bar;
-  const auto kv_full = [&](int st) { return bar + 8u + 8u * uint32_t(st); };
-  const auto kv_empty = [&](int st) { return bar + 24u + 8u * uint32_t(st); };
+  const Barriers bars{base + Cfg::Q_OFF_BAR};  // once: Q and dO; the ring: K and V of each key tile
+  const uint32_t q_full = bars.once();
+  const auto kv_full = [&](int st) { return bars.full(st); };
+  const auto kv_empty = [&](int st) { return bars.empty(st); };
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  if (threadIdx.x == 0) {
-    mbar_init(q_full, 1);
-#pragma unroll
-    for (int st = 0; st < STAGES; ++st) {
-      mbar_init(kv_full(st), 1);
-      mbar_init(kv_empty(st), 8);
-    }
-    mbar_init_fence();
-  }
+  if (threadIdx.x == 0) bars.init<STAGES>();
   __syncthreads();
 
   if (warp < 4) {
     // ---------------------------------------------------------------- producer warpgroup
     regs_dealloc<Cfg::REGS_PRODUCER>();
     if (warp == 0 && lane == 0) {
-      tma_prefetch_map(&hp.tq);
-      tma_prefetch_map(&hp.tk);
-      tma_prefetch_map(&hp.tv);
-      tma_prefetch_map(&hp.tdo);
+      prefetch_maps(hp);
       const int tb = int(s.tb);
       mbar_arrive_expect_tx(q_full, 2 * Cfg::QR_BYTES);
       load_rows<DB, BR>(sQ, &hp.tq, q_full, int(s.q_row0) + i0, h, tb);
