@@ -65,9 +65,10 @@ LogitsOutput LlamaModel::select_on_host(const float* logits, int rows, const Log
     std::vector<std::pair<float, int>> cand(vocab);
     for (int r = 0; r < rows; ++r) {
       const float* row = logits + size_t(r) * vocab;
-      refuse_unsampleable(row, vocab, r);  // also keeps NaN out of partial_sort's ordering
+      if (!request.shard) refuse_unsampleable(row, vocab, r);  // also keeps NaN out of `before`'s ordering
       for (int i = 0; i < vocab; ++i) cand[i] = {row[i], i};
-      std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), Sampler::before);
+      std::partial_sort(cand.begin(), cand.begin() + k, cand.end(),
+                        request.shard ? Sampler::before_nan_first : Sampler::before);
       for (int i = 0; i < k; ++i) {
         select_values_[size_t(r) * k + i] = cand[i].first;
         select_ids_[size_t(r) * k + i] = cand[i].second;

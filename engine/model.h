@@ -24,6 +24,10 @@ struct LogitsRequest {
   enum class Kind { logits, argmax, top_k };
   Kind kind = Kind::logits;
   int k = 0;  // top_k: candidates per row, 0 < k < vocab
+  // A tensor-parallel rank's top-k over its vocabulary slice (ParallelModel): the slice is part of a row, so the rank
+  // does not refuse what would make the whole row unsampleable (the merge does, on every rank's candidates); NaN
+  // ranks first (lowest id), as on the device, so the merge sees it.
+  bool shard = false;
 };
 
 // The result of forward_select, valid until the next call: per logits row (input order) either the full fp32 row,

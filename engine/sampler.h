@@ -42,6 +42,13 @@ class Sampler {
   static bool before(const std::pair<float, int>& a, const std::pair<float, int>& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   }
+  // `before` with NaN first (lowest id first among NaNs): a strict weak order on any values, the order the device
+  // selection's keys give (engine/cuda_ops/select.h).
+  static bool before_nan_first(const std::pair<float, int>& a, const std::pair<float, int>& b) {
+    const bool an = a.first != a.first, bn = b.first != b.first;
+    if (an || bn) return an && bn ? a.second < b.second : an;
+    return before(a, b);
+  }
   // Uniform in [0, 1) with 24 random bits.
   float uniform();
 

@@ -119,16 +119,26 @@ LogitsOutput ParallelModel::forward_select(const std::vector<SequenceInput>& inp
   }
   // Each rank's k best (top-k's tie rule: the lowest ids at the k-th value), then the k best of those.
   rank_selected_.resize(R);
-  step(inputs, [&](int r) { rank_selected_[r] = ranks_[r]->forward_select(inputs, {LogitsRequest::Kind::top_k, k}); });
+  LogitsRequest rank_request{LogitsRequest::Kind::top_k, k};
+  rank_request.shard = true;
+  step(inputs, [&](int r) { rank_selected_[r] = ranks_[r]->forward_select(inputs, rank_request); });
   const int rows = rank_selected_[0].rows;
   select_ids_.resize(size_t(rows) * k);
   select_values_.resize(size_t(rows) * k);
   std::vector<std::pair<float, int>> cand(size_t(R) * k);
+  std::vector<float> cand_values(cand.size());
+  std::vector<int32_t> cand_ids(cand.size());
   for (int i = 0; i < rows; ++i) {
     for (int r = 0; r < R; ++r) {
       const LogitsOutput& o = rank_selected_[r];
       const int vocab0 = shards_[r].vocab0;
       for (int j = 0; j < k; ++j) cand[size_t(r) * k + j] = {o.values[size_t(i) * k + j], vocab0 + o.ids[size_t(i) * k + j]};
+    }
+    // The whole row's refusal, as one model gives it: each rank's candidates start with its lowest-id NaN (then its
+    // +inf), and its k best are all -inf only when its whole slice is, so the candidates decide it exactly.
+    for (size_t c = 0; c < cand.size(); ++c) cand_values[c] = cand[c].first, cand_ids[c] = cand[c].second;
+    if (std::string why = unsampleable(cand_values.data(), int(cand.size()), "logit", cand_ids.data()); !why.empty()) {
+      fail("logits row " + std::to_string(i) + ": " + why);
     }
     std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), Sampler::before);
     for (int j = 0; j < k; ++j) {

@@ -294,6 +294,44 @@ TEST(TensorParallelCpu, SelectionMergedAcrossRanksEqualsTheWholeModel) {
   }
 }
 
+// A row that cannot be sampled (a NaN logit in some rank's slice) is refused by the split model as by the whole one,
+// with the same message (the lowest NaN id over the whole row), for greedy and top-k selection.
+TEST(TensorParallelCpu, UnsampleableRowsAreRefusedAsByTheWholeModel) {
+  if (!std::filesystem::exists(stories())) {
+    FLASHLITE_MODEL_ABSENT("stories260K is not in " << reftest::models_dir());
+  }
+  eng::ModelWeights w = eng::load_checkpoint(stories());
+  const int dim = w.config.dim;
+  // NaN LM-head rows (tied: the embedding rows of tokens the inputs never use): ids in the last rank's slice, and
+  // then also one in the first rank's, which must win as the lowest.
+  for (const std::vector<int>& poisoned : {std::vector<int>{400}, std::vector<int>{400, 100}}) {
+    for (int id : poisoned) const_cast<float*>(w.lm_head)[size_t(id) * dim] = NAN;
+    const auto whole = eng::create_model(w, options(1), "cpu");
+    for (int tp : {2, 4}) {
+      const auto split = eng::create_model(w, options(tp), "cpu");
+      for (const eng::LogitsRequest req : {eng::LogitsRequest{eng::LogitsRequest::Kind::argmax, 0},
+                                           eng::LogitsRequest{eng::LogitsRequest::Kind::top_k, 5}}) {
+        const std::vector<eng::SequenceInput> in{{0, {1, 2, 3}, false}, {1, {4}, false}};
+        std::string a, b;
+        try {
+          whole->forward_select(in, req);
+        } catch (const flashlite::Error& e) {
+          a = e.what();
+        }
+        try {
+          split->forward_select(in, req);
+        } catch (const flashlite::Error& e) {
+          b = e.what();
+        }
+        const std::string lowest = "logit " + std::to_string(poisoned.back()) + " is NaN";
+        EXPECT_NE(a.find(lowest), std::string::npos) << a;
+        EXPECT_EQ(b, a) << "tp " << tp << " k " << req.k;
+        whole->reset(0), whole->reset(1), split->reset(0), split->reset(1);
+      }
+    }
+  }
+}
+
 // Bad input fails on every rank alike, with the message of one model, and changes nothing; the model then runs on.
 TEST(TensorParallelCpu, BadInputLeavesEveryRankAsItWas) {
   if (!std::filesystem::exists(stories())) {
