@@ -75,7 +75,13 @@ struct CallBuffer {
 inline char* call_workspace(CallBuffer& owned, void* workspace, size_t workspace_bytes, size_t need,
                             const std::string& who, const std::string& sizer) {
   if (workspace == nullptr) {
-    if (need > 0) FL_CUDA_CHECK(cudaMallocAsync(&owned.ptr, need, owned.stream));
+    if (need > 0) {
+      if (const cudaError_t e = cudaMallocAsync(&owned.ptr, need, owned.stream); e != cudaSuccess) {
+        cudaGetLastError();
+        throw Error(ErrorKind::runtime, "cudaMallocAsync of " + std::to_string(need) + " bytes of workspace for " + who +
+                                            " failed: " + cudaGetErrorString(e));
+      }
+    }
     return static_cast<char*>(owned.ptr);
   }
   if (workspace_bytes < need) {
@@ -84,7 +90,8 @@ inline char* call_workspace(CallBuffer& owned, void* workspace, size_t workspace
                                               ")");
   }
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
-    throw Error(ErrorKind::invalid_value, "workspace is not 16-byte aligned; expected an allocation's start address");
+    throw Error(ErrorKind::invalid_value, "workspace is not 16-byte aligned (" + who +
+                                              "); expected an allocation's start address");
   }
   return static_cast<char*>(workspace);
 }

@@ -136,7 +136,8 @@ void run_cuda_prefill(const PrefillProblem& p, const FwdPlan& plan, void* stream
   cuda::set_cache_index(f, c);
   cuda::CallBuffer fold(stream);  // caches longer than kFoldKeys: fold space for long rows (fwd_params.h)
   if (plan.fold_bytes > 0) {
-    f.fold = reinterpret_cast<float*>(cuda::call_workspace(fold, nullptr, 0, plan.fold_bytes, "prefill", ""));
+    f.fold = reinterpret_cast<float*>(cuda::call_workspace(fold, nullptr, 0, plan.fold_bytes,
+                                                           "prefill over caches past 32768 keys", ""));
   }
 
   cuda::CallBuffer table(stream);  // ragged offsets past kInlineSeqs
