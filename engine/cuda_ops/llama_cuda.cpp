@@ -509,9 +509,17 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
       mark("all-reduce");
     }
   };
-  auto gemm_added = [&] {  // x += xo, xo summed over the ranks first
-    if (collective_) collective_->all_reduce_sum(xo_.ptr, n_residual, dtype(), s);
-    cuda_ops::residual_add(x_.as<float>(), xo_.ptr, n_residual, elem_, s);
+  // O or down through cuBLASLt: x += in W^T (k inputs). Under TP the ranks' fp32 partial outputs are summed first,
+  // as on the GEMV path (one rounding of the sum, not one per rank and per NCCL step in bf16).
+  auto gemm_added = [&](const void* in, const void* w, int k) {
+    if (collective_) {
+      gemm_->run(partial_.ptr, in, w, rows, k, dim, elem_, true, s);
+      collective_->all_reduce_sum(partial_.ptr, n_residual, DType::f32, s);
+      cuda_ops::residual_add(x_.as<float>(), partial_.ptr, n_residual, Elem::f32, s);
+    } else {
+      gemm_->run(xo_.ptr, in, w, rows, k, dim, elem_, false, s);
+      cuda_ops::residual_add(x_.as<float>(), xo_.ptr, n_residual, elem_, s);
+    }
   };
   const bool fused_rope = st.gemv && cuda_ops::gemv_fuses_rope(c_);
   uint64_t* keys = keys_dev_.as<uint64_t>();
@@ -571,15 +579,13 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
       mark("gate_up");
       gemv_added([&] { gemvs.down(L.w2.ptr, hb_.ptr); }, "down");
     } else {
-      gemm_->run(xo_.ptr, att_.ptr, L.wo.ptr, rows, qd, dim, elem_, false, s);
-      gemm_added();
+      gemm_added(att_.ptr, L.wo.ptr, qd);
       mark("o");
       cuda_ops::rmsnorm(xb_.ptr, x_.as<float>(), L.rms_ffn.ptr, nullptr, rows, dim, c_.rms_eps, elem_, s);
       gemm_->run(h13_.ptr, xb_.ptr, L.w13.ptr, rows, dim, 2 * hid, elem_, false, s);
       cuda_ops::swiglu(hb_.ptr, h13_.ptr, rows, hid, elem_, s);
       mark("gate_up");
-      gemm_->run(xo_.ptr, hb_.ptr, L.w2.ptr, rows, hid, dim, elem_, false, s);
-      gemm_added();
+      gemm_added(hb_.ptr, L.w2.ptr, hid);
       mark("down");
     }
   }
