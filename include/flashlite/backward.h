@@ -17,8 +17,8 @@
 //
 // Backends: 'reference' and 'cpu' (CPU tensors, any dtype); 'cuda' (automatic for CUDA tensors): float16 / bfloat16
 // with head_dim 64, 96 or 128 on sm_80 and newer (tensor cores, fp32 accumulation); other dtypes or head dims are
-// refused with an error naming them. Hopper kernels (wgmma, TMA; padded batches, head_dim 64 or 128) are built for
-// sm_90a but run only when BackwardOverrides forces them, until their first verification on an H100.
+// refused with an error naming them. Hopper kernels (wgmma, TMA; head_dim 64 or 128, TMA-addressable tensors) are
+// built for sm_90a but run only when BackwardOverrides forces them, until their first verification on an H100.
 #include <string>
 
 #include "flashlite/attention.h"
@@ -31,7 +31,7 @@ enum class BackwardKernel {
   reference,    // CPU float64 oracle
   cpu_tiled,    // CPU tiled FlashAttention-2 backward
   cuda_mma,     // CUDA mma.sync tensor-core kernels (sm_80+; fp16 / bf16)
-  cuda_hopper,  // CUDA wgmma + TMA kernels (sm_90a; fp16 / bf16, head_dim 64 / 128, padded batches)
+  cuda_hopper,  // CUDA wgmma + TMA kernels (sm_90a; fp16 / bf16, head_dim 64 / 128)
 };
 
 // Tests and benchmarks force a kernel here; the default choice needs none. A forced kernel that cannot run the call

@@ -588,8 +588,12 @@ TEST(HopperBackwardEligibility, ReasonsNameWhatIsMissing) {
   };
   with([](auto& b) { b.fwd.head_dim = 96; }, "head_dim 64 or 128");
   with([](auto& b) { b.fwd.dtype = DType::f32; }, "float16 or bfloat16");
-  const int32_t cu[3] = {0, 100, 300};
-  with([&](auto& b) { b.fwd.cu_seqlens_q = b.fwd.cu_seqlens_k = cu; }, "padded batches only");
+  const int32_t cu[3] = {0, 100, 300}, empty[3] = {0, 0, 0};
+  flashlite::BackwardProblem varlen = bp;  // varlen: the tensors are one "batch" of the sequences' rows
+  varlen.fwd.cu_seqlens_q = varlen.fwd.cu_seqlens_k = cu;
+  EXPECT_EQ(bwd_hopper_reject_reason(varlen, 90), "");
+  varlen.fwd.cu_seqlens_q = varlen.fwd.cu_seqlens_k = empty;
+  EXPECT_NE(bwd_hopper_reject_reason(varlen, 90).find("at least one sequence, query row and key row"), std::string::npos);
   with([](auto& b) { b.fwd.k = arena + 2; }, "TMA");
   with([](auto& b) { b.dout_stride.seq = 129; }, "TMA");
   with([](auto& b) { b.dout_stride.head = 129; }, "TMA");

@@ -20,8 +20,11 @@
 //     warpgroup also writes its 64 rows' share of dsink (-sum exp(sink - L_i) D_i, in row order) into the workspace
 //     slot the mma.sync dQ kernel would fill for the same 64-row tile, so launch.cu's dsink sum is shared.
 // D = dout . out comes from bwd_delta_kernel (src/cuda/bwd/) before both. No atomics: every run gives the same bits.
-// Padded batches only (varlen runs on the mma.sync kernels): rows past a sequence are past the tensor map's end and
-// land as zeros.
+// Rows past a sequence: in padded batches (and after the last varlen sequence) they are past the tensor map's end and
+// land as zeros. Inside a varlen batch a tile that crosses a sequence's end holds the next sequence's first rows:
+// their scores are masked (P = dS = 0), but 0 x Inf = NaN would still carry a non-finite value of another sequence
+// into dV / dK (its dO and Q rows, dK/dV kernel) or dQ (its K rows, dQ kernel), so the consumers zero those rows in
+// shared memory first (zero_tail), as the forward does with V.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -191,6 +194,19 @@ __device__ __forceinline__ void prefetch_maps(const HopperBwdParams& hp) {
   tma_prefetch_map(&hp.tdo);
 }
 
+// Zeroes rows [r0, ROWS) of a DB-block tile at `tile` (blocks ROWS x 128 bytes; the 128-byte swizzle only permutes
+// the 16-byte chunks within a row, so a row keeps its 128 bytes) by the 256 consumer threads (ct: 0..255), fenced
+// into the async proxy that wgmma reads through. The caller's named barrier then orders it before every wgmma.
+template <int DB, int ROWS>
+__device__ __forceinline__ void zero_tail(uint32_t tile, int r0, int ct) {
+#pragma unroll 1  // rare: small, off the hot loop
+  for (int i = r0 * 8 + ct; i < ROWS * 8; i += 256) {  // 16-byte chunk i of each block
+#pragma unroll
+    for (int c = 0; c < DB; ++c) cuda_fwd_hopper::st_shared_zero16(tile + uint32_t(c * ROWS * 128) + uint32_t(i) * 16u);
+  }
+  cuda_fwd_hopper::fence_proxy_async_smem();
+}
+
 // ------------------------------------------------------------------ dK, dV
 
 template <class T, int D>
@@ -284,6 +300,8 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
       r[ct] = rt.l2, r[BM + ct] = rt.d, ri[ct] = rt.lo, ri[BM + ct] = rt.hi, ri[2 * BM + ct] = rt.se;
     };
 
+    // Varlen, except the last sequence (past the map's end TMA zero-fills): q blocks crossing the sequence's end.
+    const bool q_tails = p.cu_q != nullptr && b + 1 < p.batch;
     int x = next_item(0);
     if (x < items) write_rows(x, 0);
     mbar_wait(kv_full, 0);
@@ -292,8 +310,12 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
       const int xn = next_item(x + 1);
       const int i0 = (x % q_tiles) * BM, i1 = min(i0 + BM, s.sq);
       mbar_wait(q_full(st), uint32_t((n / STAGES) & 1));
-      // This item's row terms are written (last iteration, or before the loop), and every consumer is done with the
-      // other stage's (the item before), which is rewritten below.
+      if (q_tails && i0 + BM > s.sq) {  // varlen: the next sequence's rows in this block (uniform over the CTA)
+        zero_tail<DB, BM>(sQ(st), s.sq - i0, ct);
+        zero_tail<DB, BM>(sO(st), s.sq - i0, ct);
+      }
+      // This item's row terms are written (last iteration, or before the loop), every consumer is done with the
+      // other stage's (the item before), which is rewritten below, and the tails are zero.
       named_sync(1, 256);
 
       float sct[32], dpt[32];  // S^T and dP^T: this warp's 16 keys x the block's 64 q rows
@@ -365,7 +387,12 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
   const int h = rest % p.q_heads, b = rest / p.q_heads;
   const cuda_bwd::SeqInfo s = cuda_bwd::seq_info(p, b);
   const int i0 = qt * BR;
-  if (i0 >= s.sq) return;  // uniform (padded batches: never)
+  if (i0 >= s.sq) {  // uniform (padded batches: never); varlen: a shorter sequence's tiles, whose dsink shares are 0
+    if (p.dsink_part && threadIdx.x < 2 && qt * 2 + int(threadIdx.x) < p.q_tiles) {
+      p.dsink_part[(int64_t(b) * p.q_heads + h) * p.q_tiles + qt * 2 + threadIdx.x] = 0.f;
+    }
+    return;
+  }
   const int i1 = min(i0 + BR, s.sq);
   const int kvh = h / p.group;
   const cuda_fwd::KeyTiles ktl = cuda_fwd::key_tiles(p.mask, i0, i1, s.sq, s.sk, BC);
@@ -410,6 +437,9 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
     const int row_w = cw * 64 + (warp % 4) * 16;  // this warp's first row within the CTA's
     const int wr0 = i0 + row_w, wr1 = min(wr0 + 16, s.sq);
     const uint32_t q_wg = sQ + uint32_t(cw) * 64u * 128u, o_wg = sO + uint32_t(cw) * 64u * 128u;
+    const int ct = int(threadIdx.x) - 128;  // consumer thread 0..255
+    // Varlen, except the last sequence: the key tile that crosses the sequence's end (-1: none).
+    const int k_tail = p.cu_q != nullptr && b + 1 < p.batch && s.sk % BC != 0 ? s.sk / BC : -1;
     const float* lse = p.lse + s.tb * p.lse_stride.batch + int64_t(h) * p.lse_stride.head;
     const float* delta = p.delta + (s.tb * p.q_heads + h) * p.rows_q + s.q_row0;
     cuda_bwd::RowTerms rt[2];
@@ -425,6 +455,10 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
       const int st = n % STAGES;
       const int j0 = ktl.tile(n) * BC, j1 = min(j0 + BC, s.sk);
       mbar_wait(kv_full(st), uint32_t((n / STAGES) & 1));
+      if (__builtin_expect(ktl.tile(n) == k_tail, 0)) {  // both warpgroups visit the same tiles: both reach the barrier
+        zero_tail<DB, BC>(sK(st), s.sk - j0, ct);
+        named_sync(1, 256);
+      }
 
       float sc[32], dp[32];  // S and dP: this warp's 16 rows x the tile's 64 keys
       wgmma_fence();

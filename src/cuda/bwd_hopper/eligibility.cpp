@@ -14,11 +14,14 @@ std::string bwd_hopper_reject_reason(const BackwardProblem& bp, int cc) {
   if (cc != 90) return "the Hopper backward needs compute capability 9.0 (sm_90a code)";
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return "the Hopper backward takes float16 or bfloat16 only";
   if (p.head_dim != 64 && p.head_dim != 128) return "the Hopper backward takes head_dim 64 or 128 only";
-  if (p.varlen()) return "the Hopper backward takes padded batches only (varlen runs on the mma.sync kernels)";
-  if (p.batch < 1 || p.seq_q <= 0 || p.seq_k <= 0) {
+  // Rows the tensor maps cover: padded seq_q / seq_k per sequence, varlen up to the last sequence's end.
+  const int64_t tb = p.varlen() ? 1 : p.batch;
+  const int64_t rows_q = p.varlen() ? p.cu_seqlens_q[p.batch] : p.seq_q;
+  const int64_t rows_k = p.varlen() ? p.cu_seqlens_k[p.batch] : p.seq_k;
+  if (p.batch < 1 || rows_q <= 0 || rows_k <= 0) {
     return "the Hopper backward needs at least one sequence, query row and key row";
   }
-  if (p.seq_q > INT32_MAX - 256 || p.seq_k > INT32_MAX - 256 || p.batch > INT32_MAX) {
+  if (rows_q > INT32_MAX - 256 || rows_k > INT32_MAX - 256 || p.batch > INT32_MAX) {
     return "the Hopper backward addresses rows with 32-bit coordinates";
   }
   const int64_t row_blocks = (p.seq_q + kRowsPerBlock - 1) / kRowsPerBlock;
@@ -26,20 +29,20 @@ std::string bwd_hopper_reject_reason(const BackwardProblem& bp, int cc) {
   if (p.q_heads * p.batch * row_blocks > INT32_MAX || p.kv_heads * p.batch * key_blocks > INT32_MAX) {
     return "the Hopper backward's grid would exceed 2^31 - 1 blocks";
   }
-  if (!cuda_fwd_hopper::tma_rows_ok(p.q, p.q_stride, p.batch, p.q_heads) ||
-      !cuda_fwd_hopper::tma_rows_ok(p.k, p.k_stride, p.batch, p.kv_heads) ||
-      !cuda_fwd_hopper::tma_rows_ok(p.v, p.v_stride, p.batch, p.kv_heads) ||
-      !cuda_fwd_hopper::tma_rows_ok(bp.dout, bp.dout_stride, p.batch, p.q_heads)) {
+  if (!cuda_fwd_hopper::tma_rows_ok(p.q, p.q_stride, tb, p.q_heads) ||
+      !cuda_fwd_hopper::tma_rows_ok(p.k, p.k_stride, tb, p.kv_heads) ||
+      !cuda_fwd_hopper::tma_rows_ok(p.v, p.v_stride, tb, p.kv_heads) ||
+      !cuda_fwd_hopper::tma_rows_ok(bp.dout, bp.dout_stride, tb, p.q_heads)) {
     return "the Hopper backward loads q, k, v and dout with TMA: 16-byte aligned base and strides needed";
   }
   // The epilogues store pairs of elements (4 bytes) straight from the accumulators.
   // Strides of dimensions of extent 1 never step.
   const auto pairs_ok = [&](const void* base, const RowStrides& s, int64_t rows, int64_t heads) {
     return reinterpret_cast<uintptr_t>(base) % 4 == 0 && (rows <= 1 || s.seq % 2 == 0) &&
-           (heads <= 1 || s.head % 2 == 0) && (p.batch <= 1 || s.batch % 2 == 0);
+           (heads <= 1 || s.head % 2 == 0) && (tb <= 1 || s.batch % 2 == 0);
   };
-  if (!pairs_ok(bp.dq, bp.dq_stride, p.seq_q, p.q_heads) || !pairs_ok(bp.dk, bp.dk_stride, p.seq_k, p.kv_heads) ||
-      !pairs_ok(bp.dv, bp.dv_stride, p.seq_k, p.kv_heads)) {
+  if (!pairs_ok(bp.dq, bp.dq_stride, rows_q, p.q_heads) || !pairs_ok(bp.dk, bp.dk_stride, rows_k, p.kv_heads) ||
+      !pairs_ok(bp.dv, bp.dv_stride, rows_k, p.kv_heads)) {
     return "the Hopper backward stores dq, dk and dv in 4-byte pairs: 4-byte aligned base and strides needed";
   }
   return {};
