@@ -489,6 +489,43 @@ TEST(GpuBackward, BitwiseEqualAcrossRunsAndWorkspaces) {
   }
 }
 
+// A varlen sequence's non-finite values never reach another sequence's gradients. Tiles that cross a sequence's end
+// hold the next sequence's rows, masked, where 0 x Inf = NaN would leak (the Hopper kernels zero those rows in shared
+// memory; the mma.sync ones never load them). Sequences: A; P, queries without keys (its q and dout rows then made
+// +-Inf / NaN); B; K, keys without queries (its k and v rows likewise); C. Every gradient byte must equal that of the
+// run with P's and K's rows finite (P's dq and K's dk, dv are zero both times; the others are untouched by them).
+TEST(GpuBackward, VarlenKeepsNonFiniteValuesInTheirSequence) {
+  FL_SKIP_WITHOUT_GPU();
+  for (const int64_t d : {64, 128}) {
+    for (const bool causal : {false, true}) {
+      Spec s;
+      s.dtype = DType::bf16, s.hq = 4, s.hkv = 2, s.d = d, s.mask.causal = causal;
+      s.varlen_q = {70, 50, 40, 0, 20};
+      s.varlen_k = {70, 0, 30, 90, 20};
+      const std::string name = "gpu varlen non-finite d" + std::to_string(d) + (causal ? " causal" : "");
+      GpuGrad g(s, name);
+      const flashlite::BackwardOverrides o = cuda_backward_overrides(g.args);
+      SCOPED_TRACE(name + " " + flashlite::backward_kernel_name(g.args, o));
+      flashlite::backward(g.args, o);
+      const auto finite = g.device_bytes();
+      // Rows [r0, r1) of a contiguous [1, rows, heads, d] bf16 device view: +Inf, -Inf, NaN in turn.
+      const auto poison_rows = [&](const TensorView& t, int64_t r0, int64_t r1) {
+        const int64_t per_row = t.shape[2] * t.shape[3];
+        std::vector<uint16_t> bits(size_t((r1 - r0) * per_row));
+        for (size_t i = 0; i < bits.size(); ++i) bits[i] = i % 3 == 0 ? 0x7F80 : i % 3 == 1 ? 0xFF80 : 0x7FC0;
+        FL_CUDA_OK(cudaMemcpy(static_cast<uint16_t*>(t.data) + r0 * per_row, bits.data(), bits.size() * 2,
+                              cudaMemcpyHostToDevice));
+      };
+      poison_rows(g.args.q, 70, 120);     // P's queries (A has 70)
+      poison_rows(g.args.dout, 70, 120);
+      poison_rows(g.args.k, 100, 190);    // K's keys (A 70, P 0, B 30 before them)
+      poison_rows(g.args.v, 100, 190);
+      flashlite::backward(g.args, o);
+      EXPECT_EQ(finite, g.device_bytes()) << "another sequence's non-finite rows changed a gradient";
+    }
+  }
+}
+
 TEST(GpuBackward, KernelNameAndStream) {
   FL_SKIP_WITHOUT_GPU();
   Spec s;
