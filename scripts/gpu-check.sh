@@ -5,7 +5,8 @@
 # the server's tests (tests/serve, with the openai client from .carry/wheels), compute-sanitizer (memcheck, racecheck,
 # initcheck) on a small driver and a few backward cases, the attention benchmark and the backward side by side
 # (bench/bwd). Results go to
-# OUTDIR (argument, else $OUT, else ./out): attn_main_job.json, attention.json and plots as files, every log bundled
+# OUTDIR (argument, else $OUT, else ./out): attn_main_job.json, attention.json and plots, bwd_side_by_side.json and
+# (tpbench) e2e_tp*.json as files, every log bundled
 # into gpu_check_logs.tgz (a GPU lease returns at most 8 files). The per-area benchmarks (forward side by side,
 # decode, engine e2e, CPU) are described in bench/README.md.
 #

@@ -8,8 +8,8 @@
 # listed in tests/suites.txt did not run. In CI (CI=true, or FLASHLITE_STRICT=1) the tests that need
 # ../shared/models fail instead of skipping when the models are absent.
 #
-# Time on a 2-core machine without a GPU: ~2 minutes for the Python environment (first run), ~N minutes to build
-# (most of it the CUDA kernels), ~M minutes of tests.
+# Time on a 2-core machine without a GPU: ~2 minutes for the Python environment (first run), ~8 minutes to build
+# (most of it the CUDA kernels), ~4 minutes of tests.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BUILD_DIR:-$root/build}"

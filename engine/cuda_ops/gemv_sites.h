@@ -1,6 +1,6 @@
 #pragma once
 // The fused GEMVs (gemv.h) at the five call sites of a decode step, and how each is launched. Every choice is the one
-// measured fastest on the H100 (docs/perf-notes.md, Engine (CUDA), rounds 3, 12 and 13), made from the model's shape
+// measured fastest on the H100 (docs/history/perf-notes.md, Engine (CUDA), rounds 3, 12 and 13), made from the model's shape
 // and the step's rows alone:
 //   QKV       RMSNorm prologue; RoPE + KV-cache append fused into its epilogue where head_dim % 8 == 0 (else a bf16
 //             store, then flashlite::append_kv);

@@ -118,7 +118,7 @@ struct DecodePlan {
 };
 
 struct DecodeArgs {
-  TensorView q;    // [batch, q_len, q_heads, head_dim]: the last q_len tokens of each sequence (q_len 1..8 on CUDA)
+  TensorView q;    // [batch, q_len, q_heads, head_dim]: the last q_len tokens of each sequence (q_len 1..64 on CUDA)
   KvCacheView cache;
   TensorView out;  // like q
   TensorView lse;  // optional fp32 [batch, q_heads, q_len]

@@ -2,7 +2,8 @@
 
     out = flashlite.attention(q, k, v, causal=True)          # q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D]
 
-Differentiable on torch tensors (autograd through the custom op); numpy / cupy callers get the gradients from
+Differentiable on torch tensors (eager calls: a torch.autograd.Function; under torch.compile: the custom op's
+registered autograd, the same formula); numpy / cupy callers get the gradients from
 flashlite.attention_backward. Works on torch tensors (CPU and CUDA, through a torch custom op that torch.compile and
 CUDA graphs accept), numpy
 arrays (CPU) and cupy arrays (CUDA), viewed in place through DLPack. SDPA's [B, H, S, D] convention:
