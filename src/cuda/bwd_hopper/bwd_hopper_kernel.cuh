@@ -43,7 +43,6 @@ using cuda_fwd_hopper::mbar_arrive;
 using cuda_fwd_hopper::mbar_arrive_expect_tx;
 using cuda_fwd_hopper::mbar_init;
 using cuda_fwd_hopper::mbar_init_fence;
-using cuda_fwd_hopper::mbar_wait;
 using cuda_fwd_hopper::named_sync;
 using cuda_fwd_hopper::pin_regs;
 using cuda_fwd_hopper::regs_alloc;
@@ -268,10 +267,14 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
       for (int x = next_item(0); x < items; x = next_item(x + 1), ++n) {
         const int st = n % STAGES;
         const int h = kvh * p.group + x / q_tiles, row = int(s.q_row0) + (x % q_tiles) * BM;
-        mbar_wait(q_empty(st), uint32_t((n / STAGES) & 1) ^ 1u);  // a fresh barrier passes parity 1
+        cuda::mbar_wait_or_trap(q_empty(st), uint32_t((n / STAGES) & 1) ^ 1u);  // a fresh barrier passes parity 1
         mbar_arrive_expect_tx(q_full(st), 2 * Cfg::QM_BYTES);
         load_rows<DB, BM>(sQ(st), &hp.tq, q_full(st), row, h, tb);
         load_rows<DB, BM>(sO(st), &hp.tdo, q_full(st), row, h, tb);
+      }
+      // The last items' releases (idle time): a consumer stuck on one of them traps here instead of hanging.
+      for (int k = n > STAGES ? n - STAGES : 0; k < n; ++k) {
+        cuda::mbar_wait_or_trap(q_empty(k % STAGES), uint32_t((k / STAGES) & 1));
       }
     }
   } else {
@@ -304,12 +307,14 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
     const bool q_tails = p.cu_q != nullptr && b + 1 < p.batch;
     int x = next_item(0);
     if (x < items) write_rows(x, 0);
-    mbar_wait(kv_full, 0);
+    cuda::mbar_wait_or_trap(kv_full, 0);
     for (int n = 0; x < items; ++n) {
       const int st = n % STAGES;
       const int xn = next_item(x + 1);
       const int i0 = (x % q_tiles) * BM, i1 = min(i0 + BM, s.sq);
-      mbar_wait(q_full(st), uint32_t((n / STAGES) & 1));
+      // (the plain wait here: the trapping one costs this register-tight loop spills at d128; a hang here still
+      // traps in the producer, which waits for every item's release)
+      cuda_fwd_hopper::mbar_wait(q_full(st), uint32_t((n / STAGES) & 1));
       if (q_tails && i0 + BM > s.sq) {  // varlen: the next sequence's rows in this block (uniform over the CTA)
         zero_tail<DB, BM>(sQ(st), s.sq - i0, ct);
         zero_tail<DB, BM>(sO(st), s.sq - i0, ct);
@@ -423,7 +428,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
       for (int n = 0; n < ktl.count; ++n) {
         const int st = n % STAGES;
         const int krow = int(s.k_row0) + ktl.tile(n) * BC;
-        mbar_wait(kv_empty(st), uint32_t((n / STAGES) & 1) ^ 1u);
+        cuda::mbar_wait_or_trap(kv_empty(st), uint32_t((n / STAGES) & 1) ^ 1u);
         mbar_arrive_expect_tx(kv_full(st), 2 * Cfg::KC_BYTES);
         load_rows<DB, BC>(sK(st), &hp.tk, kv_full(st), krow, kvh, tb);
         load_rows<DB, BC>(sV(st), &hp.tv, kv_full(st), krow, kvh, tb);
@@ -450,11 +455,11 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
 
-    mbar_wait(q_full, 0);
+    cuda::mbar_wait_or_trap(q_full, 0);
     for (int n = 0; n < ktl.count; ++n) {
       const int st = n % STAGES;
       const int j0 = ktl.tile(n) * BC, j1 = min(j0 + BC, s.sk);
-      mbar_wait(kv_full(st), uint32_t((n / STAGES) & 1));
+      cuda::mbar_wait_or_trap(kv_full(st), uint32_t((n / STAGES) & 1));
       if (__builtin_expect(ktl.tile(n) == k_tail, 0)) {  // both warpgroups visit the same tiles: both reach the barrier
         zero_tail<DB, BC>(sK(st), s.sk - j0, ct);
         named_sync(1, 256);

@@ -28,4 +28,21 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
+// mbar_wait that gives up: after 2^28 unsuccessful tries (each may suspend the thread for a while, so many seconds;
+// far past any legitimate wait for a TMA load or a consumer warp) the kernel traps, so a protocol bug fails the
+// launch with an error instead of hanging the GPU. Used by the kernels that have not yet run on a GPU (the Hopper
+// backward); one counter register more than mbar_wait.
+__device__ __forceinline__ void mbar_wait_or_trap(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  for (uint32_t tries = 0;; ++tries) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (tries == (1u << 28)) __trap();
+  }
+}
+
 }  // namespace flashlite::cuda
