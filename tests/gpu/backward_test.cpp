@@ -502,7 +502,9 @@ TEST(GpuBackward, VarlenKeepsNonFiniteValuesInTheirSequence) {
       s.dtype = DType::bf16, s.hq = 4, s.hkv = 2, s.d = d, s.mask.causal = causal;
       s.varlen_q = {70, 50, 40, 0, 20};
       s.varlen_k = {70, 0, 30, 90, 20};
-      const std::string name = "gpu varlen non-finite d" + std::to_string(d) + (causal ? " causal" : "");
+      std::string name = "gpu varlen non-finite d";  // (appended: GCC 12 warns, wrongly, on "literal" + string&&)
+      name += std::to_string(d);
+      name += causal ? " causal" : "";
       GpuGrad g(s, name);
       const flashlite::BackwardOverrides o = cuda_backward_overrides(g.args);
       SCOPED_TRACE(name + " " + flashlite::backward_kernel_name(g.args, o));
