@@ -71,6 +71,17 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& ref) 
   return diff / scale;
 }
 
+// The message of the flashlite::Error that f() throws, or "no error".
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const flashlite::Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 eng::RuntimeOptions options(int tp, int page_size = 0) {
   eng::RuntimeOptions o;
   o.slots = 3;
@@ -312,17 +323,8 @@ TEST(TensorParallelCpu, UnsampleableRowsAreRefusedAsByTheWholeModel) {
       for (const eng::LogitsRequest req : {eng::LogitsRequest{eng::LogitsRequest::Kind::argmax, 0},
                                            eng::LogitsRequest{eng::LogitsRequest::Kind::top_k, 5}}) {
         const std::vector<eng::SequenceInput> in{{0, {1, 2, 3}, false}, {1, {4}, false}};
-        std::string a, b;
-        try {
-          whole->forward_select(in, req);
-        } catch (const flashlite::Error& e) {
-          a = e.what();
-        }
-        try {
-          split->forward_select(in, req);
-        } catch (const flashlite::Error& e) {
-          b = e.what();
-        }
+        const std::string a = error_of([&] { whole->forward_select(in, req); });
+        const std::string b = error_of([&] { split->forward_select(in, req); });
         const std::string lowest = "logit " + std::to_string(poisoned.back()) + " is NaN";
         EXPECT_NE(a.find(lowest), std::string::npos) << a;
         EXPECT_EQ(b, a) << "tp " << tp << " k " << req.k;
@@ -341,14 +343,7 @@ TEST(TensorParallelCpu, BadInputLeavesEveryRankAsItWas) {
   const auto whole = eng::create_model(w, options(1), "cpu");
   const auto split = eng::create_model(w, options(2), "cpu");
   for (auto* m : {whole.get(), split.get()}) m->forward({{0, {1, 2, 3}}});
-  auto error = [](eng::LlamaModel& m, const std::vector<eng::SequenceInput>& in) {
-    try {
-      m.forward(in);
-    } catch (const flashlite::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  auto error = [](eng::LlamaModel& m, const std::vector<eng::SequenceInput>& in) { return error_of([&] { m.forward(in); }); };
   for (const auto& bad : std::vector<std::vector<eng::SequenceInput>>{
            {{0, {512}}}, {{0, {-1}}}, {{3, {1}}}, {{0, {1}}, {0, {2}}}, {{0, std::vector<int>(62, 1)}}}) {
     const std::string e = error(*split, bad);

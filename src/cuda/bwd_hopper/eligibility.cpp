@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cuda/bwd_hopper/bwd_hopper.h"
+#include "cuda/common/tensor_map.h"
 #include "cuda/fwd_hopper/hopper_fwd.h"  // tma_rows_ok
 
 namespace flashlite::cuda_bwd_hopper {
@@ -14,10 +15,8 @@ std::string bwd_hopper_reject_reason(const BackwardProblem& bp, int cc) {
   if (cc != 90) return "the Hopper backward needs compute capability 9.0 (sm_90a code)";
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return "the Hopper backward takes float16 or bfloat16 only";
   if (p.head_dim != 64 && p.head_dim != 128) return "the Hopper backward takes head_dim 64 or 128 only";
-  // Rows the tensor maps cover: padded seq_q / seq_k per sequence, varlen up to the last sequence's end.
-  const int64_t tb = p.varlen() ? 1 : p.batch;
-  const int64_t rows_q = p.varlen() ? p.cu_seqlens_q[p.batch] : p.seq_q;
-  const int64_t rows_k = p.varlen() ? p.cu_seqlens_k[p.batch] : p.seq_k;
+  const cuda::MapRows maps = cuda::map_rows(p);  // the rows the tensor maps cover
+  const int64_t tb = maps.batch, rows_q = maps.q, rows_k = maps.k;
   if (p.batch < 1 || rows_q <= 0 || rows_k <= 0) {
     return "the Hopper backward needs at least one sequence, query row and key row";
   }

@@ -25,15 +25,12 @@ void launch_bwd_hopper(const BackwardProblem& bp, const cuda_bwd::BwdParams& b, 
   hp.b = b;
   hp.key_blocks = int((p.seq_k + kKeysPerBlock - 1) / kKeysPerBlock);
   hp.row_blocks = int((p.seq_q + kRowsPerBlock - 1) / kRowsPerBlock);
-  // Padded: rows past seq_q / seq_k are past the maps' ends. Varlen: one tensor "batch" whose maps end at the last
-  // sequence's end (the kernels zero the next sequence's rows in tiles that cross a sequence's end).
-  const int64_t tb = p.varlen() ? 1 : p.batch;
-  const int64_t rows_q = p.varlen() ? p.cu_seqlens_q[p.batch] : p.seq_q;
-  const int64_t rows_k = p.varlen() ? p.cu_seqlens_k[p.batch] : p.seq_k;
-  hp.tq = cuda::make_tile_map(p.q, p.dtype, p.head_dim, rows_q, p.q_heads, tb, p.q_stride, box, "q", who);
-  hp.tk = cuda::make_tile_map(p.k, p.dtype, p.head_dim, rows_k, p.kv_heads, tb, p.k_stride, box, "k", who);
-  hp.tv = cuda::make_tile_map(p.v, p.dtype, p.head_dim, rows_k, p.kv_heads, tb, p.v_stride, box, "v", who);
-  hp.tdo = cuda::make_tile_map(bp.dout, p.dtype, p.head_dim, rows_q, p.q_heads, tb, bp.dout_stride, box, "dout", who);
+  // The kernels zero the next varlen sequence's rows in tiles that cross a sequence's end (map_rows).
+  const cuda::AttentionMaps maps = cuda::make_attention_maps(p, box, box, who);
+  const cuda::MapRows rows = cuda::map_rows(p);
+  hp.tq = maps.q, hp.tk = maps.k, hp.tv = maps.v;
+  hp.tdo = cuda::make_tile_map(bp.dout, p.dtype, p.head_dim, rows.q, p.q_heads, rows.batch, bp.dout_stride, box, "dout",
+                               who);
   const bool f16 = p.dtype == DType::f16;
   cudaError_t e;
   if (p.head_dim == 64) {

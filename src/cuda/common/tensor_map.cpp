@@ -64,4 +64,16 @@ CUtensorMap make_tile_map(const void* base, DType dtype, int64_t head_dim, int64
   return map;
 }
 
+MapRows map_rows(const AttentionProblem& p) {
+  if (!p.varlen()) return {p.batch, p.seq_q, p.seq_k};
+  return {1, p.cu_seqlens_q[p.batch], p.cu_seqlens_k[p.batch]};
+}
+
+AttentionMaps make_attention_maps(const AttentionProblem& p, int q_box, int kv_box, const char* who) {
+  const MapRows r = map_rows(p);
+  return {make_tile_map(p.q, p.dtype, p.head_dim, r.q, p.q_heads, r.batch, p.q_stride, q_box, "q", who),
+          make_tile_map(p.k, p.dtype, p.head_dim, r.k, p.kv_heads, r.batch, p.k_stride, kv_box, "k", who),
+          make_tile_map(p.v, p.dtype, p.head_dim, r.k, p.kv_heads, r.batch, p.v_stride, kv_box, "v", who)};
+}
+
 }  // namespace flashlite::cuda

@@ -18,4 +18,18 @@ namespace flashlite::cuda {
 CUtensorMap make_tile_map(const void* base, DType dtype, int64_t head_dim, int64_t rows, int64_t heads, int64_t batch,
                           const RowStrides& s, int box_rows, const char* name, const char* who);
 
+// The rows a problem's maps cover: padded, seq_q / seq_k rows of each of `batch` entries; varlen, one tensor "batch"
+// of rows up to the last sequence's end. Rows past them (past a padded sequence, after the last varlen one) read as
+// zeros; inside a varlen batch a tile that crosses a sequence's end holds the next sequence's rows.
+struct MapRows {
+  int64_t batch, q, k;
+};
+MapRows map_rows(const AttentionProblem& p);
+
+// The maps of q, k and v: boxes of q_box rows for q, kv_box rows for k and v.
+struct AttentionMaps {
+  CUtensorMap q, k, v;
+};
+AttentionMaps make_attention_maps(const AttentionProblem& p, int q_box, int kv_box, const char* who);
+
 }  // namespace flashlite::cuda

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/tensor_map.h"
 #include "cuda/fwd_hopper/hopper_fwd.h"
 #include "flashlite/errors.h"
 
@@ -26,10 +27,8 @@ std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc) {
   if (cc != 90) return "the Hopper kernel needs compute capability 9.0 (sm_90a code)";
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return "the Hopper kernel takes float16 or bfloat16 only";
   if (p.head_dim != 64 && p.head_dim != 128) return "the Hopper kernel takes head_dim 64 or 128 only";
-  const int64_t tb = p.varlen() ? 1 : p.batch;
-  // Rows the tensor maps cover: padded seq_q / seq_k per sequence, varlen up to the last sequence's end.
-  const int64_t rows_q = p.varlen() ? p.cu_seqlens_q[p.batch] : p.seq_q;
-  const int64_t rows_k = p.varlen() ? p.cu_seqlens_k[p.batch] : p.seq_k;
+  const cuda::MapRows maps = cuda::map_rows(p);  // the rows the tensor maps cover
+  const int64_t tb = maps.batch, rows_q = maps.q, rows_k = maps.k;
   if (rows_q <= 0 || rows_k <= 0) return "the Hopper kernel needs at least one query and one key row";
   if (rows_q > INT32_MAX || rows_k > INT32_MAX) return "the Hopper kernel addresses rows with 32-bit coordinates";
   if (p.q_heads * p.batch * ((p.seq_q + kBlockRows - 1) / kBlockRows) > INT32_MAX) {

@@ -32,14 +32,8 @@ namespace {
 void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, cudaStream_t stream) {
   HopperParams hp;
   hp.f = f;
-  const int64_t tb = p.varlen() ? 1 : p.batch;
-  // Varlen: one tensor "batch"; the maps end at the last sequence's end (rows past it read as zeros).
-  const int64_t rows_q = p.varlen() ? p.cu_seqlens_q[p.batch] : p.seq_q;
-  const int64_t rows_k = p.varlen() ? p.cu_seqlens_k[p.batch] : p.seq_k;
-  constexpr const char* who = "Hopper attention kernel";
-  hp.tq = cuda::make_tile_map(p.q, p.dtype, p.head_dim, rows_q, p.q_heads, tb, p.q_stride, kBlockRows, "q", who);
-  hp.tk = cuda::make_tile_map(p.k, p.dtype, p.head_dim, rows_k, p.kv_heads, tb, p.k_stride, kBlockKeys, "k", who);
-  hp.tv = cuda::make_tile_map(p.v, p.dtype, p.head_dim, rows_k, p.kv_heads, tb, p.v_stride, kBlockKeys, "v", who);
+  const cuda::AttentionMaps maps = cuda::make_attention_maps(p, kBlockRows, kBlockKeys, "Hopper attention kernel");
+  hp.tq = maps.q, hp.tk = maps.k, hp.tv = maps.v;
   const bool f16 = p.dtype == DType::f16;
   cudaError_t e;
   if (p.head_dim == 64) {
