@@ -116,6 +116,16 @@ __device__ __forceinline__ void load_rows(uint32_t dst, const CUtensorMap* map, 
     }
 }
 
+// Two tiles of the same rows (K and V, or Q and dO) into a and b, announced on `bar` with exactly the bytes the
+// loads complete, so the count can never disagree with them.
+template <int DB, int ROWS>
+__device__ __forceinline__ void load_pair(uint32_t bar, uint32_t a, const CUtensorMap* map_a, uint32_t b,
+                                          const CUtensorMap* map_b, int row, int head, int tb) {
+  mbar_arrive_expect_tx(bar, 2u * DB * ROWS * 128u);
+  load_rows<DB, ROWS>(a, map_a, bar, row, head, tb);
+  load_rows<DB, ROWS>(b, map_b, bar, row, head, tb);
+}
+
 // acc (+)= A B^T over head_dim for this warpgroup's 64 rows of A: A and B K-major tiles (DB blocks of a_block /
 // b_block bytes), issued (not committed). The score products: S^T = K Q^T, dP^T = V dO^T, S = Q K^T, dP = dO V^T.
 template <class T, int D>
@@ -260,17 +270,13 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
     if (warp == 0 && lane == 0) {
       prefetch_maps(hp);
       const int tb = int(s.tb);
-      mbar_arrive_expect_tx(kv_full, 2 * Cfg::KV_BYTES);
-      load_rows<DB, BN>(sK, &hp.tk, kv_full, int(s.k_row0) + j0, kvh, tb);
-      load_rows<DB, BN>(sV, &hp.tv, kv_full, int(s.k_row0) + j0, kvh, tb);
+      load_pair<DB, BN>(kv_full, sK, &hp.tk, sV, &hp.tv, int(s.k_row0) + j0, kvh, tb);
       int n = 0;
       for (int x = next_item(0); x < items; x = next_item(x + 1), ++n) {
         const int st = n % STAGES;
         const int h = kvh * p.group + x / q_tiles, row = int(s.q_row0) + (x % q_tiles) * BM;
         cuda::mbar_wait_or_trap(q_empty(st), uint32_t((n / STAGES) & 1) ^ 1u);  // a fresh barrier passes parity 1
-        mbar_arrive_expect_tx(q_full(st), 2 * Cfg::QM_BYTES);
-        load_rows<DB, BM>(sQ(st), &hp.tq, q_full(st), row, h, tb);
-        load_rows<DB, BM>(sO(st), &hp.tdo, q_full(st), row, h, tb);
+        load_pair<DB, BM>(q_full(st), sQ(st), &hp.tq, sO(st), &hp.tdo, row, h, tb);
       }
       // The last items' releases (idle time): a consumer stuck on one of them traps here instead of hanging.
       for (int k = n > STAGES ? n - STAGES : 0; k < n; ++k) {
@@ -422,16 +428,12 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
     if (warp == 0 && lane == 0) {
       prefetch_maps(hp);
       const int tb = int(s.tb);
-      mbar_arrive_expect_tx(q_full, 2 * Cfg::QR_BYTES);
-      load_rows<DB, BR>(sQ, &hp.tq, q_full, int(s.q_row0) + i0, h, tb);
-      load_rows<DB, BR>(sO, &hp.tdo, q_full, int(s.q_row0) + i0, h, tb);
+      load_pair<DB, BR>(q_full, sQ, &hp.tq, sO, &hp.tdo, int(s.q_row0) + i0, h, tb);
       for (int n = 0; n < ktl.count; ++n) {
         const int st = n % STAGES;
         const int krow = int(s.k_row0) + ktl.tile(n) * BC;
         cuda::mbar_wait_or_trap(kv_empty(st), uint32_t((n / STAGES) & 1) ^ 1u);
-        mbar_arrive_expect_tx(kv_full(st), 2 * Cfg::KC_BYTES);
-        load_rows<DB, BC>(sK(st), &hp.tk, kv_full(st), krow, kvh, tb);
-        load_rows<DB, BC>(sV(st), &hp.tv, kv_full(st), krow, kvh, tb);
+        load_pair<DB, BC>(kv_full(st), sK(st), &hp.tk, sV(st), &hp.tv, krow, kvh, tb);
       }
     }
   } else {
