@@ -17,8 +17,8 @@
 //
 // Backends: 'reference' and 'cpu' (CPU tensors, any dtype); 'cuda' (automatic for CUDA tensors): float16 / bfloat16
 // with head_dim 64, 96 or 128 on sm_80 and newer (tensor cores, fp32 accumulation); other dtypes or head dims are
-// refused with an error naming them. Hopper kernels (wgmma, TMA; head_dim 64 or 128, TMA-addressable tensors) are
-// built for sm_90a but run only when BackwardOverrides forces them, until their first verification on an H100.
+// refused with an error naming them. On sm_90 the Hopper kernels (wgmma, TMA; head_dim 64 or 128, TMA-addressable
+// tensors) take the calls they accept.
 #include <string>
 
 #include "flashlite/attention.h"

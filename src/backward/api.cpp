@@ -101,20 +101,20 @@ Resolved resolve(const BackwardArgs& a, const BackwardOverrides& o) {
   p.deterministic = a.deterministic;
 
   const bool on_cpu = p.fwd.device.type == DeviceType::cpu;
-  // CUDA tensors: the mma.sync kernels of src/cuda/bwd/, or a named refusal. The Hopper kernels (src/cuda/bwd_hopper/)
-  // run only when o.kernel forces them: they compile, but have not yet run on an H100, and the planner takes them
-  // only once the GPU suite has verified them (docs/backward.md).
+  // CUDA tensors: the Hopper kernels (src/cuda/bwd_hopper/) on sm_90 for the calls they accept, else the mma.sync
+  // kernels of src/cuda/bwd/, or a named refusal. Hopper is 1.2-1.6x mma.sync at every measured shape (docs/backward.md).
   const auto cuda_kernel = [&]() -> BackwardKernel {
 #if FLASHLITE_WITH_CUDA
     if (std::string why = cuda_backward_unsupported_reason(p); !why.empty()) {
       if (why.rfind("dtype", 0) == 0) fail_type(why);
       fail(why);
     }
-    if (o.kernel != BackwardKernel::cuda_hopper) return BackwardKernel::cuda_mma;
-    if (std::string why = cuda_backward_hopper_reject_reason(p); !why.empty()) {
+    if (o.kernel == BackwardKernel::cuda_mma) return BackwardKernel::cuda_mma;
+    const std::string why = cuda_backward_hopper_reject_reason(p);
+    if (o.kernel == BackwardKernel::cuda_hopper && !why.empty()) {
       fail("the forced kernel cuda_hopper cannot run this call: " + why);
     }
-    return BackwardKernel::cuda_hopper;
+    return why.empty() ? BackwardKernel::cuda_hopper : BackwardKernel::cuda_mma;
 #else
     fail("the tensors are on " + device_name(p.fwd.device) + " but flashlite was built without CUDA");
 #endif

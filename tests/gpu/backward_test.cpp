@@ -25,6 +25,7 @@
 #include "backward_util.h"
 #include "common/backward_problem.h"
 #include "cuda/bwd_hopper/bwd_hopper.h"
+#include "cuda/fwd_hopper/hopper_fwd.h"
 #include "flashlite/backward.h"
 #include "gpu_util.h"
 #include "test_overrides.h"
@@ -413,7 +414,7 @@ class GpuBackwardGrid : public ::testing::TestWithParam<int> {};
 void check_case(const GridCase& c, bool host_only) {
   GpuGrad g(c.spec, "gpu backward " + c.name, host_only, c.dlse);
   if (host_only) g.args.backend = Backend::cpu;
-  const flashlite::BackwardOverrides o = host_only ? flashlite::BackwardOverrides{} : cuda_backward_overrides(g.args);
+  const flashlite::BackwardOverrides o = host_only ? flashlite::BackwardOverrides{} : cuda_backward_overrides();
   const std::string kernel = flashlite::backward_kernel_name(g.args, o);
   SCOPED_TRACE("kernel " + kernel);
   if (!host_only) {
@@ -468,7 +469,7 @@ TEST(GpuBackward, BitwiseEqualAcrossRunsAndWorkspaces) {
     s.sink_logits = true;
     GpuGrad g(s, std::string("gpu determinism ") + dt_name(t));
     g.args.deterministic = true;
-    const flashlite::BackwardOverrides o = cuda_backward_overrides(g.args);
+    const flashlite::BackwardOverrides o = cuda_backward_overrides();
     SCOPED_TRACE(flashlite::backward_kernel_name(g.args, o));
     flashlite::backward(g.args, o);
     const auto first = g.device_bytes();
@@ -506,7 +507,7 @@ TEST(GpuBackward, VarlenKeepsNonFiniteValuesInTheirSequence) {
       name += std::to_string(d);
       name += causal ? " causal" : "";
       GpuGrad g(s, name);
-      const flashlite::BackwardOverrides o = cuda_backward_overrides(g.args);
+      const flashlite::BackwardOverrides o = cuda_backward_overrides();
       SCOPED_TRACE(name + " " + flashlite::backward_kernel_name(g.args, o));
       flashlite::backward(g.args, o);
       const auto finite = g.device_bytes();
@@ -534,11 +535,13 @@ TEST(GpuBackward, KernelNameAndStream) {
   s.seq_q = s.seq_k = 90, s.hq = 2, s.hkv = 1, s.d = 128, s.dtype = DType::bf16;
   GpuGrad g(s, "gpu name");
   g.args.backend = Backend::cuda;
-  EXPECT_EQ(flashlite::backward_kernel_name(g.args), "cuda_backward_mma_bf16_d128");
-  // sm_90 (this build has its 90a code): the Hopper kernels when forced.
+  // sm_90 (this build has its 90a code): the Hopper kernels by default; the mma.sync ones when forced.
   cudaDeviceProp prop{};
   FL_CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  if (prop.major == 9 && prop.minor == 0) {
+  const bool hopper = prop.major == 9 && prop.minor == 0 && flashlite::cuda_fwd_hopper::hopper_fwd_built();
+  EXPECT_EQ(flashlite::backward_kernel_name(g.args), hopper ? "cuda_backward_hopper_bf16_d128" : "cuda_backward_mma_bf16_d128");
+  EXPECT_EQ(flashlite::backward_kernel_name(g.args, {flashlite::BackwardKernel::cuda_mma}), "cuda_backward_mma_bf16_d128");
+  if (hopper) {
     EXPECT_EQ(flashlite::backward_kernel_name(g.args, {flashlite::BackwardKernel::cuda_hopper}),
               "cuda_backward_hopper_bf16_d128");
   }

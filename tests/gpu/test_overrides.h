@@ -44,17 +44,11 @@ inline std::string suite_forward_kernel_name(flashlite::ForwardArgs args) {
   return flashlite::forward_kernel_name(args);
 }
 
-// The backward overrides of a call on CUDA tensors under the suite's: the Hopper kernels wherever they can run it
-// (forced: the planner does not pick them by default until they are verified), the mma.sync kernels under --no-hopper.
-inline flashlite::BackwardOverrides cuda_backward_overrides(const flashlite::BackwardArgs& args) {
-  using flashlite::BackwardKernel;
-  if (suite_overrides().no_hopper) return {BackwardKernel::cuda_mma};
-  try {
-    flashlite::backward_kernel_name(args, {BackwardKernel::cuda_hopper});
-    return {BackwardKernel::cuda_hopper};
-  } catch (const flashlite::Error&) {  // not sm_90, or a call the Hopper kernels refuse
-    return {};
-  }
+// The backward overrides of a call on CUDA tensors under the suite's: the planner's choice (the Hopper kernels on
+// sm_90 wherever they accept the call), the mma.sync kernels under --no-hopper.
+inline flashlite::BackwardOverrides cuda_backward_overrides() {
+  if (suite_overrides().no_hopper) return {flashlite::BackwardKernel::cuda_mma};
+  return {};
 }
 
 // Decode overrides of a call with `splits` forced (0: planned) under the suite's merge.

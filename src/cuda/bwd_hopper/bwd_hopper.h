@@ -1,8 +1,8 @@
 #pragma once
 // The Hopper backward kernels (wgmma + TMA, warp-specialised; src/cuda/bwd_hopper/) as seen from the CUDA backward's
 // entry points (src/cuda/bwd/launch.cu) and the backward planner (src/backward/api.cpp). They run where the library
-// was built with the 90a target, bwd_hopper_reject_reason() accepts the problem and BackwardOverrides forces them (the
-// planner's default stays the mma.sync kernels of src/cuda/bwd/ until the GPU suite has verified them).
+// was built with the 90a target and bwd_hopper_reject_reason() accepts the problem, unless BackwardOverrides forces the
+// mma.sync kernels of src/cuda/bwd/.
 #include <cuda_runtime.h>
 
 #include <string>

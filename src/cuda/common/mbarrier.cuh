@@ -36,8 +36,8 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 
 // mbar_wait that gives up: after 2^28 unsuccessful tries (each may suspend the thread for a while, so many seconds;
 // far past any legitimate wait for a TMA load or a consumer warp) the kernel traps, so a protocol bug fails the
-// launch with an error instead of hanging the GPU. Used by the kernels that have not yet run on a GPU (the Hopper
-// backward); one counter register more than mbar_wait.
+// launch with an error instead of hanging the GPU. Used by the Hopper backward, written after the forward; one counter
+// register more than mbar_wait.
 __device__ __forceinline__ void mbar_wait_or_trap(uint32_t bar, uint32_t parity) {
   for (uint32_t tries = 0; !mbar_try_wait(bar, parity); ++tries) {
     if (tries == (1u << 28)) __trap();
