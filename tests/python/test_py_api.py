@@ -217,3 +217,18 @@ def test_nothing_written_on_error():
     assert np.isnan(out).all()
     with pytest.raises(ValueError, match="out overlaps q"):
         flashlite.attention(q, k, v, out=q)
+
+
+def test_module_exports_none_of_the_library():
+    """The module links flashlite statically and exports none of its C++ symbols, so a second copy in the process (a
+    C++ extension that links flashlite too) keeps its own state: with exported symbols, GCC's process-wide unique
+    statics let one copy's kernel set-up flags stand for the other's kernels, whose launches then fail."""
+    import shutil
+    import subprocess
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    from flashlite import _C
+    out = subprocess.run([nm, "-DC", "--defined-only", _C.__file__], capture_output=True, text=True, check=True).stdout
+    leaked = [line for line in out.splitlines() if "flashlite::" in line]
+    assert not leaked, f"{len(leaked)} flashlite symbols exported, e.g. {leaked[:3]}"
