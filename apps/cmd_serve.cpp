@@ -78,18 +78,41 @@ void run_serve(const ServeSettings& s) {
   ro.threads = s.threads;
   ro.precision = s.precision;
   ro.tp = s.tp;
-  if (s.device == "cpu") {  // the CPU engine's paged cache; the CUDA engine keeps one region per slot
+  // The paged cache (pages taken as sequences grow, freed when they finish) wherever the engine has one: the CPU, and
+  // CUDA in bf16 on one GPU. CUDA in fp32 and tensor parallelism keep one region per slot (--max-batch x --context).
+  const bool cuda = s.device != "cpu";
+  const bool paged = !cuda || (s.tp == 1 && s.precision != "fp32");
+  if (paged) {
     ro.kv_page_size = s.page_size;
-    const int64_t page_bytes = checked_product({2, c.n_layers, s.page_size, c.kv_dim(), 4});
+    const int64_t page_bytes = checked_product({2, c.n_layers, s.page_size, c.kv_dim(), cuda ? 2 : 4});
     ro.kv_pages = s.kv_pages > 0 ? s.kv_pages : s.kv_memory_gib > 0 ? int(std::min<double>(1 << 30, s.kv_memory_gib * (1ull << 30) / page_bytes)) : 0;
     const int64_t pages = ro.kv_pages > 0 ? ro.kv_pages : int64_t(ro.slots) * ((ro.context + s.page_size - 1) / s.page_size);
-    require_memory(checked_product({pages, page_bytes}), "the KV cache of " + std::to_string(pages) + " pages",
-                   "lower --kv-pages, --kv-memory, --max-batch or --context");
+    if (ro.kv_pages == 0 && s.kv_memory_gib > 0) {
+      std::string m = "--kv-memory holds no KV page of ";
+      m += std::to_string(page_bytes);
+      m += " bytes";
+      throw Error(ErrorKind::invalid_value, m);
+    }
+    // Host memory is checked here; the device's is checked by the engine as it allocates (an error naming the cache).
+    if (!cuda) {
+      require_memory(checked_product({pages, page_bytes}), "the KV cache of " + std::to_string(pages) + " pages",
+                     "lower --kv-pages, --kv-memory, --max-batch or --context");
+    }
   } else if (s.kv_pages > 0 || s.kv_memory_gib > 0) {
-    throw Error(ErrorKind::invalid_value, "--kv-pages / --kv-memory size the CPU engine's paged cache; the CUDA engine holds "
-                                          "--max-batch x --context positions");
+    throw Error(ErrorKind::invalid_value, std::string("--kv-pages / --kv-memory size the paged KV cache, which CUDA has in "
+                                                      "bf16 on one GPU; ") + (s.tp > 1 ? "with --tp" : "in fp32") +
+                                              " the engine holds --max-batch x --context positions");
   }
-  std::unique_ptr<eng::LlamaModel> model = make_model(model_files, ro, s.device);
+  std::unique_ptr<eng::LlamaModel> model;
+  try {
+    model = make_model(model_files, ro, s.device);
+  } catch (const eng::PagedCacheUnsupported& e) {  // e.g. a head_dim the decode kernels lack: one region per slot
+    if (s.kv_pages > 0 || s.kv_memory_gib > 0) throw;
+    std::fprintf(stderr, "%s; the KV cache holds --max-batch x --context positions instead\n", e.what());
+    ro.kv_page_size = 0;
+    ro.kv_pages = 0;
+    model = make_model(model_files, ro, s.device);
+  }
 
   const int bos = c.bos_id >= 0 ? c.bos_id : tok->bos_id();
   std::vector<int> stops = c.eos_ids;
@@ -154,11 +177,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--host", s->host, "Address to bind (0.0.0.0: every interface)")->capture_default_str();
   cmd->add_option("--port", s->port, "Port (0: any free one, printed)")->check(int_between(0, 65535))->capture_default_str();
   cmd->add_option("--max-batch", s->max_batch, "Sequences decoded together (KV slots)")->check(int_between(1, 4096))->capture_default_str();
-  auto* pages = cmd->add_option("--kv-pages", s->kv_pages, "CPU: KV cache pages shared by the sequences (default: enough "
-                                                           "for --max-batch full contexts)")->check(int_at_least(1));
-  cmd->add_option("--kv-memory", s->kv_memory_gib, "CPU: KV cache size in GiB instead of --kv-pages")
+  auto* pages = cmd->add_option("--kv-pages", s->kv_pages, "KV cache pages shared by the sequences (default: enough "
+                                                           "for --max-batch full contexts; CUDA: bf16, --tp 1)")->check(int_at_least(1));
+  cmd->add_option("--kv-memory", s->kv_memory_gib, "KV cache size in GiB instead of --kv-pages")
       ->check(real_between(1e-6, 1024))->excludes(pages);
-  cmd->add_option("--page-size", s->page_size, "CPU: tokens per KV page")->check(int_between(16, 256))->capture_default_str();
+  cmd->add_option("--page-size", s->page_size, "Tokens per KV page")->check(int_between(16, 256))->capture_default_str();
   cmd->add_option("--max-queue", s->max_queue, "Requests that may wait for room; past it: 503 with Retry-After")
       ->check(int_between(0, 100000))->capture_default_str();
   cmd->add_option("--context", s->context, "Positions per sequence (default: the model's maximum, at most 4096)")

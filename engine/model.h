@@ -8,6 +8,7 @@
 
 #include "engine/config.h"
 #include "flashlite/attention.h"
+#include "flashlite/errors.h"
 
 namespace flashlite::engine {
 
@@ -52,6 +53,12 @@ struct CudaEngineOptions {
   bool one_shot_allreduce = true;  // --tp: small sums in one kernel over NVLink peer memory; off: NCCL for all
   bool profile = false;  // per-kernel-group times of decode steps on stderr (those steps run eagerly)
   bool verbose = false;  // the model's plan on stderr when it is built
+};
+
+// What a model's constructor throws when RuntimeOptions ask for a paged KV cache its device cannot serve for this
+// model (CUDA: fp32, or a head_dim flashlite's decode kernels lack); the contiguous cache (kv_page_size 0) serves it.
+struct PagedCacheUnsupported : Error {
+  using Error::Error;
 };
 
 struct RuntimeOptions {

@@ -2,16 +2,17 @@
 # The one command for a GPU machine: builds everything for the GPU it finds (sm_90a on Hopper) plus the Python module
 # (pip, into a target folder), runs every ctest suite (the GPU tests run for real there), the main job (`flashlite
 # attn`) on a few shapes, pytest tests/python (GPU backends vs float64 and torch SDPA, torch.compile, CUDA graphs),
-# the server's tests (tests/serve, with the openai client from .carry/wheels), compute-sanitizer (memcheck, racecheck,
+# the server's tests (tests/serve, with the openai client from .carry/wheels) and its load benchmark, compute-sanitizer (memcheck, racecheck,
 # initcheck) on a small driver and a few backward cases, the attention benchmark and the backward side by side
 # (bench/bwd). Results go to
-# OUTDIR (argument, else $OUT, else ./out): attn_main_job.json, attention.json and plots, bwd_side_by_side.json and
-# (tpbench) e2e_tp*.json as files, every log bundled
+# OUTDIR (argument, else $OUT, else ./out): attn_main_job.json, attention.json and plots, bwd_side_by_side.json,
+# (servebench) serve_load.json / .png and serve_engine_baseline.json, (tp) tp*_logits.json and (tpbench) e2e_tp*.json
+# as files, every log bundled
 # into gpu_check_logs.tgz (a GPU lease returns at most 8 files). The per-area benchmarks (forward side by side,
 # decode, engine e2e, CPU) are described in bench/README.md.
 #
 #   bash scripts/gpu-check.sh [OUTDIR] [--only STEP[,STEP...]] [--skip STEP[,STEP...]]
-#   steps, in order: info build ctest attn pytest serve sanitize bench bwdbench tp tpbench
+#   steps, in order: info build ctest attn pytest serve servebench sanitize bench bwdbench tp tpbench
 #   (tp, tpbench: tensor parallelism on a machine of 2+ GPUs, e.g. `--only build,tp` then `--only tpbench` on
 #   nvidia-h100-x2; nothing on one GPU)
 #
@@ -168,6 +169,20 @@ step_serve() {  # the server's tests against this build (tests/serve: the CPU on
   return $rc
 }
 
+step_servebench() {  # the server under load (bench/serve/load.py) beside the engine's static batches (bench/e2e.py, the
+  # decode step they are measured against), on the same Llama-3.2-1B-shaped bf16 checkpoint
+  local ckpt=/tmp/flashlite_llama32_1b_random rc=0
+  pyenv python3 "$root/bench/e2e.py" --flashlite "$build/bin/flashlite" --shape llama32-1b --checkpoint "$ckpt" \
+    --batches 1,64 --prompts 64 --new-tokens 128 --repeats 1 --skip-transformers --out "$dest/serve_engine_baseline.json" \
+    > "$logs/serve_e2e.log" 2>&1 || rc=1
+  tail -2 "$logs/serve_e2e.log"
+  pyenv python3 "$root/bench/serve/load.py" --model "$ckpt" --flashlite "$build/bin/flashlite" --device cuda \
+    --max-batch 64 --concurrency 1,16,64 --rates 16,64 --output-tokens 128,128 --out "$dest/serve_load.json" \
+    --plot "$dest/serve_load.png" > "$logs/serve_load.log" 2>&1 || rc=1
+  tail -8 "$logs/serve_load.log"
+  return $rc
+}
+
 step_sanitize() {
   local rc=0 tool
   for tool in memcheck racecheck initcheck; do
@@ -176,7 +191,7 @@ step_sanitize() {
     local r=$?
     echo "$tool rc=$r: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|cases passed|skipped' "$logs/sanitize_$tool.log" | tr '\n' ' ')"
     [ $r -ne 0 ] && { rc=1; grep -m5 -E "Invalid|Race|Uninitialized|Error" "$logs/sanitize_$tool.log"; }
-    # The backward suite on a few small cases (the Hopper kernels where the GPU has them, as the suite forces them).
+    # The backward suite on a few small cases (the Hopper kernels where the GPU has them).
     compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/gpu/flashlite_gpu_backward_test" \
       --gtest_filter='Grid/*/bf16_seq130_causal:Grid/*/f16_d64_gqa4_batch2_causal:Grid/*/bf16_d128_seq1025_causal_sinklogits' \
       > "$logs/sanitize_bwd_$tool.log" 2>&1
@@ -211,7 +226,8 @@ step_tp() {  # 2+ GPUs: the NCCL tests, then TP 2 (and 4) against TP 1 on the 8B
   grep -E "^tp |PASSED|FAILED|SKIPPED" "$logs/tp_test.log" | head -12
   pyenv python3 -c "import sys; sys.path.insert(0, '$root/bench'); import e2e; e2e.make_checkpoint('$tp_ckpt', e2e.default_tokenizer_dir(), 'llama3-8b')" \
     > "$logs/tp_ckpt.log" 2>&1 || { tail -5 "$logs/tp_ckpt.log"; return 1; }
-  FLASHLITE_BIN="$build/bin/flashlite" FLASHLITE_TP_CHECKPOINT="$tp_ckpt" pyenv python3 -m pytest -q -rs -p no:cacheprovider \
+  FLASHLITE_BIN="$build/bin/flashlite" FLASHLITE_TP_CHECKPOINT="$tp_ckpt" FLASHLITE_TP_OUT="$dest" \
+    pyenv python3 -m pytest -q -rs -s -p no:cacheprovider \
     "$root/tests/engine/test_engine_tp_gpu.py" > "$logs/tp_pytest.log" 2>&1 || rc=1
   tail -5 "$logs/tp_pytest.log"
   return $rc
@@ -243,7 +259,7 @@ step_bench() {
     --plots "$dest" ${BENCH_ARGS:---quick} 2>&1 | tee "$logs/bench.log" | tail -60
 }
 
-for s in info build ctest attn pytest serve sanitize bench bwdbench tp tpbench; do step "$s"; done
+for s in info build ctest attn pytest serve servebench sanitize bench bwdbench tp tpbench; do step "$s"; done
 say "done; failed steps: ${failed[*]:-none}"
 pack
 [ ${#failed[@]} -eq 0 ]

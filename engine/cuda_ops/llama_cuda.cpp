@@ -95,8 +95,9 @@ class LlamaCuda final : public LlamaModel {
     cuda_ops::rope_tables(cos_.as<float>(), sin_.as<float>(), rope_, context_, c_.head_dim);
     const int page = std::max(0, o.kv_page_size);
     if (page > 0 && elem_ == Elem::f32) {  // before the pools are allocated (an fp32 pool may not even fit)
-      fail("a paged KV cache on CUDA needs flashlite's decode and prefill kernels (bf16, head_dim 64 or 128): this "
-           "model runs in fp32 (precision bf16 or auto, or the contiguous cache)");
+      throw PagedCacheUnsupported(ErrorKind::invalid_value,
+                                  "a paged KV cache on CUDA needs flashlite's decode and prefill kernels (bf16, head_dim "
+                                  "64 or 128): this model runs in fp32 (precision bf16 or auto, or the contiguous cache)");
     }
     const int pages = page == 0 ? 0 : o.kv_pages > 0 ? o.kv_pages : slots_ * ((context_ + page - 1) / page);
     kv_shape_ = {c_.n_layers, slots_, context_, c_.n_kv_heads, c_.head_dim, page, pages};
@@ -117,8 +118,9 @@ class LlamaCuda final : public LlamaModel {
     if (paged() && !decode_ok_) {
       const int32_t one = 1;
       const bool forced = opt_.attention != Backend::automatic && opt_.attention != Backend::cuda;
-      fail("a paged KV cache on CUDA needs flashlite's decode and prefill kernels (bf16, head_dim 64 or 128): " +
-           (forced ? std::string("the attention backend was set to another") : plan_decode(decode_args(0, 1, &one, nullptr)).unsupported));
+      std::string why = "a paged KV cache on CUDA needs flashlite's decode and prefill kernels (bf16, head_dim 64 or 128): ";
+      why += forced ? std::string("the attention backend was set to another") : plan_decode(decode_args(0, 1, &one, nullptr)).unsupported;
+      throw PagedCacheUnsupported(ErrorKind::invalid_value, why);
     }
     if (o.cuda.verbose) print_plan();
   }

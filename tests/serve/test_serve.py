@@ -344,6 +344,13 @@ def test_port_in_use_is_an_error(start_server, flashlite_bin, models_dir):
     assert proc.returncode != 0 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr, proc.stderr
 
 
+def test_a_kv_cache_too_small_for_one_page_is_an_error(flashlite_bin, models_dir):
+    proc = subprocess.run([flashlite_bin, "serve", "--model", stories(models_dir), "--port", "0", "--kv-memory", "1e-6"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "--kv-memory holds no KV page of" in proc.stderr, proc.stderr
+    assert "listening" not in proc.stderr
+
+
 def test_sigint_during_a_stream_stops_cleanly(start_server, models_dir):
     s = start_server(["--model", stories(models_dir), "--host", "127.0.0.1"])
     sock = sse_request(s.url, {"model": "stories260K", "prompt": "Once", "max_tokens": 400, "stream": True,
