@@ -23,6 +23,8 @@ SOURCES = {
     "cpu": "cpu/bench_cpu.json",
     "bwd": "h100/bwd_side_by_side.json",
     "train": "h100/train.json",
+    "tp": ("h100-x4/e2e_tp.json", "h100-x4/e2e_tp_prompt4096.json"),
+    "serve": ("h100/serve_load.json", "h100/serve_engine_baseline.json"),
 }
 
 
@@ -183,8 +185,50 @@ def table_train():
     return lines
 
 
+def table_tp():
+    rel, rel4k = SOURCES["tp"]
+    d, d4k = load(rel), load(rel4k)
+    tps = sorted({r["tp"] for r in d["rows"]})
+    by = {(r["tp"], r["batch"]): r for r in d["rows"]}
+    ttft4k = {r["tp"]: r["flashlite"]["ttft_ms"] for r in d4k["rows"]}
+    lines = [source_line(rel, d, f"{d['gpus']}x {d['device']}") + f" Random Llama-3-8B-shaped checkpoint, bf16 "
+             f"({d['weight_bytes'] / 1e9:.2f} GB), prompt 512, {d['rows'][0]['new_tokens']} new greedy tokens; TTFT at "
+             f"prompt 4096 from `bench/results/{rel4k}`. Decode tok/s, in brackets the speed-up over TP 1 and, at TP 1, "
+             "the share of the copy bandwidth measured in the same call.", "",
+             "| | " + " | ".join(f"TP {t}" for t in tps) + " |", "|---|" + "---:|" * len(tps)]
+    for b in sorted({r["batch"] for r in d["rows"]}):
+        cells = []
+        for t in tps:
+            f = by[(t, b)]["flashlite"]
+            note = f"{f['fraction_of_copy_bw']:.0%} of copy bw" if t == 1 else f"{by[(t, b)]['decode_speedup_vs_tp1']:.2f}x"
+            cells.append(f"{f['decode_tok_s']:,.0f} ({note})")
+        lines.append(f"| batch {b}, tok/s | " + " | ".join(cells) + " |")
+    lines.append("| batch 1, TTFT prompt 512 | " + " | ".join(f"{by[(t, 1)]['flashlite']['ttft_ms']:.1f} ms" for t in tps) + " |")
+    lines.append("| batch 1, TTFT prompt 4096 | " + " | ".join(f"{ttft4k[t]:.0f} ms" for t in tps) + " |")
+    return lines
+
+
+def table_serve():
+    rel, rel_base = SOURCES["serve"]
+    d, base = load(rel), load(rel_base)
+    step = {r["batch"]: r["flashlite"] for r in base["rows"]}
+    lines = [source_line(rel, d, base["device"]) + f" `flashlite serve --device {d['device']} --max-batch "
+             f"{d['max_batch']}`, random Llama-3.2-1B-shaped bf16 checkpoint, streamed /v1/completions of "
+             f"{d['output_tokens'][0]}-{d['output_tokens'][1]} tokens (bench/serve/load.py); the engine's static "
+             f"batches on the same checkpoint from `bench/results/{rel_base}`: "
+             + ", ".join(f"batch {b} {s['tbt_ms']:.2f} ms per step ({s['decode_tok_s']:,.0f} tok/s)"
+                         for b, s in sorted(step.items())) + ".", "",
+             "| load | output tok/s | TTFT p50 / p90 ms | ITL p50 / p90 ms | mean batch |",
+             "|---|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        load_name = f"{r['concurrency']} clients" if r["mode"] == "concurrency" else f"Poisson {r['rate']:g} req/s"
+        lines.append(f"| {load_name} | {r['output_tok_s']:,.0f} | {r['ttft_ms']['p50']:.1f} / {r['ttft_ms']['p90']:.1f} | "
+                     f"{r['itl_ms']['p50']:.2f} / {r['itl_ms']['p90']:.2f} | {r.get('mean_batch', 0):.1f} |")
+    return lines
+
+
 RENDERERS = {"fwd": table_fwd, "decode": table_decode, "engine": table_engine, "cpu": table_cpu, "bwd": table_bwd,
-             "train": table_train}
+             "train": table_train, "tp": table_tp}
 
 # Each table's first line starts with its title and the benchmark that measured it.
 TITLES = {
@@ -193,6 +237,8 @@ TITLES = {
     "engine": "**Engine, CUDA** (bench/e2e.py):",
     "bwd": "**Backward** (bench/bwd/side_by_side.py):",
     "train": "**Training** (bench/train.py):",
+    "tp": "**Tensor parallelism** (bench/e2e.py --tp):",
+    "serve": "**Server under load** (bench/serve/load.py):",
     "cpu": "**CPU** (`flashlite bench cpu --json`):",
 }
 
