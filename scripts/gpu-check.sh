@@ -177,7 +177,7 @@ step_servebench() {  # the server under load (bench/serve/load.py) beside the en
     > "$logs/serve_e2e.log" 2>&1 || rc=1
   tail -2 "$logs/serve_e2e.log"
   pyenv python3 "$root/bench/serve/load.py" --model "$ckpt" --flashlite "$build/bin/flashlite" --device cuda \
-    --max-batch 64 --concurrency 1,16,64 --rates 16,64 --output-tokens 128,128 --out "$dest/serve_load.json" \
+    --max-batch 64 --concurrency 1,16,64 --rates 16,64 --out "$dest/serve_load.json" \
     --plot "$dest/serve_load.png" > "$logs/serve_load.log" 2>&1 || rc=1
   tail -8 "$logs/serve_load.log"
   return $rc
