@@ -27,6 +27,8 @@ import torch
 import transformers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from tree_commit import tree_commit  # noqa: E402
 
 LLAMA32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                   num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
@@ -183,7 +185,7 @@ def main():
     if not args.skip_transformers:
         hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16,
                                                            attn_implementation="sdpa").cuda().eval()
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = tree_commit()
     out = args.out or str(REPO / "bench" / "results" / torch.cuda.get_device_name().replace(" ", "_") / "e2e.json")
     pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
     rows = []

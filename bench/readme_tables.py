@@ -221,14 +221,14 @@ def table_serve():
              "| load | output tok/s | TTFT p50 / p90 ms | ITL p50 / p90 ms | mean batch |",
              "|---|---:|---:|---:|---:|"]
     for r in d["rows"]:
-        load_name = f"{r['concurrency']} clients" if r["mode"] == "concurrency" else f"Poisson {r['rate']:g} req/s"
+        load_name = f"{r['concurrency']} client{'s' * (r['concurrency'] > 1)}" if r["mode"] == "concurrency" else f"Poisson {r['rate']:g} req/s"
         lines.append(f"| {load_name} | {r['output_tok_s']:,.0f} | {r['ttft_ms']['p50']:.1f} / {r['ttft_ms']['p90']:.1f} | "
                      f"{r['itl_ms']['p50']:.2f} / {r['itl_ms']['p90']:.2f} | {r.get('mean_batch', 0):.1f} |")
     return lines
 
 
 RENDERERS = {"fwd": table_fwd, "decode": table_decode, "engine": table_engine, "cpu": table_cpu, "bwd": table_bwd,
-             "train": table_train, "tp": table_tp}
+             "train": table_train, "tp": table_tp, "serve": table_serve}
 
 # Each table's first line starts with its title and the benchmark that measured it.
 TITLES = {

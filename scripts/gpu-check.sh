@@ -41,6 +41,7 @@ build="${BUILD_DIR:-$root/build-gpu}"
 pysite="$build/pysite"  # the Python module is installed here (pip --target); PYTHONPATH points at it
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 commit="${COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+export FLASHLITE_COMMIT="$commit"  # what the bench scripts record (bench/tree_commit.py): the device copy's .git is stale
 failed=()
 
 want() { [[ -z "$only" || ",$only," == *",$1,"* ]] && [[ ",$skip," != *",$1,"* ]]; }
