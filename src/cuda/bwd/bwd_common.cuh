@@ -72,4 +72,47 @@ __device__ __forceinline__ RowTerms row_terms(const BwdParams& p, const SeqInfo&
   return r;
 }
 
+// dS of one n8 block of a tile, for a thread's two q rows (rt[0], rt[1]: rows g and g + 8 of its warp's 16) against
+// two adjacent keys (key0, key0 + 1), packed to 16 bits as an mma A fragment's two registers; x, dp: the block's four
+// S and dP accumulator values. Both dQ kernels (mma.sync, Hopper).
+template <class T>
+__device__ __forceinline__ void pack_ds_block(uint32_t dsk[2], const BwdParams& p, const RowTerms rt[2], int key0,
+                                              bool full, const float* x, const float* dp) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float v[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int key = key0 + e;
+      const bool vis = full || (key >= rt[r].lo && key <= rt[r].hi) || key < rt[r].se;
+      v[e] = prob_grad(p, x[2 * r + e], dp[2 * r + e], rt[r].l2, rt[r].d, vis).ds;
+    }
+    dsk[r] = cuda_fwd::pack2<T>(v[0], v[1]);
+  }
+}
+
+// P^T and dS^T of one n8 block of a transposed tile, for a thread's two key rows (key0, key0 + 8) against two
+// adjacent q columns (col0, col0 + 1) of a q block whose terms lie at `terms` as both dK / dV kernels keep them in
+// shared memory (BM floats each of L log2e and D, then BM ints each of the visible interval's lo and hi and the sink
+// end), packed to 16 bits as an mma A fragment's two registers each; x, dp: the block's four S^T and dP^T values.
+template <class T, int BM>
+__device__ __forceinline__ void pack_transposed_block(uint32_t pk[2], uint32_t dsk[2], const BwdParams& p,
+                                                      const float* terms, int key0, int col0, bool full,
+                                                      const float* x, const float* dp) {
+  const int* it = reinterpret_cast<const int*>(terms + 2 * BM);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + 8 * r;
+    ProbGrad v[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = col0 + e;
+      const bool vis = full || (key >= it[col] && key <= it[BM + col]) || key < it[2 * BM + col];
+      v[e] = prob_grad(p, x[2 * r + e], dp[2 * r + e], terms[col], terms[BM + col], vis);
+    }
+    pk[r] = cuda_fwd::pack2<T>(v[0].p, v[1].p);
+    dsk[r] = cuda_fwd::pack2<T>(v[0].ds, v[1].ds);
+  }
+}
+
 }  // namespace flashlite::cuda_bwd

@@ -51,6 +51,18 @@ struct BwdTile {
   static_assert(D % 16 == 0, "head_dim is a multiple of 16");
 };
 
+// Both kernels' shared memory: the pair of tiles the block keeps throughout (FIXED bytes each), a two-stage ring of
+// the pairs it streams (RING bytes each, a stage holding one pair), then fp32 terms.
+template <int FIXED, int RING>
+struct PairLayout {
+  uint32_t first;  // shared-window address of the first fixed tile
+  float* terms;
+  __device__ __forceinline__ explicit PairLayout(unsigned char* smem)
+      : first(cuda_fwd::smem_addr(smem)), terms(reinterpret_cast<float*>(smem + 2 * FIXED + 4 * RING)) {}
+  __device__ __forceinline__ uint32_t second() const { return first + FIXED; }
+  __device__ __forceinline__ uint32_t ring(int st) const { return first + 2 * FIXED + uint32_t(st) * 2 * RING; }
+};
+
 // One k16 step of two products over a pair of n8 tiles: c1[n], c1[n + 1] += a1 B1 and c2[n], c2[n + 1] += a2 B2, with
 // B1 and B2 the x4 fragments at sB1 + off and sB2 + off (ldmatrix, or ldmatrix.trans for TRANS).
 template <class T, bool TRANS, int N>
@@ -186,13 +198,11 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
   if (j0 >= s.sk) return;
   const int j1 = min(j0 + BN, s.sk);
 
-  // Shared memory: K, V (BN x LD); stage st (0, 1): Q and dO (BM x LD) at sQ0 + st * STAGE_Q, and the row terms
-  // of its q block at rows0 + st * 5 * BM: L log2e, D, then the key intervals (lo, hi, sink end) as ints.
-  constexpr uint32_t STAGE_Q = 2 * Cfg::TILE_M_BYTES;
-  const uint32_t sK = cuda_fwd::smem_addr(smem_raw);
-  const uint32_t sV = sK + Cfg::TILE_N_BYTES;
-  const uint32_t sQ0 = sV + Cfg::TILE_N_BYTES;
-  float* rows0 = reinterpret_cast<float*>(smem_raw + 2 * Cfg::TILE_N_BYTES + 2 * STAGE_Q);
+  // Shared memory: K, V (BN x LD); stage st (0, 1): Q and dO (BM x LD) at lay.ring(st), and the row terms of its
+  // q block at rows0 + st * 5 * BM: L log2e, D, then the key intervals (lo, hi, sink end) as ints.
+  const PairLayout<Cfg::TILE_N_BYTES, Cfg::TILE_M_BYTES> lay(smem_raw);
+  const uint32_t sK = lay.first, sV = lay.second();
+  float* rows0 = lay.terms;
 
   const T* kg = static_cast<const T*>(p.k) + p.k_stride.offset(s.tb, s.k_row0, kvh);
   const T* vg = static_cast<const T*>(p.v) + p.v_stride.offset(s.tb, s.k_row0, kvh);
@@ -220,7 +230,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
     const int h = kvh * p.group + x / q_tiles, i0 = (x % q_tiles) * BM;
     const T* qg = static_cast<const T*>(p.q) + p.q_stride.offset(s.tb, s.q_row0, h);
     const T* og = static_cast<const T*>(p.dout) + p.dout_stride.offset(s.tb, s.q_row0, h);
-    const uint32_t sQ = sQ0 + uint32_t(into) * STAGE_Q;
+    const uint32_t sQ = lay.ring(into);
     cuda_fwd::load_tile<Cfg, BM>(sQ, qg, p.q_stride.seq, i0, s.sq, p.vec_in);
     cuda_fwd::load_tile<Cfg, BM>(sQ + Cfg::TILE_M_BYTES, og, p.dout_stride.seq, i0, s.sq, p.vec_in);
     const float* lse = p.lse + s.tb * p.lse_stride.batch + int64_t(h) * p.lse_stride.head;
@@ -252,12 +262,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
     cuda_fwd::cp_async_commit();
 
     const int i0 = (x % q_tiles) * BM, i1 = min(i0 + BM, s.sq);
-    const uint32_t sQ = sQ0 + uint32_t(stage) * STAGE_Q, sO = sQ + Cfg::TILE_M_BYTES;
-    const float* sL2 = rows0 + stage * 5 * BM;
-    const float* sD = sL2 + BM;
-    const int* sLo = reinterpret_cast<const int*>(sD + BM);
-    const int* sHi = sLo + BM;
-    const int* sSe = sHi + BM;
+    const uint32_t sQ = lay.ring(stage), sO = sQ + Cfg::TILE_M_BYTES;
+    const float* terms = rows0 + stage * 5 * BM;
     const bool full = i1 - i0 == BM && j1 - j0 == BN &&
                       tile_fully_visible(p.mask, i0, i1, j0, j1, s.sq, s.sk);
 
@@ -268,20 +274,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
     // P^T and dS^T, packed to 16 bits as A operands (rows: keys; columns: q rows of the block).
     uint32_t pk[NTM][2], dsk[NTM][2];
 #pragma unroll
-    for (int nj = 0; nj < NTM; ++nj)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int key = j0 + kw + g + 8 * r;
-        ProbGrad v[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = nj * 8 + 2 * t + e;
-          const bool vis = full || (key >= sLo[col] && key <= sHi[col]) || key < sSe[col];
-          v[e] = prob_grad(p, st[nj][2 * r + e], dpt[nj][2 * r + e], sL2[col], sD[col], vis);
-        }
-        pk[nj][r] = cuda_fwd::pack2<T>(v[0].p, v[1].p);
-        dsk[nj][r] = cuda_fwd::pack2<T>(v[0].ds, v[1].ds);
-      }
+    for (int nj = 0; nj < NTM; ++nj) {
+      pack_transposed_block<T, BM>(pk[nj], dsk[nj], p, terms, j0 + kw + g, nj * 8 + 2 * t, full, st[nj], dpt[nj]);
+    }
 
     // dV += P^T dO, dK += dS^T Q (k steps over the q rows; dO and Q as B operands through ldmatrix.trans).
 #pragma unroll
@@ -333,12 +328,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dq_kernel(const __grid_co
   const int i1 = min(i0 + BM, s.sq);
   const int kvh = h / p.group;
 
-  // Shared memory: Q, dO (BM x LD); stage st (0, 1): K and V (BN x LD) at sK0 + st * STAGE_KV; the dsink terms.
-  constexpr uint32_t STAGE_KV = 2 * Cfg::TILE_N_BYTES;
-  const uint32_t sQ = cuda_fwd::smem_addr(smem_raw);
-  const uint32_t sO = sQ + Cfg::TILE_M_BYTES;
-  const uint32_t sK0 = sO + Cfg::TILE_M_BYTES;
-  float* sPart = reinterpret_cast<float*>(smem_raw + 2 * Cfg::TILE_M_BYTES + 2 * STAGE_KV);
+  // Shared memory: Q, dO (BM x LD); stage st (0, 1): K and V (BN x LD) at lay.ring(st); the dsink terms.
+  const PairLayout<Cfg::TILE_M_BYTES, Cfg::TILE_N_BYTES> lay(smem_raw);
+  const uint32_t sQ = lay.first, sO = lay.second();
+  float* sPart = lay.terms;
 
   const T* qg = static_cast<const T*>(p.q) + p.q_stride.offset(s.tb, s.q_row0, h);
   const T* og = static_cast<const T*>(p.dout) + p.dout_stride.offset(s.tb, s.q_row0, h);
@@ -349,7 +342,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dq_kernel(const __grid_co
   const KeyTiles ktl = cuda_fwd::key_tiles(p.mask, i0, i1, s.sq, s.sk, BN);
   const auto issue_kv = [&](int n, int into) {
     const int j0 = ktl.tile(n) * BN;
-    const uint32_t sK = sK0 + uint32_t(into) * STAGE_KV;
+    const uint32_t sK = lay.ring(into);
     cuda_fwd::load_tile<Cfg, BN>(sK, kg, p.k_stride.seq, j0, s.sk, p.vec_in);
     cuda_fwd::load_tile<Cfg, BN>(sK + Cfg::TILE_N_BYTES, vg, p.v_stride.seq, j0, s.sk, p.vec_in);
   };
@@ -373,13 +366,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dq_kernel(const __grid_co
   }
 
   // The two rows of this thread (g and g + 8 of the warp's 16): L log2e, D and the visible key intervals.
-  float l2[2], dl[2];
-  int lo[2], hi[2], se[2];
+  RowTerms rt[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const RowTerms rt = row_terms(p, s, lse, delta, i0 + qw + g + 8 * r);
-    l2[r] = rt.l2, dl[r] = rt.d, lo[r] = rt.lo, hi[r] = rt.hi, se[r] = rt.se;
-  }
+  for (int r = 0; r < 2; ++r) rt[r] = row_terms(p, s, lse, delta, i0 + qw + g + 8 * r);
 
   float dq[ND][4];
 #pragma unroll
@@ -394,7 +383,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dq_kernel(const __grid_co
     if (n + 1 < ktl.count) issue_kv(n + 1, (n + 1) % 2);
     cuda_fwd::cp_async_commit();
     const int j0 = ktl.tile(n) * BN, j1 = min(j0 + BN, s.sk);
-    const uint32_t sK = sK0 + uint32_t(n % 2) * STAGE_KV, sV = sK + Cfg::TILE_N_BYTES;
+    const uint32_t sK = lay.ring(n % 2), sV = sK + Cfg::TILE_N_BYTES;
 
     const bool full = i1 - i0 == BM && j1 - j0 == BN && tile_fully_visible(p.mask, i0, i1, j0, j1, s.sq, s.sk);
 
@@ -405,18 +394,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dq_kernel(const __grid_co
     // dS packed to 16 bits as the A operand (rows: this warp's q rows; columns: keys).
     uint32_t dsk[NTN][2];
 #pragma unroll
-    for (int nj = 0; nj < NTN; ++nj)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float v[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = j0 + nj * 8 + 2 * t + e;
-          const bool vis = full || (key >= lo[r] && key <= hi[r]) || key < se[r];
-          v[e] = prob_grad(p, sc[nj][2 * r + e], dp[nj][2 * r + e], l2[r], dl[r], vis).ds;
-        }
-        dsk[nj][r] = cuda_fwd::pack2<T>(v[0], v[1]);
-      }
+    for (int nj = 0; nj < NTN; ++nj) pack_ds_block<T>(dsk[nj], p, rt, j0 + nj * 8 + 2 * t, full, sc[nj], dp[nj]);
 
     // dQ += dS K (k steps over the keys; K as the B operand through ldmatrix.trans).
 #pragma unroll

@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
   __syncthreads();
 
   if (warp < 4) {
-    // ---------------------------------------------------------------- producer warpgroup
+    // ------------------------------------------------ producer warpgroup: K and V once, then Q and dO per item
     regs_dealloc<Cfg::REGS_PRODUCER>();
     if (warp == 0 && lane == 0) {
       prefetch_maps(hp);
@@ -340,27 +340,14 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
       pin_regs(dpt);
 
       // P^T and dS^T, packed to 16 bits as A fragments (rows: keys; columns: the q rows of the block).
-      const float* r = rows(st);
-      const int* ri = reinterpret_cast<const int*>(r + 2 * BM);
       const bool full = i1 - i0 == BM && j1 - j0 == BN &&
                         tile_fully_visible(p.mask, i0, i1, j0, j1, s.sq, s.sk);
       uint32_t pk[NB][2], dsk[NB][2];
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const int key = j0 + kw + g + 8 * rr;
-          cuda_bwd::ProbGrad v[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = nb * 8 + 2 * t + e;
-            const bool vis = full || (key >= ri[col] && key <= ri[BM + col]) || key < ri[2 * BM + col];
-            v[e] = cuda_bwd::prob_grad(p, sct[nb * 4 + 2 * rr + e], dpt[nb * 4 + 2 * rr + e], r[col], r[BM + col],
-                                       vis);
-          }
-          pk[nb][rr] = cuda::pack2<T>(v[0].p, v[1].p);
-          dsk[nb][rr] = cuda::pack2<T>(v[0].ds, v[1].ds);
-        }
+      for (int nb = 0; nb < NB; ++nb) {
+        cuda_bwd::pack_transposed_block<T, BM>(pk[nb], dsk[nb], p, rows(st), j0 + kw + g, nb * 8 + 2 * t, full,
+                                               &sct[nb * 4], &dpt[nb * 4]);
+      }
 
       wgmma_fence();
       issue_frag_product<T, D, BM>(dv, pk, sO(st), Cfg::QM_BLOCK);   // dV += P^T dO
@@ -423,7 +410,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
   __syncthreads();
 
   if (warp < 4) {
-    // ---------------------------------------------------------------- producer warpgroup
+    // ------------------------------------------- producer warpgroup: Q and dO once, then K and V per key tile
     regs_dealloc<Cfg::REGS_PRODUCER>();
     if (warp == 0 && lane == 0) {
       prefetch_maps(hp);
@@ -480,18 +467,9 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
       const bool full = wr1 - wr0 == 16 && j1 - j0 == BC && tile_fully_visible(p.mask, wr0, wr1, j0, j1, s.sq, s.sk);
       uint32_t dsk[NB][2];
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float v[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = j0 + nb * 8 + 2 * t + e;
-            const bool vis = full || (key >= rt[r].lo && key <= rt[r].hi) || key < rt[r].se;
-            v[e] = cuda_bwd::prob_grad(p, sc[nb * 4 + 2 * r + e], dp[nb * 4 + 2 * r + e], rt[r].l2, rt[r].d, vis).ds;
-          }
-          dsk[nb][r] = cuda::pack2<T>(v[0], v[1]);
-        }
+      for (int nb = 0; nb < NB; ++nb) {
+        cuda_bwd::pack_ds_block<T>(dsk[nb], p, rt, j0 + nb * 8 + 2 * t, full, &sc[nb * 4], &dp[nb * 4]);
+      }
 
       wgmma_fence();
       issue_frag_product<T, D, BC>(dq, dsk, sK(st), Cfg::KC_BLOCK);  // dQ += dS K

@@ -1,7 +1,8 @@
 #pragma once
 // The PTX wrappers of the mma.sync kernels (forward, backward, decode), each written once: cp.async, shared stores,
-// ldmatrix, mma.sync m16n8k16, ex2, and the quad / warp shuffles. The forward (cuda_fwd, src/cuda/fwd/fwd_common.cuh)
-// and decode (cuda_decode, src/cuda/decode/decode_ptx.cuh) namespaces take them in by using-declarations.
+// ldmatrix, mma.sync m16n8k16, ex2, the quad / warp shuffles, and load_chunk. The forward (cuda_fwd,
+// src/cuda/fwd/fwd_common.cuh) namespace takes them in by using-declarations, decode (cuda_decode,
+// src/cuda/decode/decode_ptx.cuh) by a using-directive.
 // (mbarrier: src/cuda/common/mbarrier.cuh; programmatic dependent launch: src/cuda/common/pdl.cuh; Hopper's TMA and
 // wgmma: src/cuda/fwd_hopper/hopper_ptx.cuh.)
 //
@@ -148,6 +149,27 @@ __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
+}
+
+// One 16-byte chunk of 16-bit elements global -> shared; zeros when !ok (then `safe`, any valid address, stands in
+// for src). vec: cp.async (16-byte aligned rows); else eight 2-byte loads and one 16-byte shared store (synchronous,
+// the same barriers order it).
+__device__ __forceinline__ void load_chunk(uint32_t d, const void* src, const void* safe, bool ok, bool vec) {
+  if (vec) {
+    cp_async_16(d, ok ? src : safe, ok ? 16 : 0);
+  } else {
+    union {
+      uint4 v;
+      unsigned short h[8];
+    } u;
+    u.v = make_uint4(0, 0, 0, 0);
+    if (ok) {
+      const unsigned short* e = reinterpret_cast<const unsigned short*>(src);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) u.h[x] = e[x];
+    }
+    st_shared_16(d, u.v);
+  }
 }
 
 }  // namespace flashlite::cuda

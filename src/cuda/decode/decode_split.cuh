@@ -147,21 +147,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
         const int i = gr / p.group, head = kvh * p.group + gr % p.group;
         src = qg + p.q_stride.offset(b, i, head) + ch * 8;
       }
-      if (p.q_vec) {
-        cp_async_16(dst, src, ok ? 16 : 0);
-      } else {
-        union {
-          uint4 v;
-          unsigned short h[8];
-        } u;
-        u.v = make_uint4(0, 0, 0, 0);
-        if (ok) {
-          const unsigned short* e = reinterpret_cast<const unsigned short*>(src);
-#pragma unroll
-          for (int x = 0; x < 8; ++x) u.h[x] = e[x];
-        }
-        st_shared_16(dst, u.v);
-      }
+      load_chunk(dst, src, src, ok, p.q_vec);  // src stays the base pointer when !ok
     }
   }
 

@@ -115,6 +115,7 @@ using ::flashlite::cuda::cp_async_commit;
 using ::flashlite::cuda::cp_async_wait;
 using ::flashlite::cuda::fast_exp2;
 using ::flashlite::cuda::ldmatrix_x4;
+using ::flashlite::cuda::load_chunk;
 using ::flashlite::cuda::ldmatrix_x4_trans;
 using ::flashlite::cuda::mma_16816;
 using ::flashlite::cuda::pack2;

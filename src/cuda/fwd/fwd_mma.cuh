@@ -61,26 +61,6 @@ using MmaTileOf = MmaTile<mma_config_info(C).head_dim, mma_config_info(C).block_
                           mma_config_info(C).warps, mma_config_info(C).stages, mma_config_info(C).q_in_registers,
                           mma_config_info(C).feat>;
 
-// One 16-byte chunk global -> shared; zeros when !ok.
-template <class T>
-__device__ __forceinline__ void load_chunk(uint32_t d, const T* src, const T* safe, bool ok, bool vec) {
-  if (vec) {
-    cp_async_16(d, ok ? src : safe, ok ? 16 : 0);
-  } else {  // unaligned rows: eight 2-byte loads, one 16-byte shared store (synchronous, same barriers)
-    union {
-      uint4 v;
-      unsigned short h[8];
-    } u;
-    u.v = make_uint4(0, 0, 0, 0);
-    if (ok) {
-      const unsigned short* e = reinterpret_cast<const unsigned short*>(src);
-#pragma unroll
-      for (int x = 0; x < 8; ++x) u.h[x] = e[x];
-    }
-    st_shared_16(d, u.v);
-  }
-}
-
 // Copies ROWS rows (relative to the tile start row0) of D elements from global memory to the shared tile at byte
 // address s_dst; rows at or past `valid` are zero-filled (never read: they may belong to another sequence or hold
 // NaN padding).
