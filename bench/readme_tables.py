@@ -192,7 +192,7 @@ def table_tp():
     by = {(r["tp"], r["batch"]): r for r in d["rows"]}
     ttft4k = {r["tp"]: r["flashlite"]["ttft_ms"] for r in d4k["rows"]}
     lines = [source_line(rel, d, f"{d['gpus']}x {d['device']}") + f" Random Llama-3-8B-shaped checkpoint, bf16 "
-             f"({d['weight_bytes'] / 1e9:.2f} GB), prompt 512, {d['rows'][0]['new_tokens']} new greedy tokens; TTFT at "
+             f"({d['weight_bytes'] / 1e9:.2f} GB), prompt {d['rows'][0]['prompt']}, {d['rows'][0]['new_tokens']} new greedy tokens; TTFT at "
              f"prompt 4096 from `bench/results/{rel4k}`. Decode tok/s, in brackets the speed-up over TP 1 and, at TP 1, "
              "the share of the copy bandwidth measured in the same call.", "",
              "| | " + " | ".join(f"TP {t}" for t in tps) + " |", "|---|" + "---:|" * len(tps)]
@@ -203,7 +203,8 @@ def table_tp():
             note = f"{f['fraction_of_copy_bw']:.0%} of copy bw" if t == 1 else f"{by[(t, b)]['decode_speedup_vs_tp1']:.2f}x"
             cells.append(f"{f['decode_tok_s']:,.0f} ({note})")
         lines.append(f"| batch {b}, tok/s | " + " | ".join(cells) + " |")
-    lines.append("| batch 1, TTFT prompt 512 | " + " | ".join(f"{by[(t, 1)]['flashlite']['ttft_ms']:.1f} ms" for t in tps) + " |")
+    lines.append(f"| batch 1, TTFT prompt {d['rows'][0]['prompt']} | " +
+                 " | ".join(f"{by[(t, 1)]['flashlite']['ttft_ms']:.1f} ms" for t in tps) + " |")
     lines.append("| batch 1, TTFT prompt 4096 | " + " | ".join(f"{ttft4k[t]:.0f} ms" for t in tps) + " |")
     return lines
 

@@ -16,7 +16,8 @@
 #   (tp, tpbench: tensor parallelism on a machine of 2+ GPUs, e.g. `--only build,tp` then `--only tpbench` on
 #   nvidia-h100-x2; nothing on one GPU)
 #
-# Environment: COMMIT (id recorded in the results when the tree has no .git), BENCH_ARGS (for bench/attention.py,
+# Environment: COMMIT (the commit id the results record; give it on the device machine, whose copy of .git is the
+# session's first state), BENCH_ARGS (for bench/attention.py,
 # default --quick), BWD_SEQS (bwdbench's sequence lengths), CMAKE_EXTRA (more CMake arguments), BUILD_TARGETS (default: all), CTEST_ARGS (e.g. "-L gpu"),
 # PYTEST_ARGS, BUILD_DIR, CUDA_ARCH.
 # The GPU machine has no package registry: GoogleTest, CLI11 and PCRE2 come from .carry/ (made here by
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --only) only="$2"; shift 2 ;;
     --skip) skip="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) dest="$1"; shift ;;
   esac
 done
@@ -41,7 +42,8 @@ build="${BUILD_DIR:-$root/build-gpu}"
 pysite="$build/pysite"  # the Python module is installed here (pip --target); PYTHONPATH points at it
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 commit="${COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-export FLASHLITE_COMMIT="$commit"  # what the bench scripts record (bench/tree_commit.py): the device copy's .git is stale
+[ -z "${COMMIT:-}" ] && echo "gpu-check: COMMIT is not set; the results record $commit from this tree's .git" >&2
+export FLASHLITE_COMMIT="$commit"  # what the bench scripts record (bench/tree_commit.py)
 failed=()
 
 want() { [[ -z "$only" || ",$only," == *",$1,"* ]] && [[ ",$skip," != *",$1,"* ]]; }

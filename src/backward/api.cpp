@@ -102,7 +102,7 @@ Resolved resolve(const BackwardArgs& a, const BackwardOverrides& o) {
 
   const bool on_cpu = p.fwd.device.type == DeviceType::cpu;
   // CUDA tensors: the Hopper kernels (src/cuda/bwd_hopper/) on sm_90 for the calls they accept, else the mma.sync
-  // kernels of src/cuda/bwd/, or a named refusal. Hopper is 1.2-1.6x mma.sync at every measured shape (docs/backward.md).
+  // kernels of src/cuda/bwd/, or a named refusal. Hopper is 1.0-1.7x mma.sync at every measured shape (docs/backward.md).
   const auto cuda_kernel = [&]() -> BackwardKernel {
 #if FLASHLITE_WITH_CUDA
     if (std::string why = cuda_backward_unsupported_reason(p); !why.empty()) {
