@@ -194,13 +194,55 @@ struct Barriers {
     }
     mbar_init_fence();
   }
+  // Thread 0 initialises them, then the CTA synchronises, so that no thread uses a barrier before its init.
+  template <int STAGES>
+  __device__ __forceinline__ void init_and_sync() const {
+    if (threadIdx.x == 0) init<STAGES>();
+    __syncthreads();
+  }
+  // By the producer thread: the stage of its n-th ring item, once the consumers have released it (a fresh barrier
+  // passes parity 1).
+  template <int STAGES>
+  __device__ __forceinline__ int claim(int n) const {
+    const int st = n % STAGES;
+    cuda::mbar_wait_or_trap(empty(st), uint32_t((n / STAGES) & 1) ^ 1u);
+    return st;
+  }
 };
 
-__device__ __forceinline__ void prefetch_maps(const HopperBwdParams& hp) {
+// The first 1024-aligned byte of the dynamic shared memory (the 128-byte swizzle repeats every 1024 bytes; the
+// launch asks for 1024 bytes of slack).
+__device__ __forceinline__ unsigned char* aligned_smem() {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = cuda::smem_addr(smem_raw);
+  return smem_raw + (((raw + 1023u) & ~1023u) - raw);
+}
+
+// A CTA's place in the grid: `tiles` CTAs per (sequence, head), then the heads of a sequence, then the sequences.
+struct CtaPlace {
+  int tile, head, batch;
+  cuda_bwd::SeqInfo s;
+};
+__device__ __forceinline__ CtaPlace cta_place(const BwdParams& p, int tiles, int heads) {
+  const int rest = int(blockIdx.x / unsigned(tiles));
+  return {int(blockIdx.x % unsigned(tiles)), rest % heads, rest / heads, cuda_bwd::seq_info(p, rest / heads)};
+}
+
+// The producer warpgroup of both kernels: it gives its registers back; its first thread loads the CTA's resident pair
+// (K and V for dK / dV, Q and dO for dQ: ROWS rows from `row` of `head`) on the `once` barrier, then runs `ring`,
+// which streams the other pair through the ring's stages.
+template <int REGS, int DB, int ROWS, class Ring>
+__device__ __forceinline__ void run_producer(const HopperBwdParams& hp, const Barriers& bars, uint32_t a,
+                                             const CUtensorMap* map_a, uint32_t b, const CUtensorMap* map_b, int row,
+                                             int head, int tb, Ring&& ring) {
+  regs_dealloc<REGS>();
+  if (threadIdx.x != 0) return;
   tma_prefetch_map(&hp.tq);
   tma_prefetch_map(&hp.tk);
   tma_prefetch_map(&hp.tv);
   tma_prefetch_map(&hp.tdo);
+  load_pair<DB, ROWS>(bars.once(), a, map_a, b, map_b, row, head, tb);
+  ring();
 }
 
 // Zeroes rows [r0, ROWS) of a DB-block tile at `tile` (blocks ROWS x 128 bytes; the 128-byte swizzle only permutes
@@ -224,13 +266,10 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
   constexpr int BN = Cfg::BN, BM = Cfg::BM, DB = Cfg::DB, STAGES = Cfg::STAGES;
   constexpr int NB = BM / 8;  // n8 blocks of S^T over the q rows
   const BwdParams& p = hp.b;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
 
-  const int kt = int(blockIdx.x % unsigned(hp.key_blocks));
-  const int rest = int(blockIdx.x / unsigned(hp.key_blocks));
-  const int kvh = rest % p.kv_heads, b = rest / p.kv_heads;
-  const cuda_bwd::SeqInfo s = cuda_bwd::seq_info(p, b);
-  const int j0 = kt * BN;
+  const CtaPlace place = cta_place(p, hp.key_blocks, p.kv_heads);
+  const cuda_bwd::SeqInfo& s = place.s;
+  const int kvh = place.head, b = place.batch, j0 = place.tile * BN;
   if (j0 >= s.sk) return;  // uniform over the CTA
   const int j1 = min(j0 + BN, s.sk);
 
@@ -247,42 +286,33 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
   };
 
   // Shared memory (base aligned to 1024): K | V | Q[2] | dO[2] | row terms[2] | barriers.
-  const uint32_t raw = cuda::smem_addr(smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* const smem = aligned_smem();
+  const uint32_t base = cuda::smem_addr(smem);
   const uint32_t sK = base, sV = base + Cfg::KV_OFF_V;
   const auto sQ = [&](int st) { return base + Cfg::KV_OFF_Q + uint32_t(st) * Cfg::QM_BYTES; };
   const auto sO = [&](int st) { return base + Cfg::KV_OFF_O + uint32_t(st) * Cfg::QM_BYTES; };
   const auto rows = [&](int st) {
-    return reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::KV_OFF_ROWS + uint32_t(st) * Cfg::ROW_BYTES);
+    return reinterpret_cast<float*>(smem + Cfg::KV_OFF_ROWS + uint32_t(st) * Cfg::ROW_BYTES);
   };
-  const Barriers bars{base + Cfg::KV_OFF_BAR};  // once: K and V; the ring: Q and dO of each item
-  const uint32_t kv_full = bars.once();
-  const auto q_full = [&](int st) { return bars.full(st); };
-  const auto q_empty = [&](int st) { return bars.empty(st); };
-
+  const Barriers bars{base + Cfg::KV_OFF_BAR};  // once: K and V; the ring (full / empty): Q and dO of each item
+  bars.init_and_sync<STAGES>();
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  if (threadIdx.x == 0) bars.init<STAGES>();
-  __syncthreads();
 
   if (warp < 4) {
     // ------------------------------------------------ producer warpgroup: K and V once, then Q and dO per item
-    regs_dealloc<Cfg::REGS_PRODUCER>();
-    if (warp == 0 && lane == 0) {
-      prefetch_maps(hp);
-      const int tb = int(s.tb);
-      load_pair<DB, BN>(kv_full, sK, &hp.tk, sV, &hp.tv, int(s.k_row0) + j0, kvh, tb);
+    const int tb = int(s.tb);
+    run_producer<Cfg::REGS_PRODUCER, DB, BN>(hp, bars, sK, &hp.tk, sV, &hp.tv, int(s.k_row0) + j0, kvh, tb, [&] {
       int n = 0;
       for (int x = next_item(0); x < items; x = next_item(x + 1), ++n) {
-        const int st = n % STAGES;
         const int h = kvh * p.group + x / q_tiles, row = int(s.q_row0) + (x % q_tiles) * BM;
-        cuda::mbar_wait_or_trap(q_empty(st), uint32_t((n / STAGES) & 1) ^ 1u);  // a fresh barrier passes parity 1
-        load_pair<DB, BM>(q_full(st), sQ(st), &hp.tq, sO(st), &hp.tdo, row, h, tb);
+        const int st = bars.claim<STAGES>(n);
+        load_pair<DB, BM>(bars.full(st), sQ(st), &hp.tq, sO(st), &hp.tdo, row, h, tb);
       }
       // The last items' releases (idle time): a consumer stuck on one of them traps here instead of hanging.
       for (int k = n > STAGES ? n - STAGES : 0; k < n; ++k) {
-        cuda::mbar_wait_or_trap(q_empty(k % STAGES), uint32_t((k / STAGES) & 1));
+        cuda::mbar_wait_or_trap(bars.empty(k % STAGES), uint32_t((k / STAGES) & 1));
       }
-    }
+    });
   } else {
     // ---------------------------------------------------------------- consumer warpgroups
     regs_alloc<Cfg::REGS_CONSUMER>();
@@ -313,14 +343,14 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
     const bool q_tails = p.cu_q != nullptr && b + 1 < p.batch;
     int x = next_item(0);
     if (x < items) write_rows(x, 0);
-    cuda::mbar_wait_or_trap(kv_full, 0);
+    cuda::mbar_wait_or_trap(bars.once(), 0);
     for (int n = 0; x < items; ++n) {
       const int st = n % STAGES;
       const int xn = next_item(x + 1);
       const int i0 = (x % q_tiles) * BM, i1 = min(i0 + BM, s.sq);
       // (the plain wait here: the trapping one costs this register-tight loop spills at d128; a hang here still
       // traps in the producer, which waits for every item's release)
-      cuda_fwd_hopper::mbar_wait(q_full(st), uint32_t((n / STAGES) & 1));
+      cuda_fwd_hopper::mbar_wait(bars.full(st), uint32_t((n / STAGES) & 1));
       if (q_tails && i0 + BM > s.sq) {  // varlen: the next sequence's rows in this block (uniform over the CTA)
         zero_tail<DB, BM>(sQ(st), s.sq - i0, ct);
         zero_tail<DB, BM>(sO(st), s.sq - i0, ct);
@@ -358,7 +388,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
       pin_regs(dk);
       pin_regs(pk);
       pin_regs(dsk);
-      if (lane == 0) mbar_arrive(q_empty(st));
+      if (lane == 0) mbar_arrive(bars.empty(st));
       x = xn;
     }
 
@@ -378,13 +408,10 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
   constexpr int BR = Cfg::BR, BC = Cfg::BC, DB = Cfg::DB, STAGES = Cfg::STAGES;
   constexpr int NB = BC / 8;  // n8 blocks of S over the keys
   const BwdParams& p = hp.b;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
 
-  const int qt = int(blockIdx.x % unsigned(hp.row_blocks));
-  const int rest = int(blockIdx.x / unsigned(hp.row_blocks));
-  const int h = rest % p.q_heads, b = rest / p.q_heads;
-  const cuda_bwd::SeqInfo s = cuda_bwd::seq_info(p, b);
-  const int i0 = qt * BR;
+  const CtaPlace place = cta_place(p, hp.row_blocks, p.q_heads);
+  const cuda_bwd::SeqInfo& s = place.s;
+  const int h = place.head, b = place.batch, qt = place.tile, i0 = qt * BR;
   if (i0 >= s.sq) {  // uniform (padded batches: never); varlen: a shorter sequence's tiles, whose dsink shares are 0
     if (p.dsink_part && threadIdx.x < 2 && qt * 2 + int(threadIdx.x) < p.q_tiles) {
       p.dsink_part[(int64_t(b) * p.q_heads + h) * p.q_tiles + qt * 2 + threadIdx.x] = 0.f;
@@ -396,33 +423,24 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
   const cuda_fwd::KeyTiles ktl = cuda_fwd::key_tiles(p.mask, i0, i1, s.sq, s.sk, BC);
 
   // Shared memory (base aligned to 1024): Q | dO | K[2] | V[2] | barriers.
-  const uint32_t base = (cuda::smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t base = cuda::smem_addr(aligned_smem());
   const uint32_t sQ = base, sO = base + Cfg::Q_OFF_O;
   const auto sK = [&](int st) { return base + Cfg::Q_OFF_K + uint32_t(st) * Cfg::KC_BYTES; };
   const auto sV = [&](int st) { return base + Cfg::Q_OFF_V + uint32_t(st) * Cfg::KC_BYTES; };
-  const Barriers bars{base + Cfg::Q_OFF_BAR};  // once: Q and dO; the ring: K and V of each key tile
-  const uint32_t q_full = bars.once();
-  const auto kv_full = [&](int st) { return bars.full(st); };
-  const auto kv_empty = [&](int st) { return bars.empty(st); };
-
+  const Barriers bars{base + Cfg::Q_OFF_BAR};  // once: Q and dO; the ring (full / empty): K and V of each key tile
+  bars.init_and_sync<STAGES>();
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  if (threadIdx.x == 0) bars.init<STAGES>();
-  __syncthreads();
 
   if (warp < 4) {
     // ------------------------------------------- producer warpgroup: Q and dO once, then K and V per key tile
-    regs_dealloc<Cfg::REGS_PRODUCER>();
-    if (warp == 0 && lane == 0) {
-      prefetch_maps(hp);
-      const int tb = int(s.tb);
-      load_pair<DB, BR>(q_full, sQ, &hp.tq, sO, &hp.tdo, int(s.q_row0) + i0, h, tb);
+    const int tb = int(s.tb);
+    run_producer<Cfg::REGS_PRODUCER, DB, BR>(hp, bars, sQ, &hp.tq, sO, &hp.tdo, int(s.q_row0) + i0, h, tb, [&] {
       for (int n = 0; n < ktl.count; ++n) {
-        const int st = n % STAGES;
         const int krow = int(s.k_row0) + ktl.tile(n) * BC;
-        cuda::mbar_wait_or_trap(kv_empty(st), uint32_t((n / STAGES) & 1) ^ 1u);
-        load_pair<DB, BC>(kv_full(st), sK(st), &hp.tk, sV(st), &hp.tv, krow, kvh, tb);
+        const int st = bars.claim<STAGES>(n);
+        load_pair<DB, BC>(bars.full(st), sK(st), &hp.tk, sV(st), &hp.tv, krow, kvh, tb);
       }
-    }
+    });
   } else {
     // ---------------------------------------------------------------- consumer warpgroups
     regs_alloc<Cfg::REGS_CONSUMER>();
@@ -444,11 +462,11 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
 
-    cuda::mbar_wait_or_trap(q_full, 0);
+    cuda::mbar_wait_or_trap(bars.once(), 0);
     for (int n = 0; n < ktl.count; ++n) {
       const int st = n % STAGES;
       const int j0 = ktl.tile(n) * BC, j1 = min(j0 + BC, s.sk);
-      cuda::mbar_wait_or_trap(kv_full(st), uint32_t((n / STAGES) & 1));
+      cuda::mbar_wait_or_trap(bars.full(st), uint32_t((n / STAGES) & 1));
       if (__builtin_expect(ktl.tile(n) == k_tail, 0)) {  // both warpgroups visit the same tiles: both reach the barrier
         zero_tail<DB, BC>(sK(st), s.sk - j0, ct);
         named_sync(1, 256);
@@ -477,7 +495,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
       wgmma_wait<0>();
       pin_regs(dq);
       pin_regs(dsk);
-      if (lane == 0) mbar_arrive(kv_empty(st));
+      if (lane == 0) mbar_arrive(bars.empty(st));
     }
 
     // Epilogue: dQ (times scale) straight from registers; this warpgroup's 64 rows' dsink share, in row order, into
