@@ -86,7 +86,6 @@ class LlamaCuda final : public LlamaModel {
     if (collective_) graphs_.set_launch_guard([c = collective_](const std::function<void()>& f) { c->guarded(f); });
     gemm_ = std::make_unique<cuda_ops::Gemm>();  // after the device checks: it allocates on the device
     if (o.cuda.profile) profile_.emplace(stream_);
-    upload_weights(w);
     // RoPE: the library's (append_kv; the fused QKV epilogue reads its cos / sin from tables of the same values).
     rope_ = rope_options(c_);
     const size_t table = size_t(context_) * (c_.head_dim / 2) * 4;
@@ -122,6 +121,7 @@ class LlamaCuda final : public LlamaModel {
       why += forced ? std::string("the attention backend was set to another") : plan_decode(decode_args(0, 1, &one, nullptr)).unsupported;
       throw PagedCacheUnsupported(ErrorKind::invalid_value, why);
     }
+    upload_weights(w);  // last: a model the paged cache refuses falls back without uploading its weights twice
     if (o.cuda.verbose) print_plan();
   }
 

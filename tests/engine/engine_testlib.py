@@ -40,13 +40,14 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def write_tiny_llama3(directory, tokenizer_json, rope_scaling=False):
-    """A tiny random Llama checkpoint (2 layers, dim 32, seed 0) with the real Llama 3 vocabulary: F32 safetensors,
-    config.json (with Llama 3's RoPE scaling when rope_scaling), and tokenizer.json copied beside. Returns directory."""
+def write_tiny_llama3(directory, tokenizer_json, rope_scaling=False, dim=32, heads=4, kv=2):
+    """A tiny random Llama checkpoint (2 layers, dim 32 in 4 heads by default, seed 0) with the real Llama 3
+    vocabulary: F32 safetensors, config.json (with Llama 3's RoPE scaling when rope_scaling), and tokenizer.json copied
+    beside. Returns directory."""
     import numpy as np
     directory = pathlib.Path(directory)
     rng = np.random.default_rng(0)
-    dim, hidden, layers, heads, kv, vocab = 32, 64, 2, 4, 2, 128256
+    hidden, layers, vocab = 2 * dim, 2, 128256
     hd = dim // heads
     t = {"model.embed_tokens.weight": rng.normal(0, 1, (vocab, dim)), "model.norm.weight": np.ones(dim)}
     shapes = {"self_attn.q_proj": (heads * hd, dim), "self_attn.k_proj": (kv * hd, dim),

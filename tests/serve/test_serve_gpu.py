@@ -59,3 +59,85 @@ def test_cuda_64_concurrent_requests_agree_with_their_answers_alone(cuda_server)
     assert not disagree, disagree
     m = cuda_server.wait_idle()
     assert m["flashlite_kv_pages_used"] == 0 and m["flashlite_requests_failed_total"] == 0
+
+
+# The paged KV cache on CUDA (bf16, head_dim 64 or 128; stories260K's head_dim 8 takes the contiguous fallback): a
+# tiny random Llama with head_dim 64 (dim 128 in 2 query heads over 1 KV head) and 16-token pages, answered against
+# the CPU server's fp32 answers and against itself alone. Random tied embeddings make logits of std ~11 nats, so
+# bf16 noise is well below TIE_RANDOM; a wrong page, position or RoPE moves logits by whole nats.
+TIE_RANDOM = 0.25
+LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 60)  # ~540 tokens: chunked prefill over many pages
+
+
+@pytest.fixture(scope="module")
+def tiny64(cuda_server, models_dir, tmp_path_factory):
+    tok_json = models_dir / "llama3-tokenizer" / "tokenizer.json"
+    if not tok_json.exists():
+        pytest.skip("Llama 3 tokenizer absent")
+    from serve_testlib import write_tiny_llama3
+    return str(write_tiny_llama3(tmp_path_factory.mktemp("tiny64"), tok_json, dim=128, heads=2, kv=1))
+
+
+@pytest.fixture(scope="module")
+def paged_servers(flashlite_bin, tiny64):
+    from serve_testlib import Server
+    common = ["--model", tiny64, "--model-name", "tiny64", "--context", "1024", "--page-size", "16"]
+    gpu = Server(flashlite_bin, [*common, "--device", "cuda", "--max-batch", "64", "--kv-pages", "2048"])
+    cpu = Server(flashlite_bin, [*common, "--device", "cpu", "--max-batch", "8"])
+    yield gpu, cpu
+    gpu.stop()
+    cpu.stop()
+
+
+def paged_jobs():
+    prompts = PROMPTS + [LONG, LONG[: len(LONG) // 3]]
+    return [dict(prompt=prompts[i % len(prompts)], max_tokens=8 + (i * 11) % 90) for i in range(64)]
+
+
+def completion(server, job):
+    r = client(server, timeout=300).completions.create(model="tiny64", temperature=0, logprobs=2,
+                                                       extra_body={"ignore_eos": True}, **job)
+    return r.choices[0].logprobs
+
+
+def agree_within(ref, got, tie):
+    """Same tokens, or the same up to a first difference where `ref` had two candidates within `tie` nats."""
+    for i, (x, y) in enumerate(zip(ref.tokens, got.tokens)):
+        if x != y:
+            top = sorted(ref.top_logprobs[i].values(), reverse=True)
+            return len(top) > 1 and top[0] - top[1] < tie
+    return len(ref.tokens) == len(got.tokens)
+
+
+def test_paged_cuda_server_takes_the_paged_cache(paged_servers):
+    gpu, _ = paged_servers
+    m = gpu.metrics()
+    assert m["flashlite_kv_pages_free"] == 2048 and m["flashlite_kv_pages_used"] == 0, m
+    assert "instead" not in "".join(gpu.log)  # no contiguous fallback
+
+
+def test_paged_cuda_answers_agree_with_the_cpu_in_fp32(paged_servers):
+    gpu, cpu = paged_servers
+    jobs = paged_jobs()[:8]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        ref = list(pool.map(lambda j: completion(cpu, j), jobs))
+    got = [completion(gpu, j) for j in jobs]
+    bad = [j["prompt"][:30] for j, r, g in zip(jobs, ref, got) if not agree_within(r, g, TIE_RANDOM)]
+    assert not bad, bad
+    # Where the tokens agree, so do their log-probabilities (bf16 against fp32; a wrong cache row costs whole nats).
+    for r, g in zip(ref, got):
+        n = next((i for i, (x, y) in enumerate(zip(r.tokens, g.tokens)) if x != y), len(r.tokens))
+        worst = max((abs(a - b) for a, b in zip(r.token_logprobs[:n], g.token_logprobs[:n])), default=0.0)
+        assert worst < TIE_RANDOM, worst
+
+
+def test_paged_cuda_64_concurrent_requests_agree_and_free_their_pages(paged_servers):
+    gpu, _ = paged_servers
+    jobs = paged_jobs()
+    alone = [completion(gpu, j) for j in jobs]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=64) as pool:
+        together = list(pool.map(lambda j: completion(gpu, j), jobs))
+    bad = [j["prompt"][:30] for j, a, t in zip(jobs, alone, together) if not agree_within(a, t, TIE_RANDOM)]
+    assert not bad, bad
+    m = gpu.wait_idle()
+    assert m["flashlite_kv_pages_used"] == 0 and m["flashlite_requests_failed_total"] == 0, m
