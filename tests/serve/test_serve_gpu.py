@@ -63,9 +63,12 @@ def test_cuda_64_concurrent_requests_agree_with_their_answers_alone(cuda_server)
 
 # The paged KV cache on CUDA (bf16, head_dim 64 or 128; stories260K's head_dim 8 takes the contiguous fallback): a
 # tiny random Llama with head_dim 64 (dim 128 in 2 query heads over 1 KV head) and 16-token pages, answered against
-# the CPU server's fp32 answers and against itself alone. Random tied embeddings make logits of std ~11 nats, so
-# bf16 noise is well below TIE_RANDOM; a wrong page, position or RoPE moves logits by whole nats.
-TIE_RANDOM = 0.25
+# the CPU server's fp32 answers and against itself alone. Its random tied embeddings make large logits: on the H100
+# (d7634ca) bf16 moved log-probabilities by up to 0.19 nats, against fp32 and between batch compositions alike, and
+# flipped near ties of up to 0.3 nats (the fp32 CUDA engine stays within 1e-4 of the CPU). NOISE and TIE_RANDOM
+# leave room for that.
+NOISE = 0.4
+TIE_RANDOM = 1.0
 LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 60)  # ~540 tokens: chunked prefill over many pages
 
 
@@ -100,13 +103,28 @@ def completion(server, job):
     return r.choices[0].logprobs
 
 
-def agree_within(ref, got, tie):
-    """Same tokens, or the same up to a first difference where `ref` had two candidates within `tie` nats."""
-    for i, (x, y) in enumerate(zip(ref.tokens, got.tokens)):
-        if x != y:
-            top = sorted(ref.top_logprobs[i].values(), reverse=True)
-            return len(top) > 1 and top[0] - top[1] < tie
-    return len(ref.tokens) == len(got.tokens)
+def disagreement(ref, got):
+    """None where `got` agrees with `ref`: the same tokens, or the same up to a first difference where `ref` had two
+    candidates within TIE_RANDOM nats, with log-probabilities within NOISE wherever the tokens agree; else why not."""
+    first = next((i for i, (x, y) in enumerate(zip(ref.tokens, got.tokens)) if x != y), None)
+    n = len(ref.tokens) if first is None else first
+    worst = max((abs(a - b) for a, b in zip(ref.token_logprobs[:n], got.token_logprobs[:n])), default=0.0)
+    if worst >= NOISE:
+        return f"log-probabilities differ by {worst:.3f} where the tokens agree"
+    if first is None:
+        return None if len(ref.tokens) == len(got.tokens) else "lengths differ"
+    top = sorted(ref.top_logprobs[first].values(), reverse=True)
+    gap = top[0] - top[1] if len(top) > 1 else float("inf")
+    return None if gap < TIE_RANDOM else f"token {first} differs where the reference's top two were {gap:.3f} apart"
+
+
+def disagreements(jobs, refs, gots):
+    found = {}
+    for j, r, g in zip(jobs, refs, gots):
+        why = disagreement(r, g)
+        if why:
+            found[j["prompt"][:30]] = why
+    return found
 
 
 def test_paged_cuda_server_takes_the_paged_cache(paged_servers):
@@ -122,13 +140,8 @@ def test_paged_cuda_answers_agree_with_the_cpu_in_fp32(paged_servers):
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         ref = list(pool.map(lambda j: completion(cpu, j), jobs))
     got = [completion(gpu, j) for j in jobs]
-    bad = [j["prompt"][:30] for j, r, g in zip(jobs, ref, got) if not agree_within(r, g, TIE_RANDOM)]
+    bad = disagreements(jobs, ref, got)
     assert not bad, bad
-    # Where the tokens agree, so do their log-probabilities (bf16 against fp32; a wrong cache row costs whole nats).
-    for r, g in zip(ref, got):
-        n = next((i for i, (x, y) in enumerate(zip(r.tokens, g.tokens)) if x != y), len(r.tokens))
-        worst = max((abs(a - b) for a, b in zip(r.token_logprobs[:n], g.token_logprobs[:n])), default=0.0)
-        assert worst < TIE_RANDOM, worst
 
 
 def test_paged_cuda_64_concurrent_requests_agree_and_free_their_pages(paged_servers):
@@ -137,7 +150,7 @@ def test_paged_cuda_64_concurrent_requests_agree_and_free_their_pages(paged_serv
     alone = [completion(gpu, j) for j in jobs]
     with concurrent.futures.ThreadPoolExecutor(max_workers=64) as pool:
         together = list(pool.map(lambda j: completion(gpu, j), jobs))
-    bad = [j["prompt"][:30] for j, a, t in zip(jobs, alone, together) if not agree_within(a, t, TIE_RANDOM)]
+    bad = disagreements(jobs, alone, together)
     assert not bad, bad
     m = gpu.wait_idle()
     assert m["flashlite_kv_pages_used"] == 0 and m["flashlite_requests_failed_total"] == 0, m
