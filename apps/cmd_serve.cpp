@@ -93,7 +93,8 @@ void run_serve(const ServeSettings& s) {
       m += " bytes";
       throw Error(ErrorKind::invalid_value, m);
     }
-    // Host memory is checked here; the device's is checked by the engine as it allocates (an error naming the cache).
+    // Host memory is checked here; the device's by the engine as it allocates (the cache first, then the weights,
+    // whose error then says how much the cache holds).
     if (!cuda) {
       require_memory(checked_product({pages, page_bytes}), "the KV cache of " + std::to_string(pages) + " pages",
                      "lower --kv-pages, --kv-memory, --max-batch or --context");

@@ -174,7 +174,13 @@ class LlamaCuda final : public LlamaModel {
   }
 
   void upload(DeviceBuffer& dst, const float* src, size_t n, const char* what) {
-    dst.reserve(n * esize(), what);
+    try {
+      dst.reserve(n * esize(), what);
+    } catch (const Error& e) {  // the KV cache is allocated before the weights: a failure here may be its doing
+      const size_t cache = 2 * size_t(c_.n_layers) * (k_cache_.empty() ? 0 : k_cache_[0]->bytes);
+      fail_runtime(std::string(e.what()) + " (the KV cache already holds " + std::to_string(cache) +
+                   " bytes of the device: a smaller cache, i.e. fewer slots, context or pages, leaves more room)");
+    }
     cuda_ops::upload(dst.ptr, src, n, elem_);
   }
 

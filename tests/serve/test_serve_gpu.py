@@ -1,6 +1,8 @@
-"""`flashlite serve --device cuda` (skips without the engine's CUDA path): a request alone gives `flashlite generate
---device cuda`'s greedy text, and 64 concurrent requests give each its answer alone, or a tie-aware agreement: the
-first token where they differ is one where the alone run's two best candidates are within bf16 noise of each other."""
+"""`flashlite serve --device cuda` (skips without the engine's CUDA path). stories260K (head_dim 8: the contiguous
+fallback): a request alone gives `flashlite generate --device cuda`'s greedy text, and 64 concurrent requests give each
+its answer alone, or a tie-aware agreement: the first token where they differ is one where the alone run's two best
+candidates are within bf16 noise of each other. A tiny random Llama 3 with head_dim 64 (the paged cache): answers
+against the CPU server's fp32 ones and 64 concurrent requests against their answers alone, by the same rule."""
 import concurrent.futures
 import json
 import subprocess
@@ -88,9 +90,13 @@ def paged_servers(flashlite_bin, tiny64):
     common = ["--model", tiny64, "--model-name", "tiny64", "--context", "1024", "--page-size", "16"]
     gpu = Server(flashlite_bin, [*common, "--device", "cuda", "--max-batch", "64", "--kv-pages", "2048"])
     cpu = Server(flashlite_bin, [*common, "--device", "cpu", "--max-batch", "8"])
-    yield gpu, cpu
-    gpu.stop()
-    cpu.stop()
+    try:
+        yield gpu, cpu
+    finally:
+        try:
+            gpu.stop()
+        finally:
+            cpu.stop()
 
 
 def paged_jobs():
@@ -99,14 +105,15 @@ def paged_jobs():
 
 
 def completion(server, job):
-    r = client(server, timeout=300).completions.create(model="tiny64", temperature=0, logprobs=2,
+    r = client(server, timeout=300).completions.create(model="tiny64", temperature=0, logprobs=5,
                                                        extra_body={"ignore_eos": True}, **job)
     return r.choices[0].logprobs
 
 
 def disagreement(ref, got):
-    """None where `got` agrees with `ref`: the same tokens, or the same up to a first difference where `ref` had two
-    candidates within TIE_RANDOM nats, with log-probabilities within NOISE wherever the tokens agree; else why not."""
+    """None where `got` agrees with `ref`: the same tokens, or the same up to a first difference where `got`'s token
+    was among `ref`'s five best and within TIE_RANDOM nats of its best, with log-probabilities within NOISE wherever
+    the tokens agree; else why not."""
     first = next((i for i, (x, y) in enumerate(zip(ref.tokens, got.tokens)) if x != y), None)
     n = len(ref.tokens) if first is None else first
     worst = max((abs(a - b) for a, b in zip(ref.token_logprobs[:n], got.token_logprobs[:n])), default=0.0)
@@ -114,25 +121,27 @@ def disagreement(ref, got):
         return f"log-probabilities differ by {worst:.3f} where the tokens agree"
     if first is None:
         return None if len(ref.tokens) == len(got.tokens) else "lengths differ"
-    top = sorted(ref.top_logprobs[first].values(), reverse=True)
-    gap = top[0] - top[1] if len(top) > 1 else float("inf")
-    return None if gap < TIE_RANDOM else f"token {first} differs where the reference's top two were {gap:.3f} apart"
+    cands = ref.top_logprobs[first]
+    if got.tokens[first] not in cands:
+        return f"token {first}: {got.tokens[first]!r} is not among the reference's five best {sorted(cands)}"
+    gap = max(cands.values()) - cands[got.tokens[first]]
+    return None if gap < TIE_RANDOM else f"token {first}: {got.tokens[first]!r} was {gap:.3f} nats below the best"
 
 
 def disagreements(jobs, refs, gots):
     found = {}
-    for j, r, g in zip(jobs, refs, gots):
+    for i, (j, r, g) in enumerate(zip(jobs, refs, gots)):
         why = disagreement(r, g)
         if why:
-            found[j["prompt"][:30]] = why
+            found[f"job {i} ({len(j['prompt'])} characters)"] = why
     return found
 
 
 def test_paged_cuda_server_takes_the_paged_cache(paged_servers):
     gpu, _ = paged_servers
     m = gpu.metrics()
-    assert m["flashlite_kv_pages_free"] == 2048 and m["flashlite_kv_pages_used"] == 0, m
-    assert "instead" not in "".join(gpu.log)  # no contiguous fallback
+    # The contiguous fallback would count one page per slot (64); with --kv-pages given it is refused instead.
+    assert m["flashlite_kv_pages_total"] == 2048 and m["flashlite_kv_pages_free"] == 2048, m
 
 
 def test_paged_cuda_answers_agree_with_the_cpu_in_fp32(paged_servers):
