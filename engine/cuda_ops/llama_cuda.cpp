@@ -93,10 +93,12 @@ class LlamaCuda final : public LlamaModel {
     sin_.reserve(table, "RoPE sin");
     cuda_ops::rope_tables(cos_.as<float>(), sin_.as<float>(), rope_, context_, c_.head_dim);
     const int page = std::max(0, o.kv_page_size);
+    const auto refuse_paged = [](const std::string& why) {
+      throw PagedCacheUnsupported(ErrorKind::invalid_value, "a paged KV cache on CUDA needs flashlite's decode and "
+                                                            "prefill kernels (bf16, head_dim 64 or 128): " + why);
+    };
     if (page > 0 && elem_ == Elem::f32) {  // before the pools are allocated (an fp32 pool may not even fit)
-      throw PagedCacheUnsupported(ErrorKind::invalid_value,
-                                  "a paged KV cache on CUDA needs flashlite's decode and prefill kernels (bf16, head_dim "
-                                  "64 or 128): this model runs in fp32 (precision bf16 or auto, or the contiguous cache)");
+      refuse_paged("this model runs in fp32 (precision bf16 or auto, or the contiguous cache)");
     }
     const int pages = page == 0 ? 0 : o.kv_pages > 0 ? o.kv_pages : slots_ * ((context_ + page - 1) / page);
     kv_shape_ = {c_.n_layers, slots_, context_, c_.n_kv_heads, c_.head_dim, page, pages};
@@ -117,9 +119,8 @@ class LlamaCuda final : public LlamaModel {
     if (paged() && !decode_ok_) {
       const int32_t one = 1;
       const bool forced = opt_.attention != Backend::automatic && opt_.attention != Backend::cuda;
-      std::string why = "a paged KV cache on CUDA needs flashlite's decode and prefill kernels (bf16, head_dim 64 or 128): ";
-      why += forced ? std::string("the attention backend was set to another") : plan_decode(decode_args(0, 1, &one, nullptr)).unsupported;
-      throw PagedCacheUnsupported(ErrorKind::invalid_value, why);
+      refuse_paged(forced ? std::string("the attention backend was set to another")
+                          : plan_decode(decode_args(0, 1, &one, nullptr)).unsupported);
     }
     upload_weights(w);  // last: a model the paged cache refuses falls back without uploading its weights twice
     if (o.cuda.verbose) print_plan();
