@@ -31,12 +31,10 @@ __device__ __forceinline__ bool q_block_sees_keys(const MaskParams& m, int i0, i
   return r.begin < j1 && j0 < r.end;
 }
 
-// P and dS of one score (raw dot product x, dot product dp of dout with v), given the row's L log2e and D.
-struct ProbGrad {
-  float p, ds;
-};
-__device__ __forceinline__ ProbGrad prob_grad(const BwdParams& p, float x, float dp, float l2, float delta,
-                                              bool visible) {
+// The two element-wise passes of a score x (raw dot product) given its row's L log2e: `prob_in_place` returns P and
+// leaves P times the softcap's tanh' in x (0 where the mask hides the score), so that `grad_of` can form dS from it
+// and dP = dout . v once that product lands (the Hopper kernels run the first pass while dP is still in flight).
+__device__ __forceinline__ float prob_in_place(const BwdParams& p, float& x, float l2, bool visible) {
   float logit2, dfac = 1.f;
   if (p.softcap > 0.f) {
     const float th = cuda_fwd::accurate_tanh(x * p.softcap_pre);
@@ -45,9 +43,13 @@ __device__ __forceinline__ ProbGrad prob_grad(const BwdParams& p, float x, float
   } else {
     logit2 = x * p.scale_log2;
   }
-  if (!visible) return {0.f, 0.f};
-  const float pr = cuda_fwd::fast_exp2(logit2 - l2);
-  return {pr, pr * (dp - delta) * dfac};
+  const float pr = visible ? cuda_fwd::fast_exp2(logit2 - l2) : 0.f;
+  x = pr * dfac;
+  return pr;
+}
+// dS = P tanh' (dP - D); exactly 0 where P is (a hidden score's dP is never looked at).
+__device__ __forceinline__ float grad_of(float p_dfac, float dp, float delta) {
+  return p_dfac == 0.f ? 0.f : p_dfac * (dp - delta);
 }
 
 // The terms of query row i (within its sequence) that every score of the row needs: L log2e, D and the visible key
@@ -72,47 +74,76 @@ __device__ __forceinline__ RowTerms row_terms(const BwdParams& p, const SeqInfo&
   return r;
 }
 
-// dS of one n8 block of a tile, for a thread's two q rows (rt[0], rt[1]: rows g and g + 8 of its warp's 16) against
-// two adjacent keys (key0, key0 + 1), packed to 16 bits as an mma A fragment's two registers; x, dp: the block's four
-// S and dP accumulator values. Both dQ kernels (mma.sync, Hopper).
-template <class T>
-__device__ __forceinline__ void pack_ds_block(uint32_t dsk[2], const BwdParams& p, const RowTerms rt[2], int key0,
-                                              bool full, const float* x, const float* dp) {
+// One n8 block of a tile (x: its four S accumulator values, rows g and g + 8 of the warp's 16 against two adjacent
+// keys key0, key0 + 1; rt[0], rt[1]: the two rows' terms), first pass: x becomes P tanh' in place.
+__device__ __forceinline__ void probs_block(const BwdParams& p, const RowTerms rt[2], int key0, bool full, float* x) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float v[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int key = key0 + e;
       const bool vis = full || (key >= rt[r].lo && key <= rt[r].hi) || key < rt[r].se;
-      v[e] = prob_grad(p, x[2 * r + e], dp[2 * r + e], rt[r].l2, rt[r].d, vis).ds;
+      prob_in_place(p, x[2 * r + e], rt[r].l2, vis);
     }
-    dsk[r] = cuda_fwd::pack2<T>(v[0], v[1]);
   }
 }
+// Second pass: dS from the first pass's x and the block's four dP values, packed to 16 bits as an mma A fragment's
+// two registers.
+template <class T>
+__device__ __forceinline__ void grads_block(uint32_t dsk[2], const RowTerms rt[2], const float* x, const float* dp) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    dsk[r] = cuda_fwd::pack2<T>(grad_of(x[2 * r], dp[2 * r], rt[r].d), grad_of(x[2 * r + 1], dp[2 * r + 1], rt[r].d));
+  }
+}
+// Both passes at once (the mma.sync dQ kernel, whose dP is in registers already).
+template <class T>
+__device__ __forceinline__ void pack_ds_block(uint32_t dsk[2], const BwdParams& p, const RowTerms rt[2], int key0,
+                                              bool full, const float* x, const float* dp) {
+  float v[4] = {x[0], x[1], x[2], x[3]};
+  probs_block(p, rt, key0, full, v);
+  grads_block<T>(dsk, rt, v, dp);
+}
 
-// P^T and dS^T of one n8 block of a transposed tile, for a thread's two key rows (key0, key0 + 8) against two
-// adjacent q columns (col0, col0 + 1) of a q block whose terms lie at `terms` as both dK / dV kernels keep them in
-// shared memory (BM floats each of L log2e and D, then BM ints each of the visible interval's lo and hi and the sink
-// end), packed to 16 bits as an mma A fragment's two registers each; x, dp: the block's four S^T and dP^T values.
+// One n8 block of a transposed tile (x: its four S^T values, a thread's two key rows key0, key0 + 8 against two
+// adjacent q columns col0, col0 + 1 of a q block whose terms lie at `terms` as both dK / dV kernels keep them in
+// shared memory: BM floats each of L log2e and D, then BM ints each of the visible interval's lo and hi and the sink
+// end), first pass: P^T packed to 16 bits as an mma A fragment's two registers, and x becomes P tanh' in place.
 template <class T, int BM>
-__device__ __forceinline__ void pack_transposed_block(uint32_t pk[2], uint32_t dsk[2], const BwdParams& p,
-                                                      const float* terms, int key0, int col0, bool full,
-                                                      const float* x, const float* dp) {
+__device__ __forceinline__ void probs_transposed_block(uint32_t pk[2], const BwdParams& p, const float* terms,
+                                                       int key0, int col0, bool full, float* x) {
   const int* it = reinterpret_cast<const int*>(terms + 2 * BM);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
-    ProbGrad v[2];
+    float pr[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int col = col0 + e;
       const bool vis = full || (key >= it[col] && key <= it[BM + col]) || key < it[2 * BM + col];
-      v[e] = prob_grad(p, x[2 * r + e], dp[2 * r + e], terms[col], terms[BM + col], vis);
+      pr[e] = prob_in_place(p, x[2 * r + e], terms[col], vis);
     }
-    pk[r] = cuda_fwd::pack2<T>(v[0].p, v[1].p);
-    dsk[r] = cuda_fwd::pack2<T>(v[0].ds, v[1].ds);
+    pk[r] = cuda_fwd::pack2<T>(pr[0], pr[1]);
   }
+}
+// Second pass: dS^T from the first pass's x and the block's four dP^T values, packed as the A fragment.
+template <class T, int BM>
+__device__ __forceinline__ void grads_transposed_block(uint32_t dsk[2], const float* terms, int col0, const float* x,
+                                                       const float* dp) {
+  const float d0 = terms[BM + col0], d1 = terms[BM + col0 + 1];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    dsk[r] = cuda_fwd::pack2<T>(grad_of(x[2 * r], dp[2 * r], d0), grad_of(x[2 * r + 1], dp[2 * r + 1], d1));
+  }
+}
+// Both passes at once (the mma.sync dK / dV kernel).
+template <class T, int BM>
+__device__ __forceinline__ void pack_transposed_block(uint32_t pk[2], uint32_t dsk[2], const BwdParams& p,
+                                                      const float* terms, int key0, int col0, bool full,
+                                                      const float* x, const float* dp) {
+  float v[4] = {x[0], x[1], x[2], x[3]};
+  probs_transposed_block<T, BM>(pk, p, terms, key0, col0, full, v);
+  grads_transposed_block<T, BM>(dsk, terms, col0, v, dp);
 }
 
 }  // namespace flashlite::cuda_bwd

@@ -67,19 +67,20 @@ struct HopperBwdParams {
 
 template <int D_>
 struct BwdHopperTile {
-  static constexpr int D = D_, DB = D / 64, THREADS = 384, STAGES = 2;
+  static constexpr int D = D_, DB = D / 64, THREADS = 384, STAGES = 3;
   static constexpr int BOX = 64;  // rows of one TMA box (the tensor maps'), 64 columns (one 128-byte swizzle row)
   // dK/dV kernel: BN keys per CTA, q blocks of BM rows. Tiles are DB blocks of 64 columns, each `rows` x 128 bytes.
   static constexpr int BN = 128, BM = 64;
   static constexpr uint32_t KV_BLOCK = BN * 128, KV_BYTES = DB * KV_BLOCK;  // K or V: one 64-column block, all
   static constexpr uint32_t QM_BLOCK = BM * 128, QM_BYTES = DB * QM_BLOCK;  // Q or dO of one q block
   static constexpr uint32_t ROW_BYTES = 5 * BM * 4;  // per q row: L log2e, D, then lo, hi, sink end (ints)
+  static constexpr uint32_t BAR_BYTES = 8 + 16 * STAGES;  // Barriers: once, then full and empty per stage
   static constexpr uint32_t KV_OFF_V = KV_BYTES;
   static constexpr uint32_t KV_OFF_Q = 2 * KV_BYTES;                      // [stage] Q
   static constexpr uint32_t KV_OFF_O = KV_OFF_Q + STAGES * QM_BYTES;      // [stage] dO
-  static constexpr uint32_t KV_OFF_ROWS = KV_OFF_O + STAGES * QM_BYTES;   // [stage] row terms
-  static constexpr uint32_t KV_OFF_BAR = KV_OFF_ROWS + STAGES * ROW_BYTES;
-  static constexpr uint32_t DKDV_SMEM = KV_OFF_BAR + 64 + 1024;  // barriers, and slack to align the base to 1024
+  static constexpr uint32_t KV_OFF_ROWS = KV_OFF_O + STAGES * QM_BYTES;
+  static constexpr uint32_t KV_OFF_BAR = KV_OFF_ROWS + 2 * ROW_BYTES;  // [item parity] row terms
+  static constexpr uint32_t DKDV_SMEM = KV_OFF_BAR + BAR_BYTES + 1024;  // and slack to align the base to 1024
   // dQ kernel: BR query rows per CTA, key tiles of BC keys.
   static constexpr int BR = 128, BC = 64;
   static constexpr uint32_t QR_BLOCK = BR * 128, QR_BYTES = DB * QR_BLOCK;  // Q or dO of the CTA's rows
@@ -88,7 +89,7 @@ struct BwdHopperTile {
   static constexpr uint32_t Q_OFF_K = 2 * QR_BYTES;                    // [stage] K
   static constexpr uint32_t Q_OFF_V = Q_OFF_K + STAGES * KC_BYTES;     // [stage] V
   static constexpr uint32_t Q_OFF_BAR = Q_OFF_V + STAGES * KC_BYTES;
-  static constexpr uint32_t DQ_SMEM = Q_OFF_BAR + 64 + 1024;
+  static constexpr uint32_t DQ_SMEM = Q_OFF_BAR + BAR_BYTES + 1024;
   // setmaxnreg, as the forward kernel: the producer warpgroup gives registers back, the consumers take them, within
   // the pool of __launch_bounds__(384, 1) (168 per thread).
   static constexpr int REGS_PRODUCER = 24, REGS_CONSUMER = 240, REGS_ENTRY = 168;
@@ -97,7 +98,7 @@ struct BwdHopperTile {
   static_assert(BN == 2 * 64 && BR == 2 * 64, "two consumer warpgroups of 64 keys / rows");
   static_assert(BM % BOX == 0 && BN % BOX == 0 && BR % BOX == 0 && BC % BOX == 0, "tiles are whole boxes");
   static_assert(KV_BYTES % 1024 == 0 && QM_BYTES % 1024 == 0 && QR_BYTES % 1024 == 0 && KC_BYTES % 1024 == 0 &&
-                    (STAGES * ROW_BYTES) % 8 == 0,
+                    (2 * ROW_BYTES) % 8 == 0,
                 "tiles start on 1024-byte boundaries (the swizzle atom), barriers on 8");
   static_assert(DKDV_SMEM <= 227u * 1024u && DQ_SMEM <= 227u * 1024u, "over the sm_90 opt-in shared memory");
 };
@@ -175,16 +176,16 @@ __device__ __forceinline__ void store_rows(const float (&acc)[D / 2], float mult
   }
 }
 
-// The barriers of both kernels, 8 bytes each from `bar`: `once` (the tiles loaded once: K and V, or Q and dO; one
-// arrival plus the bytes), then a 2-stage ring of the tiles loaded per step, `full` (one arrival plus the bytes) and
-// `empty` (one arrival per consumer warp).
+// The barriers of both kernels, 8 bytes each from `bar` (BAR_BYTES): `once` (the tiles loaded once: K and V, or Q
+// and dO; one arrival plus the bytes), then a ring of STAGES stages of the tiles loaded per step, `full` (one arrival
+// plus the bytes) and `empty` (one arrival per consumer warp).
+template <int STAGES>
 struct Barriers {
   uint32_t bar;
   __device__ __forceinline__ uint32_t once() const { return bar; }
   __device__ __forceinline__ uint32_t full(int st) const { return bar + 8u + 8u * uint32_t(st); }
-  __device__ __forceinline__ uint32_t empty(int st) const { return bar + 24u + 8u * uint32_t(st); }
+  __device__ __forceinline__ uint32_t empty(int st) const { return bar + 8u + 8u * uint32_t(STAGES + st); }
   // By thread 0, before the CTA's first __syncthreads.
-  template <int STAGES>
   __device__ __forceinline__ void init() const {
     mbar_init(once(), 1);
 #pragma unroll
@@ -195,14 +196,12 @@ struct Barriers {
     mbar_init_fence();
   }
   // Thread 0 initialises them, then the CTA synchronises, so that no thread uses a barrier before its init.
-  template <int STAGES>
   __device__ __forceinline__ void init_and_sync() const {
-    if (threadIdx.x == 0) init<STAGES>();
+    if (threadIdx.x == 0) init();
     __syncthreads();
   }
   // By the producer thread: the stage of its n-th ring item, once the consumers have released it (a fresh barrier
   // passes parity 1).
-  template <int STAGES>
   __device__ __forceinline__ int claim(int n) const {
     const int st = n % STAGES;
     cuda::mbar_wait_or_trap(empty(st), uint32_t((n / STAGES) & 1) ^ 1u);
@@ -231,8 +230,8 @@ __device__ __forceinline__ CtaPlace cta_place(const BwdParams& p, int tiles, int
 // The producer warpgroup of both kernels: it gives its registers back; its first thread loads the CTA's resident pair
 // (K and V for dK / dV, Q and dO for dQ: ROWS rows from `row` of `head`) on the `once` barrier, then runs `ring`,
 // which streams the other pair through the ring's stages.
-template <int REGS, int DB, int ROWS, class Ring>
-__device__ __forceinline__ void run_producer(const HopperBwdParams& hp, const Barriers& bars, uint32_t a,
+template <int REGS, int DB, int ROWS, int STAGES, class Ring>
+__device__ __forceinline__ void run_producer(const HopperBwdParams& hp, const Barriers<STAGES>& bars, uint32_t a,
                                              const CUtensorMap* map_a, uint32_t b, const CUtensorMap* map_b, int row,
                                              int head, int tb, Ring&& ring) {
   regs_dealloc<REGS>();
@@ -285,17 +284,17 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
     return x;
   };
 
-  // Shared memory (base aligned to 1024): K | V | Q[2] | dO[2] | row terms[2] | barriers.
+  // Shared memory (base aligned to 1024): K | V | Q[STAGES] | dO[STAGES] | row terms[2] | barriers.
   unsigned char* const smem = aligned_smem();
   const uint32_t base = cuda::smem_addr(smem);
   const uint32_t sK = base, sV = base + Cfg::KV_OFF_V;
   const auto sQ = [&](int st) { return base + Cfg::KV_OFF_Q + uint32_t(st) * Cfg::QM_BYTES; };
   const auto sO = [&](int st) { return base + Cfg::KV_OFF_O + uint32_t(st) * Cfg::QM_BYTES; };
-  const auto rows = [&](int st) {
-    return reinterpret_cast<float*>(smem + Cfg::KV_OFF_ROWS + uint32_t(st) * Cfg::ROW_BYTES);
+  const auto rows = [&](int slot) {
+    return reinterpret_cast<float*>(smem + Cfg::KV_OFF_ROWS + uint32_t(slot) * Cfg::ROW_BYTES);
   };
-  const Barriers bars{base + Cfg::KV_OFF_BAR};  // once: K and V; the ring (full / empty): Q and dO of each item
-  bars.init_and_sync<STAGES>();
+  const Barriers<STAGES> bars{base + Cfg::KV_OFF_BAR};  // once: K and V; the ring (full / empty): Q and dO of each item
+  bars.init_and_sync();
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
 
   if (warp < 4) {
@@ -305,7 +304,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
       int n = 0;
       for (int x = next_item(0); x < items; x = next_item(x + 1), ++n) {
         const int h = kvh * p.group + x / q_tiles, row = int(s.q_row0) + (x % q_tiles) * BM;
-        const int st = bars.claim<STAGES>(n);
+        const int st = bars.claim(n);
         load_pair<DB, BM>(bars.full(st), sQ(st), &hp.tq, sO(st), &hp.tdo, row, h, tb);
       }
       // The last items' releases (idle time): a consumer stuck on one of them traps here instead of hanging.
@@ -326,21 +325,29 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
 
-    // The row terms of item x into stage st, one consumer thread per q row (read by every consumer after the next
-    // named barrier).
-    const auto write_rows = [&](int x, int st) {
+    // The row terms of item x into slot `slot` (item parity), one consumer thread per q row (read by every
+    // consumer after the next named barrier).
+    const auto write_rows = [&](int x, int slot) {
       if (ct >= BM) return;
       const int h = kvh * p.group + x / q_tiles, i0 = (x % q_tiles) * BM;
       const float* lse = p.lse + s.tb * p.lse_stride.batch + int64_t(h) * p.lse_stride.head;
       const float* delta = p.delta + (s.tb * p.q_heads + h) * p.rows_q + s.q_row0;
       const cuda_bwd::RowTerms rt = cuda_bwd::row_terms(p, s, lse, delta, i0 + ct);
-      float* r = rows(st);
+      float* r = rows(slot);
       int* ri = reinterpret_cast<int*>(r + 2 * BM);
       r[ct] = rt.l2, r[BM + ct] = rt.d, ri[ct] = rt.lo, ri[BM + ct] = rt.hi, ri[2 * BM + ct] = rt.se;
     };
 
     // Varlen, except the last sequence (past the map's end TMA zero-fills): q blocks crossing the sequence's end.
     const bool q_tails = p.cu_q != nullptr && b + 1 < p.batch;
+    float sct[32], dpt[32];  // S^T and dP^T: this warp's 16 keys x the block's 64 q rows
+    uint32_t pk[NB][2], dsk[NB][2];  // P^T and dS^T packed to 16 bits as A fragments (rows: keys; columns: q rows)
+
+    // Per item (x; n-th in the list), overlapped within the warpgroup: S^T and dP^T are issued as two commit groups
+    // (they complete in order), P^T is formed while dP^T runs, then dV += P^T dO is issued and dS^T formed while it
+    // runs. Each item ends with nothing in flight: a product still running across the loop's back edge makes ptxas
+    // serialise every wgmma, and the register budget (dK, dV, S^T, dP^T, P^T, dS^T: 224 of 240) has no room for the
+    // forward kernel's way around that (the previous item's last product issued with this item's first two).
     int x = next_item(0);
     if (x < items) write_rows(x, 0);
     cuda::mbar_wait_or_trap(bars.once(), 0);
@@ -356,31 +363,35 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
         zero_tail<DB, BM>(sO(st), s.sq - i0, ct);
       }
       // This item's row terms are written (last iteration, or before the loop), every consumer is done with the
-      // other stage's (the item before), which is rewritten below, and the tails are zero.
+      // previous item's, whose slot is rewritten below, and the tails are zero.
       named_sync(1, 256);
+      const float* terms = rows(n & 1);
 
-      float sct[32], dpt[32];  // S^T and dP^T: this warp's 16 keys x the block's 64 q rows
       wgmma_fence();
       issue_scores<T, D>(sct, k_wg, Cfg::KV_BLOCK, sQ(st), Cfg::QM_BLOCK);
+      wgmma_commit();
       issue_scores<T, D>(dpt, v_wg, Cfg::KV_BLOCK, sO(st), Cfg::QM_BLOCK);
       wgmma_commit();
-      if (xn < items) write_rows(xn, st ^ 1);  // while the products run
-      wgmma_wait<0>();
-      pin_regs(sct);
-      pin_regs(dpt);
+      if (xn < items) write_rows(xn, (n + 1) & 1);  // while the products run
 
-      // P^T and dS^T, packed to 16 bits as A fragments (rows: keys; columns: the q rows of the block).
-      const bool full = i1 - i0 == BM && j1 - j0 == BN &&
-                        tile_fully_visible(p.mask, i0, i1, j0, j1, s.sq, s.sk);
-      uint32_t pk[NB][2], dsk[NB][2];
+      wgmma_wait<1>();  // S^T
+      pin_regs(sct);
+      const bool full = i1 - i0 == BM && j1 - j0 == BN && tile_fully_visible(p.mask, i0, i1, j0, j1, s.sq, s.sk);
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
-        cuda_bwd::pack_transposed_block<T, BM>(pk[nb], dsk[nb], p, rows(st), j0 + kw + g, nb * 8 + 2 * t, full,
-                                               &sct[nb * 4], &dpt[nb * 4]);
+        cuda_bwd::probs_transposed_block<T, BM>(pk[nb], p, terms, j0 + kw + g, nb * 8 + 2 * t, full, &sct[nb * 4]);
       }
-
       wgmma_fence();
-      issue_frag_product<T, D, BM>(dv, pk, sO(st), Cfg::QM_BLOCK);   // dV += P^T dO
+      issue_frag_product<T, D, BM>(dv, pk, sO(st), Cfg::QM_BLOCK);  // dV += P^T dO
+      wgmma_commit();
+
+      wgmma_wait<1>();  // dP^T
+      pin_regs(dpt);
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        cuda_bwd::grads_transposed_block<T, BM>(dsk[nb], terms, nb * 8 + 2 * t, &sct[nb * 4], &dpt[nb * 4]);
+      }
+      wgmma_fence();
       issue_frag_product<T, D, BM>(dk, dsk, sQ(st), Cfg::QM_BLOCK);  // dK += dS^T Q
       wgmma_commit();
       wgmma_wait<0>();
@@ -427,8 +438,8 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
   const uint32_t sQ = base, sO = base + Cfg::Q_OFF_O;
   const auto sK = [&](int st) { return base + Cfg::Q_OFF_K + uint32_t(st) * Cfg::KC_BYTES; };
   const auto sV = [&](int st) { return base + Cfg::Q_OFF_V + uint32_t(st) * Cfg::KC_BYTES; };
-  const Barriers bars{base + Cfg::Q_OFF_BAR};  // once: Q and dO; the ring (full / empty): K and V of each key tile
-  bars.init_and_sync<STAGES>();
+  const Barriers<STAGES> bars{base + Cfg::Q_OFF_BAR};  // once: Q and dO; the ring (full / empty): K and V of each key tile
+  bars.init_and_sync();
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
 
   if (warp < 4) {
@@ -437,7 +448,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
     run_producer<Cfg::REGS_PRODUCER, DB, BR>(hp, bars, sQ, &hp.tq, sO, &hp.tdo, int(s.q_row0) + i0, h, tb, [&] {
       for (int n = 0; n < ktl.count; ++n) {
         const int krow = int(s.k_row0) + ktl.tile(n) * BC;
-        const int st = bars.claim<STAGES>(n);
+        const int st = bars.claim(n);
         load_pair<DB, BC>(bars.full(st), sK(st), &hp.tk, sV(st), &hp.tv, krow, kvh, tb);
       }
     });
@@ -462,6 +473,13 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
 
+    float sc[32], dp[32];  // S and dP: this warp's 16 rows x the tile's 64 keys
+    uint32_t dsk[NB][2];   // dS packed to 16 bits as the A fragment (rows: this warp's q rows; columns: keys)
+
+    // Per key tile, overlapped within the warpgroup: S and dP are issued as two commit groups (they complete in
+    // order) and P is formed while dP runs. Each tile ends with nothing in flight, as in the dK / dV kernel: the
+    // forward kernel's way of overlapping further (the previous tile's dQ product issued with this tile's scores)
+    // left ptxas short of registers for the wgmma pipeline at d128, and it serialised every wgmma.
     cuda::mbar_wait_or_trap(bars.once(), 0);
     for (int n = 0; n < ktl.count; ++n) {
       const int st = n % STAGES;
@@ -471,24 +489,20 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
         zero_tail<DB, BC>(sK(st), s.sk - j0, ct);
         named_sync(1, 256);
       }
-
-      float sc[32], dp[32];  // S and dP: this warp's 16 rows x the tile's 64 keys
       wgmma_fence();
       issue_scores<T, D>(sc, q_wg, Cfg::QR_BLOCK, sK(st), Cfg::KC_BLOCK);
+      wgmma_commit();
       issue_scores<T, D>(dp, o_wg, Cfg::QR_BLOCK, sV(st), Cfg::KC_BLOCK);
       wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_wait<1>();  // S
       pin_regs(sc);
-      pin_regs(dp);
-
-      // dS packed to 16 bits as the A fragment (rows: this warp's q rows; columns: keys).
       const bool full = wr1 - wr0 == 16 && j1 - j0 == BC && tile_fully_visible(p.mask, wr0, wr1, j0, j1, s.sq, s.sk);
-      uint32_t dsk[NB][2];
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        cuda_bwd::pack_ds_block<T>(dsk[nb], p, rt, j0 + nb * 8 + 2 * t, full, &sc[nb * 4], &dp[nb * 4]);
-      }
-
+      for (int nb = 0; nb < NB; ++nb) cuda_bwd::probs_block(p, rt, j0 + nb * 8 + 2 * t, full, &sc[nb * 4]);
+      wgmma_wait<0>();  // dP
+      pin_regs(dp);
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) cuda_bwd::grads_block<T>(dsk[nb], rt, &sc[nb * 4], &dp[nb * 4]);
       wgmma_fence();
       issue_frag_product<T, D, BC>(dq, dsk, sK(st), Cfg::KC_BLOCK);  // dQ += dS K
       wgmma_commit();
