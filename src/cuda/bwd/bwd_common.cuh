@@ -34,9 +34,12 @@ __device__ __forceinline__ bool q_block_sees_keys(const MaskParams& m, int i0, i
 // The two element-wise passes of a score x (raw dot product) given its row's L log2e: `prob_in_place` returns P and
 // leaves P times the softcap's tanh' in x (0 where the mask hides the score), so that `grad_of` can form dS from it
 // and dP = dout . v once that product lands (the Hopper kernels run the first pass while dP is still in flight).
+// SOFTCAP is a template argument so that a whole tile's pass is straight-line code: a branch per score serialises
+// the scores' exp2 chains (measured: the Hopper dK / dV kernel spent most of its time there).
+template <bool SOFTCAP>
 __device__ __forceinline__ float prob_in_place(const BwdParams& p, float& x, float l2, bool visible) {
   float logit2, dfac = 1.f;
-  if (p.softcap > 0.f) {
+  if constexpr (SOFTCAP) {
     const float th = cuda_fwd::accurate_tanh(x * p.softcap_pre);
     logit2 = th * p.softcap_post;
     dfac = 1.f - th * th;
@@ -47,9 +50,16 @@ __device__ __forceinline__ float prob_in_place(const BwdParams& p, float& x, flo
   x = pr * dfac;
   return pr;
 }
+__device__ __forceinline__ float prob_in_place(const BwdParams& p, float& x, float l2, bool visible) {
+  return p.softcap > 0.f ? prob_in_place<true>(p, x, l2, visible) : prob_in_place<false>(p, x, l2, visible);
+}
 // dS = P tanh' (dP - D); exactly 0 where P is (a hidden score's dP is never looked at).
 __device__ __forceinline__ float grad_of(float p_dfac, float dp, float delta) {
   return p_dfac == 0.f ? 0.f : p_dfac * (dp - delta);
+}
+// Whether a row with visible interval [lo, hi] and sink keys [0, se) sees `key`, without branches.
+__device__ __forceinline__ bool key_visible(int key, int lo, int hi, int se) {
+  return ((key >= lo) & (key <= hi)) | (key < se);
 }
 
 // The terms of query row i (within its sequence) that every score of the row needs: L log2e, D and the visible key
@@ -74,76 +84,139 @@ __device__ __forceinline__ RowTerms row_terms(const BwdParams& p, const SeqInfo&
   return r;
 }
 
-// One n8 block of a tile (x: its four S accumulator values, rows g and g + 8 of the warp's 16 against two adjacent
-// keys key0, key0 + 1; rt[0], rt[1]: the two rows' terms), first pass: x becomes P tanh' in place.
-__device__ __forceinline__ void probs_block(const BwdParams& p, const RowTerms rt[2], int key0, bool full, float* x) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int key = key0 + e;
-      const bool vis = full || (key >= rt[r].lo && key <= rt[r].hi) || key < rt[r].se;
-      prob_in_place(p, x[2 * r + e], rt[r].l2, vis);
-    }
-  }
-}
-// Second pass: dS from the first pass's x and the block's four dP values, packed to 16 bits as an mma A fragment's
-// two registers.
-template <class T>
-__device__ __forceinline__ void grads_block(uint32_t dsk[2], const RowTerms rt[2], const float* x, const float* dp) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    dsk[r] = cuda_fwd::pack2<T>(grad_of(x[2 * r], dp[2 * r], rt[r].d), grad_of(x[2 * r + 1], dp[2 * r + 1], rt[r].d));
-  }
-}
-// Both passes at once (the mma.sync dQ kernel, whose dP is in registers already).
+// The mma.sync kernels' element-wise step, one n8 block at a time (x: its four S values, rows g and g + 8 of the
+// warp's 16 against two adjacent keys key0, key0 + 1; rt[0], rt[1]: the two rows' terms): dS packed to 16 bits as
+// an mma A fragment's two registers.
 template <class T>
 __device__ __forceinline__ void pack_ds_block(uint32_t dsk[2], const BwdParams& p, const RowTerms rt[2], int key0,
                                               bool full, const float* x, const float* dp) {
-  float v[4] = {x[0], x[1], x[2], x[3]};
-  probs_block(p, rt, key0, full, v);
-  grads_block<T>(dsk, rt, v, dp);
-}
-
-// One n8 block of a transposed tile (x: its four S^T values, a thread's two key rows key0, key0 + 8 against two
-// adjacent q columns col0, col0 + 1 of a q block whose terms lie at `terms` as both dK / dV kernels keep them in
-// shared memory: BM floats each of L log2e and D, then BM ints each of the visible interval's lo and hi and the sink
-// end), first pass: P^T packed to 16 bits as an mma A fragment's two registers, and x becomes P tanh' in place.
-template <class T, int BM>
-__device__ __forceinline__ void probs_transposed_block(uint32_t pk[2], const BwdParams& p, const float* terms,
-                                                       int key0, int col0, bool full, float* x) {
-  const int* it = reinterpret_cast<const int*>(terms + 2 * BM);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int key = key0 + 8 * r;
-    float pr[2];
+    float v[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int col = col0 + e;
-      const bool vis = full || (key >= it[col] && key <= it[BM + col]) || key < it[2 * BM + col];
-      pr[e] = prob_in_place(p, x[2 * r + e], terms[col], vis);
+      v[e] = x[2 * r + e];
+      prob_in_place(p, v[e], rt[r].l2, full || key_visible(key0 + e, rt[r].lo, rt[r].hi, rt[r].se));
+      v[e] = grad_of(v[e], dp[2 * r + e], rt[r].d);
     }
-    pk[r] = cuda_fwd::pack2<T>(pr[0], pr[1]);
+    dsk[r] = cuda_fwd::pack2<T>(v[0], v[1]);
   }
 }
-// Second pass: dS^T from the first pass's x and the block's four dP^T values, packed as the A fragment.
-template <class T, int BM>
-__device__ __forceinline__ void grads_transposed_block(uint32_t dsk[2], const float* terms, int col0, const float* x,
-                                                       const float* dp) {
-  const float d0 = terms[BM + col0], d1 = terms[BM + col0 + 1];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    dsk[r] = cuda_fwd::pack2<T>(grad_of(x[2 * r], dp[2 * r], d0), grad_of(x[2 * r + 1], dp[2 * r + 1], d1));
-  }
-}
-// Both passes at once (the mma.sync dK / dV kernel).
+// The same for one n8 block of a transposed tile (x: its four S^T values, a thread's two key rows key0, key0 + 8
+// against two adjacent q columns col0, col0 + 1 of a q block whose terms lie at `terms` as both dK / dV kernels keep
+// them in shared memory: BM floats each of L log2e and D, then BM ints each of the visible interval's lo and hi and
+// the sink end): P^T and dS^T packed as A fragments.
 template <class T, int BM>
 __device__ __forceinline__ void pack_transposed_block(uint32_t pk[2], uint32_t dsk[2], const BwdParams& p,
                                                       const float* terms, int key0, int col0, bool full,
                                                       const float* x, const float* dp) {
-  float v[4] = {x[0], x[1], x[2], x[3]};
-  probs_transposed_block<T, BM>(pk, p, terms, key0, col0, full, v);
-  grads_transposed_block<T, BM>(dsk, terms, col0, v, dp);
+  const int* it = reinterpret_cast<const int*>(terms + 2 * BM);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + 8 * r;
+    float pr[2], ds[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = col0 + e;
+      float v = x[2 * r + e];
+      pr[e] = prob_in_place(p, v, terms[col], full || key_visible(key, it[col], it[BM + col], it[2 * BM + col]));
+      ds[e] = grad_of(v, dp[2 * r + e], terms[BM + col]);
+    }
+    pk[r] = cuda_fwd::pack2<T>(pr[0], pr[1]);
+    dsk[r] = cuda_fwd::pack2<T>(ds[0], ds[1]);
+  }
+}
+
+// The Hopper kernels' element-wise step, a whole tile per pass (x: this thread's S accumulator, NB n8 blocks of four
+// values), straight-line code for each of the four (softcap, masked) cases, chosen once per tile.
+//
+// Row-major tile (dQ kernel; rows g and g + 8 of the warp's 16 with terms rt[0], rt[1]; block nb's keys
+// key0 + nb * 8 + {0, 1}), first pass: x becomes P tanh' in place.
+template <int NB, bool SOFTCAP, bool MASKED>
+__device__ __forceinline__ void probs_tile_as(const BwdParams& p, const RowTerms rt[2], int key0, float* x) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool vis = !MASKED || key_visible(key0 + nb * 8 + e, rt[r].lo, rt[r].hi, rt[r].se);
+        prob_in_place<SOFTCAP>(p, x[nb * 4 + 2 * r + e], rt[r].l2, vis);
+      }
+}
+template <int NB>
+__device__ __forceinline__ void probs_tile(const BwdParams& p, const RowTerms rt[2], int key0, bool full,
+                                           float (&x)[NB * 4]) {
+  if (p.softcap > 0.f) {
+    full ? probs_tile_as<NB, true, false>(p, rt, key0, x) : probs_tile_as<NB, true, true>(p, rt, key0, x);
+  } else {
+    full ? probs_tile_as<NB, false, false>(p, rt, key0, x) : probs_tile_as<NB, false, true>(p, rt, key0, x);
+  }
+}
+// Second pass: dS from the first pass's x and the tile's dP, packed to 16 bits as A fragments.
+template <class T, int NB>
+__device__ __forceinline__ void grads_tile(uint32_t (&dsk)[NB][2], const RowTerms rt[2], const float (&x)[NB * 4],
+                                           const float (&dp)[NB * 4]) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = nb * 4 + 2 * r;
+      dsk[nb][r] = cuda_fwd::pack2<T>(grad_of(x[i], dp[i], rt[r].d), grad_of(x[i + 1], dp[i + 1], rt[r].d));
+    }
+}
+
+// Transposed tile (dK / dV kernel; key rows key0, key0 + 8; block nb's q columns nb * 8 + t2 + {0, 1}, their terms
+// at `terms` as pack_transposed_block reads them), first pass: P^T packed as A fragments, x becomes P tanh'.
+template <class T, int BM, int NB, bool SOFTCAP, bool MASKED>
+__device__ __forceinline__ void probs_transposed_tile_as(uint32_t (&pk)[NB][2], const BwdParams& p,
+                                                         const float* terms, int key0, int t2, float* x) {
+  const int* it = reinterpret_cast<const int*>(terms + 2 * BM);
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+    const int col = nb * 8 + t2;
+    const float2 l2 = *reinterpret_cast<const float2*>(terms + col);
+    int2 lo{}, hi{}, se{};
+    if constexpr (MASKED) {
+      lo = *reinterpret_cast<const int2*>(it + col);
+      hi = *reinterpret_cast<const int2*>(it + BM + col);
+      se = *reinterpret_cast<const int2*>(it + 2 * BM + col);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = key0 + 8 * r;
+      const bool v0 = !MASKED || key_visible(key, lo.x, hi.x, se.x);
+      const bool v1 = !MASKED || key_visible(key, lo.y, hi.y, se.y);
+      const float p0 = prob_in_place<SOFTCAP>(p, x[nb * 4 + 2 * r], l2.x, v0);
+      const float p1 = prob_in_place<SOFTCAP>(p, x[nb * 4 + 2 * r + 1], l2.y, v1);
+      pk[nb][r] = cuda_fwd::pack2<T>(p0, p1);
+    }
+  }
+}
+template <class T, int BM, int NB>
+__device__ __forceinline__ void probs_transposed_tile(uint32_t (&pk)[NB][2], const BwdParams& p, const float* terms,
+                                                      int key0, int t2, bool full, float (&x)[NB * 4]) {
+  if (p.softcap > 0.f) {
+    full ? probs_transposed_tile_as<T, BM, NB, true, false>(pk, p, terms, key0, t2, x)
+         : probs_transposed_tile_as<T, BM, NB, true, true>(pk, p, terms, key0, t2, x);
+  } else {
+    full ? probs_transposed_tile_as<T, BM, NB, false, false>(pk, p, terms, key0, t2, x)
+         : probs_transposed_tile_as<T, BM, NB, false, true>(pk, p, terms, key0, t2, x);
+  }
+}
+// Second pass: dS^T from the first pass's x and the tile's dP^T, packed as A fragments.
+template <class T, int BM, int NB>
+__device__ __forceinline__ void grads_transposed_tile(uint32_t (&dsk)[NB][2], const float* terms, int t2,
+                                                      const float (&x)[NB * 4], const float (&dp)[NB * 4]) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+    const float2 d = *reinterpret_cast<const float2*>(terms + BM + nb * 8 + t2);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = nb * 4 + 2 * r;
+      dsk[nb][r] = cuda_fwd::pack2<T>(grad_of(x[i], dp[i], d.x), grad_of(x[i + 1], dp[i + 1], d.y));
+    }
+  }
 }
 
 }  // namespace flashlite::cuda_bwd

@@ -377,20 +377,14 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
       wgmma_wait<1>();  // S^T
       pin_regs(sct);
       const bool full = i1 - i0 == BM && j1 - j0 == BN && tile_fully_visible(p.mask, i0, i1, j0, j1, s.sq, s.sk);
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        cuda_bwd::probs_transposed_block<T, BM>(pk[nb], p, terms, j0 + kw + g, nb * 8 + 2 * t, full, &sct[nb * 4]);
-      }
+      cuda_bwd::probs_transposed_tile<T, BM, NB>(pk, p, terms, j0 + kw + g, 2 * t, full, sct);
       wgmma_fence();
       issue_frag_product<T, D, BM>(dv, pk, sO(st), Cfg::QM_BLOCK);  // dV += P^T dO
       wgmma_commit();
 
       wgmma_wait<1>();  // dP^T
       pin_regs(dpt);
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        cuda_bwd::grads_transposed_block<T, BM>(dsk[nb], terms, nb * 8 + 2 * t, &sct[nb * 4], &dpt[nb * 4]);
-      }
+      cuda_bwd::grads_transposed_tile<T, BM, NB>(dsk, terms, 2 * t, sct, dpt);
       wgmma_fence();
       issue_frag_product<T, D, BM>(dk, dsk, sQ(st), Cfg::QM_BLOCK);  // dK += dS^T Q
       wgmma_commit();
@@ -497,12 +491,10 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
       wgmma_wait<1>();  // S
       pin_regs(sc);
       const bool full = wr1 - wr0 == 16 && j1 - j0 == BC && tile_fully_visible(p.mask, wr0, wr1, j0, j1, s.sq, s.sk);
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) cuda_bwd::probs_block(p, rt, j0 + nb * 8 + 2 * t, full, &sc[nb * 4]);
+      cuda_bwd::probs_tile<NB>(p, rt, j0 + 2 * t, full, sc);
       wgmma_wait<0>();  // dP
       pin_regs(dp);
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) cuda_bwd::grads_block<T>(dsk[nb], rt, &sc[nb * 4], &dp[nb * 4]);
+      cuda_bwd::grads_tile<T, NB>(dsk, rt, sc, dp);
       wgmma_fence();
       issue_frag_product<T, D, BC>(dq, dsk, sK(st), Cfg::KC_BLOCK);  // dQ += dS K
       wgmma_commit();
