@@ -53,9 +53,13 @@ __device__ __forceinline__ float prob_in_place(const BwdParams& p, float& x, flo
 __device__ __forceinline__ float prob_in_place(const BwdParams& p, float& x, float l2, bool visible) {
   return p.softcap > 0.f ? prob_in_place<true>(p, x, l2, visible) : prob_in_place<false>(p, x, l2, visible);
 }
-// dS = P tanh' (dP - D); exactly 0 where P is (a hidden score's dP is never looked at).
+// dS = P tanh' (dP - D). MASKED: exactly 0 where P is, so that a hidden score's dP is never looked at (a non-finite
+// value of a key the row cannot see stays out of its gradient); where every score is visible the product alone, as
+// the formula reads.
+template <bool MASKED = true>
 __device__ __forceinline__ float grad_of(float p_dfac, float dp, float delta) {
-  return p_dfac == 0.f ? 0.f : p_dfac * (dp - delta);
+  if constexpr (MASKED) return p_dfac == 0.f ? 0.f : p_dfac * (dp - delta);
+  return p_dfac * (dp - delta);
 }
 // Whether a row with visible interval [lo, hi] and sink keys [0, se) sees `key`, without branches.
 __device__ __forceinline__ bool key_visible(int key, int lo, int hi, int se) {
@@ -69,19 +73,23 @@ struct RowTerms {
   float l2, d;
   int lo, hi, se;
 };
-__device__ __forceinline__ RowTerms row_terms(const BwdParams& p, const SeqInfo& s, const float* lse,
-                                              const float* delta, int i) {
+// The same from the row's LSE and D already loaded (the Hopper dK / dV kernel loads them an item ahead).
+__device__ __forceinline__ RowTerms row_terms_of(const BwdParams& p, const SeqInfo& s, int i, float L, float d) {
   RowTerms r{INFINITY, 0.f, 1, 0, 0};
   if (i < s.sq) {
-    const float L = lse[(s.q_row0 + i) * p.lse_stride.seq];
     r.l2 = L == -INFINITY ? INFINITY : L * kLog2e;
-    r.d = delta[i];
+    r.d = d;
     const cuda_fwd::RowKeys rk = cuda_fwd::row_keys(p.mask, i, s.sq, s.sk);
     r.lo = cuda_fwd::clamp_to(rk.lo, 0, s.sk);
     r.hi = cuda_fwd::clamp_to(rk.hi, -1, s.sk - 1);
     r.se = cuda_fwd::clamp_to(rk.sink_end, 0, s.sk);
   }
   return r;
+}
+__device__ __forceinline__ RowTerms row_terms(const BwdParams& p, const SeqInfo& s, const float* lse,
+                                              const float* delta, int i) {
+  return i < s.sq ? row_terms_of(p, s, i, lse[(s.q_row0 + i) * p.lse_stride.seq], delta[i])
+                  : row_terms_of(p, s, i, 0.f, 0.f);
 }
 
 // The mma.sync kernels' element-wise step, one n8 block at a time (x: its four S values, rows g and g + 8 of the
@@ -154,16 +162,21 @@ __device__ __forceinline__ void probs_tile(const BwdParams& p, const RowTerms rt
   }
 }
 // Second pass: dS from the first pass's x and the tile's dP, packed to 16 bits as A fragments.
-template <class T, int NB>
-__device__ __forceinline__ void grads_tile(uint32_t (&dsk)[NB][2], const RowTerms rt[2], const float (&x)[NB * 4],
-                                           const float (&dp)[NB * 4]) {
+template <class T, int NB, bool MASKED>
+__device__ __forceinline__ void grads_tile_as(uint32_t (&dsk)[NB][2], const RowTerms rt[2], const float* x,
+                                              const float* dp) {
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = nb * 4 + 2 * r;
-      dsk[nb][r] = cuda_fwd::pack2<T>(grad_of(x[i], dp[i], rt[r].d), grad_of(x[i + 1], dp[i + 1], rt[r].d));
+      dsk[nb][r] = cuda_fwd::pack2<T>(grad_of<MASKED>(x[i], dp[i], rt[r].d), grad_of<MASKED>(x[i + 1], dp[i + 1], rt[r].d));
     }
+}
+template <class T, int NB>
+__device__ __forceinline__ void grads_tile(uint32_t (&dsk)[NB][2], const RowTerms rt[2], bool full,
+                                           const float (&x)[NB * 4], const float (&dp)[NB * 4]) {
+  full ? grads_tile_as<T, NB, false>(dsk, rt, x, dp) : grads_tile_as<T, NB, true>(dsk, rt, x, dp);
 }
 
 // Transposed tile (dK / dV kernel; key rows key0, key0 + 8; block nb's q columns nb * 8 + t2 + {0, 1}, their terms
@@ -205,18 +218,24 @@ __device__ __forceinline__ void probs_transposed_tile(uint32_t (&pk)[NB][2], con
   }
 }
 // Second pass: dS^T from the first pass's x and the tile's dP^T, packed as A fragments.
-template <class T, int BM, int NB>
-__device__ __forceinline__ void grads_transposed_tile(uint32_t (&dsk)[NB][2], const float* terms, int t2,
-                                                      const float (&x)[NB * 4], const float (&dp)[NB * 4]) {
+template <class T, int BM, int NB, bool MASKED>
+__device__ __forceinline__ void grads_transposed_tile_as(uint32_t (&dsk)[NB][2], const float* terms, int t2,
+                                                         const float* x, const float* dp) {
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb) {
     const float2 d = *reinterpret_cast<const float2*>(terms + BM + nb * 8 + t2);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = nb * 4 + 2 * r;
-      dsk[nb][r] = cuda_fwd::pack2<T>(grad_of(x[i], dp[i], d.x), grad_of(x[i + 1], dp[i + 1], d.y));
+      dsk[nb][r] = cuda_fwd::pack2<T>(grad_of<MASKED>(x[i], dp[i], d.x), grad_of<MASKED>(x[i + 1], dp[i + 1], d.y));
     }
   }
+}
+template <class T, int BM, int NB>
+__device__ __forceinline__ void grads_transposed_tile(uint32_t (&dsk)[NB][2], const float* terms, int t2, bool full,
+                                                      const float (&x)[NB * 4], const float (&dp)[NB * 4]) {
+  full ? grads_transposed_tile_as<T, BM, NB, false>(dsk, terms, t2, x, dp)
+       : grads_transposed_tile_as<T, BM, NB, true>(dsk, terms, t2, x, dp);
 }
 
 }  // namespace flashlite::cuda_bwd

@@ -79,7 +79,7 @@ struct BwdHopperTile {
   static constexpr uint32_t KV_OFF_Q = 2 * KV_BYTES;                      // [stage] Q
   static constexpr uint32_t KV_OFF_O = KV_OFF_Q + STAGES * QM_BYTES;      // [stage] dO
   static constexpr uint32_t KV_OFF_ROWS = KV_OFF_O + STAGES * QM_BYTES;
-  static constexpr uint32_t KV_OFF_BAR = KV_OFF_ROWS + 2 * ROW_BYTES;  // [item parity] row terms
+  static constexpr uint32_t KV_OFF_BAR = KV_OFF_ROWS + 4 * ROW_BYTES;  // [consumer warpgroup][item parity] row terms
   static constexpr uint32_t DKDV_SMEM = KV_OFF_BAR + BAR_BYTES + 1024;  // and slack to align the base to 1024
   // dQ kernel: BR query rows per CTA, key tiles of BC keys.
   static constexpr int BR = 128, BC = 64;
@@ -98,7 +98,7 @@ struct BwdHopperTile {
   static_assert(BN == 2 * 64 && BR == 2 * 64, "two consumer warpgroups of 64 keys / rows");
   static_assert(BM % BOX == 0 && BN % BOX == 0 && BR % BOX == 0 && BC % BOX == 0, "tiles are whole boxes");
   static_assert(KV_BYTES % 1024 == 0 && QM_BYTES % 1024 == 0 && QR_BYTES % 1024 == 0 && KC_BYTES % 1024 == 0 &&
-                    (2 * ROW_BYTES) % 8 == 0,
+                    (4 * ROW_BYTES) % 8 == 0,
                 "tiles start on 1024-byte boundaries (the swizzle atom), barriers on 8");
   static_assert(DKDV_SMEM <= 227u * 1024u && DQ_SMEM <= 227u * 1024u, "over the sm_90 opt-in shared memory");
 };
@@ -132,11 +132,14 @@ __device__ __forceinline__ void load_pair(uint32_t bar, uint32_t a, const CUtens
 template <class T, int D>
 __device__ __forceinline__ void issue_scores(float (&acc)[32], uint32_t a, uint32_t a_block, uint32_t b,
                                              uint32_t b_block) {
+  // The descriptors of the k steps differ only in their address field (bits 0-13, the address / 16): offsets are
+  // added to the first one (no carry: shared memory ends below 2^18 bytes), not rebuilt per step.
+  const uint64_t da = smem_desc(a, 16, 1024), db = smem_desc(b, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t col = uint32_t(kk % 4) * 32u;  // 16 columns = 32 bytes into the 128-byte row
-    wgmma_ss_n64(acc, smem_desc(a + uint32_t(kk / 4) * a_block + col, 16, 1024),
-                 smem_desc(b + uint32_t(kk / 4) * b_block + col, 16, 1024), kk > 0 ? 1 : 0, T{});
+    wgmma_ss_n64(acc, da + ((uint32_t(kk / 4) * a_block + col) >> 4), db + ((uint32_t(kk / 4) * b_block + col) >> 4),
+                 kk > 0 ? 1 : 0, T{});
   }
 }
 
@@ -146,10 +149,11 @@ __device__ __forceinline__ void issue_scores(float (&acc)[32], uint32_t a, uint3
 template <class T, int D, int K>
 __device__ __forceinline__ void issue_frag_product(float (&acc)[D / 2], const uint32_t (&frag)[K / 8][2], uint32_t b,
                                                    uint32_t b_block) {
+  const uint64_t db = smem_desc(b, b_block, 1024);  // + the k step's offset, as in issue_scores
 #pragma unroll
   for (int kb = 0; kb < K / 16; ++kb) {
     const uint32_t a[4] = {frag[2 * kb][0], frag[2 * kb][1], frag[2 * kb + 1][0], frag[2 * kb + 1][1]};
-    const uint64_t desc = smem_desc(b + uint32_t(kb) * 16u * 128u, b_block, 1024);
+    const uint64_t desc = db + uint32_t(kb) * 16u * 128u / 16u;
     if constexpr (D == 128) {
       wgmma_rs_n128(acc, a, desc, 1, T{});
     } else {
@@ -284,14 +288,14 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
     return x;
   };
 
-  // Shared memory (base aligned to 1024): K | V | Q[STAGES] | dO[STAGES] | row terms[2] | barriers.
+  // Shared memory (base aligned to 1024): K | V | Q[STAGES] | dO[STAGES] | row terms[2][2] | barriers.
   unsigned char* const smem = aligned_smem();
   const uint32_t base = cuda::smem_addr(smem);
   const uint32_t sK = base, sV = base + Cfg::KV_OFF_V;
   const auto sQ = [&](int st) { return base + Cfg::KV_OFF_Q + uint32_t(st) * Cfg::QM_BYTES; };
   const auto sO = [&](int st) { return base + Cfg::KV_OFF_O + uint32_t(st) * Cfg::QM_BYTES; };
-  const auto rows = [&](int slot) {
-    return reinterpret_cast<float*>(smem + Cfg::KV_OFF_ROWS + uint32_t(slot) * Cfg::ROW_BYTES);
+  const auto rows = [&](int wg, int slot) {
+    return reinterpret_cast<float*>(smem + Cfg::KV_OFF_ROWS + uint32_t(2 * wg + slot) * Cfg::ROW_BYTES);
   };
   const Barriers<STAGES> bars{base + Cfg::KV_OFF_BAR};  // once: K and V; the ring (full / empty): Q and dO of each item
   bars.init_and_sync();
@@ -315,7 +319,9 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
   } else {
     // ---------------------------------------------------------------- consumer warpgroups
     regs_alloc<Cfg::REGS_CONSUMER>();
-    const int cw = warp / 4 - 1;                  // keys [64 cw, 64 cw + 64) of the block
+    // keys [64 cw, 64 cw + 64) of the block (broadcast from lane 0, so the compiler knows it is warp-uniform and
+    // keeps the wgmma descriptors built from it in uniform registers)
+    const int cw = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);
     const int g = lane / 4, t = lane % 4;
     const int ct = int(threadIdx.x) - 128;        // consumer thread 0..255
     const int kw = cw * 64 + (warp % 4) * 16;     // this warp's first key within the block
@@ -325,17 +331,29 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
 
-    // The row terms of item x into slot `slot` (item parity), one consumer thread per q row (read by every
-    // consumer after the next named barrier).
-    const auto write_rows = [&](int x, int slot) {
-      if (ct >= BM) return;
-      const int h = kvh * p.group + x / q_tiles, i0 = (x % q_tiles) * BM;
-      const float* lse = p.lse + s.tb * p.lse_stride.batch + int64_t(h) * p.lse_stride.head;
-      const float* delta = p.delta + (s.tb * p.q_heads + h) * p.rows_q + s.q_row0;
-      const cuda_bwd::RowTerms rt = cuda_bwd::row_terms(p, s, lse, delta, i0 + ct);
-      float* r = rows(slot);
+    // The row terms: each consumer warpgroup keeps its own copy (its threads wt < BM, one q row each), so that the
+    // two synchronise only within themselves; the LSE and D of a row are loaded an item ahead (`load_raw`), so their
+    // latency hides behind a whole item, and written into the slot of the item's parity (`write_rows`).
+    const int wt = ct - 128 * cw;  // thread within the warpgroup
+    struct RowRaw {
+      float L = 0.f, d = 0.f;
+    };
+    const auto load_raw = [&](int x) {
+      RowRaw raw;
+      const int i = (x % q_tiles) * BM + wt;
+      if (wt < BM && x < items && i < s.sq) {
+        const int h = kvh * p.group + x / q_tiles;
+        raw.L = p.lse[s.tb * p.lse_stride.batch + int64_t(h) * p.lse_stride.head + (s.q_row0 + i) * p.lse_stride.seq];
+        raw.d = p.delta[(s.tb * p.q_heads + h) * p.rows_q + s.q_row0 + i];
+      }
+      return raw;
+    };
+    const auto write_rows = [&](int x, const RowRaw& raw, int slot) {
+      if (wt >= BM) return;
+      const cuda_bwd::RowTerms rt = cuda_bwd::row_terms_of(p, s, (x % q_tiles) * BM + wt, raw.L, raw.d);
+      float* r = rows(cw, slot);
       int* ri = reinterpret_cast<int*>(r + 2 * BM);
-      r[ct] = rt.l2, r[BM + ct] = rt.d, ri[ct] = rt.lo, ri[BM + ct] = rt.hi, ri[2 * BM + ct] = rt.se;
+      r[wt] = rt.l2, r[BM + wt] = rt.d, ri[wt] = rt.lo, ri[BM + wt] = rt.hi, ri[2 * BM + wt] = rt.se;
     };
 
     // Varlen, except the last sequence (past the map's end TMA zero-fills): q blocks crossing the sequence's end.
@@ -348,12 +366,12 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
     // runs. Each item ends with nothing in flight: a product still running across the loop's back edge makes ptxas
     // serialise every wgmma, and the register budget (dK, dV, S^T, dP^T, P^T, dS^T: 224 of 240) has no room for the
     // forward kernel's way around that (the previous item's last product issued with this item's first two).
-    int x = next_item(0);
-    if (x < items) write_rows(x, 0);
+    int x = next_item(0), xn = next_item(x + 1);
+    if (x < items) write_rows(x, load_raw(x), 0);
+    RowRaw raw_next = load_raw(xn);
     cuda::mbar_wait_or_trap(bars.once(), 0);
     for (int n = 0; x < items; ++n) {
       const int st = n % STAGES;
-      const int xn = next_item(x + 1);
       const int i0 = (x % q_tiles) * BM, i1 = min(i0 + BM, s.sq);
       // (the plain wait here: the trapping one costs this register-tight loop spills at d128; a hang here still
       // traps in the producer, which waits for every item's release)
@@ -361,18 +379,21 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
       if (q_tails && i0 + BM > s.sq) {  // varlen: the next sequence's rows in this block (uniform over the CTA)
         zero_tail<DB, BM>(sQ(st), s.sq - i0, ct);
         zero_tail<DB, BM>(sO(st), s.sq - i0, ct);
+        named_sync(1, 256);
       }
-      // This item's row terms are written (last iteration, or before the loop), every consumer is done with the
-      // previous item's, whose slot is rewritten below, and the tails are zero.
-      named_sync(1, 256);
-      const float* terms = rows(n & 1);
+      // This item's row terms are written (last iteration, or before the loop) and every thread of the warpgroup
+      // is done with the previous item's, whose slot is rewritten below.
+      named_sync(2 + cw, 128);
+      const float* terms = rows(cw, n & 1);
 
       wgmma_fence();
       issue_scores<T, D>(sct, k_wg, Cfg::KV_BLOCK, sQ(st), Cfg::QM_BLOCK);
       wgmma_commit();
       issue_scores<T, D>(dpt, v_wg, Cfg::KV_BLOCK, sO(st), Cfg::QM_BLOCK);
       wgmma_commit();
-      if (xn < items) write_rows(xn, (n + 1) & 1);  // while the products run
+      const int xnn = next_item(xn + 1);
+      if (xn < items) write_rows(xn, raw_next, (n + 1) & 1);  // while the products run
+      raw_next = load_raw(xnn);
 
       wgmma_wait<1>();  // S^T
       pin_regs(sct);
@@ -384,7 +405,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
 
       wgmma_wait<1>();  // dP^T
       pin_regs(dpt);
-      cuda_bwd::grads_transposed_tile<T, BM, NB>(dsk, terms, 2 * t, sct, dpt);
+      cuda_bwd::grads_transposed_tile<T, BM, NB>(dsk, terms, 2 * t, full, sct, dpt);
       wgmma_fence();
       issue_frag_product<T, D, BM>(dk, dsk, sQ(st), Cfg::QM_BLOCK);  // dK += dS^T Q
       wgmma_commit();
@@ -394,7 +415,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
       pin_regs(pk);
       pin_regs(dsk);
       if (lane == 0) mbar_arrive(bars.empty(st));
-      x = xn;
+      x = xn, xn = xnn;
     }
 
     // Epilogue: dK (times scale) and dV of this thread's keys, straight from registers.
@@ -416,7 +437,8 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
 
   const CtaPlace place = cta_place(p, hp.row_blocks, p.q_heads);
   const cuda_bwd::SeqInfo& s = place.s;
-  const int h = place.head, b = place.batch, qt = place.tile, i0 = qt * BR;
+  // Heaviest row blocks first (under a causal mask the last rows see the most keys), so the last wave is short.
+  const int h = place.head, b = place.batch, qt = hp.row_blocks - 1 - place.tile, i0 = qt * BR;
   if (i0 >= s.sq) {  // uniform (padded batches: never); varlen: a shorter sequence's tiles, whose dsink shares are 0
     if (p.dsink_part && threadIdx.x < 2 && qt * 2 + int(threadIdx.x) < p.q_tiles) {
       p.dsink_part[(int64_t(b) * p.q_heads + h) * p.q_tiles + qt * 2 + threadIdx.x] = 0.f;
@@ -449,7 +471,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
   } else {
     // ---------------------------------------------------------------- consumer warpgroups
     regs_alloc<Cfg::REGS_CONSUMER>();
-    const int cw = warp / 4 - 1;                 // rows [64 cw, 64 cw + 64) of the CTA's
+    const int cw = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);  // rows [64 cw, 64 cw + 64) of the CTA's (as above)
     const int g = lane / 4, t = lane % 4;
     const int row_w = cw * 64 + (warp % 4) * 16;  // this warp's first row within the CTA's
     const int wr0 = i0 + row_w, wr1 = min(wr0 + 16, s.sq);
@@ -494,7 +516,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
       cuda_bwd::probs_tile<NB>(p, rt, j0 + 2 * t, full, sc);
       wgmma_wait<0>();  // dP
       pin_regs(dp);
-      cuda_bwd::grads_tile<T, NB>(dsk, rt, sc, dp);
+      cuda_bwd::grads_tile<T, NB>(dsk, rt, full, sc, dp);
       wgmma_fence();
       issue_frag_product<T, D, BC>(dq, dsk, sK(st), Cfg::KC_BLOCK);  // dQ += dS K
       wgmma_commit();
