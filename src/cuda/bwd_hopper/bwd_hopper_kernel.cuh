@@ -276,13 +276,22 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
   if (j0 >= s.sk) return;  // uniform over the CTA
   const int j1 = min(j0 + BN, s.sk);
 
-  // Work items: (q head of the group, q block) pairs x = head_in_group * q_tiles + q_block, in order, skipping the q
-  // blocks that cannot see these keys; the producer and the consumers walk the same list.
-  const int q_tiles = (s.sq + BM - 1) / BM;
-  const int items = p.group * q_tiles;
+  // Work items: (q head of the group, q block) pairs over the q blocks that may see these keys (qr), in order,
+  // x = head_in_group * nq + block - qr.begin, skipping the blocks that cannot see them after all (a gap between a
+  // window and the sink keys' rows); the producer and the consumers walk the same list.
+  const cuda_bwd::BlockRange qr = cuda_bwd::q_blocks_seeing_keys(p.mask, j0, j1, s.sq, s.sk, BM);
+  const int nq = qr.end - qr.begin;
+  const int items = p.group * nq;
+  struct Item {
+    int hg, i0;  // head within the group, first q row (within the sequence)
+  };
+  const auto item_at = [&](int x) -> Item {
+    if (p.group == 1) return {0, (qr.begin + x) * BM};  // (no division)
+    return {x / nq, (qr.begin + x % nq) * BM};
+  };
   const auto next_item = [&](int x) {
     for (; x < items; ++x) {
-      const int i0 = (x % q_tiles) * BM;
+      const int i0 = item_at(x).i0;
       if (cuda_bwd::q_block_sees_keys(p.mask, i0, min(i0 + BM, s.sq), j0, j1, s.sq, s.sk)) break;
     }
     return x;
@@ -307,7 +316,8 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
     run_producer<Cfg::REGS_PRODUCER, DB, BN>(hp, bars, sK, &hp.tk, sV, &hp.tv, int(s.k_row0) + j0, kvh, tb, [&] {
       int n = 0;
       for (int x = next_item(0); x < items; x = next_item(x + 1), ++n) {
-        const int h = kvh * p.group + x / q_tiles, row = int(s.q_row0) + (x % q_tiles) * BM;
+        const Item it = item_at(x);
+        const int h = kvh * p.group + it.hg, row = int(s.q_row0) + it.i0;
         const int st = bars.claim(n);
         load_pair<DB, BM>(bars.full(st), sQ(st), &hp.tq, sO(st), &hp.tdo, row, h, tb);
       }
@@ -340,9 +350,11 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
     };
     const auto load_raw = [&](int x) {
       RowRaw raw;
-      const int i = (x % q_tiles) * BM + wt;
-      if (wt < BM && x < items && i < s.sq) {
-        const int h = kvh * p.group + x / q_tiles;
+      if (wt >= BM || x >= items) return raw;
+      const Item it = item_at(x);
+      const int i = it.i0 + wt;
+      if (i < s.sq) {
+        const int h = kvh * p.group + it.hg;
         raw.L = p.lse[s.tb * p.lse_stride.batch + int64_t(h) * p.lse_stride.head + (s.q_row0 + i) * p.lse_stride.seq];
         raw.d = p.delta[(s.tb * p.q_heads + h) * p.rows_q + s.q_row0 + i];
       }
@@ -350,7 +362,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
     };
     const auto write_rows = [&](int x, const RowRaw& raw, int slot) {
       if (wt >= BM) return;
-      const cuda_bwd::RowTerms rt = cuda_bwd::row_terms_of(p, s, (x % q_tiles) * BM + wt, raw.L, raw.d);
+      const cuda_bwd::RowTerms rt = cuda_bwd::row_terms_of(p, s, item_at(x).i0 + wt, raw.L, raw.d);
       float* r = rows(cw, slot);
       int* ri = reinterpret_cast<int*>(r + 2 * BM);
       r[wt] = rt.l2, r[BM + wt] = rt.d, ri[wt] = rt.lo, ri[BM + wt] = rt.hi, ri[2 * BM + wt] = rt.se;
@@ -372,7 +384,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
     cuda::mbar_wait_or_trap(bars.once(), 0);
     for (int n = 0; x < items; ++n) {
       const int st = n % STAGES;
-      const int i0 = (x % q_tiles) * BM, i1 = min(i0 + BM, s.sq);
+      const int i0 = item_at(x).i0, i1 = min(i0 + BM, s.sq);
       // (the plain wait here: the trapping one costs this register-tight loop spills at d128; a hang here still
       // traps in the producer, which waits for every item's release)
       cuda_fwd_hopper::mbar_wait(bars.full(st), uint32_t((n / STAGES) & 1));
