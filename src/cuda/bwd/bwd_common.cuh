@@ -193,7 +193,8 @@ __device__ __forceinline__ void grads_tile_as(uint32_t (&dsk)[NB][2], const RowT
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = nb * 4 + 2 * r;
-      dsk[nb][r] = cuda_fwd::pack2<T>(grad_of<MASKED>(x[i], dp[i], rt[r].d), grad_of<MASKED>(x[i + 1], dp[i + 1], rt[r].d));
+      dsk[nb][r] = cuda_fwd::pack2<T>(grad_of<MASKED>(x[i], dp[i], rt[r].d),
+                                      grad_of<MASKED>(x[i + 1], dp[i + 1], rt[r].d));
     }
 }
 template <class T, int NB>
