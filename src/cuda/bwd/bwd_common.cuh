@@ -73,9 +73,6 @@ __device__ __forceinline__ float prob_in_place(const BwdParams& p, float& x, flo
   x = pr * dfac;
   return pr;
 }
-__device__ __forceinline__ float prob_in_place(const BwdParams& p, float& x, float l2, bool visible) {
-  return p.softcap > 0.f ? prob_in_place<true>(p, x, l2, visible) : prob_in_place<false>(p, x, l2, visible);
-}
 // dS = P tanh' (dP - D). MASKED: exactly 0 where P is, so that a hidden score's dP is never looked at (a non-finite
 // value of a key the row cannot see stays out of its gradient); where every score is visible the product alone, as
 // the formula reads.
@@ -115,53 +112,10 @@ __device__ __forceinline__ RowTerms row_terms(const BwdParams& p, const SeqInfo&
                   : row_terms_of(p, s, i, 0.f, 0.f);
 }
 
-// The mma.sync kernels' element-wise step, one n8 block at a time (x: its four S values, rows g and g + 8 of the
-// warp's 16 against two adjacent keys key0, key0 + 1; rt[0], rt[1]: the two rows' terms): dS packed to 16 bits as
-// an mma A fragment's two registers.
-template <class T>
-__device__ __forceinline__ void pack_ds_block(uint32_t dsk[2], const BwdParams& p, const RowTerms rt[2], int key0,
-                                              bool full, const float* x, const float* dp) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float v[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      v[e] = x[2 * r + e];
-      prob_in_place(p, v[e], rt[r].l2, full || key_visible(key0 + e, rt[r].lo, rt[r].hi, rt[r].se));
-      v[e] = grad_of(v[e], dp[2 * r + e], rt[r].d);
-    }
-    dsk[r] = cuda_fwd::pack2<T>(v[0], v[1]);
-  }
-}
-// The same for one n8 block of a transposed tile (x: its four S^T values, a thread's two key rows key0, key0 + 8
-// against two adjacent q columns col0, col0 + 1 of a q block whose terms lie at `terms` as both dK / dV kernels keep
-// them in shared memory: BM floats each of L log2e and D, then BM ints each of the visible interval's lo and hi and
-// the sink end): P^T and dS^T packed as A fragments.
-template <class T, int BM>
-__device__ __forceinline__ void pack_transposed_block(uint32_t pk[2], uint32_t dsk[2], const BwdParams& p,
-                                                      const float* terms, int key0, int col0, bool full,
-                                                      const float* x, const float* dp) {
-  const int* it = reinterpret_cast<const int*>(terms + 2 * BM);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = key0 + 8 * r;
-    float pr[2], ds[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = col0 + e;
-      float v = x[2 * r + e];
-      pr[e] = prob_in_place(p, v, terms[col], full || key_visible(key, it[col], it[BM + col], it[2 * BM + col]));
-      ds[e] = grad_of(v, dp[2 * r + e], terms[BM + col]);
-    }
-    pk[r] = cuda_fwd::pack2<T>(pr[0], pr[1]);
-    dsk[r] = cuda_fwd::pack2<T>(ds[0], ds[1]);
-  }
-}
-
-// The Hopper kernels' element-wise step, a whole tile per pass (x: this thread's S accumulator, NB n8 blocks of four
-// values), straight-line code for each of the four (softcap, masked) cases, chosen once per tile.
+// The element-wise step of both CUDA families, a whole tile per pass (x: this thread's S accumulator, NB n8 blocks of
+// four values, contiguous), straight-line code for each of the four (softcap, masked) cases, chosen once per tile.
 //
-// Row-major tile (dQ kernel; rows g and g + 8 of the warp's 16 with terms rt[0], rt[1]; block nb's keys
+// Row-major tile (dQ kernels; rows g and g + 8 of the warp's 16 with terms rt[0], rt[1]; block nb's keys
 // key0 + nb * 8 + {0, 1}), first pass: x becomes P tanh' in place.
 template <int NB, bool SOFTCAP, bool MASKED>
 __device__ __forceinline__ void probs_tile_as(const BwdParams& p, const RowTerms rt[2], int key0, float* x) {
@@ -176,8 +130,7 @@ __device__ __forceinline__ void probs_tile_as(const BwdParams& p, const RowTerms
       }
 }
 template <int NB>
-__device__ __forceinline__ void probs_tile(const BwdParams& p, const RowTerms rt[2], int key0, bool full,
-                                           float (&x)[NB * 4]) {
+__device__ __forceinline__ void probs_tile(const BwdParams& p, const RowTerms rt[2], int key0, bool full, float* x) {
   if (p.softcap > 0.f) {
     full ? probs_tile_as<NB, true, false>(p, rt, key0, x) : probs_tile_as<NB, true, true>(p, rt, key0, x);
   } else {
@@ -198,13 +151,15 @@ __device__ __forceinline__ void grads_tile_as(uint32_t (&dsk)[NB][2], const RowT
     }
 }
 template <class T, int NB>
-__device__ __forceinline__ void grads_tile(uint32_t (&dsk)[NB][2], const RowTerms rt[2], bool full,
-                                           const float (&x)[NB * 4], const float (&dp)[NB * 4]) {
+__device__ __forceinline__ void grads_tile(uint32_t (&dsk)[NB][2], const RowTerms rt[2], bool full, const float* x,
+                                           const float* dp) {
   full ? grads_tile_as<T, NB, false>(dsk, rt, x, dp) : grads_tile_as<T, NB, true>(dsk, rt, x, dp);
 }
 
-// Transposed tile (dK / dV kernel; key rows key0, key0 + 8; block nb's q columns nb * 8 + t2 + {0, 1}, their terms
-// at `terms` as pack_transposed_block reads them), first pass: P^T packed as A fragments, x becomes P tanh'.
+// Transposed tile (dK / dV kernels; key rows key0, key0 + 8; block nb's q columns nb * 8 + t2 + {0, 1}, whose terms
+// lie at `terms` as both dK / dV kernels keep them in shared memory: BM floats each of L log2e and D, then BM ints
+// each of the visible interval's lo and hi and the sink end), first pass: P^T packed as A fragments, x becomes
+// P tanh'.
 template <class T, int BM, int NB, bool SOFTCAP, bool MASKED>
 __device__ __forceinline__ void probs_transposed_tile_as(uint32_t (&pk)[NB][2], const BwdParams& p,
                                                          const float* terms, int key0, int t2, float* x) {
@@ -232,7 +187,7 @@ __device__ __forceinline__ void probs_transposed_tile_as(uint32_t (&pk)[NB][2], 
 }
 template <class T, int BM, int NB>
 __device__ __forceinline__ void probs_transposed_tile(uint32_t (&pk)[NB][2], const BwdParams& p, const float* terms,
-                                                      int key0, int t2, bool full, float (&x)[NB * 4]) {
+                                                      int key0, int t2, bool full, float* x) {
   if (p.softcap > 0.f) {
     full ? probs_transposed_tile_as<T, BM, NB, true, false>(pk, p, terms, key0, t2, x)
          : probs_transposed_tile_as<T, BM, NB, true, true>(pk, p, terms, key0, t2, x);
@@ -257,7 +212,7 @@ __device__ __forceinline__ void grads_transposed_tile_as(uint32_t (&dsk)[NB][2],
 }
 template <class T, int BM, int NB>
 __device__ __forceinline__ void grads_transposed_tile(uint32_t (&dsk)[NB][2], const float* terms, int t2, bool full,
-                                                      const float (&x)[NB * 4], const float (&dp)[NB * 4]) {
+                                                      const float* x, const float* dp) {
   full ? grads_transposed_tile_as<T, BM, NB, false>(dsk, terms, t2, x, dp)
        : grads_transposed_tile_as<T, BM, NB, true>(dsk, terms, t2, x, dp);
 }

@@ -214,20 +214,23 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
   const int kw = warp * 16;  // this warp's first key within the block
   const uint32_t a_off = uint32_t(lane_a(lane, LD) * 2), b_off = uint32_t(lane_b(lane, LD) * 2);
 
-  // Work items: (q head of the group, q block) pairs x = head_in_group * q_tiles + q_block, visited in order,
-  // skipping the q blocks that cannot see this key block.
-  const int q_tiles = (s.sq + BM - 1) / BM;
-  const int items = p.group * q_tiles;
+  // Work items: (q head of the group, q block) pairs over the q blocks that may see this key block (qr), visited in
+  // order, x = head_in_group * nq + block - qr.begin, skipping those that cannot see it after all (as the Hopper
+  // kernel; no division per item for GQA group 1).
+  const BlockRange qr = q_blocks_seeing_keys(p.mask, j0, j1, s.sq, s.sk, BM);
+  const int nq = qr.end - qr.begin;
+  const int items = p.group * nq;
+  const auto item_i0 = [&](int x) { return (qr.begin + (p.group == 1 ? x : x % nq)) * BM; };
   const auto next_item = [&](int x) {
     for (; x < items; ++x) {
-      const int i0 = (x % q_tiles) * BM;
+      const int i0 = item_i0(x);
       if (q_block_sees_keys(p.mask, i0, min(i0 + BM, s.sq), j0, j1, s.sq, s.sk)) break;
     }
     return x;
   };
   // Issues the copies of item x's Q and dO into stage `into` and writes its row terms there.
   const auto issue = [&](int x, int into) {
-    const int h = kvh * p.group + x / q_tiles, i0 = (x % q_tiles) * BM;
+    const int h = kvh * p.group + (p.group == 1 ? 0 : x / nq), i0 = item_i0(x);
     const T* qg = static_cast<const T*>(p.q) + p.q_stride.offset(s.tb, s.q_row0, h);
     const T* og = static_cast<const T*>(p.dout) + p.dout_stride.offset(s.tb, s.q_row0, h);
     const uint32_t sQ = lay.ring(into);
@@ -261,7 +264,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
     if (xn < items) issue(xn, stage ^ 1);
     cuda_fwd::cp_async_commit();
 
-    const int i0 = (x % q_tiles) * BM, i1 = min(i0 + BM, s.sq);
+    const int i0 = item_i0(x), i1 = min(i0 + BM, s.sq);
     const uint32_t sQ = lay.ring(stage), sO = sQ + Cfg::TILE_M_BYTES;
     const float* terms = rows0 + stage * 5 * BM;
     const bool full = i1 - i0 == BM && j1 - j0 == BN &&
@@ -273,10 +276,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
 
     // P^T and dS^T, packed to 16 bits as A operands (rows: keys; columns: q rows of the block).
     uint32_t pk[NTM][2], dsk[NTM][2];
-#pragma unroll
-    for (int nj = 0; nj < NTM; ++nj) {
-      pack_transposed_block<T, BM>(pk[nj], dsk[nj], p, terms, j0 + kw + g, nj * 8 + 2 * t, full, st[nj], dpt[nj]);
-    }
+    probs_transposed_tile<T, BM, NTM>(pk, p, terms, j0 + kw + g, 2 * t, full, &st[0][0]);
+    grads_transposed_tile<T, BM, NTM>(dsk, terms, 2 * t, full, &st[0][0], &dpt[0][0]);
 
     // dV += P^T dO, dK += dS^T Q (k steps over the q rows; dO and Q as B operands through ldmatrix.trans).
 #pragma unroll
@@ -393,8 +394,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dq_kernel(const __grid_co
 
     // dS packed to 16 bits as the A operand (rows: this warp's q rows; columns: keys).
     uint32_t dsk[NTN][2];
-#pragma unroll
-    for (int nj = 0; nj < NTN; ++nj) pack_ds_block<T>(dsk[nj], p, rt, j0 + nj * 8 + 2 * t, full, sc[nj], dp[nj]);
+    probs_tile<NTN>(p, rt, j0 + 2 * t, full, &sc[0][0]);
+    grads_tile<T, NTN>(dsk, rt, full, &sc[0][0], &dp[0][0]);
 
     // dQ += dS K (k steps over the keys; K as the B operand through ldmatrix.trans).
 #pragma unroll
