@@ -31,9 +31,9 @@ __device__ __forceinline__ bool q_block_sees_keys(const MaskParams& m, int i0, i
   return r.begin < j1 && j0 < r.end;
 }
 
-// Query blocks [begin, end) of bm rows: a range that holds every block q_block_sees_keys accepts for keys [j0, j1)
-// (rows whose window reaches the keys; with sink keys among them, every row from the first that may see one), so
-// that a key block's walk over the q blocks starts and ends near its visible ones.
+// Query blocks [begin, end) of bm rows: the blocks q_block_sees_keys accepts for keys [j0, j1) (rows whose window
+// reaches the keys; with sink keys among them, every row from the first that may see one: the union is one range),
+// so that a key block's walk over the q blocks visits only its visible ones.
 struct BlockRange {
   int begin, end;
 };
@@ -70,7 +70,7 @@ __device__ __forceinline__ float prob_in_place(const BwdParams& p, float& x, flo
     logit2 = x * p.scale_log2;
   }
   const float pr = visible ? cuda_fwd::fast_exp2(logit2 - l2) : 0.f;
-  x = pr * dfac;
+  x = visible ? pr * dfac : 0.f;  // (a hidden NaN score's tanh' is NaN: 0 x NaN would reach dS)
   return pr;
 }
 // dS = P tanh' (dP - D). MASKED: exactly 0 where P is, so that a hidden score's dP is never looked at (a non-finite

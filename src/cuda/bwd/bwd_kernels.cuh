@@ -214,9 +214,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
   const int kw = warp * 16;  // this warp's first key within the block
   const uint32_t a_off = uint32_t(lane_a(lane, LD) * 2), b_off = uint32_t(lane_b(lane, LD) * 2);
 
-  // Work items: (q head of the group, q block) pairs over the q blocks that may see this key block (qr), visited in
-  // order, x = head_in_group * nq + block - qr.begin, skipping those that cannot see it after all (as the Hopper
-  // kernel; no division per item for GQA group 1).
+  // Work items: (q head of the group, q block) pairs over the q blocks that see this key block (qr), visited in
+  // order, x = head_in_group * nq + block - qr.begin, with the per-item predicate as a guard, as in the Hopper kernel
+  // (no division per item for GQA group 1).
   const BlockRange qr = q_blocks_seeing_keys(p.mask, j0, j1, s.sq, s.sk, BM);
   const int nq = qr.end - qr.begin;
   const int items = p.group * nq;

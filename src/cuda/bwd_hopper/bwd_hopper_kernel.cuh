@@ -7,15 +7,15 @@
 //
 //   bwd_hopper_dkdv_kernel  one CTA of 384 threads per (128 keys, kv head, sequence); warpgroup 0 is the producer (one
 //     thread: K and V once, then the Q and dO tiles of 64 rows of every (q head of the group, q block) that can see
-//     the keys, through a 2-stage ring); warpgroups 1 and 2 own 64 keys each and, per q block:
+//     the keys, through a ring of STAGES stages); warpgroups 1 and 2 own 64 keys each and, per q block:
 //       S^T  = K Q^T,  dP^T = V dO^T       wgmma m64n64k16, both operands from shared memory
 //       P^T  = exp2(S^T scale log2e - L log2e), dS^T = P^T (dP^T - D) (softcap through the tanh), masked per element
-//              on partly visible tiles (the row terms of the 64 q rows sit in shared memory; the consumers write the
-//              next block's while this block's products run)
+//              on partly visible tiles (the row terms of the 64 q rows sit in shared memory, one copy per
+//              consumer warpgroup, which writes the next block's while this block's products run)
 //       dV  += P^T dO, dK += dS^T Q       wgmma m64nDk16, A from registers, B (dO, Q) N-major
 //     dK (times scale) and dV are written from registers once, at the end.
-//   bwd_hopper_dq_kernel  one CTA per (128 query rows, q head, sequence); the producer loads Q and dO once and the K / V
-//     tiles of 64 keys that the rows see (the forward's KeyTiles) through a 2-stage ring; warpgroups 1 and 2 own 64
+//   bwd_hopper_dq_kernel  one CTA per (128 query rows, q head, sequence); the producer loads Q and dO once and the
+//     K / V tiles of 64 keys that the rows see (the forward's KeyTiles) through the ring; warpgroups 1 and 2 own 64
 //     rows each: S = Q K^T, dP = dO V^T, dS as above, dQ += dS K (K N-major); dQ (times scale) from registers. Each
 //     warpgroup also writes its 64 rows' share of dsink (-sum exp(sink - L_i) D_i, in row order) into the workspace
 //     slot the mma.sync dQ kernel would fill for the same 64-row tile, so launch.cu's dsink sum is shared.
@@ -78,8 +78,9 @@ struct BwdHopperTile {
   static constexpr uint32_t KV_OFF_V = KV_BYTES;
   static constexpr uint32_t KV_OFF_Q = 2 * KV_BYTES;                      // [stage] Q
   static constexpr uint32_t KV_OFF_O = KV_OFF_Q + STAGES * QM_BYTES;      // [stage] dO
+  static constexpr int ROW_SLOTS = 2 * 2;  // row terms: [consumer warpgroup][item parity]
   static constexpr uint32_t KV_OFF_ROWS = KV_OFF_O + STAGES * QM_BYTES;
-  static constexpr uint32_t KV_OFF_BAR = KV_OFF_ROWS + 4 * ROW_BYTES;  // [consumer warpgroup][item parity] row terms
+  static constexpr uint32_t KV_OFF_BAR = KV_OFF_ROWS + ROW_SLOTS * ROW_BYTES;
   static constexpr uint32_t DKDV_SMEM = KV_OFF_BAR + BAR_BYTES + 1024;  // and slack to align the base to 1024
   // dQ kernel: BR query rows per CTA, key tiles of BC keys.
   static constexpr int BR = 128, BC = 64;
@@ -98,7 +99,7 @@ struct BwdHopperTile {
   static_assert(BN == 2 * 64 && BR == 2 * 64, "two consumer warpgroups of 64 keys / rows");
   static_assert(BM % BOX == 0 && BN % BOX == 0 && BR % BOX == 0 && BC % BOX == 0, "tiles are whole boxes");
   static_assert(KV_BYTES % 1024 == 0 && QM_BYTES % 1024 == 0 && QR_BYTES % 1024 == 0 && KC_BYTES % 1024 == 0 &&
-                    (4 * ROW_BYTES) % 8 == 0,
+                    (ROW_SLOTS * ROW_BYTES) % 8 == 0,
                 "tiles start on 1024-byte boundaries (the swizzle atom), barriers on 8");
   static_assert(DKDV_SMEM <= 227u * 1024u && DQ_SMEM <= 227u * 1024u, "over the sm_90 opt-in shared memory");
 };
@@ -276,9 +277,10 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
   if (j0 >= s.sk) return;  // uniform over the CTA
   const int j1 = min(j0 + BN, s.sk);
 
-  // Work items: (q head of the group, q block) pairs over the q blocks that may see these keys (qr), in order,
-  // x = head_in_group * nq + block - qr.begin, skipping the blocks that cannot see them after all (a gap between a
-  // window and the sink keys' rows); the producer and the consumers walk the same list.
+  // Work items: (q head of the group, q block) pairs over the q blocks that see these keys (qr, derived from the mask
+  // so as to be exact), in order, x = head_in_group * nq + block - qr.begin; the producer and the consumers walk the
+  // same list. The per-item predicate is a guard that the range and it agree (a block it let through that sees none
+  // of the keys would only cost time: all its scores masked).
   const cuda_bwd::BlockRange qr = cuda_bwd::q_blocks_seeing_keys(p.mask, j0, j1, s.sq, s.sk, BM);
   const int nq = qr.end - qr.begin;
   const int items = p.group * nq;
@@ -461,12 +463,13 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
   const int kvh = h / p.group;
   const cuda_fwd::KeyTiles ktl = cuda_fwd::key_tiles(p.mask, i0, i1, s.sq, s.sk, BC);
 
-  // Shared memory (base aligned to 1024): Q | dO | K[2] | V[2] | barriers.
+  // Shared memory (base aligned to 1024): Q | dO | K[STAGES] | V[STAGES] | barriers.
   const uint32_t base = cuda::smem_addr(aligned_smem());
   const uint32_t sQ = base, sO = base + Cfg::Q_OFF_O;
   const auto sK = [&](int st) { return base + Cfg::Q_OFF_K + uint32_t(st) * Cfg::KC_BYTES; };
   const auto sV = [&](int st) { return base + Cfg::Q_OFF_V + uint32_t(st) * Cfg::KC_BYTES; };
-  const Barriers<STAGES> bars{base + Cfg::Q_OFF_BAR};  // once: Q and dO; the ring (full / empty): K and V of each key tile
+  // once: Q and dO; the ring (full / empty): K and V of each key tile
+  const Barriers<STAGES> bars{base + Cfg::Q_OFF_BAR};
   bars.init_and_sync();
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
 
