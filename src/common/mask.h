@@ -67,4 +67,38 @@ FL_HD bool tile_fully_visible(const MaskParams& m, int64_t i0, int64_t i1, int64
   return true;
 }
 
+// Whether query rows [i0, i1) may see any key of [j0, j1): the backward's tile skip (coarse: entries inside the tile
+// that the mask hides are masked per element).
+FL_HD bool q_block_sees_keys(const MaskParams& m, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t seq_q,
+                             int64_t seq_k) {
+  if (j0 < m.sink_tokens && j0 < causal_key_end(m, i1, seq_q, seq_k)) return true;
+  const KeyRange r = window_key_range(m, i0, i1, seq_q, seq_k);
+  return r.begin < j1 && j0 < r.end;
+}
+
+// Query blocks [begin, end) of bm rows: the blocks q_block_sees_keys accepts for keys [j0, j1) (rows whose window
+// reaches the keys; with sink keys among them, every row from the first that may see one: the union is one range),
+// so that a key block's walk over the q blocks visits only its visible ones. tests/mask checks both exhaustively.
+struct BlockRange {
+  int begin, end;
+};
+FL_HD BlockRange q_blocks_seeing_keys(const MaskParams& m, int64_t j0, int64_t j1, int64_t seq_q, int64_t seq_k,
+                                      int64_t bm) {
+  constexpr int64_t kFar = int64_t(1) << 40;
+  int64_t right = m.causal ? 0 : -1;  // the nearest right limit (-1: none)
+  if (m.window_right >= 0 && (right < 0 || m.window_right < right)) right = m.window_right;
+  int64_t plo = right >= 0 ? j0 - right : -kFar;  // key positions p = i + seq_k - seq_q of the rows
+  int64_t phi = m.window_left >= 0 ? j1 - 1 + m.window_left : kFar;
+  if (j0 < m.sink_tokens) {
+    const int64_t sink_lo = m.causal ? j0 : -kFar;
+    if (sink_lo < plo) plo = sink_lo;
+    phi = kFar;
+  }
+  const int64_t off = seq_k - seq_q;
+  const int64_t ilo = plo - off > 0 ? plo - off : 0;
+  const int64_t ihi = phi - off < seq_q - 1 ? phi - off : seq_q - 1;
+  if (ihi < ilo) return {0, 0};
+  return {int(ilo / bm), int(ihi / bm) + 1};
+}
+
 }  // namespace flashlite

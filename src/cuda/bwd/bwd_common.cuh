@@ -22,38 +22,6 @@ __device__ __forceinline__ SeqInfo seq_info(const BwdParams& p, int b) {
   return {p.seq_q, p.seq_k, 0, 0, b};
 }
 
-// Whether query rows [i0, i1) may see any key of [j0, j1) (the inverse of the forward's tile skip; coarse: entries
-// inside it that the mask hides are masked per element).
-__device__ __forceinline__ bool q_block_sees_keys(const MaskParams& m, int i0, int i1, int j0, int j1, int sq,
-                                                  int sk) {
-  if (j0 < m.sink_tokens && j0 < causal_key_end(m, i1, sq, sk)) return true;
-  const KeyRange r = window_key_range(m, i0, i1, sq, sk);
-  return r.begin < j1 && j0 < r.end;
-}
-
-// Query blocks [begin, end) of bm rows: the blocks q_block_sees_keys accepts for keys [j0, j1) (rows whose window
-// reaches the keys; with sink keys among them, every row from the first that may see one: the union is one range),
-// so that a key block's walk over the q blocks visits only its visible ones.
-struct BlockRange {
-  int begin, end;
-};
-__device__ __forceinline__ BlockRange q_blocks_seeing_keys(const MaskParams& m, int j0, int j1, int sq, int sk,
-                                                           int bm) {
-  constexpr int64_t kFar = int64_t(1) << 40;
-  int64_t right = m.causal ? 0 : -1;  // the nearest right limit (-1: none)
-  if (m.window_right >= 0 && (right < 0 || m.window_right < right)) right = m.window_right;
-  int64_t plo = right >= 0 ? j0 - right : -kFar;              // key positions p = i + sk - sq of the rows
-  int64_t phi = m.window_left >= 0 ? int64_t(j1) - 1 + m.window_left : kFar;
-  if (j0 < m.sink_tokens) {
-    plo = min(plo, m.causal ? int64_t(j0) : -kFar);
-    phi = kFar;
-  }
-  const int64_t off = int64_t(sk) - sq;
-  const int64_t ilo = max(plo - off, int64_t(0)), ihi = min(phi - off, int64_t(sq) - 1);
-  if (ihi < ilo) return {0, 0};
-  return {int(ilo / bm), int(ihi / bm) + 1};
-}
-
 // The two element-wise passes of a score x (raw dot product) given its row's L log2e: `prob_in_place` returns P and
 // leaves P times the softcap's tanh' in x (0 where the mask hides the score), so that `grad_of` can form dS from it
 // and dP = dout . v once that product lands (the Hopper kernels run the first pass while dP is still in flight).

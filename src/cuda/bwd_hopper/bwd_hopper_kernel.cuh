@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
   // so as to be exact), in order, x = head_in_group * nq + block - qr.begin; the producer and the consumers walk the
   // same list. The per-item predicate is a guard that the range and it agree (a block it let through that sees none
   // of the keys would only cost time: all its scores masked).
-  const cuda_bwd::BlockRange qr = cuda_bwd::q_blocks_seeing_keys(p.mask, j0, j1, s.sq, s.sk, BM);
+  const BlockRange qr = q_blocks_seeing_keys(p.mask, j0, j1, s.sq, s.sk, BM);
   const int nq = qr.end - qr.begin;
   const int items = p.group * nq;
   struct Item {
@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
   const auto next_item = [&](int x) {
     for (; x < items; ++x) {
       const int i0 = item_at(x).i0;
-      if (cuda_bwd::q_block_sees_keys(p.mask, i0, min(i0 + BM, s.sq), j0, j1, s.sq, s.sk)) break;
+      if (q_block_sees_keys(p.mask, i0, min(i0 + BM, s.sq), j0, j1, s.sq, s.sk)) break;
     }
     return x;
   };
