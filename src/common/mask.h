@@ -67,18 +67,9 @@ FL_HD bool tile_fully_visible(const MaskParams& m, int64_t i0, int64_t i1, int64
   return true;
 }
 
-// Whether query rows [i0, i1) may see any key of [j0, j1): the backward's tile skip (coarse: entries inside the tile
-// that the mask hides are masked per element).
-FL_HD bool q_block_sees_keys(const MaskParams& m, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t seq_q,
-                             int64_t seq_k) {
-  if (j0 < m.sink_tokens && j0 < causal_key_end(m, i1, seq_q, seq_k)) return true;
-  const KeyRange r = window_key_range(m, i0, i1, seq_q, seq_k);
-  return r.begin < j1 && j0 < r.end;
-}
-
-// Query blocks [begin, end) of bm rows: the blocks q_block_sees_keys accepts for keys [j0, j1) (rows whose window
+// Query blocks [begin, end) of bm rows: exactly the blocks with a row that sees a key of [j0, j1) (rows whose window
 // reaches the keys; with sink keys among them, every row from the first that may see one: the union is one range),
-// so that a key block's walk over the q blocks visits only its visible ones. tests/mask checks both exhaustively.
+// the q blocks a backward key block walks. tests/mask checks it exhaustively against key_visible.
 struct BlockRange {
   int begin, end;
 };

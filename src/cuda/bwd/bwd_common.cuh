@@ -22,6 +22,18 @@ __device__ __forceinline__ SeqInfo seq_info(const BwdParams& p, int b) {
   return {p.seq_q, p.seq_k, 0, 0, b};
 }
 
+// A dK / dV CTA's work item x (0 <= x < group * nq, nq = qr.end - qr.begin): the q head within the group and the first
+// q row of its block, head-major over the q blocks qr that see the CTA's keys; no division for GQA group 1 (a division
+// per item cost the Hopper kernel's loop measurably).
+struct QItem {
+  int hg, i0;
+};
+__device__ __forceinline__ QItem q_item(int x, const BlockRange& qr, int group, int bm) {
+  if (group == 1) return {0, (qr.begin + x) * bm};
+  const int nq = qr.end - qr.begin;
+  return {x / nq, (qr.begin + x % nq) * bm};
+}
+
 // The two element-wise passes of a score x (raw dot product) given its row's L log2e: `prob_in_place` returns P and
 // leaves P times the softcap's tanh' in x (0 where the mask hides the score), so that `grad_of` can form dS from it
 // and dP = dout . v once that product lands (the Hopper kernels run the first pass while dP is still in flight).

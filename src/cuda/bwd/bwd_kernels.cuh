@@ -214,23 +214,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
   const int kw = warp * 16;  // this warp's first key within the block
   const uint32_t a_off = uint32_t(lane_a(lane, LD) * 2), b_off = uint32_t(lane_b(lane, LD) * 2);
 
-  // Work items: (q head of the group, q block) pairs over the q blocks that see this key block (qr), visited in
-  // order, x = head_in_group * nq + block - qr.begin, with the per-item predicate as a guard, as in the Hopper kernel
-  // (no division per item for GQA group 1).
+  // Work items: (q head of the group, q block) pairs over the q blocks that see this key block (qr), in order
+  // (q_item), as in the Hopper kernel.
   const BlockRange qr = q_blocks_seeing_keys(p.mask, j0, j1, s.sq, s.sk, BM);
-  const int nq = qr.end - qr.begin;
-  const int items = p.group * nq;
-  const auto item_i0 = [&](int x) { return (qr.begin + (p.group == 1 ? x : x % nq)) * BM; };
-  const auto next_item = [&](int x) {
-    for (; x < items; ++x) {
-      const int i0 = item_i0(x);
-      if (q_block_sees_keys(p.mask, i0, min(i0 + BM, s.sq), j0, j1, s.sq, s.sk)) break;
-    }
-    return x;
-  };
+  const int items = p.group * (qr.end - qr.begin);
   // Issues the copies of item x's Q and dO into stage `into` and writes its row terms there.
   const auto issue = [&](int x, int into) {
-    const int h = kvh * p.group + (p.group == 1 ? 0 : x / nq), i0 = item_i0(x);
+    const QItem it = q_item(x, qr, p.group, BM);
+    const int h = kvh * p.group + it.hg, i0 = it.i0;
     const T* qg = static_cast<const T*>(p.q) + p.q_stride.offset(s.tb, s.q_row0, h);
     const T* og = static_cast<const T*>(p.dout) + p.dout_stride.offset(s.tb, s.q_row0, h);
     const uint32_t sQ = lay.ring(into);
@@ -254,17 +245,17 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
     for (int e = 0; e < 4; ++e) dk[dn][e] = dv[dn][e] = 0.f;
 
   // Two-stage pipeline: item x is computed from `stage` while the next visible item's copies land in the other.
-  int x = next_item(0), stage = 0;
+  int x = 0, stage = 0;
   if (x < items) issue(x, 0);
   cuda_fwd::cp_async_commit();  // K, V and the first item
   while (x < items) {
     cuda_fwd::cp_async_wait<0>();
     __syncthreads();  // item x is in `stage` for everyone; every warp is done with the other stage
-    const int xn = next_item(x + 1);
+    const int xn = x + 1;
     if (xn < items) issue(xn, stage ^ 1);
     cuda_fwd::cp_async_commit();
 
-    const int i0 = item_i0(x), i1 = min(i0 + BM, s.sq);
+    const int i0 = q_item(x, qr, p.group, BM).i0, i1 = min(i0 + BM, s.sq);
     const uint32_t sQ = lay.ring(stage), sO = sQ + Cfg::TILE_M_BYTES;
     const float* terms = rows0 + stage * 5 * BM;
     const bool full = i1 - i0 == BM && j1 - j0 == BN &&

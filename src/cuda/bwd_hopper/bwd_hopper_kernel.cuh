@@ -277,27 +277,11 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
   if (j0 >= s.sk) return;  // uniform over the CTA
   const int j1 = min(j0 + BN, s.sk);
 
-  // Work items: (q head of the group, q block) pairs over the q blocks that see these keys (qr, derived from the mask
-  // so as to be exact), in order, x = head_in_group * nq + block - qr.begin; the producer and the consumers walk the
-  // same list. The per-item predicate is a guard that the range and it agree (a block it let through that sees none
-  // of the keys would only cost time: all its scores masked).
+  // Work items: (q head of the group, q block) pairs over the q blocks that see these keys (qr: exactly those, from
+  // the mask; tests/mask checks it), in order; the producer and the consumers walk the same list.
   const BlockRange qr = q_blocks_seeing_keys(p.mask, j0, j1, s.sq, s.sk, BM);
-  const int nq = qr.end - qr.begin;
-  const int items = p.group * nq;
-  struct Item {
-    int hg, i0;  // head within the group, first q row (within the sequence)
-  };
-  const auto item_at = [&](int x) -> Item {
-    if (p.group == 1) return {0, (qr.begin + x) * BM};  // (no division)
-    return {x / nq, (qr.begin + x % nq) * BM};
-  };
-  const auto next_item = [&](int x) {
-    for (; x < items; ++x) {
-      const int i0 = item_at(x).i0;
-      if (q_block_sees_keys(p.mask, i0, min(i0 + BM, s.sq), j0, j1, s.sq, s.sk)) break;
-    }
-    return x;
-  };
+  const int items = p.group * (qr.end - qr.begin);
+  const auto item_at = [&](int x) { return cuda_bwd::q_item(x, qr, p.group, BM); };
 
   // Shared memory (base aligned to 1024): K | V | Q[STAGES] | dO[STAGES] | row terms[2][2] | barriers.
   unsigned char* const smem = aligned_smem();
@@ -316,15 +300,14 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
     // ------------------------------------------------ producer warpgroup: K and V once, then Q and dO per item
     const int tb = int(s.tb);
     run_producer<Cfg::REGS_PRODUCER, DB, BN>(hp, bars, sK, &hp.tk, sV, &hp.tv, int(s.k_row0) + j0, kvh, tb, [&] {
-      int n = 0;
-      for (int x = next_item(0); x < items; x = next_item(x + 1), ++n) {
-        const Item it = item_at(x);
+      for (int n = 0; n < items; ++n) {
+        const cuda_bwd::QItem it = item_at(n);
         const int h = kvh * p.group + it.hg, row = int(s.q_row0) + it.i0;
         const int st = bars.claim(n);
         load_pair<DB, BM>(bars.full(st), sQ(st), &hp.tq, sO(st), &hp.tdo, row, h, tb);
       }
       // The last items' releases (idle time): a consumer stuck on one of them traps here instead of hanging.
-      for (int k = n > STAGES ? n - STAGES : 0; k < n; ++k) {
+      for (int k = items > STAGES ? items - STAGES : 0; k < items; ++k) {
         cuda::mbar_wait_or_trap(bars.empty(k % STAGES), uint32_t((k / STAGES) & 1));
       }
     });
@@ -353,7 +336,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
     const auto load_raw = [&](int x) {
       RowRaw raw;
       if (wt >= BM || x >= items) return raw;
-      const Item it = item_at(x);
+      const cuda_bwd::QItem it = item_at(x);
       const int i = it.i0 + wt;
       if (i < s.sq) {
         const int h = kvh * p.group + it.hg;
@@ -375,18 +358,17 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
     float sct[32], dpt[32];  // S^T and dP^T: this warp's 16 keys x the block's 64 q rows
     uint32_t pk[NB][2], dsk[NB][2];  // P^T and dS^T packed to 16 bits as A fragments (rows: keys; columns: q rows)
 
-    // Per item (x; n-th in the list), overlapped within the warpgroup: S^T and dP^T are issued as two commit groups
-    // (they complete in order), P^T is formed while dP^T runs, then dV += P^T dO is issued and dS^T formed while it
-    // runs. Each item ends with nothing in flight: a product still running across the loop's back edge makes ptxas
-    // serialise every wgmma, and the register budget (dK, dV, S^T, dP^T, P^T, dS^T: 224 of 240) has no room for the
-    // forward kernel's way around that (the previous item's last product issued with this item's first two).
-    int x = next_item(0), xn = next_item(x + 1);
-    if (x < items) write_rows(x, load_raw(x), 0);
-    RowRaw raw_next = load_raw(xn);
+    // Per item n, overlapped within the warpgroup: S^T and dP^T are issued as two commit groups (they complete in
+    // order), P^T is formed while dP^T runs, then dV += P^T dO is issued and dS^T formed while it runs. Each item
+    // ends with nothing in flight: a product still running across the loop's back edge makes ptxas serialise every
+    // wgmma, and the register budget (dK, dV, S^T, dP^T, P^T, dS^T: 224 of 240) has no room for the forward kernel's
+    // way around that (the previous item's last product issued with this item's first two).
+    if (items > 0) write_rows(0, load_raw(0), 0);
+    RowRaw raw_next = load_raw(1);
     cuda::mbar_wait_or_trap(bars.once(), 0);
-    for (int n = 0; x < items; ++n) {
+    for (int n = 0; n < items; ++n) {
       const int st = n % STAGES;
-      const int i0 = item_at(x).i0, i1 = min(i0 + BM, s.sq);
+      const int i0 = item_at(n).i0, i1 = min(i0 + BM, s.sq);
       // (the plain wait here: the trapping one costs this register-tight loop spills at d128; a hang here still
       // traps in the producer, which waits for every item's release)
       cuda_fwd_hopper::mbar_wait(bars.full(st), uint32_t((n / STAGES) & 1));
@@ -405,9 +387,8 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
       wgmma_commit();
       issue_scores<T, D>(dpt, v_wg, Cfg::KV_BLOCK, sO(st), Cfg::QM_BLOCK);
       wgmma_commit();
-      const int xnn = next_item(xn + 1);
-      if (xn < items) write_rows(xn, raw_next, (n + 1) & 1);  // while the products run
-      raw_next = load_raw(xnn);
+      if (n + 1 < items) write_rows(n + 1, raw_next, (n + 1) & 1);  // while the products run
+      raw_next = load_raw(n + 2);
 
       wgmma_wait<1>();  // S^T
       pin_regs(sct);
@@ -429,7 +410,6 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
       pin_regs(pk);
       pin_regs(dsk);
       if (lane == 0) mbar_arrive(bars.empty(st));
-      x = xn, xn = xnn;
     }
 
     // Epilogue: dK (times scale) and dV of this thread's keys, straight from registers.
