@@ -17,6 +17,8 @@ Requests the server sheds with 503 (queue full) are counted apart; latencies are
 import argparse
 import http.client
 import json
+import multiprocessing
+import os
 import pathlib
 import random
 import statistics
@@ -104,7 +106,54 @@ def summarize(results, wall, mode, value):
     return row
 
 
+def _client_process(url, model, api_key, threads, work_q, results_q, barrier):
+    """One process of run_concurrency: `threads` clients taking requests from work_q (None: stop) once every process
+    is ready; its results go to results_q at the end."""
+    results, lock = [], threading.Lock()
+
+    def client():
+        while True:
+            item = work_q.get()
+            if item is None:
+                return
+            r = one_request(url, model, *item, api_key)
+            with lock:
+                results.append(r)
+
+    barrier.wait()
+    pool = [threading.Thread(target=client) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    results_q.put(results)
+
+
 def run_concurrency(args, conc, work):
+    # Parsing a stream costs the client tens of microseconds per token in Python: one process (one GIL) tops out near
+    # the server's rate at high concurrency, so the clients are spread over processes (--procs).
+    procs = min(conc, args.procs or max(1, min(os.cpu_count() or 1, conc // 8)))
+    if procs > 1:
+        ctx = multiprocessing.get_context("spawn")
+        work_q, results_q, barrier = ctx.Queue(), ctx.Queue(), ctx.Barrier(procs + 1)
+        for item in work:
+            work_q.put(item)
+        for _ in range(conc):
+            work_q.put(None)
+        per = [conc // procs + (i < conc % procs) for i in range(procs)]
+        ps = [ctx.Process(target=_client_process, args=(args.url, args.model_name, args.api_key, n, work_q, results_q,
+                                                        barrier)) for n in per]
+        for p in ps:
+            p.start()
+        barrier.wait()  # every process has started (imports done): the clock starts with the first request
+        t0 = time.perf_counter()
+        results = [r for _ in ps for r in results_q.get()]
+        wall = time.perf_counter() - t0
+        for p in ps:
+            p.join()
+        row = summarize(results, wall, "concurrency", conc)
+        row["client_processes"] = procs
+        return row
     results, lock, it = [], threading.Lock(), iter(work)
 
     def client():
@@ -148,8 +197,11 @@ def run_rate(args, rate, work):
 
 
 def batch_stats(server_metrics):
+    """The server's counters a run's row reports as differences: batch size per step, TTFT (arrival at the server
+    to its first token)."""
     m = server_metrics()
-    return m.get("flashlite_batch_size_sum", 0), m.get("flashlite_batch_size_count", 0)
+    return (m.get("flashlite_batch_size_sum", 0), m.get("flashlite_batch_size_count", 0),
+            m.get("flashlite_time_to_first_token_seconds_sum", 0), m.get("flashlite_time_to_first_token_seconds_count", 0))
 
 
 def main(argv=None):
@@ -164,6 +216,8 @@ def main(argv=None):
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--rates", default="", help="Poisson request rates (requests/s), e.g. 4,16,64")
     ap.add_argument("--requests", type=int, default=0, help="per run (default: max(32, 4 x concurrency or rate))")
+    ap.add_argument("--procs", type=int, default=0,
+                    help="client processes at fixed concurrency (default: one per 8 clients, at most one per core)")
     ap.add_argument("--prompt-words", default="8,64", help="prompt length range, words")
     ap.add_argument("--output-tokens", default="32,128", help="output length range, tokens")
     ap.add_argument("--seed", type=int, default=0)
@@ -196,20 +250,23 @@ def main(argv=None):
         for mode, value in plan:
             n = args.requests or max(32, int(4 * value))
             work = workload(n, args.seed, prompt_words, output_tokens)
-            before = batch_stats(metrics) if metrics else (0, 0)
+            before = batch_stats(metrics) if metrics else (0, 0, 0, 0)
             row = (run_concurrency if mode == "concurrency" else run_rate)(args, int(value) if mode == "concurrency"
                                                                             else value, work)
             if metrics:
                 after = batch_stats(metrics)
                 steps = after[1] - before[1]
                 row["mean_batch"] = (after[0] - before[0]) / steps if steps else 0
+                firsts = after[3] - before[3]
+                row["server_ttft_mean_ms"] = (after[2] - before[2]) / firsts * 1e3 if firsts else 0
             res["rows"].append(row)
             print(f"{mode} {value:>6}: {row['requests']} requests ({row['rejected_503']} rejected, "
                   f"{row['failed']} failed), "
                   f"{row['request_throughput']:.2f} req/s, {row['output_tok_s']:,.0f} tok/s, TTFT p50/p90 "
                   f"{row['ttft_ms']['p50']:.1f}/{row['ttft_ms']['p90']:.1f} ms, ITL p50/p90 "
                   f"{row['itl_ms']['p50']:.2f}/{row['itl_ms']['p90']:.2f} ms, E2E p90 {row['e2e_ms']['p90']:.0f} ms, "
-                  f"mean batch {row.get('mean_batch', 0):.1f}", flush=True)
+                  f"mean batch {row.get('mean_batch', 0):.1f}, server TTFT mean {row.get('server_ttft_mean_ms', 0):.1f} ms",
+                  flush=True)
     finally:
         if server:
             server.stop()
