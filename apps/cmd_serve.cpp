@@ -33,7 +33,6 @@ namespace {
 struct ServeSettings {
   std::string model, tokenizer, model_name, device = "cpu", precision = "auto", host = "127.0.0.1", api_key;
   int port = 8080, max_batch = 16, kv_pages = 0, page_size = 16, max_queue = 256, context = 0, threads = 0, tp = 1;
-  int max_join_wait = 0;
   double kv_memory_gib = 0;
   int prefill_chunk = 512, max_body_kib = 1024;
 };
@@ -126,7 +125,6 @@ void run_serve(const ServeSettings& s) {
   so.max_queue = s.max_queue;
   so.prefill_chunk = s.prefill_chunk;
   so.max_step_tokens = std::max(s.prefill_chunk, 2048);
-  so.max_join_wait = s.max_join_wait;
   srv::Scheduler sched(*model, {tok.get(), bos, stops}, so);
 
   srv::ServedModel served{s.model_name.empty() ? default_model_name(s.model) : s.model_name, tok.get(), &chat, bos,
@@ -186,9 +184,6 @@ void add_serve_command(CLI::App& app) {
       ->check(real_between(1e-6, 1024))->excludes(pages);
   cmd->add_option("--page-size", s->page_size, "Tokens per KV page")->check(int_between(16, 256))->capture_default_str();
   cmd->add_option("--max-queue", s->max_queue, "Requests that may wait for room; past it: 503 with Retry-After")
-      ->check(int_between(0, 100000))->capture_default_str();
-  cmd->add_option("--max-join-wait", s->max_join_wait,
-                  "Steps a request may wait to join decoding sequences, so that joiners come in groups (0: next step)")
       ->check(int_between(0, 100000))->capture_default_str();
   cmd->add_option("--context", s->context, "Positions per sequence (default: the model's maximum, at most 4096)")
       ->check(int_between(0, 1 << 24));

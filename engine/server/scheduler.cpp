@@ -66,14 +66,7 @@ struct Scheduler::Sequence {
   int last = -1;   // the last sampled token (the next step's input)
   int generated = 0;
   Clock::time_point arrived = Clock::now(), last_token;
-  uint64_t arrived_step = 0;  // steps_total_ when it was queued
 };
-
-bool join_now(int running, int ready, int64_t oldest_wait, int max_wait) {
-  if (ready <= 0) return false;
-  if (running == 0 || max_wait <= 0 || oldest_wait >= max_wait) return true;
-  return int64_t(ready) * 8 >= running;
-}
 
 Scheduler::Scheduler(LlamaModel& model, ModelText text, const SchedulerOptions& options)
     : model_(model),
@@ -84,10 +77,10 @@ Scheduler::Scheduler(LlamaModel& model, ModelText text, const SchedulerOptions& 
       e2e_s_(latency_buckets()),
       batch_size_({1, 2, 4, 8, 16, 32, 64, 128, 256}),
       step_tokens_({1, 4, 16, 64, 256, 1024, 4096}) {
-  if (opt_.max_queue < 0 || opt_.prefill_chunk < 1 || opt_.max_step_tokens < 1 || opt_.max_join_wait < 0) {
+  if (opt_.max_queue < 0 || opt_.prefill_chunk < 1 || opt_.max_step_tokens < 1) {
     fail("scheduler options: max_queue " + std::to_string(opt_.max_queue) + ", prefill_chunk " +
          std::to_string(opt_.prefill_chunk) + ", max_step_tokens " + std::to_string(opt_.max_step_tokens) +
-         ", max_join_wait " + std::to_string(opt_.max_join_wait) + "; expected >= 0, >= 1, >= 1, >= 0");
+         "; expected >= 0, >= 1, >= 1");
   }
   context_ = model_.context();
   vocab_ = model_.config().vocab_size;
@@ -139,7 +132,6 @@ std::shared_ptr<RequestStream> Scheduler::submit(GenerationRequest request) {
       throw QueueFull(std::to_string(waiting_.size()) + " requests are waiting (--max-queue " +
                       std::to_string(opt_.max_queue) + "); retry later");
     }
-    seq->arrived_step = steps_total_;
     waiting_.push_back(std::move(seq));
   }
   cv_.notify_all();
@@ -158,16 +150,6 @@ void Scheduler::admit() {
     }
   }
   // First come, first served: the head waits for room rather than being overtaken (no starvation).
-  if (waiting_.empty()) return;
-  int ready = 0, pages = reserved_pages_;
-  for (const auto& w : waiting_) {
-    if (ready == int(free_slots_.size()) || pages + pages_needed(w->req) > pages_total_) break;
-    pages += pages_needed(w->req);
-    ++ready;
-  }
-  if (!join_now(int(running_.size()), ready, int64_t(steps_total_ - waiting_.front()->arrived_step), opt_.max_join_wait)) {
-    return;
-  }
   while (!waiting_.empty() && !free_slots_.empty()) {
     Sequence& s = *waiting_.front();
     const int need = pages_needed(s.req);

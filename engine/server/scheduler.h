@@ -83,15 +83,7 @@ struct SchedulerOptions {
                               // past it submit() throws QueueFull
   int prefill_chunk = 512;    // prompt tokens a sequence prefills per step (chunked prefill of longer prompts)
   int max_step_tokens = 2048; // prefill tokens per step over all sequences (at least one chunk always runs)
-  int max_join_wait = 0;      // steps a request may wait to join sequences that are decoding (join_now); 0: none
 };
-
-// Whether the requests ready to join (`ready`: those a slot and pages are free for, first come first served) join
-// the `running` sequences at this step, the oldest of them having waited `oldest_wait` steps. A step that takes
-// prompt rows runs eagerly, where a pure decode step replays a CUDA graph at about half its cost, so while sequences
-// decode, joiners gather until they are an eighth of the batch or the oldest has waited `max_wait` steps. An idle
-// server takes them at once, and so does max_wait 0.
-bool join_now(int running, int ready, int64_t oldest_wait, int max_wait);
 
 struct ModelText {  // what the scheduler needs of the tokenizer and the model's special ids
   const Tokenizer* tokenizer = nullptr;
@@ -141,7 +133,7 @@ class Scheduler {
   // Metrics (mu_).
   int running_count_ = 0, pages_used_ = 0;
   uint64_t requests_finished_ = 0, requests_failed_ = 0, requests_cancelled_ = 0, requests_rejected_ = 0;
-  uint64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0, steps_total_ = 0;  // steps_total_: join_now's clock
+  uint64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0, steps_total_ = 0;
   Histogram ttft_s_, itl_s_, e2e_s_, batch_size_, step_tokens_;
 };
 

@@ -1,6 +1,6 @@
 // The pieces under `flashlite serve`: PageAllocator and the paged KvCache (pages follow the lengths, a failed growth
 // changes nothing, the page table the library reads), the CPU model on a paged cache against the contiguous one, and
-// TextStream (stop strings across tokens, UTF-8 characters split across tokens), and when waiting requests join.
+// TextStream (stop strings across tokens, UTF-8 characters split across tokens).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +9,6 @@
 #include "engine/errors.h"
 #include "engine/kv_cache.h"
 #include "engine/llama_cpu.h"
-#include "engine/server/scheduler.h"
 #include "engine/server/text_stream.h"
 #include "engine/weights.h"
 #include "synthetic_hf.h"
@@ -153,20 +152,6 @@ TEST(TextStream, HeldPrefixIsReleasedWhenTheStopDoesNotComplete) {
   EXPECT_EQ(pushes(s, {0, 1, 2}), (std::vector<std::string>{"He", "l", "lo wor"}));
   EXPECT_FALSE(s.stopped());
   EXPECT_EQ(s.text(), "Hello wor");
-}
-
-// Joiners join at once on an idle server or without a wait bound; beside decoding sequences they gather until they
-// are an eighth of the batch or the oldest has waited the bound; nothing joins when nothing is ready.
-TEST(JoinNow, GathersJoinersOnlyWhileSequencesDecode) {
-  EXPECT_FALSE(srv::join_now(0, 0, 100, 8));
-  EXPECT_FALSE(srv::join_now(64, 0, 100, 0));
-  EXPECT_TRUE(srv::join_now(0, 1, 0, 8));    // idle
-  EXPECT_TRUE(srv::join_now(64, 1, 0, 0));   // no bound
-  EXPECT_FALSE(srv::join_now(64, 7, 7, 8));  // 7 of 64 ready, waited 7 of 8 steps
-  EXPECT_TRUE(srv::join_now(64, 8, 0, 8));   // an eighth of the batch
-  EXPECT_TRUE(srv::join_now(64, 1, 8, 8));   // the bound
-  EXPECT_TRUE(srv::join_now(8, 1, 0, 8));    // small batches: one joiner is an eighth
-  EXPECT_FALSE(srv::join_now(9, 1, 0, 8));
 }
 
 }  // namespace

@@ -169,28 +169,6 @@ def test_200_concurrent_requests_equal_their_answers_alone(server):
     print(f"200 concurrent requests in {elapsed:.2f} s, {rows / steps:.1f} sequences per step")
 
 
-def test_joiners_gathered_by_max_join_wait_answer_as_alone(start_server, models_dir):
-    # --max-join-wait: requests that arrive while others decode wait up to 6 steps to join in groups. Answers must not
-    # change (each equal to its answer on an idle server), nothing may hang, and every page comes back.
-    s = start_server(["--model", stories(models_dir), "--max-batch", "16", "--max-join-wait", "6"])
-    jobs = [{"model": "stories260K", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 3 + (i * 11) % 50,
-             "temperature": 0} for i in range(48)]
-    c = client(s, timeout=120)
-
-    def run(job):
-        r = c.completions.create(**job)
-        return r.choices[0].text, r.usage.completion_tokens
-
-    alone = [run(job) for job in jobs]
-    before = s.metrics()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=48) as pool:
-        together = list(pool.map(run, jobs))
-    assert together == alone
-    m = s.wait_idle()
-    assert m["flashlite_kv_pages_used"] == 0 and m["flashlite_requests_failed_total"] == 0
-    assert m["flashlite_requests_finished_total"] - before["flashlite_requests_finished_total"] == len(jobs)
-
-
 def test_long_prompts_prefill_in_chunks_while_others_decode(start_server, models_dir):
     # --prefill-chunk 8: a 58-token prompt takes 8 steps of prefill; the short requests beside it keep decoding, and
     # every answer is the one it gets alone.
