@@ -33,8 +33,45 @@ struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  std::map<std::tuple<int, int, int, int, bool>, std::unique_ptr<Plan>> plans;
+  using Key = std::tuple<int, int, int, int, bool>;  // (rows, in, out, element, fp32 output)
+  std::map<Key, std::unique_ptr<Plan>> plans;
+  std::map<Key, cublasLtMatmulAlgo_t> bucket_algos;  // by algo_rows(rows)
+  // cuBLASLt's choice for the problem with `rows` rows, from the plan's descriptors.
+  cublasLtMatmulAlgo_t search(Plan& plan, int rows, int in, int out);
 };
+
+namespace {
+
+// Prompt lengths differ from request to request, and a row count not seen before cost a serving step cuBLASLt's
+// algorithm search and, where it picks a kernel not used before, that kernel's loading (milliseconds). Row counts past
+// 16 therefore share one algorithm per bucket (up to the next power of two): the bucket's first shape's, or the power
+// of two's own once that is seen, run on the exact shape (a shape it refuses gets its own search). Up to 16 rows the
+// search is the shape's own.
+int algo_rows(int rows) {
+  if (rows <= 16) return rows;
+  int b = 32;
+  while (b < rows) b *= 2;
+  return b;
+}
+
+}  // namespace
+
+cublasLtMatmulAlgo_t Gemm::Impl::search(Plan& plan, int rows, int in, int out) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                       sizeof workspace_bytes);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t s =
+      cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
+    fail_runtime("cuBLASLt has no algorithm for a " + std::to_string(rows) + "x" + std::to_string(in) + " by " +
+                 std::to_string(out) + "x" + std::to_string(in) + " matmul");
+  }
+  return result.algo;
+}
 
 Gemm::Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
   check(cublasLtCreate(&impl_->handle), "handle creation");
@@ -52,8 +89,9 @@ Gemm::~Gemm() {
 //                                             * X^T (in x rows: the row-major [rows, in] buffer, ld in).
 void Gemm::run(void* y, const void* x, const void* w, int rows, int in, int out, Elem e, bool y_f32, void* stream) {
   if (rows == 0) return;
-  auto key = std::make_tuple(rows, in, out, int(e), y_f32);
+  const Impl::Key key{rows, in, out, int(e), y_f32};
   auto it = impl_->plans.find(key);
+  bool from_bucket = false;
   if (it == impl_->plans.end()) {
     auto plan = std::make_unique<Plan>();
     const cudaDataType_t ab = e == Elem::f32 ? CUDA_R_32F : CUDA_R_16BF;
@@ -65,27 +103,29 @@ void Gemm::run(void* y, const void* x, const void* w, int rows, int in, int out,
     check(cublasLtMatrixLayoutCreate(&plan->a, ab, in, out, in), "layout A");
     check(cublasLtMatrixLayoutCreate(&plan->b, ab, in, rows, in), "layout B");
     check(cublasLtMatrixLayoutCreate(&plan->c, cd, out, rows, out), "layout C");
-    cublasLtMatmulPreference_t pref = nullptr;
-    check(cublasLtMatmulPreferenceCreate(&pref), "preference");
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &impl_->workspace_bytes,
-                                         sizeof impl_->workspace_bytes);
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(impl_->handle, plan->desc, plan->a, plan->b, plan->c, plan->c,
-                                                            pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
-      fail_runtime("cuBLASLt has no algorithm for a " + std::to_string(rows) + "x" + std::to_string(in) + " by " +
-                   std::to_string(out) + "x" + std::to_string(in) + " matmul");
+    const Impl::Key bucket{algo_rows(rows), in, out, int(e), y_f32};
+    const auto b = impl_->bucket_algos.find(bucket);
+    if (algo_rows(rows) != rows && b != impl_->bucket_algos.end()) {
+      plan->algo = b->second;
+      from_bucket = true;
+    } else {  // the bucket's first shape, or its own row count: searched, and the bucket's from now on
+      plan->algo = impl_->search(*plan, rows, in, out);
+      impl_->bucket_algos[bucket] = plan->algo;
     }
-    plan->algo = result.algo;
     it = impl_->plans.emplace(key, std::move(plan)).first;
   }
-  const Plan& p = *it->second;
+  Plan& p = *it->second;
   const float alpha = 1.f, beta = 0.f;
-  check(cublasLtMatmul(impl_->handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, impl_->workspace,
-                       impl_->workspace_bytes, static_cast<cudaStream_t>(stream)),
-        "matmul");
+  const auto matmul = [&] {
+    return cublasLtMatmul(impl_->handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
+                          impl_->workspace, impl_->workspace_bytes, static_cast<cudaStream_t>(stream));
+  };
+  cublasStatus_t s = matmul();
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED && from_bucket) {  // the bucket's algorithm does not take this shape
+    p.algo = impl_->search(p, rows, in, out);
+    s = matmul();
+  }
+  check(s, "matmul");
 }
 
 }  // namespace flashlite::engine::cuda_ops
