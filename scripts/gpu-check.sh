@@ -183,6 +183,11 @@ step_servebench() {  # the server under load (bench/serve/load.py) beside the en
     --max-batch 64 --concurrency 1,16,64 --rates 16,64 --out "$dest/serve_load.json" \
     --plot "$dest/serve_load.png" > "$logs/serve_load.log" 2>&1 || rc=1
   tail -8 "$logs/serve_load.log"
+  # 64 clients in steady state: 1,024 requests, so that the ramp and the drain weigh little
+  pyenv python3 "$root/bench/serve/load.py" --model "$ckpt" --flashlite "$build/bin/flashlite" --device cuda \
+    --max-batch 64 --concurrency 64 --requests 1024 --out "$dest/serve_load_long.json" > "$logs/serve_load_long.log" 2>&1 ||
+    rc=1
+  tail -2 "$logs/serve_load_long.log"
   return $rc
 }
 

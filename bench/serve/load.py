@@ -3,9 +3,11 @@
 and output lengths drawn from a fixed, seeded distribution, sent at fixed concurrency (N clients, each sending its
 next request when the last one ended) and at Poisson request rates (arrivals with exponential gaps, each request on
 its own client). Per run: request throughput, output tokens/s, TTFT, inter-token latency (the gaps between streamed
-tokens after the first) and end-to-end latency, p50 / p90 / p99, and the server's own mean batch size per step
-(/metrics). Outputs ignore EOS (`ignore_eos`, as vLLM's benchmark does) so every request runs its drawn length.
-Requests the server sheds with 503 (queue full) are counted apart; latencies are over the completed ones.
+tokens after the first) and end-to-end latency, p50 / p90 / p99, and the server's own mean batch size per step and
+mean TTFT (/metrics). At fixed concurrency the clients are spread over processes (--procs), so that parsing the
+streams never limits what is measured. Outputs ignore EOS (`ignore_eos`, as vLLM's benchmark does) so every request
+runs its drawn length. Requests the server sheds with 503 (queue full) are counted apart; latencies are over the
+completed ones.
 
     python3 bench/serve/load.py --model ../shared/models/stories260K --concurrency 1,16,64 --out serve_cpu.json
     python3 bench/serve/load.py --model HF_DIR --device cuda --concurrency 1,64 --rates 4,16,64 --out serve.json \\
@@ -19,6 +21,7 @@ import http.client
 import json
 import multiprocessing
 import os
+import queue
 import pathlib
 import random
 import statistics
@@ -71,7 +74,7 @@ def one_request(url, model, prompt, max_tokens, api_key):
                 usage = chunk["usage"]
             if chunk.get("choices") and chunk["choices"][0].get("text"):
                 arrivals.append(time.perf_counter())
-    except OSError as e:
+    except Exception as e:  # a broken stream (OSError, IncompleteRead, bad JSON or UTF-8) fails this request only
         return {"error": repr(e)}
     finally:
         conn.close()
@@ -144,13 +147,27 @@ def run_concurrency(args, conc, work):
         ps = [ctx.Process(target=_client_process, args=(args.url, args.model_name, args.api_key, n, work_q, results_q,
                                                         barrier)) for n in per]
         for p in ps:
+            p.daemon = True
             p.start()
-        barrier.wait()  # every process has started (imports done): the clock starts with the first request
-        t0 = time.perf_counter()
-        results = [r for _ in ps for r in results_q.get()]
-        wall = time.perf_counter() - t0
-        for p in ps:
-            p.join()
+        try:
+            barrier.wait(timeout=120)  # every process has started (imports done): the clock starts now
+            t0 = time.perf_counter()
+            results, done = [], 0
+            while done < procs:  # a client process that dies ends the run instead of hanging it
+                try:
+                    results += results_q.get(timeout=1)
+                    done += 1
+                except queue.Empty:
+                    if any(p.exitcode not in (None, 0) for p in ps):
+                        raise RuntimeError("a load-generator process died") from None
+            wall = time.perf_counter() - t0
+        except threading.BrokenBarrierError:
+            raise RuntimeError("the load-generator processes did not start") from None
+        finally:
+            for p in ps:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.terminate()
         row = summarize(results, wall, "concurrency", conc)
         row["client_processes"] = procs
         return row
@@ -200,8 +217,9 @@ def batch_stats(server_metrics):
     """The server's counters a run's row reports as differences: batch size per step, TTFT (arrival at the server
     to its first token)."""
     m = server_metrics()
-    return (m.get("flashlite_batch_size_sum", 0), m.get("flashlite_batch_size_count", 0),
-            m.get("flashlite_time_to_first_token_seconds_sum", 0), m.get("flashlite_time_to_first_token_seconds_count", 0))
+    ttft = "flashlite_time_to_first_token_seconds"
+    return (m.get("flashlite_batch_size_sum", 0), m.get("flashlite_batch_size_count", 0), m.get(ttft + "_sum", 0),
+            m.get(ttft + "_count", 0))
 
 
 def main(argv=None):
@@ -265,8 +283,8 @@ def main(argv=None):
                   f"{row['request_throughput']:.2f} req/s, {row['output_tok_s']:,.0f} tok/s, TTFT p50/p90 "
                   f"{row['ttft_ms']['p50']:.1f}/{row['ttft_ms']['p90']:.1f} ms, ITL p50/p90 "
                   f"{row['itl_ms']['p50']:.2f}/{row['itl_ms']['p90']:.2f} ms, E2E p90 {row['e2e_ms']['p90']:.0f} ms, "
-                  f"mean batch {row.get('mean_batch', 0):.1f}, server TTFT mean {row.get('server_ttft_mean_ms', 0):.1f} ms",
-                  flush=True)
+                  f"mean batch {row.get('mean_batch', 0):.1f}, "
+                  f"server TTFT mean {row.get('server_ttft_mean_ms', 0):.1f} ms", flush=True)
     finally:
         if server:
             server.stop()

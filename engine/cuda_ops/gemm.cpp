@@ -35,18 +35,23 @@ struct Gemm::Impl {
   size_t workspace_bytes = 0;
   using Key = std::tuple<int, int, int, int, bool>;  // (rows, in, out, element, fp32 output)
   std::map<Key, std::unique_ptr<Plan>> plans;
-  std::map<Key, cublasLtMatmulAlgo_t> bucket_algos;  // by algo_rows(rows)
-  // cuBLASLt's choice for the problem with `rows` rows, from the plan's descriptors.
-  cublasLtMatmulAlgo_t search(Plan& plan, int rows, int in, int out);
+  std::map<Key, cublasLtMatmulAlgo_t> bucket_algos;  // keyed by the bucket's row count (algo_rows)
+  // A plan's descriptors for this shape (no algorithm yet).
+  std::unique_ptr<Plan> describe(int rows, int in, int out, Elem e, bool y_f32) const;
+  // cuBLASLt's choice for the plan's problem.
+  cublasLtMatmulAlgo_t search(const Plan& plan, int rows, int in, int out) const;
+  // Whether cuBLASLt runs `algo` on the plan's problem within the workspace (host-side check, no launch).
+  bool takes(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const;
 };
 
 namespace {
 
 // Prompt lengths differ from request to request, and a row count not seen before cost a serving step cuBLASLt's
-// algorithm search and, where it picks a kernel not used before, that kernel's loading (milliseconds). Row counts past
-// 16 therefore share one algorithm per bucket (up to the next power of two): the bucket's first shape's, or the power
-// of two's own once that is seen, run on the exact shape (a shape it refuses gets its own search). Up to 16 rows the
-// search is the shape's own.
+// algorithm search and, where it picked a kernel not used before, that kernel's loading (milliseconds). Row counts
+// past 16 therefore take the algorithm cuBLASLt picks for their bucket, the next power of two, searched once per
+// bucket on the power of two's own shape (so the choice never depends on which row counts came first), wherever a
+// host-side check finds that it takes the exact shape within the workspace; otherwise, and up to 16 rows, the shape
+// gets its own search.
 int algo_rows(int rows) {
   if (rows <= 16) return rows;
   int b = 32;
@@ -56,7 +61,21 @@ int algo_rows(int rows) {
 
 }  // namespace
 
-cublasLtMatmulAlgo_t Gemm::Impl::search(Plan& plan, int rows, int in, int out) {
+std::unique_ptr<Gemm::Plan> Gemm::Impl::describe(int rows, int in, int out, Elem e, bool y_f32) const {
+  auto plan = std::make_unique<Plan>();
+  const cudaDataType_t ab = e == Elem::f32 ? CUDA_R_32F : CUDA_R_16BF;
+  const cudaDataType_t cd = y_f32 || e == Elem::f32 ? CUDA_R_32F : CUDA_R_16BF;
+  check(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
+  const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+  check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t), "transa");
+  check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n), "transb");
+  check(cublasLtMatrixLayoutCreate(&plan->a, ab, in, out, in), "layout A");
+  check(cublasLtMatrixLayoutCreate(&plan->b, ab, in, rows, in), "layout B");
+  check(cublasLtMatrixLayoutCreate(&plan->c, cd, out, rows, out), "layout C");
+  return plan;
+}
+
+cublasLtMatmulAlgo_t Gemm::Impl::search(const Plan& plan, int rows, int in, int out) const {
   cublasLtMatmulPreference_t pref = nullptr;
   check(cublasLtMatmulPreferenceCreate(&pref), "preference");
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
@@ -71,6 +90,13 @@ cublasLtMatmulAlgo_t Gemm::Impl::search(Plan& plan, int rows, int in, int out) {
                  std::to_string(out) + "x" + std::to_string(in) + " matmul");
   }
   return result.algo;
+}
+
+bool Gemm::Impl::takes(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
+  cublasLtMatmulHeuristicResult_t result{};
+  return cublasLtMatmulAlgoCheck(handle, plan.desc, plan.a, plan.b, plan.c, plan.c, &algo, &result) ==
+             CUBLAS_STATUS_SUCCESS &&
+         result.workspaceSize <= workspace_bytes;
 }
 
 Gemm::Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
@@ -91,41 +117,30 @@ void Gemm::run(void* y, const void* x, const void* w, int rows, int in, int out,
   if (rows == 0) return;
   const Impl::Key key{rows, in, out, int(e), y_f32};
   auto it = impl_->plans.find(key);
-  bool from_bucket = false;
   if (it == impl_->plans.end()) {
-    auto plan = std::make_unique<Plan>();
-    const cudaDataType_t ab = e == Elem::f32 ? CUDA_R_32F : CUDA_R_16BF;
-    const cudaDataType_t cd = y_f32 || e == Elem::f32 ? CUDA_R_32F : CUDA_R_16BF;
-    check(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
-    const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-    check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t), "transa");
-    check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n), "transb");
-    check(cublasLtMatrixLayoutCreate(&plan->a, ab, in, out, in), "layout A");
-    check(cublasLtMatrixLayoutCreate(&plan->b, ab, in, rows, in), "layout B");
-    check(cublasLtMatrixLayoutCreate(&plan->c, cd, out, rows, out), "layout C");
-    const Impl::Key bucket{algo_rows(rows), in, out, int(e), y_f32};
-    const auto b = impl_->bucket_algos.find(bucket);
-    if (algo_rows(rows) != rows && b != impl_->bucket_algos.end()) {
-      plan->algo = b->second;
-      from_bucket = true;
-    } else {  // the bucket's first shape, or its own row count: searched, and the bucket's from now on
-      plan->algo = impl_->search(*plan, rows, in, out);
-      impl_->bucket_algos[bucket] = plan->algo;
+    std::unique_ptr<Plan> plan = impl_->describe(rows, in, out, e, y_f32);
+    const int bucket_rows = algo_rows(rows);
+    bool found = false;
+    if (bucket_rows != rows) {
+      const Impl::Key bucket{bucket_rows, in, out, int(e), y_f32};
+      auto b = impl_->bucket_algos.find(bucket);
+      if (b == impl_->bucket_algos.end()) {
+        b = impl_->bucket_algos.emplace(bucket, impl_->search(*impl_->describe(bucket_rows, in, out, e, y_f32),
+                                                              bucket_rows, in, out)).first;
+      }
+      if (impl_->takes(*plan, b->second)) {
+        plan->algo = b->second;
+        found = true;
+      }
     }
+    if (!found) plan->algo = impl_->search(*plan, rows, in, out);
     it = impl_->plans.emplace(key, std::move(plan)).first;
   }
-  Plan& p = *it->second;
+  const Plan& p = *it->second;
   const float alpha = 1.f, beta = 0.f;
-  const auto matmul = [&] {
-    return cublasLtMatmul(impl_->handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
-                          impl_->workspace, impl_->workspace_bytes, static_cast<cudaStream_t>(stream));
-  };
-  cublasStatus_t s = matmul();
-  if (s == CUBLAS_STATUS_NOT_SUPPORTED && from_bucket) {  // the bucket's algorithm does not take this shape
-    p.algo = impl_->search(p, rows, in, out);
-    s = matmul();
-  }
-  check(s, "matmul");
+  check(cublasLtMatmul(impl_->handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, impl_->workspace,
+                       impl_->workspace_bytes, static_cast<cudaStream_t>(stream)),
+        "matmul");
 }
 
 }  // namespace flashlite::engine::cuda_ops

@@ -7,6 +7,7 @@
 #include <random>
 #include <string>
 
+#include "engine/cuda_ops/gemm.h"
 #include "engine/cuda_ops/ops.h"
 #include "engine/cuda_ops/select.h"
 #include "engine/errors.h"
@@ -91,6 +92,28 @@ void gemv(const GemvParams& shape, const std::vector<float>& w, const std::vecto
   } else {
     check(cudaMemcpy(y.data(), dy.p, ny * 4, cudaMemcpyDeviceToHost), "download");
   }
+}
+
+std::vector<std::vector<float>> gemm_sequence(const std::vector<int>& rows_list, int in, int out, bool bf16,
+                                              const std::vector<float>& w, const std::vector<float>& x) {
+  require_device();
+  const int max_rows = int(x.size() / size_t(in));
+  std::vector<__nv_bfloat16> wb, xb;
+  if (bf16) wb = to_bf16(w), xb = to_bf16(x);
+  const size_t elem = bf16 ? 2 : 4;
+  Dev dw(bf16 ? static_cast<const void*>(wb.data()) : w.data(), w.size() * elem);
+  Dev dx(bf16 ? static_cast<const void*>(xb.data()) : x.data(), x.size() * elem);
+  Dev dy(size_t(max_rows) * out * 4);
+  Gemm gemm;
+  std::vector<std::vector<float>> ys;
+  for (int rows : rows_list) {
+    if (rows < 1 || rows > max_rows) fail("gemm_sequence: row count outside [1, rows of x]");
+    gemm.run(dy.p, dx.p, dw.p, rows, in, out, bf16 ? Elem::bf16 : Elem::f32, true, nullptr);
+    std::vector<float> y(size_t(rows) * out);
+    check(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), "download");
+    ys.push_back(std::move(y));
+  }
+  return ys;
 }
 
 namespace {

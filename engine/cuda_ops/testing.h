@@ -20,6 +20,12 @@ void gemv(const GemvParams& shape, const std::vector<float>& w, const std::vecto
           const std::vector<float>& norm_w, const std::vector<int32_t>& row_index, std::vector<float>& y,
           int launches = 1, bool own_stream = false);
 
+// One Gemm (one plan cache, so the algorithm choices carry over from call to call as in the engine) run once per row
+// count of `rows_list`, in order: y = x W^T with x the first rows of `x` ((max rows, in)) and W (out, in), in bf16
+// (the inputs rounded on the way up) or fp32, fp32 out. Returns each call's y (rows, out).
+std::vector<std::vector<float>> gemm_sequence(const std::vector<int>& rows_list, int in, int out, bool bf16,
+                                              const std::vector<float>& w, const std::vector<float>& x);
+
 // Median microseconds of `iters` launches of gemv at these sizes on random data (no check; for the record).
 double gemv_time_us(const GemvParams& shape, int iters);
 // Microseconds per launch of `iters` launches queued back to back between two events (median of 5 such streams).

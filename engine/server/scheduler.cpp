@@ -92,10 +92,36 @@ Scheduler::Scheduler(LlamaModel& model, ModelText text, const SchedulerOptions& 
   const KvUsage u = model_.kv_usage();
   page_size_ = u.page_size;
   pages_total_ = u.pages_total;
+  warm_up();
   thread_ = std::thread([this] { loop(); });
 }
 
 Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::warm_up() {
+  if (model_.device().rfind("cuda", 0) != 0) return;
+  const int token = text_.bos >= 0 ? text_.bos : 0;
+  const int longest = std::min(context_, pages_total_ * page_size_);  // one sequence's most rows
+  std::vector<int> rows;
+  for (int n = 9; n <= 16; ++n) rows.push_back(n);
+  for (int n = 32; n / 2 < std::min(opt_.max_step_tokens + model_.slots(), longest); n *= 2) {
+    rows.push_back(std::min(n, longest));
+  }
+  LogitsRequest argmax;
+  argmax.kind = LogitsRequest::Kind::argmax;
+  try {
+    for (int n : rows) {
+      if (n > longest) break;
+      model_.forward_select({{0, std::vector<int>(size_t(n), token), false}}, argmax);
+      model_.reset(0);
+    }
+    std::vector<SequenceInput> every;  // one token on every slot: the widest logits rows
+    for (int slot = 0; slot < model_.slots(); ++slot) every.push_back({slot, {token}, false});
+    model_.forward_select(every, argmax);
+  } catch (const std::exception&) {  // only a speed-up: a cache too small for a shape leaves it to its first request
+  }
+  for (int slot = 0; slot < model_.slots(); ++slot) model_.reset(slot);
+}
 
 void Scheduler::stop() {
   {

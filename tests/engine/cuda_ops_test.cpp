@@ -385,6 +385,42 @@ TEST(EngineCudaOps, FusedArgmaxIsTheHostArgmaxOfItsLogits) {
   }
 }
 
+// The prefill GEMM (cuBLASLt) at every row count from 17 to 130, up and then down on one plan cache: row counts past
+// 16 take their power-of-two bucket's algorithm where it fits (gemm.cpp), whichever came first. Each result against
+// float64 dot products of the same rounded operands, the two passes within the same bound of each other.
+TEST(EngineCudaOps, GemmRowBucketsMatchFloat64InAnyOrder) {
+  DEVICE_OR_SKIP();
+  const int in = 2048 + 64, out = 192, max_rows = 130;  // `in` long enough for cuBLASLt to consider split-K
+  std::mt19937 rng(11);
+  for (const bool use_bf16 : {true, false}) {
+    SCOPED_TRACE(use_bf16 ? "bf16" : "fp32");
+    std::vector<float> w = random_vec(size_t(out) * in, rng), x = random_vec(size_t(max_rows) * in, rng);
+    if (use_bf16) {
+      for (float& v : w) v = bf16(v);
+      for (float& v : x) v = bf16(v);
+    }
+    std::vector<int> order;
+    for (int r = 17; r <= max_rows; ++r) order.push_back(r);
+    for (int r = max_rows; r >= 17; --r) order.push_back(r);
+    std::vector<double> ref(size_t(max_rows) * out), mag(ref.size());  // a row's result depends on its row only
+    for (int r = 0; r < max_rows; ++r)
+      for (int o = 0; o < out; ++o)
+        for (int k = 0; k < in; ++k) {
+          const double p = double(x[size_t(r) * in + k]) * w[size_t(o) * in + k];
+          ref[size_t(r) * out + o] += p;
+          mag[size_t(r) * out + o] += std::fabs(p);
+        }
+    const auto ys = dt::gemm_sequence(order, in, out, use_bf16, w, x);
+    ASSERT_EQ(ys.size(), order.size());
+    for (size_t c = 0; c < order.size(); ++c) {
+      const int rows = order[c];
+      for (size_t i = 0; i < size_t(rows) * out; ++i) {
+        ASSERT_NEAR(ys[c][i], ref[i], 2e-5 * mag[i] + 1e-6) << "rows " << rows << " (call " << c << "), element " << i;
+      }
+    }
+  }
+}
+
 TEST(EngineCudaOps, GemvRejectsUnsupportedSizes) {
   for (const bool staged : {false, true}) {
     EXPECT_FALSE(ops::gemv_supported(0, 64, staged));
