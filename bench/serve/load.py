@@ -189,7 +189,9 @@ def run_concurrency(args, conc, work):
         t.start()
     for t in threads:
         t.join()
-    return summarize(results, time.perf_counter() - t0, "concurrency", conc)
+    row = summarize(results, time.perf_counter() - t0, "concurrency", conc)
+    row["client_processes"] = 1
+    return row
 
 
 def run_rate(args, rate, work):
@@ -283,8 +285,8 @@ def main(argv=None):
                   f"{row['request_throughput']:.2f} req/s, {row['output_tok_s']:,.0f} tok/s, TTFT p50/p90 "
                   f"{row['ttft_ms']['p50']:.1f}/{row['ttft_ms']['p90']:.1f} ms, ITL p50/p90 "
                   f"{row['itl_ms']['p50']:.2f}/{row['itl_ms']['p90']:.2f} ms, E2E p90 {row['e2e_ms']['p90']:.0f} ms, "
-                  f"mean batch {row.get('mean_batch', 0):.1f}, "
-                  f"server TTFT mean {row.get('server_ttft_mean_ms', 0):.1f} ms", flush=True)
+                  + (f"mean batch {row['mean_batch']:.1f}, server TTFT mean {row['server_ttft_mean_ms']:.1f} ms"
+                     if metrics else "(no server metrics: --url)"), flush=True)
     finally:
         if server:
             server.stop()
