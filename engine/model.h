@@ -105,6 +105,10 @@ class LlamaModel {
   virtual std::string device() const = 0;
   virtual size_t device_bytes() const { return 0; }  // accelerator memory held (weights, KV cache, scratch)
   virtual std::string attention_kernel() = 0;  // flashlite's kernel name for a decode step
+  // Row counts (one sequence's new tokens per forward call) up to max_rows whose first step pays one-time work that
+  // later steps of nearby row counts then share (CUDA: cuBLASLt's algorithm searches, gemm.h), so that a server can
+  // pay it before its first request; empty where there is none (the CPU).
+  virtual std::vector<int> warm_up_rows(int /*max_rows*/) const { return {}; }
 
  protected:
   // Host reduction of `logits` (rows, vocab) into select_ids_ / select_values_ (the default forward_select).

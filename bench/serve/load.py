@@ -21,8 +21,8 @@ import http.client
 import json
 import multiprocessing
 import os
-import queue
 import pathlib
+import queue
 import random
 import statistics
 import sys
@@ -109,27 +109,30 @@ def summarize(results, wall, mode, value):
     return row
 
 
-def _client_process(url, model, api_key, threads, work_q, results_q, barrier):
-    """One process of run_concurrency: `threads` clients taking requests from work_q (None: stop) once every process
-    is ready; its results go to results_q at the end."""
+def _clients(url, model, api_key, threads, take):
+    """`threads` clients, each sending the next request take() hands it (None: no more) when its last one ended;
+    returns their results."""
     results, lock = [], threading.Lock()
 
     def client():
-        while True:
-            item = work_q.get()
-            if item is None:
-                return
+        while (item := take()) is not None:
             r = one_request(url, model, *item, api_key)
             with lock:
                 results.append(r)
 
-    barrier.wait()
     pool = [threading.Thread(target=client) for _ in range(threads)]
     for t in pool:
         t.start()
     for t in pool:
         t.join()
-    results_q.put(results)
+    return results
+
+
+def _client_process(url, model, api_key, threads, work_q, results_q, barrier):
+    """One process of run_concurrency: its clients take requests from work_q once every process is ready; their
+    results go to results_q at the end."""
+    barrier.wait()
+    results_q.put(_clients(url, model, api_key, threads, work_q.get))
 
 
 def run_concurrency(args, conc, work):
@@ -171,24 +174,14 @@ def run_concurrency(args, conc, work):
         row = summarize(results, wall, "concurrency", conc)
         row["client_processes"] = procs
         return row
-    results, lock, it = [], threading.Lock(), iter(work)
+    it, lock = iter(work), threading.Lock()
 
-    def client():
-        while True:
-            with lock:
-                item = next(it, None)
-            if item is None:
-                return
-            r = one_request(args.url, args.model_name, *item, args.api_key)
-            with lock:
-                results.append(r)
+    def take():
+        with lock:
+            return next(it, None)
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(conc)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = _clients(args.url, args.model_name, args.api_key, conc, take)
     row = summarize(results, time.perf_counter() - t0, "concurrency", conc)
     row["client_processes"] = 1
     return row

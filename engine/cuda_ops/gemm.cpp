@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "engine/errors.h"
@@ -97,6 +98,15 @@ bool Gemm::Impl::takes(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const
   return cublasLtMatmulAlgoCheck(handle, plan.desc, plan.a, plan.b, plan.c, plan.c, &algo, &result) ==
              CUBLAS_STATUS_SUCCESS &&
          result.workspaceSize <= workspace_bytes;
+}
+
+std::vector<int> Gemm::search_rows(int from, int max_rows) {
+  std::vector<int> rows;
+  for (int n = std::max(from, 1); n <= std::min(max_rows, 16); ++n) rows.push_back(n);
+  for (int b = 32; b / 2 < max_rows; b *= 2) {  // bucket b: row counts (b / 2, b]
+    if (b >= from) rows.push_back(std::min(b, max_rows));
+  }
+  return rows;
 }
 
 Gemm::Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "engine/cuda_ops/ops.h"
 
@@ -19,6 +20,10 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
   void run(void* y, const void* x, const void* w, int rows, int in, int out, Elem e, bool y_f32, void* stream);
+  // The row counts in [from, max_rows] whose first run searches cuBLASLt's algorithms for every later row count it
+  // stands for: each count up to 16, then one per bucket (max_rows itself for the bucket it ends in). A server runs
+  // these once before its first request.
+  static std::vector<int> search_rows(int from, int max_rows);
 
  private:
   struct Plan;

@@ -145,6 +145,11 @@ class LlamaCuda final : public LlamaModel {
     const int32_t one = 1;
     return decode_kernel_name(decode_args(0, 1, &one, nullptr));
   }
+  std::vector<int> warm_up_rows(int max_rows) const override {  // the GEMVs (no search) take the fewest rows
+    int from = 1;
+    while (from <= max_rows && use_gemv(from)) ++from;
+    return cuda_ops::Gemm::search_rows(from, max_rows);
+  }
   size_t device_bytes() const override {  // + the GEMM workspace
     return DeviceBuffer::allocated(opt_.device_index) + (size_t(32) << 20);
   }

@@ -42,6 +42,7 @@ class ParallelModel final : public LlamaModel {
   std::string device() const override;
   size_t device_bytes() const override;
   std::string attention_kernel() override { return ranks_[0]->attention_kernel(); }
+  std::vector<int> warm_up_rows(int max_rows) const override { return ranks_[0]->warm_up_rows(max_rows); }
   int ranks() const { return int(ranks_.size()); }
 
  private:

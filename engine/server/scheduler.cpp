@@ -99,19 +99,15 @@ Scheduler::Scheduler(LlamaModel& model, ModelText text, const SchedulerOptions& 
 Scheduler::~Scheduler() { stop(); }
 
 void Scheduler::warm_up() {
-  if (model_.device().rfind("cuda", 0) != 0) return;
+  // A step's rows: its prompt chunks and one per decoding sequence; one sequence holds at most `longest`.
+  const int longest = std::min(context_, pages_total_ * page_size_);
+  const std::vector<int> rows = model_.warm_up_rows(std::min(opt_.max_step_tokens + model_.slots(), longest));
+  if (rows.empty()) return;
   const int token = text_.bos >= 0 ? text_.bos : 0;
-  const int longest = std::min(context_, pages_total_ * page_size_);  // one sequence's most rows
-  std::vector<int> rows;
-  for (int n = 9; n <= 16; ++n) rows.push_back(n);
-  for (int n = 32; n / 2 < std::min(opt_.max_step_tokens + model_.slots(), longest); n *= 2) {
-    rows.push_back(std::min(n, longest));
-  }
   LogitsRequest argmax;
   argmax.kind = LogitsRequest::Kind::argmax;
   try {
     for (int n : rows) {
-      if (n > longest) break;
       model_.forward_select({{0, std::vector<int>(size_t(n), token), false}}, argmax);
       model_.reset(0);
     }

@@ -114,10 +114,9 @@ class Scheduler {
   void sample(Sequence& s, const LogitsOutput& out, int row);
   void release(Sequence& s, const std::string& reason, const std::string& error);  // slot and pages back
   void refresh_usage();
-  // CUDA, before the first request: one forward per GEMM row bucket a step can reach (engine/cuda_ops/gemm.cpp shares
-  // cuBLASLt's algorithm per bucket) and one over every slot, then forgotten, so that no request pays the algorithm
-  // searches and first kernel loads of a new shape (its first token milliseconds later). Not on the CPU: nothing to
-  // search there, and long prompts take seconds.
+  // Before the first request: one forward per row count the model names (LlamaModel::warm_up_rows: on CUDA one per
+  // GEMM row bucket a step can reach) and one over every slot, then forgotten, so that no request pays the algorithm
+  // searches and first kernel loads of a new shape (its first token milliseconds later). Nothing on the CPU.
   void warm_up();
 
   LlamaModel& model_;

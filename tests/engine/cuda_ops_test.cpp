@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 
+#include "engine/cuda_ops/gemm.h"
 #include "engine/cuda_ops/select.h"
 #include "engine/cuda_ops/testing.h"
 #include "engine/sampler.h"
@@ -419,6 +420,17 @@ TEST(EngineCudaOps, GemmRowBucketsMatchFloat64InAnyOrder) {
       }
     }
   }
+}
+
+// The row counts a server warms: every count up to 16 from `from`, then one per power-of-two bucket that holds a count
+// in range, the last one cut at max_rows (no device needed).
+TEST(EngineCudaOps, GemmSearchRowsCoverEveryBucketOnce) {
+  using V = std::vector<int>;
+  EXPECT_EQ(ops::Gemm::search_rows(9, 100), (V{9, 10, 11, 12, 13, 14, 15, 16, 32, 64, 100}));
+  EXPECT_EQ(ops::Gemm::search_rows(1, 8), (V{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(ops::Gemm::search_rows(20, 1000), (V{32, 64, 128, 256, 512, 1000}));
+  EXPECT_EQ(ops::Gemm::search_rows(40, 64), (V{64}));
+  EXPECT_EQ(ops::Gemm::search_rows(9, 8), V{});
 }
 
 TEST(EngineCudaOps, GemvRejectsUnsupportedSizes) {
