@@ -15,6 +15,19 @@ def _library(x, name="q"):
     raise TypeError(f"{name} is a {_check.typename(x)}; expected a torch.Tensor, numpy.ndarray or cupy.ndarray")
 
 
+def _torch_module():
+    """flashlite._torch_ops, imported on first use (torch is optional) and then kept: a function-level
+    `from . import` costs ~1 us per call."""
+    global _TORCH_OPS
+    if _TORCH_OPS is None:
+        from . import _torch_ops
+        _TORCH_OPS = _torch_ops
+    return _TORCH_OPS
+
+
+_TORCH_OPS = None
+
+
 def _int32_list(x, name):
     """A list / tuple of ints as an int32 numpy array. Floats (which int32 would truncate: 2.5 -> 2) and values
     outside int32 (which it would wrap: 2**32 + 3 -> 3) are errors naming the argument."""
@@ -68,10 +81,10 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
     """
     lib = _library(q)
     if lib == "torch":
-        from . import _torch_ops
-        return _torch_ops.attention(q, k, v, causal=causal, scale=scale, window=window, sink_tokens=sink_tokens,
-                                    sink_logits=sink_logits, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
-                                    cu_seqlens_k=cu_seqlens_k, return_lse=return_lse, backend=backend, out=out)
+        return _torch_module().attention(q, k, v, causal=causal, scale=scale, window=window,
+                                         sink_tokens=sink_tokens, sink_logits=sink_logits, softcap=softcap,
+                                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, return_lse=return_lse,
+                                         backend=backend, out=out)
     _same_library(lib, k, v, out, sink_logits)
     opts = _options(causal, scale, window, sink_tokens, softcap, backend)
     return_lse = _args.flag(return_lse, "return_lse")

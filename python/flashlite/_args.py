@@ -127,6 +127,14 @@ def window_pair(window):
 
 def options(causal, scale, window, sink_tokens, softcap, backend):
     """The checked scalar options: (causal, scale or None, window_left, window_right, sink_tokens, softcap, backend)."""
+    # Plain Python values (the usual call) pass with type tests alone: this runs on every attention call, and the
+    # general checks below cost twice as much host time.
+    if (type(window) is tuple and len(window) == 2 and type(window[0]) is int and type(window[1]) is int
+            and type(sink_tokens) is int and (causal is True or causal is False) and type(softcap) is float
+            and (scale is None or type(scale) is float) and type(backend) is str
+            and _INT32[0] <= window[0] <= _INT32[1] and _INT32[0] <= window[1] <= _INT32[1]
+            and _INT32[0] <= sink_tokens <= _INT32[1]):
+        return causal, scale, window[0], window[1], sink_tokens, softcap, backend
     if not isinstance(backend, str):
         raise TypeError(f"backend is {show(backend)}; expected one of auto, reference, naive, cpu, cuda")
     left, right = window_pair(window)

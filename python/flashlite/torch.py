@@ -29,11 +29,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     dropout_p > 0, is_causal with fewer queries than keys (SDPA's top-left alignment hides keys past the query index,
     which flashlite's bottom-right causal mask cannot express; flashlite.attention(causal=True) gives bottom-right).
     """
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, _torch.Tensor):
-            raise TypeError(f"{name} is a {_check.typename(t)}; expected a torch.Tensor")
-        if t.dim() != 4:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}; flashlite supports 4-D [batch, heads, seq, head_dim]")
+    if not (isinstance(query, _torch.Tensor) and isinstance(key, _torch.Tensor) and isinstance(value, _torch.Tensor)
+            and query.dim() == 4 and key.dim() == 4 and value.dim() == 4):
+        _refuse(query, key, value)
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported by flashlite.torch.scaled_dot_product_attention; use is_causal, "
                          "or flashlite.attention(window=..., sink_tokens=..., sink_logits=...) for those masks")
@@ -44,10 +42,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         is_causal = _args.flag(is_causal, "is_causal")
     if enable_gqa is not True and enable_gqa is not False:
         enable_gqa = _args.flag(enable_gqa, "enable_gqa")
-    hq, hkv = query.shape[1], key.shape[1]
+    q_shape, k_shape = query.shape, key.shape
+    hq, hkv = q_shape[1], k_shape[1]
     if hq != hkv and not enable_gqa:
         raise ValueError(f"query has {hq} heads but key has {hkv}; pass enable_gqa=True for grouped-query attention")
-    sq, sk = query.shape[2], key.shape[2]
+    sq, sk = q_shape[2], k_shape[2]
     causal, window = False, (-1, -1)
     if is_causal:
         if sq == sk:
@@ -58,11 +57,21 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise ValueError(f"is_causal with {sq} queries and {sk} keys: SDPA aligns the causal mask top-left, which "
                              "flashlite cannot express when seq_q < seq_k; use flashlite.attention(causal=True) for "
                              "the bottom-right alignment (the last query sees the last key)")
-    try:
-        out = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal, scale=scale,
-                        window=window, backend=backend)
+    try:  # the checked path of flashlite.attention (options checked here, nothing else to convert)
+        out, _ = _torch_ops._attention_checked(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                               None, None, None, None,
+                                               _args.options(causal, scale, window, 0, 0.0, backend), False)
     except (TypeError, ValueError):  # a tensor DLPack cannot pass: name it as the caller did (query, not q)
         _check.explain(None, "flashlite.torch.scaled_dot_product_attention", "torch",
                        [(n, t, False, _check.FLOATS) for n, t in (("query", query), ("key", key), ("value", value))])
         raise
     return out.transpose(1, 2)
+
+
+def _refuse(query, key, value):
+    """The TypeError / ValueError for a non-tensor or a tensor that is not 4-D (off the hot path)."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, _torch.Tensor):
+            raise TypeError(f"{name} is a {_check.typename(t)}; expected a torch.Tensor")
+        if t.dim() != 4:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; flashlite supports 4-D [batch, heads, seq, head_dim]")

@@ -52,6 +52,78 @@ def test_opcheck():
                                                      -1, 0, 0.0, "naive"))
 
 
+def test_op_schemas():
+    """The ops keep the names and schemas torch.library.custom_op inferred (graphs and exported programs name them)."""
+    opts = ("bool causal, float? scale, SymInt window_left, SymInt window_right, SymInt sink_tokens, float softcap, "
+            "str backend")
+    tensors = "Tensor? sink_logits, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k"
+    want = {
+        "attention": f"flashlite::attention(Tensor q, Tensor k, Tensor v, {tensors}, {opts}) -> (Tensor, Tensor)",
+        "attention_out": f"flashlite::attention_out(Tensor q, Tensor k, Tensor v, Tensor(a3!) out, {tensors}, {opts}) "
+                         "-> Tensor",
+        "attention_backward": f"flashlite::attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                              f"Tensor dout, Tensor? dlse, {tensors}, {opts}) -> (Tensor, Tensor, Tensor, Tensor)",
+    }
+    for name, schema in want.items():
+        op = getattr(torch.ops.flashlite, name).default
+        assert str(op._schema) == schema
+        assert torch.Tag.pt2_compliant_tag in op.tags
+
+
+def test_op_called_directly():
+    """torch.ops.flashlite.attention in eager mode: the eager path's result, its gradients through the op's own
+    autograd formula (the backward op), and no double backward."""
+    q, k, v = _inputs(1, 12, 12, 4, 2, 32, seed=3)
+    sink = torch.randn(4)
+    args = (True, None, 5, -1, 1, 0.0, "auto")
+    out, lse = torch.ops.flashlite.attention(q, k, v, sink, None, None, *args)
+    want, want_lse = flashlite.attention(q, k, v, sink_logits=sink, causal=True, window=(5, -1), sink_tokens=1,
+                                         return_lse=True)
+    assert out.grad_fn is None
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+
+    ts = [t.clone().requires_grad_() for t in (q, k, v, sink)]
+    g = torch.Generator().manual_seed(4)
+    dout, dlse = torch.randn(out.shape, generator=g), torch.randn(lse.shape, generator=g)
+
+    def grads(out, lse):
+        return torch.autograd.grad((out * dout).sum() + (lse * dlse).sum(), ts)
+
+    via_op = grads(*torch.ops.flashlite.attention(*ts, None, None, *args))
+    eager = grads(*flashlite.attention(*ts[:3], sink_logits=ts[3], causal=True, window=(5, -1), sink_tokens=1,
+                                       return_lse=True))
+    for a, b in zip(via_op, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    out, _ = torch.ops.flashlite.attention(*ts, None, None, *args)
+    (dq,) = torch.autograd.grad(out.sum(), ts[:1], create_graph=True)
+    with pytest.raises(NotImplementedError, match="no double backward"):
+        torch.autograd.grad(dq.sum(), ts[:1])
+
+
+def test_out_bumps_the_version_counter():
+    """Writing into out= is an in-place write autograd must see (it would otherwise miss a saved tensor's change):
+    through the op and on the eager path. The op refuses inputs that require grad, as flashlite.attention does."""
+    q, k, v = _inputs(1, 6, 6, 2, 2, 32)
+    out = torch.empty_like(q)
+    before = out._version
+    fltorch.attention_out_op(q, k, v, out, None, None, None, False, None, -1, -1, 0, 0.0, "auto")
+    assert out._version > before
+    before = out._version
+    flashlite.attention(q, k, v, out=out)
+    assert out._version > before
+    with pytest.raises(RuntimeError, match="does not support automatic differentiation"):
+        fltorch.attention_out_op(q.requires_grad_(), k, v, out, None, None, None, False, None, -1, -1, 0, 0.0, "auto")
+
+
+def test_lse_only_when_asked_gives_the_same_out():
+    """Eager calls without return_lse (and the SDPA drop-in) pass no LSE to the kernel; out is the same."""
+    q, k, v = _inputs(2, 9, 13, 4, 2, 32, seed=2)
+    a = flashlite.attention(q, k, v, causal=True)
+    b, _ = flashlite.attention(q, k, v, causal=True, return_lse=True)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_compile_traces_the_op_cpu():
     q, k, v = _inputs(1, 16, 16, 4, 4, 64)
 
