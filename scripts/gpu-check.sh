@@ -3,16 +3,17 @@
 # (pip, into a target folder), runs every ctest suite (the GPU tests run for real there), the main job (`flashlite
 # attn`) on a few shapes, pytest tests/python (GPU backends vs float64 and torch SDPA, torch.compile, CUDA graphs),
 # the server's tests (tests/serve, with the openai client from .carry/wheels) and its load benchmark, compute-sanitizer (memcheck, racecheck,
-# initcheck) on a small driver and a few backward cases, the attention benchmark and the backward side by side
-# (bench/bwd). Results go to
-# OUTDIR (argument, else $OUT, else ./out): attn_main_job.json, attention.json and plots, bwd_side_by_side.json,
+# initcheck) on a small driver, a few Hopper forward and backward cases, the attention benchmark and the forward
+# (bench/fwd: C API, torch op, host cost) and backward (bench/bwd) side by side. Results go to
+# OUTDIR (argument, else $OUT, else ./out): attn_main_job.json, attention.json and plots, fwd_side_by_side.json,
+# fwd_side_by_side_op.json, host_cost.json, bwd_side_by_side.json,
 # (servebench) serve_load.json / .png and serve_engine_baseline.json, (tp) tp*_logits.json and (tpbench) e2e_tp*.json
 # as files, every log bundled
 # into gpu_check_logs.tgz (a GPU lease returns at most 8 files). The per-area benchmarks (forward side by side,
 # decode, engine e2e, CPU) are described in bench/README.md.
 #
 #   bash scripts/gpu-check.sh [OUTDIR] [--only STEP[,STEP...]] [--skip STEP[,STEP...]]
-#   steps, in order: info build ctest attn pytest serve servebench sanitize bench bwdbench tp tpbench
+#   steps, in order: info build ctest attn pytest serve servebench sanitize bench fwdbench bwdbench tp tpbench
 #   (tp, tpbench: tensor parallelism on a machine of 2+ GPUs, e.g. `--only build,tp` then `--only tpbench` on
 #   nvidia-h100-x2; nothing on one GPU)
 #
@@ -199,6 +200,15 @@ step_sanitize() {
     local r=$?
     echo "$tool rc=$r: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|cases passed|skipped' "$logs/sanitize_$tool.log" | tr '\n' ' ')"
     [ $r -ne 0 ] && { rc=1; grep -m5 -E "Invalid|Race|Uninitialized|Error" "$logs/sanitize_$tool.log"; }
+    # The Hopper forward on a few cases of more work tiles than SMs, as planned and with 3 CTAs walking every tile.
+    for few in "" --few-ctas; do
+      compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/gpu/flashlite_gpu_hopper_fwd_test" $few \
+        --gtest_filter='Cuda/HopperGrid.*bf16_d64_b4_h12x4_q520_causal_win*:Cuda/HopperGrid.*bf16_d128_q1000_k17*:Cuda/HopperGrid.*f16_d64_varlen_causal' \
+        > "$logs/sanitize_hopper_fwd_$tool$few.log" 2>&1
+      r=$?
+      echo "$tool (Hopper forward $few) rc=$r: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$logs/sanitize_hopper_fwd_$tool$few.log" | tr '\n' ' ')"
+      [ $r -ne 0 ] && { rc=1; grep -m5 -E "Invalid|Race|Uninitialized|Error" "$logs/sanitize_hopper_fwd_$tool$few.log"; }
+    done
     # The backward suite on a few small cases (the Hopper kernels where the GPU has them).
     compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/gpu/flashlite_gpu_backward_test" \
       --gtest_filter='Grid/*/bf16_seq130_causal:Grid/*/f16_d64_gqa4_batch2_causal:Grid/*/bf16_d128_seq1025_causal_sinklogits' \
@@ -207,6 +217,17 @@ step_sanitize() {
     echo "$tool (backward) rc=$r: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$logs/sanitize_bwd_$tool.log" | tr '\n' ' ')"
     [ $r -ne 0 ] && { rc=1; grep -m5 -E "Invalid|Race|Uninitialized|Error" "$logs/sanitize_bwd_$tool.log"; }
   done
+  return $rc
+}
+
+step_fwdbench() {  # the forward side by side with torch SDPA (flash, cuDNN): through the C API, then the torch op
+  local rc=0
+  pyenv python3 "$root/bench/fwd/side_by_side.py" --lib "$build/lib/libflashlite_fwd_capi.so" \
+    --out "$dest/fwd_side_by_side.json" > "$logs/fwdbench.log" 2>&1 || rc=1
+  pyenv python3 "$root/bench/fwd/side_by_side.py" --lib "$build/lib/libflashlite_fwd_capi.so" --torch-op \
+    --out "$dest/fwd_side_by_side_op.json" > "$logs/fwdbench_op.log" 2>&1 || rc=1
+  pyenv python3 "$root/bench/fwd/host_cost.py" --out "$dest/host_cost.json" > "$logs/host_cost.log" 2>&1 || rc=1
+  tail -25 "$logs/fwdbench.log" "$logs/fwdbench_op.log" "$logs/host_cost.log"
   return $rc
 }
 
@@ -267,7 +288,7 @@ step_bench() {
     --plots "$dest" ${BENCH_ARGS:---quick} 2>&1 | tee "$logs/bench.log" | tail -60
 }
 
-for s in info build ctest attn pytest serve servebench sanitize bench bwdbench tp tpbench; do step "$s"; done
+for s in info build ctest attn pytest serve servebench sanitize bench fwdbench bwdbench tp tpbench; do step "$s"; done
 say "done; failed steps: ${failed[*]:-none}"
 pack
 [ ${#failed[@]} -eq 0 ]

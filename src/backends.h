@@ -23,6 +23,7 @@ struct FwdPlan {
   int block_rows = 0;  // CUDA fused kernels: query rows per block
   int rank_group = 0;  // CUDA fused, causal: (sequence, head) pairs per rank-major group (block_order.h; 0: one group)
   size_t fold_bytes = 0;  // CUDA tensor-core kernels, rows longer than cuda_fwd::kFoldKeys: their fold space
+  int persistent_ctas = 0;  // cuda_hopper: the CTAs to launch (ForwardOverrides; 0: one per SM, fewer for few tiles)
 };
 
 void run_reference(const AttentionProblem& p);

@@ -376,9 +376,22 @@ struct Resolved {
 };
 
 // Validated and planned; throws the reason when nothing (or not the forced kernel) can run the arguments.
+// The planner's choice under overrides (validated here: they come from the caller).
+FwdPlan plan_with(const AttentionProblem& p, Backend backend, const ForwardOverrides& overrides) {
+  if (overrides.persistent_ctas < 0) {
+    throw Error(ErrorKind::invalid_value, "ForwardOverrides::persistent_ctas is " +
+                                              std::to_string(overrides.persistent_ctas) +
+                                              "; expected 0 (the planner's choice) or a positive CTA count");
+  }
+  FwdPlan plan = plan_problem(p, backend, overrides.kernel);
+  plan.persistent_ctas = overrides.persistent_ctas;
+  return plan;
+}
+
+// Validated and planned; throws the reason when nothing (or not the forced kernel) can run the arguments.
 Resolved resolve(const ForwardArgs& args) {
   Resolved r{validate(args), {}};
-  r.plan = plan_problem(r.problem, args.backend, args.plan ? args.plan->overrides.kernel : ForwardKernel::automatic);
+  r.plan = plan_with(r.problem, args.backend, args.plan ? args.plan->overrides : ForwardOverrides{});
   if (!r.plan.unsupported.empty()) fail(r.plan.unsupported);
   return r;
 }
@@ -401,7 +414,7 @@ const char* forward_kernel_kind(ForwardKernel kernel) {
 
 ForwardPlan plan_forward(const ForwardArgs& args, const ForwardOverrides& overrides) {
   const AttentionProblem p = validate(args);
-  const FwdPlan fp = plan_problem(p, args.backend, overrides.kernel);
+  const FwdPlan fp = plan_with(p, args.backend, overrides);
   ForwardPlan plan;
   plan.overrides = overrides;
   plan.unsupported = fp.unsupported;

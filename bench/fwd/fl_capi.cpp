@@ -13,9 +13,11 @@ char g_error[512];
 extern "C" {
 
 // q/out: (batch, seq_q, q_heads, head_dim) contiguous; k/v: (batch, seq_k, kv_heads, head_dim); lse optional
-// (batch, q_heads, seq_q) fp32; dtype 1 = fp16, 2 = bf16. Returns 0, or -1 with fl_last_error() set.
+// (batch, q_heads, seq_q) fp32; dtype 1 = fp16, 2 = bf16; ctas: ForwardOverrides::persistent_ctas (0: the planner's).
+// Returns 0, or -1 with fl_last_error() set.
 int fl_forward(void* q, void* k, void* v, void* out, float* lse, int dtype, int batch, int seq_q, int seq_k,
-               int q_heads, int kv_heads, int head_dim, int causal, int window_left, int sink_tokens, void* stream) {
+               int q_heads, int kv_heads, int head_dim, int causal, int window_left, int sink_tokens, int ctas,
+               void* stream) {
   using namespace flashlite;
   try {
     const DType t = dtype == 1 ? DType::f16 : DType::bf16;
@@ -31,6 +33,8 @@ int fl_forward(void* q, void* k, void* v, void* out, float* lse, int dtype, int 
     a.options.sink_tokens = sink_tokens;
     a.backend = Backend::cuda;
     a.stream = stream;
+    const ForwardPlan plan = plan_forward(a, {ForwardKernel::automatic, ctas});
+    a.plan = &plan;
     forward(a);
     return 0;
   } catch (const std::exception& e) {

@@ -1,4 +1,5 @@
-"""flashlite's fused forward (backend cuda, through a ctypes C entry point) against torch SDPA's FLASH_ATTENTION and
+"""flashlite's fused forward (backend cuda, through a ctypes C entry point, or with --torch-op through
+flashlite.attention on the torch tensors, as a user calls it) against torch SDPA's FLASH_ATTENTION and
 CUDNN_ATTENTION backends in ONE process on the SAME tensors: bf16, batch*seq = 16384 tokens, heads*head_dim = 2048.
 
 The backends are interleaved in rounds (each round times every backend for --reps calls with CUDA events, inputs
@@ -26,7 +27,7 @@ from tree_commit import tree_commit  # noqa: E402
 def load(path):
     lib = ctypes.CDLL(path)
     lib.fl_forward.restype = ctypes.c_int
-    lib.fl_forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_void_p] + [ctypes.c_int] * 10 + [ctypes.c_void_p]
+    lib.fl_forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_void_p] + [ctypes.c_int] * 11 + [ctypes.c_void_p]
     lib.fl_last_error.restype = ctypes.c_char_p
     return lib
 
@@ -39,10 +40,17 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default="side_by_side.json")
+    ap.add_argument("--torch-op", action="store_true",
+                    help="time flashlite.attention on the torch tensors (the Python op, host cost included)")
+    ap.add_argument("--tile-grid", action="store_true",
+                    help="also time the persistent kernel launched with one CTA per work tile")
     args = ap.parse_args()
     lib = load(args.lib)
+    if args.torch_op:
+        import flashlite
     stream = torch.cuda.current_stream().cuda_stream
     res = {"device": torch.cuda.get_device_name(), "commit": tree_commit(), "torch": torch.__version__, "protocol": __doc__.strip().split("\n\n")[1],
+           "flashlite_entry": "flashlite.attention (torch op)" if args.torch_op else "C API (ctypes)",
            "rounds": args.rounds, "reps_per_round": args.reps, "rows": []}
     print(res["device"], flush=True)
     for d in map(int, args.dims.split(",")):
@@ -54,10 +62,10 @@ def main():
                 out = torch.empty(b, s, h, d, device="cuda", dtype=torch.bfloat16)
                 lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
 
-                def ours(i):
+                def ours(i, ctas=0):
                     q, k, v = sets[i]
                     rc = lib.fl_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), 2, b, s, s,
-                                        h, h, d, int(causal), -1, 0, stream)
+                                        h, h, d, int(causal), -1, 0, ctas, stream)
                     if rc != 0:
                         raise RuntimeError(lib.fl_last_error().decode())
 
@@ -68,12 +76,19 @@ def main():
                             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                     return run
 
-                fns = {"flashlite": ours, "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
+                def op(i):
+                    q, k, v = sets[i]
+                    return flashlite.attention(q, k, v, causal=causal)
+
+                fns = {"flashlite": op if args.torch_op else ours, "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
                        "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
-                ours(0)
+                if args.tile_grid:  # the Hopper kernel with one CTA per work tile (no tile loop): the persistent grid's A/B
+                    fns["flashlite_tile_grid"] = lambda i: ours(i, ctas=1 << 30)
+                got = fns["flashlite"](0)
+                got = out if got is None else got
                 ref = fns["sdpa_flash"](0).transpose(1, 2)
                 torch.cuda.synchronize()
-                diff = (out.float() - ref.float()).norm() / ref.float().norm()
+                diff = (got.float() - ref.float()).norm() / ref.float().norm()
                 times = {k: [] for k in fns}
                 medians = {k: [] for k in fns}
                 for name, fn in fns.items():  # warm-up
@@ -100,12 +115,15 @@ def main():
                                  "round_tflops_max": round(flops / (min(medians[name]) * 1e-6) / 1e12, 1)}
                 row["ratio_vs_flash"] = round(row["sdpa_flash"]["us"] / row["flashlite"]["us"], 3)
                 row["ratio_vs_cudnn"] = round(row["sdpa_cudnn"]["us"] / row["flashlite"]["us"], 3)
+                if args.tile_grid:
+                    row["ratio_vs_tile_grid"] = round(row["flashlite_tile_grid"]["us"] / row["flashlite"]["us"], 3)
                 res["rows"].append(row)
                 f, fl, cu = row["flashlite"], row["sdpa_flash"], row["sdpa_cudnn"]
                 print(f"D{d:<4} {'causal' if causal else 'full':7} S{s:<6} ours {f['tflops']:6.1f} "
                       f"[{f['round_tflops_min']:.0f}-{f['round_tflops_max']:.0f}]  flash {fl['tflops']:6.1f} "
                       f"[{fl['round_tflops_min']:.0f}-{fl['round_tflops_max']:.0f}]  cudnn {cu['tflops']:6.1f}  "
-                      f"x flash {row['ratio_vs_flash']:.3f}  x cudnn {row['ratio_vs_cudnn']:.3f}  diff {row['rel_diff_vs_flash']}",
+                      f"x flash {row['ratio_vs_flash']:.3f}  x cudnn {row['ratio_vs_cudnn']:.3f}  diff {row['rel_diff_vs_flash']}"
+                      + (f"  x tile grid {row['ratio_vs_tile_grid']:.3f}" if args.tile_grid else ""),
                       flush=True)
                 del sets, out, lse
     with open(args.out, "w") as fh:

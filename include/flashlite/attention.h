@@ -80,6 +80,9 @@ const char* forward_kernel_kind(ForwardKernel kernel);  // "cuda_mma", ...
 // Tests and benchmarks force a kernel here; the default choice needs none.
 struct ForwardOverrides {
   ForwardKernel kernel = ForwardKernel::automatic;  // must agree with ForwardArgs::backend
+  // The CTAs a persistent kernel (cuda_hopper) launches, each walking work tiles; 0: the planner's (one per SM).
+  // Other kernels ignore it. Negative values are refused.
+  int persistent_ctas = 0;
 };
 
 // What forward() runs for given arguments: the kernel, its readable name and workspace, or why nothing can run them.

@@ -88,5 +88,20 @@ TEST(ForwardPlanner, ForcedKernelThatContradictsTheArgumentsIsAnError) {
                {"the forced kernel cpu_naive", "backend 'cpu'"});
 }
 
+TEST(ForwardPlanner, PersistentCtasOverride) {
+  Problem p(small_spec(), 5);
+  expect_error([&] { (void)flashlite::plan_forward(p.args, {ForwardKernel::automatic, -1}); },
+               {"ForwardOverrides::persistent_ctas is -1", "positive CTA count"});
+  // A kernel without a persistent grid ignores it; a plan made under it runs and keeps it.
+  const ForwardPlan plan = flashlite::plan_forward(p.args, {ForwardKernel::automatic, 3});
+  ASSERT_TRUE(plan.supported()) << plan.unsupported;
+  EXPECT_EQ(plan.overrides.persistent_ctas, 3);
+  const Result64 ref = reference64(p);
+  const Snapshot before = snapshot(p);
+  p.args.plan = &plan;
+  flashlite::forward(p.args);
+  expect_matches(p, ref, before, Tolerance{});
+}
+
 }  // namespace
 }  // namespace fltest

@@ -49,9 +49,9 @@ void check_case(const Spec& spec, const std::string& name, const std::string& wa
   const Result64 ref = reference64(p);
   const Snapshot before = snapshot(p);
   DeviceMirror m(p);
-  const std::string kernel = flashlite::forward_kernel_name(m.args);
+  const std::string kernel = fltest::suite_forward_kernel_name(m.args);
   ASSERT_EQ(kernel.rfind(want_prefix, 0), 0u) << "picked " << kernel << ", expected " << want_prefix << "...";
-  flashlite::forward(m.args);
+  fltest::suite_forward(m.args);
   m.copy_back();
   expect_matches(p, ref, before, gpu_tolerance(spec.dtype));
 }
@@ -91,6 +91,24 @@ std::vector<Case> hopper_cases() {
         add(c.name, c.spec);
       }
     }
+  // More work tiles than an H100's 132 SMs, so each persistent CTA walks several: 4 x 12 heads x 5 query tiles (GQA 3)
+  // under each kind of mask; and causal with q_len > k_len, where 7 of each head's 8 query tiles see no key at all.
+  for (auto [t, d] : std::vector<std::pair<DType, int64_t>>{{DType::bf16, 64}, {DType::f16, 128}})
+    for (int m = 0; m < 4; ++m) {
+      Spec s = base(t, d, 520, 520, 12, 4);
+      s.batch = 4;
+      if (m == 1) s.mask.causal = true;
+      if (m == 2) s.mask = {true, 100, -1, 3}, s.sink_logits = true;
+      if (m == 3) s.softcap = 20;
+      const char* mask = m == 0 ? "full" : m == 1 ? "causal" : m == 2 ? "causal_win100_sinks3_sinklogits" : "softcap";
+      add(std::string(dt_name(t)) + "_d" + std::to_string(d) + "_b4_h12x4_q520_" + mask, s);
+    }
+  {
+    Spec s = base(DType::bf16, 128, 1000, 17, 16, 4);
+    s.batch = 2;
+    s.mask.causal = true;
+    add("bf16_d128_b2_h16x4_q1000_k17_causal", s);
+  }
   // A long causal window with sinks (many skipped tiles, sink tile first).
   {
     Spec s = base(DType::bf16, 128, 4097, 4097, 2, 1);
@@ -180,7 +198,7 @@ TEST(HopperFeatures, RepeatedCallsAgree) {
   DeviceMirror m(p);
   for (int run = 0; run < 2; ++run) {
     m.poison_outputs(p);
-    flashlite::forward(m.args);
+    fltest::suite_forward(m.args);
     m.copy_back();
     expect_matches(p, ref, before, gpu_tolerance(s.dtype));
   }
@@ -223,7 +241,7 @@ TEST(HopperFeatures, VarlenIgnoresNonFiniteValuesOfTheNextSequence) {
           DeviceMirror m(p);
           ASSERT_EQ(flashlite::forward_kernel_name(m.args).rfind("cuda_hopper_wgmma_", 0), 0u)
               << "picked " << flashlite::forward_kernel_name(m.args);
-          flashlite::forward(m.args);
+          fltest::suite_forward(m.args);
           m.copy_back();
           expect_matches(p, ref, before, gpu_tolerance(s.dtype));
         }

@@ -14,8 +14,11 @@ int main(int argc, char** argv) {
       fltest::suite_overrides().no_hopper = true;
     } else if (arg == "--combine") {
       fltest::suite_overrides().combine = true;
+    } else if (arg == "--few-ctas") {
+      fltest::suite_overrides().few_ctas = true;
     } else {
-      std::fprintf(stderr, "%s: unknown argument %s; expected --no-hopper or --combine\n", argv[0], arg.c_str());
+      std::fprintf(stderr, "%s: unknown argument %s; expected --no-hopper, --combine or --few-ctas\n", argv[0],
+                   arg.c_str());
       return 2;
     }
   }

@@ -2,7 +2,9 @@
 // What a re-run of a GPU suite forces through the planners' overrides (never the environment): set from the command
 // line by overrides_main.cpp (ctest passes it, tests/gpu/CMakeLists.txt). --no-hopper: the mma.sync kernel wherever
 // the Hopper kernels would run, forward and backward (sm_90's fallback stays tested on the H100); --combine: split decodes merge in the
-// combine kernel, not in a cluster (the pre-sm_90 path and the one for too many splits). The wrappers below are the
+// combine kernel, not in a cluster (the pre-sm_90 path and the one for too many splits); --few-ctas: the persistent
+// Hopper forward launches 3 CTAs, so each walks many work tiles (its tile loop, the ring and Q phases across tiles,
+// whatever the grid of a test's shape). The wrappers below are the
 // suites' calls of forward / decode under these overrides (suite_*: distinct names, no overload of the library's).
 #include <string>
 
@@ -16,6 +18,7 @@ namespace fltest {
 struct SuiteOverrides {
   bool no_hopper = false;
   bool combine = false;
+  bool few_ctas = false;
 };
 
 inline SuiteOverrides& suite_overrides() {
@@ -25,7 +28,8 @@ inline SuiteOverrides& suite_overrides() {
 
 // The forward plan of args under the suite's overrides.
 inline flashlite::ForwardPlan suite_forward_plan(const flashlite::ForwardArgs& args) {
-  flashlite::ForwardPlan plan = flashlite::plan_forward(args);
+  flashlite::ForwardPlan plan = flashlite::plan_forward(args, {flashlite::ForwardKernel::automatic,
+                                                               suite_overrides().few_ctas ? 3 : 0});
   if (suite_overrides().no_hopper && plan.kernel == flashlite::ForwardKernel::cuda_hopper) {
     plan = flashlite::plan_forward(args, {flashlite::ForwardKernel::cuda_mma});
   }

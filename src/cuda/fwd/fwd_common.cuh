@@ -41,12 +41,12 @@ __device__ __forceinline__ int cache_length(const FwdParams& p, int b) {
 // side and share its K/V in L2 (neighbouring heads share a GQA group's K/V too). Rank-major (causal): rank 0 of every
 // pair of a group first; with reverse_tiles a sequence's heaviest query tile (its last) has rank 0, so the longest
 // blocks start first (longest-job-first balancing across the SMs). Returns false when the rank lies past the
-// sequence's tiles.
+// sequence's tiles. block: the block's index in that grid (blockIdx.x, or a persistent CTA's current tile).
 // CACHE (prefill): q rows as usual (padded or ragged), keys from the cache: sk = the sequence's cache length and
 // k_row0 = 0 (the kernel addresses K/V through the sequence index, contiguous or paged).
 template <bool CACHE = false>
-__device__ __forceinline__ bool decode_block(const FwdParams& p, int block_rows, BlockWork& w) {
-  const PairRank pr = block_pair_rank(int(blockIdx.x), p.q_heads * p.batch, p.q_tiles, p.rank_major, p.rank_group);
+__device__ __forceinline__ bool decode_block(const FwdParams& p, int block_rows, BlockWork& w, int block) {
+  const PairRank pr = block_pair_rank(block, p.q_heads * p.batch, p.q_tiles, p.rank_major, p.rank_group);
   const int pair = pr.pair, rank = pr.rank;
   w.head = pair % p.q_heads;
   w.seq = pair / p.q_heads;

@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) fwd_mma_kernel(const __grid_c
   T* smem = reinterpret_cast<T*>(smem_raw);
 
   BlockWork w;
-  if (!decode_block<CACHE>(p, BR, w)) return;
+  if (!decode_block<CACHE>(p, BR, w, int(blockIdx.x))) return;
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates: row group, thread in group
   const int sq = w.sq, sk = w.sk;

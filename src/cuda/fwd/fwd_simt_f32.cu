@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_simt_f32_kernel(const __grid_
   float* sQ = sV + kKeys * D;     // (kRows, D)
 
   BlockWork w;
-  if (!decode_block(p, kRows, w)) return;
+  if (!decode_block(p, kRows, w, int(blockIdx.x))) return;
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int sq = w.sq, sk = w.sk;
   const int i0 = w.tile * kRows, i1 = min(i0 + kRows, sq);

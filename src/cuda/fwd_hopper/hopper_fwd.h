@@ -29,7 +29,8 @@ std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc);
 bool tma_rows_ok(const void* base, const RowStrides& s, int64_t batch, int64_t heads);
 // "cuda_hopper_wgmma_bf16_d128_pingpong".
 std::string hopper_fwd_kernel_name(const AttentionProblem& p);
-// Launches the kernel. f: the fused kernel's parameters made for kBlockRows-row tiles, varlen tables filled.
-void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, cudaStream_t stream);
+// Launches the kernel. f: the fused kernel's parameters made for kBlockRows-row tiles, varlen tables filled. ctas:
+// the persistent CTAs to launch (0: one per SM); never more than there are work tiles.
+void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, int ctas, cudaStream_t stream);
 
 }  // namespace flashlite::cuda_fwd_hopper

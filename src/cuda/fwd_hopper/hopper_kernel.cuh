@@ -1,11 +1,20 @@
 #pragma once
 // The Hopper forward kernel (sm_90a): FlashAttention-3-style warp specialisation with wgmma and TMA.
 //
-// One CTA of 384 threads per (query tile of 128 rows, head, sequence); the grid order, the key tiles a tile visits
-// (sink tiles, then the window / causal range) and the mask are those of the mma.sync kernel (fwd_common.cuh,
-// row_mask.h), so both kernels skip and mask the same tiles.
-//   warpgroup 0, producer: gives registers away (setmaxnreg 24); one thread loads Q once and then, per key tile, the
-//     K and V tiles with TMA (cp.async.bulk.tensor, 128-byte swizzle, out-of-bounds rows zero-filled) into a
+// Persistent: one CTA of 384 threads per SM walks work tiles (query tile of 128 rows, head, sequence) numbered in the
+// mma.sync kernel's block order (block_order.h: heaviest causal tiles first, a group's K/V shared in L2). The key
+// tiles a work tile visits (sink tiles, then the window / causal range) and the mask are those of the mma.sync kernel
+// (fwd_common.cuh, row_mask.h), so both kernels skip and mask the same tiles. Which tile a CTA takes next:
+//   static   (tile_counter null: uniform tiles) c, c + grid, c + 2 grid, ...
+//   dynamic  (causal, windows, varlen: tiles of unequal work) CTA c starts with tile c, then takes the next tile of a
+//            global counter (zeroed before the launch), greedily, as the hardware's block scheduler would; a static
+//            walk of the causal order gave some CTAs all the heavy tiles (0.74x the one-CTA-per-tile grid, H100).
+// The producer runs ahead across work tiles: it announces the next tile in shared memory with that tile's Q load
+// (once every consumer warp has issued its last S = Q K^T of the current one), and its first K/V tiles load while the
+// consumers finish the current tile's P V and write O, so a tile's start-up latency and epilogue no longer leave the
+// tensor cores idle (they did with one CTA per tile at short S).
+//   warpgroup 0, producer: gives registers away (setmaxnreg 24); one thread loads, per work tile, Q and then, per
+//     key tile, the K and V tiles with TMA (cp.async.bulk.tensor, 128-byte swizzle, out-of-bounds rows zero-filled) into a
 //     2-stage ring; each load completes a transaction count on its "full" mbarrier, and a K (V) buffer is reused
 //     only after all 8 consumer warps arrived on its "empty" mbarrier, once their S (P V) wgmma has completed.
 //   warpgroups 1 and 2, consumers (setmaxnreg 240): 64 query rows each. Per key tile:
@@ -23,8 +32,7 @@
 //              tensor cores.
 //   ping-pong  the two consumer warpgroups take turns to issue their wgmmas (named barriers 1 and 2), so one's
 //              softmax runs under the other's GEMMs.
-// Next steps (docs/history/perf-notes.md, "Hopper kernel"): a third stage (D64), an smem-staged TMA store of O, a
-// persistent grid with longest-first causal scheduling.
+// Next steps (docs/history/perf-notes.md, "Hopper kernel"): a third stage (D64), an smem-staged TMA store of O.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -46,6 +54,7 @@ using cuda_fwd::FwdParams;
 struct HopperParams {
   CUtensorMap tq, tk, tv;
   FwdParams f;
+  unsigned* tile_counter;  // the dynamic schedule's counter, zero at launch; null: the static schedule
 };
 
 template <int D_>
@@ -78,11 +87,20 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
   const FwdParams& p = hp.f;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
 
-  cuda_fwd::BlockWork w;
-  if (!cuda_fwd::decode_block(p, BR, w)) return;  // uniform over the CTA
-  const int sq = w.sq, sk = w.sk;
-  const int i0 = w.tile * BR;
-  const cuda_fwd::KeyTiles kt = cuda_fwd::key_tiles(p.mask, i0, min(i0 + BR, sq), sq, sk, BC);
+  // The block_order.h grid this CTA walks with stride gridDim.x (at most 2^31 - 1 tiles: eligibility.cpp).
+  const unsigned work_tiles = unsigned(p.q_tiles) * unsigned(p.q_heads) * unsigned(p.batch);
+  // A work tile's query rows, lengths, and the key tiles it visits.
+  struct Work {
+    cuda_fwd::BlockWork w;
+    int i0;
+    cuda_fwd::KeyTiles kt;
+  };
+  const auto work = [&](unsigned tile, Work& x) {
+    if (!cuda_fwd::decode_block(p, BR, x.w, int(tile))) return false;  // a varlen sequence shorter than the grid's tiles
+    x.i0 = x.w.tile * BR;
+    x.kt = cuda_fwd::key_tiles(p.mask, x.i0, min(x.i0 + BR, x.w.sq), x.w.sq, x.w.sk, BC);
+    return true;
+  };
 
   // Shared memory (32-bit addresses, base aligned to 1024 for the swizzle): Q | K[2] | V[2] | barriers.
   const uint32_t base = (cuda_fwd::smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -95,10 +113,15 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
   const auto v_full = [&](int st) { return bar + 24u + 8u * uint32_t(st); };
   const auto k_empty = [&](int st) { return bar + 40u + 8u * uint32_t(st); };
   const auto v_empty = [&](int st) { return bar + 56u + 8u * uint32_t(st); };
+  const uint32_t q_empty = bar + 72u;  // every consumer thread is done with Q (its last S wgmma has landed) and the slot
+  // The work tile whose Q the last q_full phase brought (work_tiles: none left); written by the producer before its
+  // arrival on q_full, read by the consumers after their wait (the arrival releases, the wait acquires).
+  const uint32_t tile_slot = bar + 80u;
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
+    mbar_init(q_empty, 256);  // every consumer thread: each releases its own read of the tile slot
 #pragma unroll
     for (int st = 0; st < STAGES; ++st) {
       mbar_init(k_full(st), 1);
@@ -117,27 +140,47 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       tma_prefetch_map(&hp.tq);
       tma_prefetch_map(&hp.tk);
       tma_prefetch_map(&hp.tv);
-      const int head = w.head, kvh = w.head / p.group, tb = int(w.tb);
-      const int qrow = int(w.q_row0) + i0, krow0 = int(w.k_row0);
-      mbar_arrive_expect_tx(q_full, Cfg::Q_BYTES);
-#pragma unroll
-      for (int c = 0; c < DB; ++c) tma_load_4d(sQ + uint32_t(c) * Cfg::Q_BLOCK, &hp.tq, q_full, c * 64, qrow, head, tb);
-      for (int n = 0; n < kt.count; ++n) {
-        const int st = n % STAGES;
-        const uint32_t free_parity = uint32_t((n / STAGES) & 1) ^ 1u;  // a fresh barrier passes parity 1
-        const int krow = krow0 + kt.tile(n) * BC;
-        mbar_wait(k_empty(st), free_parity);
-        mbar_arrive_expect_tx(k_full(st), Cfg::KV_BYTES);
+      // The tile after `tile` (< 2^31 + grid + 2^31: no unsigned overflow).
+      const auto next_tile = [&](unsigned tile) {
+        return hp.tile_counter ? atomicAdd(hp.tile_counter, 1u) + gridDim.x : tile + gridDim.x;
+      };
+      // it: K/V tiles loaded so far by this CTA (the ring's stage and phase run on across work tiles); done: work tiles.
+      int it = 0, done = 0;
+      for (unsigned tile = blockIdx.x;; tile = next_tile(tile)) {
+        Work x;
+        const bool more = tile < work_tiles;
+        if (more && !work(tile, x)) continue;  // a varlen sequence shorter than the grid's tiles: nothing to do
+        mbar_wait(q_empty, uint32_t(done & 1) ^ 1u);  // the previous work tile's Q (and slot) is no longer read
+        st_shared_u32(tile_slot, more ? tile : work_tiles);
+        if (!more) {
+          mbar_arrive(q_full);  // the consumers' last phase: no tile, no bytes
+          break;
+        }
+        const int head = x.w.head, kvh = x.w.head / p.group, tb = int(x.w.tb);
+        const int qrow = int(x.w.q_row0) + x.i0, krow0 = int(x.w.k_row0);
+        mbar_arrive_expect_tx(q_full, Cfg::Q_BYTES);
 #pragma unroll
         for (int c = 0; c < DB; ++c) {
-          tma_load_4d(sK(st) + uint32_t(c) * Cfg::KV_BLOCK, &hp.tk, k_full(st), c * 64, krow, kvh, tb);
+          tma_load_4d(sQ + uint32_t(c) * Cfg::Q_BLOCK, &hp.tq, q_full, c * 64, qrow, head, tb);
         }
-        mbar_wait(v_empty(st), free_parity);
-        mbar_arrive_expect_tx(v_full(st), Cfg::KV_BYTES);
+        for (int n = 0; n < x.kt.count; ++n, ++it) {
+          const int st = it % STAGES;
+          const uint32_t free_parity = uint32_t((it / STAGES) & 1) ^ 1u;  // a fresh barrier passes parity 1
+          const int krow = krow0 + x.kt.tile(n) * BC;
+          mbar_wait(k_empty(st), free_parity);
+          mbar_arrive_expect_tx(k_full(st), Cfg::KV_BYTES);
 #pragma unroll
-        for (int c = 0; c < DB; ++c) {
-          tma_load_4d(sV(st) + uint32_t(c) * Cfg::KV_BLOCK, &hp.tv, v_full(st), c * 64, krow, kvh, tb);
+          for (int c = 0; c < DB; ++c) {
+            tma_load_4d(sK(st) + uint32_t(c) * Cfg::KV_BLOCK, &hp.tk, k_full(st), c * 64, krow, kvh, tb);
+          }
+          mbar_wait(v_empty(st), free_parity);
+          mbar_arrive_expect_tx(v_full(st), Cfg::KV_BYTES);
+#pragma unroll
+          for (int c = 0; c < DB; ++c) {
+            tma_load_4d(sV(st) + uint32_t(c) * Cfg::KV_BLOCK, &hp.tv, v_full(st), c * 64, krow, kvh, tb);
+          }
         }
+        ++done;
       }
     }
   } else {
@@ -146,12 +189,6 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
     const int cw = warp / 4 - 1;              // consumer warpgroup: rows [64 cw, 64 cw + 64) of the tile
     const int g = lane / 4, t = lane % 4;     // accumulator fragment: row group, thread in group
     const int row_w = cw * 64 + (warp % 4) * 16;  // this warp's first row within the tile
-    const int wr0 = i0 + row_w, wr1 = min(wr0 + 16, sq);
-
-    float o[D / 2];  // O: n8 block i / 4 of the warp's 16 rows x D
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
     // Scale folded into the exponent unless a softcap (or a non-positive scale) transforms the scores first.
     const bool transform = p.softcap || !(p.scale_log2 > 0.f);
@@ -161,39 +198,6 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
     // and special registers, so the hot loop holds nothing more.
     constexpr int FOLD_TILES = cuda_fwd::kFoldKeys / BC;
     static_assert(FOLD_TILES % 2 == 0, "folds happen after whole pairs of tiles");
-    // Rows that fold do so first after the pair of tiles that ends at tile FOLD_TILES.
-    const auto folds = [&] { return p.fold != nullptr && kt.count > FOLD_TILES + 1; };
-    const auto fold_slot = [&] {
-      const int64_t block = int64_t(blockIdx.x) * cuda_fwd::fold_floats_per_block(BR, D);
-      return cuda_fwd::FoldSlot{p.fold + block + (threadIdx.x - 128), 256};
-    };
-    const auto o_at = [&](int i) -> float& { return o[i]; };
-    const auto m_at = [&](int r) -> float& { return m_run[r]; };
-    const auto l_at = [&](int r) -> float& { return l_run[r]; };
-
-    // Varlen: the K/V tensor maps end at the last sequence's end, not this one's, so the key tile that crosses this
-    // sequence's end (j0 < sk < j0 + BC) holds the next sequence's first rows. Their keys are masked (P = 0), but a
-    // non-finite V there would still give 0 x Inf = NaN in P V. On that tile only (v_tail; -1: none), after its V has
-    // landed and before the P V wgmma, the 256 consumer threads zero the V rows [sk - j0, BC) in shared memory.
-    // Padded batches and the last sequence need nothing: TMA zero-fills rows past a map's end.
-    // Layout: each 64-column block of a V stage is BC rows of 128 bytes (the TMA box; key r in row r, as the P V
-    // descriptors read it), and the 128-byte swizzle only permutes the 16-byte chunks within a row (chunk ^= r % 8),
-    // so keys [r0, BC) are bytes [128 r0, 128 BC) of every block. The stores are fenced into the async proxy (wgmma
-    // reads V through it), and both warpgroups meet on named barrier 3 before either issues its wgmma: each reads
-    // all BC rows. Both visit the same tiles, so both reach the barrier (in ping-pong, before the turn: no cycle with
-    // barriers 1 and 2). The producer cannot refill the stage meanwhile: it waits for all 8 warps' v_empty arrivals,
-    // each after that warp's wgmma.
-    const int v_tail = p.varlen != cuda_fwd::VarlenMode::padded && w.seq + 1 < p.batch && sk % BC != 0 ? sk / BC : -1;
-    const auto clear_v_tail = [&](int n, int st) {
-      if (__builtin_expect(kt.tile(n) != v_tail, 1)) return;
-#pragma unroll 1  // rare: kept small, off the hot loop's instruction footprint
-      for (int i = (sk % BC) * 8 + int(threadIdx.x) - 128; i < BC * 8; i += 256) {  // 16-byte chunk i of each block
-#pragma unroll
-        for (int c = 0; c < DB; ++c) st_shared_zero16(sV(st) + uint32_t(c) * Cfg::KV_BLOCK + uint32_t(i) * 16u);
-      }
-      fence_proxy_async_smem();
-      named_sync(3, 256);
-    };
 
     // S = Q K^T of the tile in stage st, issued and committed (not waited for). Q and K are K-major.
     const auto issue_s = [&](float (&s)[BC / 2], int st) {
@@ -206,188 +210,260 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       }
       wgmma_commit();
     };
-    // O += P V of the tile in stage st (V N-major), issued and committed: two n8 blocks of S form one k16 A
-    // fragment (the mma.sync A layout, per warp of the group).
-    const auto issue_pv = [&](const uint32_t (&pk)[BC / 8][2], int st) {
-      wgmma_fence();
-#pragma unroll
-      for (int kb = 0; kb < BC / 16; ++kb) {
-        const uint32_t a[4] = {pk[2 * kb][0], pk[2 * kb][1], pk[2 * kb + 1][0], pk[2 * kb + 1][1]};
-        const uint64_t vd = smem_desc(sV(st) + uint32_t(kb) * 16u * 128u, Cfg::KV_BLOCK, 1024);
-        if constexpr (D == 128) {
-          wgmma_rs_n128(o, a, vd, 1, T{});
-        } else {
-          wgmma_rs_n64(o, a, vd, 1, T{});
-        }
-      }
-      wgmma_commit();
-    };
-    // Softmax of one score tile (keys j0 ...): transform, mask, running max and sum; P packed to 16-bit pairs
-    // (pk[n8 block][row half]); alpha = the factor O must be rescaled by, raised = some row of the warp needs it.
-    const auto softmax = [&](float (&s)[BC / 2], int j0, uint32_t (&pk)[BC / 8][2], float (&alpha)[2]) {
-      if (transform) {
-#pragma unroll
-        for (int i = 0; i < BC / 2; ++i) {
-          const float x = s[i];
-          s[i] = p.softcap ? p.softcap_post * cuda_fwd::accurate_tanh(x * p.softcap_pre) : x * p.scale_log2;
-        }
-      }
-      // The mask, on boundary tiles only (a warp wholly past the sequence end computes on zeros, writes nothing).
-      const bool full = wr0 >= sq || (j0 + BC <= sk && tile_fully_visible(p.mask, wr0, wr1, j0, j0 + BC, sq, sk));
-      if (!full) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const cuda_fwd::RowKeys rk = cuda_fwd::row_keys(p.mask, wr0 + g + r * 8, sq, sk);
-          const int lo = cuda_fwd::clamp_to(rk.lo - j0, -1, BC), hi = cuda_fwd::clamp_to(rk.hi - j0, -1, BC);
-          const int se = cuda_fwd::clamp_to(rk.sink_end - j0, 0, BC);
-#pragma unroll
-          for (int nj = 0; nj < BC / 8; ++nj)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int j = nj * 8 + 2 * t + e;
-              if (!((j >= lo && j <= hi) || j < se)) s[nj * 4 + 2 * r + e] = -INFINITY;  // a select, not an add
-            }
-        }
-      }
-      // A quad of lanes shares a row; m_run is in score units (log2 units times 1 / mult).
-      bool raised = false;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nj = 0; nj < BC / 8; ++nj) mx = fmaxf(mx, fmaxf(s[nj * 4 + 2 * r], s[nj * 4 + 2 * r + 1]));
-        mx = cuda_fwd::quad_max(mx);
-        const float m_old = m_run[r];
-        const float m_new = fmaxf(m_old, mx);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: avoid -inf - -inf
-        alpha[r] = cuda_fwd::fast_exp2((m_old - m_use) * mult);
-        raised |= m_new > m_old && m_old > -INFINITY;  // else O is still zero or unchanged
-        m_run[r] = m_new;
-        const float neg = -m_use * mult;
-        float sum = 0.f;
-#pragma unroll
-        for (int nj = 0; nj < BC / 8; ++nj) {
-          const float p0 = cuda_fwd::fast_exp2(fmaf(s[nj * 4 + 2 * r], mult, neg));
-          const float p1 = cuda_fwd::fast_exp2(fmaf(s[nj * 4 + 2 * r + 1], mult, neg));
-          sum += p0 + p1;
-          pk[nj][r] = cuda_fwd::pack2<T>(p0, p1);
-        }
-        l_run[r] = l_run[r] * alpha[r] + sum;
-      }
-      return __any_sync(0xffffffffu, raised);
-    };
-    const auto rescale = [&](const float (&alpha)[2]) {
-#pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
-        o[dn * 4 + 0] *= alpha[0];
-        o[dn * 4 + 1] *= alpha[0];
-        o[dn * 4 + 2] *= alpha[1];
-        o[dn * 4 + 3] *= alpha[1];
-      }
-    };
 
-    mbar_wait(q_full, 0);
-    // Overlapped within the warpgroup (FlashAttention-3's intra-warpgroup pipelining): S(n) is issued, then
-    // P(n-1) V(n-1); the softmax of S(n) runs while P V is still on the tensor cores, and O is rescaled by
-    // tile n's factor only after P(n-1) V(n-1) has landed. P alternates between two register buffers (no copy
-    // between them), and the buffer an in-flight wgmma reads is pinned until after its wait, so the compiler
-    // cannot hand its registers to the next P.
-    uint32_t pa[BC / 8][2], pb[BC / 8][2];
     // Ping-pong: each issue of wgmmas is a turn; warpgroup cw waits on barrier 1 + cw for the other's turn to
-    // end (128 of its threads sync, the other's 128 arrive). Warpgroup 1 lets warpgroup 0 start; both take the
-    // same number of turns, and warpgroup 0 takes one extra sync at the end for warpgroup 1's last arrival.
+    // end (128 of its threads sync, the other's 128 arrive). Both warpgroups work on the same tiles and take the same
+    // number of turns per work tile, so the alternation runs on across work tiles: warpgroup 1 lets warpgroup 0 start
+    // once, and warpgroup 0 takes one extra sync after its last tile for warpgroup 1's last arrival.
     const auto turn_begin = [&] { named_sync(1 + cw, 256); };
     const auto turn_end = [&] { named_arrive(2 - cw, 256); };
     if (cw == 1) named_arrive(1, 256);
-    // Tile n: P(n-1) in p_prev (read by the wgmma), P(n) into p_next.
-    const auto step = [&](int n, uint32_t (&p_prev)[BC / 8][2], uint32_t (&p_next)[BC / 8][2]) {
-      const int st = n % STAGES, prev = (n - 1) % STAGES;
-      float s[BC / 2];
-      float alpha[2];
-      mbar_wait(k_full(st), uint32_t((n / STAGES) & 1));
-      mbar_wait(v_full(prev), uint32_t(((n - 1) / STAGES) & 1));
-      clear_v_tail(n - 1, prev);
-      turn_begin();
-      issue_s(s, st);
-      issue_pv(p_prev, prev);
-      turn_end();
-      wgmma_wait<1>();  // S(n) has landed; P(n-1) V(n-1) may still run
-      pin_regs(s);
-      if (lane == 0) mbar_arrive(k_empty(st));
-      const bool raised = softmax(s, kt.tile(n) * BC, p_next, alpha);
-      wgmma_wait<0>();
-      pin_regs(o);
-      pin_regs(p_prev);
-      if (lane == 0) mbar_arrive(v_empty(prev));
-      if (raised) rescale(alpha);
-    };
-    const auto last_pv = [&](uint32_t (&p_last)[BC / 8][2]) {
-      const int last = kt.count - 1, st = last % STAGES;
-      mbar_wait(v_full(st), uint32_t((last / STAGES) & 1));
-      clear_v_tail(last, st);
-      turn_begin();
-      issue_pv(p_last, st);
-      turn_end();
-      wgmma_wait<0>();
-      pin_regs(o);
-      pin_regs(p_last);
-      if (lane == 0) mbar_arrive(v_empty(st));
-    };
-    if (kt.count > 0) {
-      float s[BC / 2];
-      float alpha[2];
-      mbar_wait(k_full(0), 0);
-      turn_begin();
-      issue_s(s, 0);
-      turn_end();
-      wgmma_wait<0>();
-      pin_regs(s);
-      if (lane == 0) mbar_arrive(k_empty(0));
-      softmax(s, kt.tile(0) * BC, pa, alpha);  // O is still zero: no rescale
-      // Long rows: the pairs of tiles in segments; after the pair that ends at tile k * FOLD_TILES, O (tiles before
-      // it) and the sums (tiles up to it) leave the wgmma accumulators, all relative to the same running max, and
-      // P(k * FOLD_TILES) joins the emptied O in the next step (kFoldKeys). The inner loop is the loop as it would be
-      // without folding (a test inside it cost the short rows 2%).
-      int n = 1;
-      for (int seg = FOLD_TILES + 1;; seg += FOLD_TILES) {
-        const int limit = min(kt.count, seg);
-        for (; n + 1 < limit; n += 2) {
-          step(n, pa, pb);
-          step(n + 1, pb, pa);
-        }
-        if (limit == kt.count) break;
-        if (p.fold != nullptr) cuda_fwd::fold_out<D / 2, 2>(fold_slot(), o_at, m_at, l_at, mult, seg == FOLD_TILES + 1);
-      }
-      if (n < kt.count) {  // one tile left: P(n-1) is in pa
-        step(n, pa, pb);
-        last_pv(pb);
-      } else {
-        last_pv(pa);
-      }
-    }
-    if (cw == 0) named_sync(1, 256);  // warpgroup 1's last arrival
-    if (folds()) cuda_fwd::fold_in<D / 2, 2>(fold_slot(), o_at, m_at, l_at, mult);
 
-    // Epilogue: normalise (the sink logit joins the denominator), store O pairs and the LSE.
-    const float sink2 = p.sink_logits ? p.sink_logits[w.head] * cuda_fwd::kLog2e : -INFINITY;
-    T* og = static_cast<T*>(p.out) + w.tb * p.out_stride.batch + w.q_row0 * p.out_stride.seq +
-        w.head * p.out_stride.head;
+    // it0: K/V tiles consumed so far by this CTA (the ring's stage and phase, as the producer counts them);
+    // done: work tiles finished (Q's phase).
+    int it0 = 0, done = 0;
+    for (;;) {
+      mbar_wait(q_full, uint32_t(done & 1));  // this tile's Q has landed, or the producer announced the end
+      const unsigned tile = ld_shared_u32(tile_slot);
+      if (tile >= work_tiles) break;
+      Work x;
+      work(tile, x);  // a tile the producer found work in
+      const cuda_fwd::BlockWork& w = x.w;
+      const cuda_fwd::KeyTiles& kt = x.kt;
+      const int sq = w.sq, sk = w.sk;
+      const int wr0 = x.i0 + row_w, wr1 = min(wr0 + 16, sq);
+
+      float o[D / 2];  // O: n8 block i / 4 of the warp's 16 rows x D
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float lse;
-      const float f = cuda_fwd::finish_row(m_run[r] * mult, cuda_fwd::quad_sum(l_run[r]), sink2, lse);
-      const int row = wr0 + g + r * 8;  // within the sequence
-      if (row < sq) {
-        T* dst = og + int64_t(row) * p.out_stride.seq + 2 * t;
+      for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+      float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+      // Rows that fold do so first after the pair of tiles that ends at tile FOLD_TILES. The fold space is per work
+      // tile (FwdParams::fold).
+      const auto folds = [&] { return p.fold != nullptr && kt.count > FOLD_TILES + 1; };
+      const auto fold_slot = [&] {
+        const int64_t block = int64_t(tile) * cuda_fwd::fold_floats_per_block(BR, D);
+        return cuda_fwd::FoldSlot{p.fold + block + (threadIdx.x - 128), 256};
+      };
+      const auto o_at = [&](int i) -> float& { return o[i]; };
+      const auto m_at = [&](int r) -> float& { return m_run[r]; };
+      const auto l_at = [&](int r) -> float& { return l_run[r]; };
+      // The ring position of this work tile's key tile n.
+      const auto stage = [&](int n) { return (it0 + n) % STAGES; };
+      const auto phase = [&](int n) { return uint32_t(((it0 + n) / STAGES) & 1); };
+
+      // Varlen: the K/V tensor maps end at the last sequence's end, not this one's, so the key tile that crosses this
+      // sequence's end (j0 < sk < j0 + BC) holds the next sequence's first rows. Their keys are masked (P = 0), but a
+      // non-finite V there would still give 0 x Inf = NaN in P V. On that tile only (v_tail; -1: none), after its V
+      // has landed and before the P V wgmma, the 256 consumer threads zero the V rows [sk - j0, BC) in shared memory.
+      // Padded batches and the last sequence need nothing: TMA zero-fills rows past a map's end.
+      // Layout: each 64-column block of a V stage is BC rows of 128 bytes (the TMA box; key r in row r, as the P V
+      // descriptors read it), and the 128-byte swizzle only permutes the 16-byte chunks within a row (chunk ^= r % 8),
+      // so keys [r0, BC) are bytes [128 r0, 128 BC) of every block. The stores are fenced into the async proxy (wgmma
+      // reads V through it), and both warpgroups meet on named barrier 3 before either issues its wgmma: each reads
+      // all BC rows. Both visit the same tiles, so both reach the barrier (in ping-pong, before the turn: no cycle
+      // with barriers 1 and 2). The producer cannot refill the stage meanwhile: it waits for all 8 warps' v_empty
+      // arrivals, each after that warp's wgmma.
+      const int v_tail =
+          p.varlen != cuda_fwd::VarlenMode::padded && w.seq + 1 < p.batch && sk % BC != 0 ? sk / BC : -1;
+      const auto clear_v_tail = [&](int n, int st) {
+        if (__builtin_expect(kt.tile(n) != v_tail, 1)) return;
+#pragma unroll 1  // rare: kept small, off the hot loop's instruction footprint
+        for (int i = (sk % BC) * 8 + int(threadIdx.x) - 128; i < BC * 8; i += 256) {  // 16-byte chunk i of each block
+#pragma unroll
+          for (int c = 0; c < DB; ++c) st_shared_zero16(sV(st) + uint32_t(c) * Cfg::KV_BLOCK + uint32_t(i) * 16u);
+        }
+        fence_proxy_async_smem();
+        named_sync(3, 256);
+      };
+
+      // O += P V of the tile in stage st (V N-major), issued and committed: two n8 blocks of S form one k16 A
+      // fragment (the mma.sync A layout, per warp of the group).
+      const auto issue_pv = [&](const uint32_t (&pk)[BC / 8][2], int st) {
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < BC / 16; ++kb) {
+          const uint32_t a[4] = {pk[2 * kb][0], pk[2 * kb][1], pk[2 * kb + 1][0], pk[2 * kb + 1][1]};
+          const uint64_t vd = smem_desc(sV(st) + uint32_t(kb) * 16u * 128u, Cfg::KV_BLOCK, 1024);
+          if constexpr (D == 128) {
+            wgmma_rs_n128(o, a, vd, 1, T{});
+          } else {
+            wgmma_rs_n64(o, a, vd, 1, T{});
+          }
+        }
+        wgmma_commit();
+      };
+      // Softmax of one score tile (keys j0 ...): transform, mask, running max and sum; P packed to 16-bit pairs
+      // (pk[n8 block][row half]); alpha = the factor O must be rescaled by, raised = some row of the warp needs it.
+      const auto softmax = [&](float (&s)[BC / 2], int j0, uint32_t (&pk)[BC / 8][2], float (&alpha)[2]) {
+        if (transform) {
+#pragma unroll
+          for (int i = 0; i < BC / 2; ++i) {
+            const float v = s[i];
+            s[i] = p.softcap ? p.softcap_post * cuda_fwd::accurate_tanh(v * p.softcap_pre) : v * p.scale_log2;
+          }
+        }
+        // The mask, on boundary tiles only (a warp wholly past the sequence end computes on zeros, writes nothing).
+        const bool full = wr0 >= sq || (j0 + BC <= sk && tile_fully_visible(p.mask, wr0, wr1, j0, j0 + BC, sq, sk));
+        if (!full) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const cuda_fwd::RowKeys rk = cuda_fwd::row_keys(p.mask, wr0 + g + r * 8, sq, sk);
+            const int lo = cuda_fwd::clamp_to(rk.lo - j0, -1, BC), hi = cuda_fwd::clamp_to(rk.hi - j0, -1, BC);
+            const int se = cuda_fwd::clamp_to(rk.sink_end - j0, 0, BC);
+#pragma unroll
+            for (int nj = 0; nj < BC / 8; ++nj)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int j = nj * 8 + 2 * t + e;
+                if (!((j >= lo && j <= hi) || j < se)) s[nj * 4 + 2 * r + e] = -INFINITY;  // a select, not an add
+              }
+          }
+        }
+        // A quad of lanes shares a row; m_run is in score units (log2 units times 1 / mult).
+        bool raised = false;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int nj = 0; nj < BC / 8; ++nj) mx = fmaxf(mx, fmaxf(s[nj * 4 + 2 * r], s[nj * 4 + 2 * r + 1]));
+          mx = cuda_fwd::quad_max(mx);
+          const float m_old = m_run[r];
+          const float m_new = fmaxf(m_old, mx);
+          const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: avoid -inf - -inf
+          alpha[r] = cuda_fwd::fast_exp2((m_old - m_use) * mult);
+          raised |= m_new > m_old && m_old > -INFINITY;  // else O is still zero or unchanged
+          m_run[r] = m_new;
+          const float neg = -m_use * mult;
+          float sum = 0.f;
+#pragma unroll
+          for (int nj = 0; nj < BC / 8; ++nj) {
+            const float p0 = cuda_fwd::fast_exp2(fmaf(s[nj * 4 + 2 * r], mult, neg));
+            const float p1 = cuda_fwd::fast_exp2(fmaf(s[nj * 4 + 2 * r + 1], mult, neg));
+            sum += p0 + p1;
+            pk[nj][r] = cuda_fwd::pack2<T>(p0, p1);
+          }
+          l_run[r] = l_run[r] * alpha[r] + sum;
+        }
+        return __any_sync(0xffffffffu, raised);
+      };
+      const auto rescale = [&](const float (&alpha)[2]) {
 #pragma unroll
         for (int dn = 0; dn < D / 8; ++dn) {
-          *reinterpret_cast<uint32_t*>(dst + dn * 8) = cuda_fwd::pack2<T>(o[dn * 4 + 2 * r] * f, o[dn * 4 + 2 * r + 1] * f);
+          o[dn * 4 + 0] *= alpha[0];
+          o[dn * 4 + 1] *= alpha[0];
+          o[dn * 4 + 2] *= alpha[1];
+          o[dn * 4 + 3] *= alpha[1];
         }
-        if (p.lse && t == 0) {
-          p.lse[w.tb * p.lse_stride.batch + w.head * p.lse_stride.head + (w.q_row0 + row) * p.lse_stride.seq] = lse;
+      };
+      // Q and the tile slot may be overwritten by the next work tile's once every consumer thread has read the slot and
+      // its warp's S wgmmas of this tile have landed.
+      const auto release_q = [&] { mbar_arrive(q_empty); };
+
+      // Overlapped within the warpgroup (FlashAttention-3's intra-warpgroup pipelining): S(n) is issued, then
+      // P(n-1) V(n-1); the softmax of S(n) runs while P V is still on the tensor cores, and O is rescaled by
+      // tile n's factor only after P(n-1) V(n-1) has landed. P alternates between two register buffers (no copy
+      // between them), and the buffer an in-flight wgmma reads is pinned until after its wait, so the compiler
+      // cannot hand its registers to the next P.
+      uint32_t pa[BC / 8][2], pb[BC / 8][2];
+      // Tile n: P(n-1) in p_prev (read by the wgmma), P(n) into p_next.
+      const auto step = [&](int n, uint32_t (&p_prev)[BC / 8][2], uint32_t (&p_next)[BC / 8][2]) {
+        const int st = stage(n), prev = stage(n - 1);
+        float s[BC / 2];
+        float alpha[2];
+        mbar_wait(k_full(st), phase(n));
+        mbar_wait(v_full(prev), phase(n - 1));
+        clear_v_tail(n - 1, prev);
+        turn_begin();
+        issue_s(s, st);
+        issue_pv(p_prev, prev);
+        turn_end();
+        wgmma_wait<1>();  // S(n) has landed; P(n-1) V(n-1) may still run
+        pin_regs(s);
+        if (lane == 0) mbar_arrive(k_empty(st));
+        const bool raised = softmax(s, kt.tile(n) * BC, p_next, alpha);
+        wgmma_wait<0>();
+        pin_regs(o);
+        pin_regs(p_prev);
+        if (lane == 0) mbar_arrive(v_empty(prev));
+        if (raised) rescale(alpha);
+      };
+      const auto last_pv = [&](uint32_t (&p_last)[BC / 8][2]) {
+        const int last = kt.count - 1, st = stage(last);
+        release_q();  // every S of this work tile has landed
+        mbar_wait(v_full(st), phase(last));
+        clear_v_tail(last, st);
+        turn_begin();
+        issue_pv(p_last, st);
+        turn_end();
+        wgmma_wait<0>();
+        pin_regs(o);
+        pin_regs(p_last);
+        if (lane == 0) mbar_arrive(v_empty(st));
+      };
+      if (kt.count > 0) {
+        float s[BC / 2];
+        float alpha[2];
+        mbar_wait(k_full(stage(0)), phase(0));
+        turn_begin();
+        issue_s(s, stage(0));
+        turn_end();
+        wgmma_wait<0>();
+        pin_regs(s);
+        if (lane == 0) mbar_arrive(k_empty(stage(0)));
+        softmax(s, kt.tile(0) * BC, pa, alpha);  // O is still zero: no rescale
+        // Long rows: the pairs of tiles in segments; after the pair that ends at tile k * FOLD_TILES, O (tiles before
+        // it) and the sums (tiles up to it) leave the wgmma accumulators, all relative to the same running max, and
+        // P(k * FOLD_TILES) joins the emptied O in the next step (kFoldKeys). The inner loop is the loop as it would
+        // be without folding (a test inside it cost the short rows 2%).
+        int n = 1;
+        for (int seg = FOLD_TILES + 1;; seg += FOLD_TILES) {
+          const int limit = min(kt.count, seg);
+          for (; n + 1 < limit; n += 2) {
+            step(n, pa, pb);
+            step(n + 1, pb, pa);
+          }
+          if (limit == kt.count) break;
+          if (p.fold != nullptr) {
+            cuda_fwd::fold_out<D / 2, 2>(fold_slot(), o_at, m_at, l_at, mult, seg == FOLD_TILES + 1);
+          }
+        }
+        if (n < kt.count) {  // one tile left: P(n-1) is in pa
+          step(n, pa, pb);
+          last_pv(pb);
+        } else {
+          last_pv(pa);
+        }
+      } else {
+        release_q();  // no key visible to any row of the tile: Q is not read
+      }
+      if (folds()) cuda_fwd::fold_in<D / 2, 2>(fold_slot(), o_at, m_at, l_at, mult);
+
+      // Epilogue: normalise (the sink logit joins the denominator), store O pairs and the LSE.
+      const float sink2 = p.sink_logits ? p.sink_logits[w.head] * cuda_fwd::kLog2e : -INFINITY;
+      T* og = static_cast<T*>(p.out) + w.tb * p.out_stride.batch + w.q_row0 * p.out_stride.seq +
+          w.head * p.out_stride.head;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float lse;
+        const float f = cuda_fwd::finish_row(m_run[r] * mult, cuda_fwd::quad_sum(l_run[r]), sink2, lse);
+        const int row = wr0 + g + r * 8;  // within the sequence
+        if (row < sq) {
+          T* dst = og + int64_t(row) * p.out_stride.seq + 2 * t;
+#pragma unroll
+          for (int dn = 0; dn < D / 8; ++dn) {
+            *reinterpret_cast<uint32_t*>(dst + dn * 8) =
+                cuda_fwd::pack2<T>(o[dn * 4 + 2 * r] * f, o[dn * 4 + 2 * r + 1] * f);
+          }
+          if (p.lse && t == 0) {
+            p.lse[w.tb * p.lse_stride.batch + w.head * p.lse_stride.head + (w.q_row0 + row) * p.lse_stride.seq] = lse;
+          }
         }
       }
+      it0 += kt.count;
+      ++done;
     }
+    if (cw == 0) named_sync(1, 256);  // warpgroup 1's last arrival
   }
 }
 
@@ -403,15 +479,15 @@ bool hopper_smem_optin(Kernel* kernel, int bytes, ::flashlite::cuda::PerContextF
   return true;
 }
 
-// Launches one instantiation: one CTA per (query tile, sequence, head). Instantiated once per variant file
-// (wgmma_<dtype>_d<D>.cu); launch_hopper.cu only refers to them. Returns the launch error, if any.
+// Launches one instantiation: `ctas` persistent CTAs (one per SM; fewer when there are fewer work tiles).
+// Instantiated once per variant file (wgmma_<dtype>_d<D>.cu); launch_hopper.cu only refers to them. Returns the
+// launch error, if any.
 template <class T, int D>
-cudaError_t launch_hopper_variant(const HopperParams& hp, cudaStream_t stream) {
+cudaError_t launch_hopper_variant(const HopperParams& hp, int ctas, cudaStream_t stream) {
   static ::flashlite::cuda::PerContextFlag configured;
   constexpr int smem = int(HopperTile<D>::SMEM_BYTES);
   if (!hopper_smem_optin(fwd_hopper_kernel<T, D>, smem, configured)) return cudaGetLastError();
-  const int64_t blocks = int64_t(hp.f.q_tiles) * hp.f.q_heads * hp.f.batch;
-  fwd_hopper_kernel<T, D><<<unsigned(blocks), HopperTile<D>::THREADS, smem, stream>>>(hp);
+  fwd_hopper_kernel<T, D><<<unsigned(ctas), HopperTile<D>::THREADS, smem, stream>>>(hp);
   return cudaGetLastError();
 }
 
@@ -421,7 +497,7 @@ cudaError_t launch_hopper_variant(const HopperParams& hp, cudaStream_t stream) {
   X(__half, 64)               \
   X(__half, 128)
 
-#define FL_HOPPER_EXTERN(T, D) extern template cudaError_t launch_hopper_variant<T, D>(const HopperParams&, cudaStream_t);
+#define FL_HOPPER_EXTERN(T, D) extern template cudaError_t launch_hopper_variant<T, D>(const HopperParams&, int, cudaStream_t);
 FL_HOPPER_VARIANTS(FL_HOPPER_EXTERN)
 #undef FL_HOPPER_EXTERN
 

@@ -5,9 +5,12 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/device_props.h"
+#include "cuda/common/host_copy.h"
 #include "cuda/common/tensor_map.h"
 #include "cuda/fwd_hopper/hopper_fwd.h"
 #include "cuda/fwd_hopper/hopper_kernel.cuh"
@@ -29,19 +32,40 @@ namespace {
 
 }  // namespace
 
-void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, cudaStream_t stream) {
+void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, int ctas, cudaStream_t stream) {
   HopperParams hp;
   hp.f = f;
   const cuda::AttentionMaps maps = cuda::make_attention_maps(p, kBlockRows, kBlockKeys, "Hopper attention kernel");
   hp.tq = maps.q, hp.tk = maps.k, hp.tv = maps.v;
+  // One persistent CTA per SM (shared memory and the 384 threads' registers hold one per SM), fewer for fewer tiles.
+  const int64_t work_tiles = int64_t(f.q_tiles) * f.q_heads * f.batch;
+  if (ctas <= 0) ctas = cuda::device_props(int(p.device.index)).sms;
+  ctas = int(std::min<int64_t>(work_tiles, ctas));
+  // Tiles of unequal work (causal, windows, varlen) take the dynamic schedule: a counter zeroed on the stream before
+  // the launch (stream-ordered, so graph-capturable), freed after it. Uniform tiles walk the static one.
+  const bool uneven = p.mask.causal || p.mask.window_left >= 0 || p.mask.window_right >= 0 || p.varlen();
+  cuda::CallBuffer counter(stream);
+  hp.tile_counter = nullptr;
+  if (uneven && ctas < work_tiles) {
+    if (cudaMallocAsync(&counter.ptr, sizeof(unsigned), stream) != cudaSuccess ||
+        cudaMemsetAsync(counter.ptr, 0, sizeof(unsigned), stream) != cudaSuccess) {
+      const cudaError_t e = cudaGetLastError();
+      fail(std::string("allocating the tile counter failed: ") + cudaGetErrorString(e));
+    }
+    hp.tile_counter = static_cast<unsigned*>(counter.ptr);
+  }
   const bool f16 = p.dtype == DType::f16;
   cudaError_t e;
   if (p.head_dim == 64) {
-    e = f16 ? launch_hopper_variant<__half, 64>(hp, stream) : launch_hopper_variant<__nv_bfloat16, 64>(hp, stream);
+    e = f16 ? launch_hopper_variant<__half, 64>(hp, ctas, stream) : launch_hopper_variant<__nv_bfloat16, 64>(hp, ctas, stream);
   } else {
-    e = f16 ? launch_hopper_variant<__half, 128>(hp, stream) : launch_hopper_variant<__nv_bfloat16, 128>(hp, stream);
+    e = f16 ? launch_hopper_variant<__half, 128>(hp, ctas, stream)
+            : launch_hopper_variant<__nv_bfloat16, 128>(hp, ctas, stream);
   }
   if (e != cudaSuccess) fail(std::string("launch failed: ") + cudaGetErrorString(e));
+  if (const cudaError_t freed = counter.free_now(); freed != cudaSuccess) {
+    fail(std::string("freeing the tile counter failed: ") + cudaGetErrorString(freed));
+  }
 }
 
 }  // namespace flashlite::cuda_fwd_hopper
