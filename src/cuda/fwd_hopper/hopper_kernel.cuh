@@ -9,12 +9,11 @@
 //   dynamic  (causal, windows, varlen: tiles of unequal work) CTA c starts with tile c, then takes the next tile of a
 //            global counter (zeroed before the launch), greedily, as the hardware's block scheduler would; a static
 //            walk of the causal order gave some CTAs all the heavy tiles (0.74x the one-CTA-per-tile grid, H100).
-// The producer runs ahead across work tiles: it announces the next tile in shared memory with that tile's Q load
-// (once every consumer warp has issued its last S = Q K^T of the current one), and its first K/V tiles load while the
-// consumers finish the current tile's P V and write O, so a tile's start-up latency and epilogue no longer leave the
-// tensor cores idle (they did with one CTA per tile at short S).
-//   warpgroup 0, producer: gives registers away (setmaxnreg 24); one thread loads, per work tile, Q and then, per
-//     key tile, the K and V tiles with TMA (cp.async.bulk.tensor, 128-byte swizzle, out-of-bounds rows zero-filled) into a
+// The producer runs ahead across work tiles: Q is double-buffered, so the next tile's Q (announced in shared memory
+// with its load) and first K/V tiles load while the consumers still work on the current one; a tile's start-up
+// latency no longer leaves the tensor cores idle (it did with one CTA per tile at short S).
+//   warpgroup 0, producer: gives registers away (setmaxnreg 24); one thread loads, per work tile, Q into the free
+//     buffer and then, per key tile, the K and V tiles with TMA (cp.async.bulk.tensor, 128-byte swizzle, out-of-bounds rows zero-filled) into a
 //     2-stage ring; each load completes a transaction count on its "full" mbarrier, and a K (V) buffer is reused
 //     only after all 8 consumer warps arrived on its "empty" mbarrier, once their S (P V) wgmma has completed.
 //   warpgroups 1 and 2, consumers (setmaxnreg 240): 64 query rows each. Per key tile:
@@ -25,14 +24,17 @@
 //     O += P V     wgmma m64nDk16, P from registers (re-packed S accumulators), V from shared memory (N-major);
 //                  varlen: on the tile that crosses the sequence end, the V rows past the end (the next sequence's,
 //                  masked but 0 x Inf = NaN) are zeroed first (clear_v_tail)
-//   At the end the sink logit joins the denominator and O and the LSE are written straight from registers.
+//   At the end the sink logit joins the denominator; the LSE is written from registers, O is staged in the tile's
+//     (now unread) Q buffer and leaves in 16-byte row chunks; then the buffer is released for the tile after next.
 // The consumer loop overlaps within and across warpgroups (FlashAttention-3's ping-pong schedule; plainer schedules
 // measured slower on the H100 and live in git history):
 //   pipelined  S(n) and P(n-1) V(n-1) are in flight together and the softmax of S(n) runs while P V is still on the
 //              tensor cores.
 //   ping-pong  the two consumer warpgroups take turns to issue their wgmmas (named barriers 1 and 2), so one's
 //              softmax runs under the other's GEMMs.
-// Next steps (docs/history/perf-notes.md, "Hopper kernel"): a third stage (D64), an smem-staged TMA store of O.
+// Registers: a few per-thread values of the work tile's setup are spilled and reloaded once per work tile (ptxas
+// -v: 24-28 bytes at D128); the key-tile loop has no spill (SASS).
+// Next steps (docs/performance.md): three consumer warpgroups at D64, wider key tiles at D128, exp2 partly on FMA.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -65,7 +67,7 @@ struct HopperTile {
   static constexpr uint32_t KV_BLOCK = BC * 128;             // ... of a K or V tile
   static constexpr uint32_t Q_BYTES = DB * Q_BLOCK;
   static constexpr uint32_t KV_BYTES = DB * KV_BLOCK;
-  static constexpr uint32_t OFF_K = Q_BYTES;                 // [stage] K tiles
+  static constexpr uint32_t OFF_K = 2 * Q_BYTES;             // [2] Q tiles, then [stage] K tiles
   static constexpr uint32_t OFF_V = OFF_K + STAGES * KV_BYTES;  // [stage] V tiles
   static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_BYTES;
   static constexpr uint32_t SMEM_BYTES = OFF_BAR + 128 + 1024;  // barriers, and slack to align the base to 1024
@@ -102,26 +104,33 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
     return true;
   };
 
-  // Shared memory (32-bit addresses, base aligned to 1024 for the swizzle): Q | K[2] | V[2] | barriers.
+  // Shared memory (32-bit addresses, base aligned to 1024 for the swizzle): Q[2] | K[2] | V[2] | barriers.
+  // Q is double-buffered across work tiles (buffer = work tiles done % 2), so the next tile's Q loads while this one
+  // runs; a finished tile's Q buffer then stages its O for coalesced stores (the epilogue) before it is released.
   const uint32_t base = (cuda_fwd::smem_addr(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sQ = base;
   const uint32_t bar = base + Cfg::OFF_BAR;
+  const auto sQ = [&](int qb) { return base + uint32_t(qb) * Cfg::Q_BYTES; };
   const auto sK = [&](int st) { return base + Cfg::OFF_K + uint32_t(st) * Cfg::KV_BYTES; };
   const auto sV = [&](int st) { return base + Cfg::OFF_V + uint32_t(st) * Cfg::KV_BYTES; };
-  const uint32_t q_full = bar;
-  const auto k_full = [&](int st) { return bar + 8u + 8u * uint32_t(st); };
-  const auto v_full = [&](int st) { return bar + 24u + 8u * uint32_t(st); };
-  const auto k_empty = [&](int st) { return bar + 40u + 8u * uint32_t(st); };
-  const auto v_empty = [&](int st) { return bar + 56u + 8u * uint32_t(st); };
-  const uint32_t q_empty = bar + 72u;  // every consumer thread is done with Q (its last S wgmma has landed) and the slot
-  // The work tile whose Q the last q_full phase brought (work_tiles: none left); written by the producer before its
-  // arrival on q_full, read by the consumers after their wait (the arrival releases, the wait acquires).
-  const uint32_t tile_slot = bar + 80u;
+  const auto q_full = [&](int qb) { return bar + 8u * uint32_t(qb); };
+  const auto k_full = [&](int st) { return bar + 16u + 8u * uint32_t(st); };
+  const auto v_full = [&](int st) { return bar + 32u + 8u * uint32_t(st); };
+  const auto k_empty = [&](int st) { return bar + 48u + 8u * uint32_t(st); };
+  const auto v_empty = [&](int st) { return bar + 64u + 8u * uint32_t(st); };
+  // Every consumer thread is done with Q buffer qb: its S wgmmas have landed, its O is out of the staging, and it has
+  // read the tile slot.
+  const auto q_empty = [&](int qb) { return bar + 80u + 8u * uint32_t(qb); };
+  // The work tile whose Q the last q_full(qb) phase brought (work_tiles: none left); written by the producer before
+  // its arrival on q_full(qb), read by the consumers after their wait (the arrival releases, the wait acquires).
+  const auto tile_slot = [&](int qb) { return bar + 96u + 4u * uint32_t(qb); };
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
-    mbar_init(q_full, 1);
-    mbar_init(q_empty, 256);  // every consumer thread: each releases its own read of the tile slot
+#pragma unroll
+    for (int qb = 0; qb < 2; ++qb) {
+      mbar_init(q_full(qb), 1);
+      mbar_init(q_empty(qb), 256);  // every consumer thread: each releases its own reads and staging stores
+    }
 #pragma unroll
     for (int st = 0; st < STAGES; ++st) {
       mbar_init(k_full(st), 1);
@@ -150,18 +159,19 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
         Work x;
         const bool more = tile < work_tiles;
         if (more && !work(tile, x)) continue;  // a varlen sequence shorter than the grid's tiles: nothing to do
-        mbar_wait(q_empty, uint32_t(done & 1) ^ 1u);  // the previous work tile's Q (and slot) is no longer read
-        st_shared_u32(tile_slot, more ? tile : work_tiles);
+        const int qb = done & 1;
+        mbar_wait(q_empty(qb), uint32_t((done >> 1) & 1) ^ 1u);  // work tile done - 2 has left the buffer
+        st_shared_u32(tile_slot(qb), more ? tile : work_tiles);
         if (!more) {
-          mbar_arrive(q_full);  // the consumers' last phase: no tile, no bytes
+          mbar_arrive(q_full(qb));  // the consumers' last phase: no tile, no bytes
           break;
         }
         const int head = x.w.head, kvh = x.w.head / p.group, tb = int(x.w.tb);
         const int qrow = int(x.w.q_row0) + x.i0, krow0 = int(x.w.k_row0);
-        mbar_arrive_expect_tx(q_full, Cfg::Q_BYTES);
+        mbar_arrive_expect_tx(q_full(qb), Cfg::Q_BYTES);
 #pragma unroll
         for (int c = 0; c < DB; ++c) {
-          tma_load_4d(sQ + uint32_t(c) * Cfg::Q_BLOCK, &hp.tq, q_full, c * 64, qrow, head, tb);
+          tma_load_4d(sQ(qb) + uint32_t(c) * Cfg::Q_BLOCK, &hp.tq, q_full(qb), c * 64, qrow, head, tb);
         }
         for (int n = 0; n < x.kt.count; ++n, ++it) {
           const int st = it % STAGES;
@@ -193,14 +203,13 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
     // Scale folded into the exponent unless a softcap (or a non-positive scale) transforms the scores first.
     const bool transform = p.softcap || !(p.scale_log2 > 0.f);
     const float mult = transform ? 1.f : p.scale_log2;
-    const uint32_t q_wg = sQ + uint32_t(cw) * 64u * 128u;  // this warpgroup's Q rows
     // Long rows (cuda_fwd::kFoldKeys): this consumer thread's fold slot. Recomputed where used from the parameters
     // and special registers, so the hot loop holds nothing more.
     constexpr int FOLD_TILES = cuda_fwd::kFoldKeys / BC;
     static_assert(FOLD_TILES % 2 == 0, "folds happen after whole pairs of tiles");
 
     // S = Q K^T of the tile in stage st, issued and committed (not waited for). Q and K are K-major.
-    const auto issue_s = [&](float (&s)[BC / 2], int st) {
+    const auto issue_s = [&](float (&s)[BC / 2], uint32_t q_wg, int st) {
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -223,8 +232,10 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
     // done: work tiles finished (Q's phase).
     int it0 = 0, done = 0;
     for (;;) {
-      mbar_wait(q_full, uint32_t(done & 1));  // this tile's Q has landed, or the producer announced the end
-      const unsigned tile = ld_shared_u32(tile_slot);
+      const int qb = done & 1;
+      mbar_wait(q_full(qb), uint32_t((done >> 1) & 1));  // this tile's Q has landed, or the producer announced the end
+      const unsigned tile = ld_shared_u32(tile_slot(qb));
+      const uint32_t q_wg = sQ(qb) + uint32_t(cw) * 64u * 128u;  // this warpgroup's Q rows (of each 64-column block)
       if (tile >= work_tiles) break;
       Work x;
       work(tile, x);  // a tile the producer found work in
@@ -356,9 +367,6 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
           o[dn * 4 + 3] *= alpha[1];
         }
       };
-      // Q and the tile slot may be overwritten by the next work tile's once every consumer thread has read the slot and
-      // its warp's S wgmmas of this tile have landed.
-      const auto release_q = [&] { mbar_arrive(q_empty); };
 
       // Overlapped within the warpgroup (FlashAttention-3's intra-warpgroup pipelining): S(n) is issued, then
       // P(n-1) V(n-1); the softmax of S(n) runs while P V is still on the tensor cores, and O is rescaled by
@@ -375,7 +383,7 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
         mbar_wait(v_full(prev), phase(n - 1));
         clear_v_tail(n - 1, prev);
         turn_begin();
-        issue_s(s, st);
+        issue_s(s, q_wg, st);
         issue_pv(p_prev, prev);
         turn_end();
         wgmma_wait<1>();  // S(n) has landed; P(n-1) V(n-1) may still run
@@ -390,7 +398,6 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       };
       const auto last_pv = [&](uint32_t (&p_last)[BC / 8][2]) {
         const int last = kt.count - 1, st = stage(last);
-        release_q();  // every S of this work tile has landed
         mbar_wait(v_full(st), phase(last));
         clear_v_tail(last, st);
         turn_begin();
@@ -406,7 +413,7 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
         float alpha[2];
         mbar_wait(k_full(stage(0)), phase(0));
         turn_begin();
-        issue_s(s, stage(0));
+        issue_s(s, q_wg, stage(0));
         turn_end();
         wgmma_wait<0>();
         pin_regs(s);
@@ -434,32 +441,53 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
         } else {
           last_pv(pa);
         }
-      } else {
-        release_q();  // no key visible to any row of the tile: Q is not read
       }
       if (folds()) cuda_fwd::fold_in<D / 2, 2>(fold_slot(), o_at, m_at, l_at, mult);
 
-      // Epilogue: normalise (the sink logit joins the denominator), store O pairs and the LSE.
+      // Epilogue: normalise (the sink logit joins the denominator) and write the LSE; O goes through this warpgroup's
+      // rows of the Q buffer (every S wgmma that read them has landed), so that each row leaves in 16-byte chunks
+      // (rows of the accumulator fragments are 16 bytes wide: 4-byte stores to rows 4 KB apart cost a quarter of the
+      // tile's time at S 512, ncu). Staging address of row r (0..127 in the tile), 16-byte chunk c: the TMA layout,
+      // 64-column blocks of 128-byte rows, chunk c % 8 swizzled by r % 8, so both the fragment writes (8 rows x one
+      // chunk per instruction) and the row reads (8 chunks of one row per quarter warp) hit 32 distinct banks.
+      const uint32_t stage_o = sQ(qb);
+      const auto staged = [&](int r, int c) {
+        return stage_o + uint32_t(c / 8) * Cfg::Q_BLOCK + uint32_t(r) * 128u + uint32_t(((c % 8) ^ (r % 8)) * 16);
+      };
       const float sink2 = p.sink_logits ? p.sink_logits[w.head] * cuda_fwd::kLog2e : -INFINITY;
-      T* og = static_cast<T*>(p.out) + w.tb * p.out_stride.batch + w.q_row0 * p.out_stride.seq +
-          w.head * p.out_stride.head;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float lse;
         const float f = cuda_fwd::finish_row(m_run[r] * mult, cuda_fwd::quad_sum(l_run[r]), sink2, lse);
-        const int row = wr0 + g + r * 8;  // within the sequence
-        if (row < sq) {
-          T* dst = og + int64_t(row) * p.out_stride.seq + 2 * t;
+        const int row_t = row_w + g + r * 8, row = x.i0 + row_t;  // within the tile, within the sequence
 #pragma unroll
-          for (int dn = 0; dn < D / 8; ++dn) {
-            *reinterpret_cast<uint32_t*>(dst + dn * 8) =
-                cuda_fwd::pack2<T>(o[dn * 4 + 2 * r] * f, o[dn * 4 + 2 * r + 1] * f);
-          }
-          if (p.lse && t == 0) {
-            p.lse[w.tb * p.lse_stride.batch + w.head * p.lse_stride.head + (w.q_row0 + row) * p.lse_stride.seq] = lse;
+        for (int dn = 0; dn < D / 8; ++dn) {
+          st_shared_u32(staged(row_t, dn) + 4u * uint32_t(t),
+                        cuda_fwd::pack2<T>(o[dn * 4 + 2 * r] * f, o[dn * 4 + 2 * r + 1] * f));
+        }
+        if (p.lse && t == 0 && row < sq) {
+          p.lse[w.tb * p.lse_stride.batch + w.head * p.lse_stride.head + (w.q_row0 + row) * p.lse_stride.seq] = lse;
+        }
+      }
+      named_sync(4 + cw, 128);  // this warpgroup's staging is complete
+      T* og = static_cast<T*>(p.out) + w.tb * p.out_stride.batch + w.q_row0 * p.out_stride.seq +
+          w.head * p.out_stride.head;
+      constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+#pragma unroll 1  // unrolled, the loop's addresses were hoisted out of the tile loop and spilled
+      for (int i = int(threadIdx.x) % 128; i < 64 * CHUNKS; i += 128) {
+        const int row_t = cw * 64 + i / CHUNKS, c = i % CHUNKS, row = x.i0 + row_t;
+        if (row < sq) {
+          const uint4 v = ld_shared_16(staged(row_t, c));
+          T* dst = og + int64_t(row) * p.out_stride.seq + c * 8;
+          if (p.vec_out) {
+            *reinterpret_cast<uint4*>(dst) = v;
+          } else {  // rows 4-byte aligned only (hopper_fwd_reject_reason)
+            uint32_t* d4 = reinterpret_cast<uint32_t*>(dst);
+            d4[0] = v.x, d4[1] = v.y, d4[2] = v.z, d4[3] = v.w;
           }
         }
       }
+      mbar_arrive(q_empty(qb));  // this thread's reads of the buffer are done; the next work tile but one may load
       it0 += kt.count;
       ++done;
     }
