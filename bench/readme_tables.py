@@ -17,7 +17,7 @@ RESULTS = ROOT / "bench" / "results"
 
 # The files each table is rendered from (relative to bench/results). Update these when a new measurement lands.
 SOURCES = {
-    "fwd": "h200/fwd_side_by_side.json",
+    "fwd": "h100/fwd_side_by_side.json",
     "decode": ("h100/decode_round14/decode_ed95b32.json", "h100/decode_round14/sdpa_decode_ed95b32.json"),
     "engine": "h200/e2e.json",
     "cpu": "cpu/bench_cpu.json",
