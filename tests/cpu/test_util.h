@@ -120,6 +120,7 @@ inline uint64_t seed_of(const std::string& s) {
 enum class Layout {
   contiguous,   // [b, s, h, d] row-major
   padded,       // row-major with gaps after each head, row and batch, and a base one element off alignment
+  pair_padded,  // row-major with 2-element gaps: rows 4-byte aligned, not 16 (vector stores cannot be used)
   heads_major,  // stored [b, h, s, d]
   seq_first,    // stored [s, b, h, d]
   packed_qkv,   // q, k, v as head slices of one [b, s, hq + 2 hkv, d] buffer (inputs only)
@@ -129,6 +130,7 @@ inline const char* layout_name(Layout l) {
   switch (l) {
     case Layout::contiguous: return "contig";
     case Layout::padded: return "padded";
+    case Layout::pair_padded: return "pairpadded";
     case Layout::heads_major: return "headsmajor";
     case Layout::seq_first: return "seqfirst";
     case Layout::packed_qkv: return "packedqkv";
@@ -147,6 +149,10 @@ inline Placement place(Layout l, std::array<int64_t, 4> shape) {
     case Layout::padded: {
       const int64_t hs = D + 3, ss = H * hs + 5, bs = S * ss + 7;
       return {1 + B * bs, 1, {bs, ss, hs, 1}};
+    }
+    case Layout::pair_padded: {
+      const int64_t hs = D + 2, ss = H * hs + 2, bs = S * ss + 2;
+      return {B * bs, 0, {bs, ss, hs, 1}};
     }
     case Layout::heads_major: return {B * H * S * D, 0, {H * S * D, D, S * D, 1}};
     case Layout::seq_first: return {S * B * H * D, 0, {H * D, B * H * D, D, 1}};

@@ -1,10 +1,11 @@
 // Launch of the fused CUDA forward kernels (src/backends.h) and of prefill from a KV cache (src/kv/kv_prefill.h): the
 // same tensor-core kernel with its KV-cache loader. Which kernel and tiles: the plan (src/cuda/fwd/plan.cpp).
 //
-// Host/device traffic per call: none for padded batches (parameters by value: graph-capturable, no allocation,
-// no host sync). Varlen offsets of up to kInlineSeqs sequences ride inside the kernel parameters too; longer
-// tables go to a per-call device buffer (cudaMallocAsync + cudaMemcpyAsync from the host array + cudaFreeAsync, all
-// on the caller's stream): correct and asynchronous, but not capturable in a CUDA graph.
+// Host/device traffic per call: none for padded batches (parameters by value: graph-capturable, no host sync; the
+// Hopper kernel's dynamic schedule allocates a 4-byte counter stream-ordered, launch_hopper.cu). Varlen offsets of up
+// to kInlineSeqs sequences ride inside the kernel parameters too; longer tables go to a per-call device buffer
+// (cudaMallocAsync + cudaMemcpyAsync from the host array + cudaFreeAsync, all on the caller's stream): correct and
+// asynchronous, but not capturable in a CUDA graph.
 #include <cuda_runtime.h>
 
 #include <string>

@@ -13,9 +13,10 @@
 // with its load) and first K/V tiles load while the consumers still work on the current one; a tile's start-up
 // latency no longer leaves the tensor cores idle (it did with one CTA per tile at short S).
 //   warpgroup 0, producer: gives registers away (setmaxnreg 24); one thread loads, per work tile, Q into the free
-//     buffer and then, per key tile, the K and V tiles with TMA (cp.async.bulk.tensor, 128-byte swizzle, out-of-bounds rows zero-filled) into a
-//     2-stage ring; each load completes a transaction count on its "full" mbarrier, and a K (V) buffer is reused
-//     only after all 8 consumer warps arrived on its "empty" mbarrier, once their S (P V) wgmma has completed.
+//     buffer and then, per key tile, the K and V tiles with TMA (cp.async.bulk.tensor, 128-byte swizzle,
+//     out-of-bounds rows zero-filled) into a 2-stage ring; each load completes a transaction count on its "full"
+//     mbarrier, and a K (V) buffer is reused only after all 8 consumer warps arrived on its "empty" mbarrier, once
+//     their S (P V) wgmma has completed.
 //   warpgroups 1 and 2, consumers (setmaxnreg 240): 64 query rows each. Per key tile:
 //     S = Q K^T     wgmma m64n128k16, Q and K from shared memory through descriptors, fp32 accumulators
 //     mask         boundary tiles only, the per-row key intervals of row_mask.h (a select: S = -inf whatever Q K^T
@@ -98,7 +99,8 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
     cuda_fwd::KeyTiles kt;
   };
   const auto work = [&](unsigned tile, Work& x) {
-    if (!cuda_fwd::decode_block(p, BR, x.w, int(tile))) return false;  // a varlen sequence shorter than the grid's tiles
+    // False for a tile past a varlen sequence's end (the grid has the longest sequence's tiles).
+    if (!cuda_fwd::decode_block(p, BR, x.w, int(tile))) return false;
     x.i0 = x.w.tile * BR;
     x.kt = cuda_fwd::key_tiles(p.mask, x.i0, min(x.i0 + BR, x.w.sq), x.w.sq, x.w.sk, BC);
     return true;
@@ -153,8 +155,10 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       const auto next_tile = [&](unsigned tile) {
         return hp.tile_counter ? atomicAdd(hp.tile_counter, 1u) + gridDim.x : tile + gridDim.x;
       };
-      // it: K/V tiles loaded so far by this CTA (the ring's stage and phase run on across work tiles); done: work tiles.
-      int it = 0, done = 0;
+      // it: K/V tiles loaded so far by this CTA (the ring's stage and phase run on across work tiles);
+      // done: work tiles.
+      unsigned it = 0;  // unsigned: wraps consistently (STAGES divides 2^32) on however many tiles a CTA walks
+      int done = 0;
       for (unsigned tile = blockIdx.x;; tile = next_tile(tile)) {
         Work x;
         const bool more = tile < work_tiles;
@@ -174,7 +178,7 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
           tma_load_4d(sQ(qb) + uint32_t(c) * Cfg::Q_BLOCK, &hp.tq, q_full(qb), c * 64, qrow, head, tb);
         }
         for (int n = 0; n < x.kt.count; ++n, ++it) {
-          const int st = it % STAGES;
+          const int st = int(it % STAGES);
           const uint32_t free_parity = uint32_t((it / STAGES) & 1) ^ 1u;  // a fresh barrier passes parity 1
           const int krow = krow0 + x.kt.tile(n) * BC;
           mbar_wait(k_empty(st), free_parity);
@@ -230,7 +234,8 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
 
     // it0: K/V tiles consumed so far by this CTA (the ring's stage and phase, as the producer counts them);
     // done: work tiles finished (Q's phase).
-    int it0 = 0, done = 0;
+    unsigned it0 = 0;  // as the producer's count
+    int done = 0;
     for (;;) {
       const int qb = done & 1;
       mbar_wait(q_full(qb), uint32_t((done >> 1) & 1));  // this tile's Q has landed, or the producer announced the end
@@ -260,8 +265,8 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       const auto m_at = [&](int r) -> float& { return m_run[r]; };
       const auto l_at = [&](int r) -> float& { return l_run[r]; };
       // The ring position of this work tile's key tile n.
-      const auto stage = [&](int n) { return (it0 + n) % STAGES; };
-      const auto phase = [&](int n) { return uint32_t(((it0 + n) / STAGES) & 1); };
+      const auto stage = [&](int n) { return int((it0 + unsigned(n)) % STAGES); };
+      const auto phase = [&](int n) { return uint32_t(((it0 + unsigned(n)) / STAGES) & 1u); };
 
       // Varlen: the K/V tensor maps end at the last sequence's end, not this one's, so the key tile that crosses this
       // sequence's end (j0 < sk < j0 + BC) holds the next sequence's first rows. Their keys are masked (P = 0), but a
@@ -487,8 +492,11 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
           }
         }
       }
-      mbar_arrive(q_empty(qb));  // this thread's reads of the buffer are done; the next work tile but one may load
-      it0 += kt.count;
+      // This thread's reads of the buffer are done; the next work tile but one may load into it. Its generic-proxy
+      // staging stores are ordered before that TMA (async proxy) write by the fence.
+      fence_proxy_async_smem();
+      mbar_arrive(q_empty(qb));
+      it0 += unsigned(kt.count);
       ++done;
     }
     if (cw == 0) named_sync(1, 256);  // warpgroup 1's last arrival
@@ -525,7 +533,8 @@ cudaError_t launch_hopper_variant(const HopperParams& hp, int ctas, cudaStream_t
   X(__half, 64)               \
   X(__half, 128)
 
-#define FL_HOPPER_EXTERN(T, D) extern template cudaError_t launch_hopper_variant<T, D>(const HopperParams&, int, cudaStream_t);
+#define FL_HOPPER_EXTERN(T, D) \
+  extern template cudaError_t launch_hopper_variant<T, D>(const HopperParams&, int, cudaStream_t);
 FL_HOPPER_VARIANTS(FL_HOPPER_EXTERN)
 #undef FL_HOPPER_EXTERN
 

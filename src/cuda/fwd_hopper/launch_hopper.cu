@@ -1,7 +1,9 @@
 // Host launch of the Hopper forward kernel (sm_90a objects only): the TMA tensor maps of q, k, v and the choice of
 // the variant (dtype, head_dim). Tensor maps are encoded per call on the host (cuTensorMapEncodeTiled, reached
 // through the runtime's driver entry-point query, so the library does not link libcuda) and passed by value in
-// the kernel parameters: no device allocation, no host sync, graph-capturable like the mma.sync kernel.
+// the kernel parameters: no host sync, graph-capturable like the mma.sync kernel. The one device allocation: the
+// dynamic schedule's 4-byte tile counter (below), stream-ordered (cudaMallocAsync / cudaMemsetAsync / cudaFreeAsync:
+// memory nodes under capture), taken even when the caller passed a workspace.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -57,7 +59,8 @@ void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, 
   const bool f16 = p.dtype == DType::f16;
   cudaError_t e;
   if (p.head_dim == 64) {
-    e = f16 ? launch_hopper_variant<__half, 64>(hp, ctas, stream) : launch_hopper_variant<__nv_bfloat16, 64>(hp, ctas, stream);
+    e = f16 ? launch_hopper_variant<__half, 64>(hp, ctas, stream)
+            : launch_hopper_variant<__nv_bfloat16, 64>(hp, ctas, stream);
   } else {
     e = f16 ? launch_hopper_variant<__half, 128>(hp, ctas, stream)
             : launch_hopper_variant<__nv_bfloat16, 128>(hp, ctas, stream);
