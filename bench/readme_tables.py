@@ -70,6 +70,38 @@ def table_fwd():
     return lines
 
 
+# Dense bf16 tensor peak (TFLOP/s) and HBM bandwidth (TB/s) by device, from the vendors' data sheets.
+PEAKS = {"H100": (989.0, 3.35), "H200": (989.0, 4.8)}
+
+
+def table_roofline():
+    """The forward table's shapes against the roofline: a call must move q, k, v and out at least once (8 B H S D
+    bytes in bf16) for 4 B H S^2 D FLOPs (half causal), so its arithmetic intensity is S / 2 FLOP/B (S / 4 causal)
+    whatever D; the roof is min(tensor peak, bandwidth x intensity)."""
+    rel = SOURCES["fwd"]
+    d = load(rel)
+    peak, bw = next(v for k, v in PEAKS.items() if k in d["device"])
+    seqs = sorted({r["seq"] for r in d["rows"]})
+    roof = {(s, c): min(peak, bw * (s / 4 if c else s / 2)) for s in seqs for c in (False, True)}
+    lines = [source_line(rel, d, d["device"]) + f" Roof: min({peak:.0f} TFLOP/s, {bw} TB/s x intensity), intensity "
+             "S / 2 FLOP/B (S / 4 causal) of the minimal traffic (q, k, v, out once). Each cell: flashlite's and "
+             "cuDNN's TFLOP/s as % of the roof.", "",
+             "| D, mask | " + " | ".join(f"S {s}" for s in seqs) + " |",
+             "|---|" + "---:|" * len(seqs),
+             "| roof, full | " + " | ".join(f"{roof[(s, False)]:.0f}" for s in seqs) + " |",
+             "| roof, causal | " + " | ".join(f"{roof[(s, True)]:.0f}" for s in seqs) + " |"]
+    by = {(r["head_dim"], r["causal"], r["seq"]): r for r in d["rows"]}
+    for dim, causal in sorted({(r["head_dim"], r["causal"]) for r in d["rows"]}):
+        cells = []
+        for s in seqs:
+            r = by.get((dim, causal, s))
+            rf = roof[(s, causal)]
+            cells.append("-" if not r else
+                         f"{100 * r['flashlite']['tflops'] / rf:.0f}% / {100 * r['sdpa_cudnn']['tflops'] / rf:.0f}%")
+        lines.append(f"| {dim}, {'causal' if causal else 'full'} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def table_decode():
     rel, rel_sdpa = SOURCES["decode"]
     d, s = load(rel), load(rel_sdpa)
@@ -229,11 +261,12 @@ def table_serve():
 
 
 RENDERERS = {"fwd": table_fwd, "decode": table_decode, "engine": table_engine, "cpu": table_cpu, "bwd": table_bwd,
-             "train": table_train, "tp": table_tp, "serve": table_serve}
+             "train": table_train, "tp": table_tp, "serve": table_serve, "roofline": table_roofline}
 
 # Each table's first line starts with its title and the benchmark that measured it.
 TITLES = {
     "fwd": "**Fused forward** (bench/fwd/side_by_side.py):",
+    "roofline": "**Fused forward on the roofline** (bench/fwd/side_by_side.py):",
     "decode": "**Decode** (bench/decode):",
     "engine": "**Engine, CUDA** (bench/e2e.py):",
     "bwd": "**Backward** (bench/bwd/side_by_side.py):",
@@ -244,7 +277,7 @@ TITLES = {
 }
 
 # Tables rendered into a document other than README.md (relative to the repository root).
-TARGETS = {"train": "docs/backward.md"}
+TARGETS = {"train": "docs/backward.md", "roofline": "docs/performance.md"}
 
 
 def render(text, names, doc="README.md"):
