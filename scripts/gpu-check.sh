@@ -227,7 +227,7 @@ step_fwdbench() {  # the forward side by side with torch SDPA (flash, cuDNN): th
   pyenv python3 "$root/bench/fwd/side_by_side.py" --lib "$build/lib/libflashlite_fwd_capi.so" --torch-op \
     --out "$dest/fwd_side_by_side_op.json" > "$logs/fwdbench_op.log" 2>&1 || rc=1
   pyenv python3 "$root/bench/fwd/host_cost.py" --out "$dest/host_cost.json" > "$logs/host_cost.log" 2>&1 || rc=1
-  tail -25 "$logs/fwdbench.log" "$logs/fwdbench_op.log" "$logs/host_cost.log"
+  tail -n 25 "$logs/fwdbench.log" "$logs/fwdbench_op.log" "$logs/host_cost.log"  # (-25 is refused for several files)
   return $rc
 }
 

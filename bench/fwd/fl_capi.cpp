@@ -33,8 +33,11 @@ int fl_forward(void* q, void* k, void* v, void* out, float* lse, int dtype, int 
     a.options.sink_tokens = sink_tokens;
     a.backend = Backend::cuda;
     a.stream = stream;
-    const ForwardPlan plan = plan_forward(a, {ForwardKernel::automatic, ctas});
-    a.plan = &plan;
+    ForwardPlan plan;
+    if (ctas != 0) {  // a plan only when the override asks for one (forward() plans again under it)
+      plan = plan_forward(a, {ForwardKernel::automatic, ctas});
+      a.plan = &plan;
+    }
     forward(a);
     return 0;
   } catch (const std::exception& e) {

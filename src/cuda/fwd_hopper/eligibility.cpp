@@ -38,7 +38,7 @@ std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc) {
       !tma_rows_ok(p.v, p.v_stride, tb, p.kv_heads)) {
     return "the Hopper kernel loads q, k, v with TMA: 16-byte aligned base and strides needed";
   }
-  // The epilogue stores pairs of elements (4 bytes) straight from the accumulators.
+  // The epilogue writes O's rows in 16-byte chunks where out's rows are 16-byte aligned, else in 4-byte words.
   const auto al4 = [](int64_t stride) { return (stride * 2) % 4 == 0; };
   if (reinterpret_cast<uintptr_t>(p.out) % 4 != 0 || !al4(p.out_stride.seq) || !al4(p.out_stride.head) ||
       !al4(p.out_stride.batch)) {
