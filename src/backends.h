@@ -60,6 +60,11 @@ void run_cuda_naive(const AttentionProblem& p, void* stream, void* workspace, si
 // mma.sync kernel's cache variant).
 FwdPlan plan_cuda_fused(const AttentionProblem& p, ForwardKernel forced, const KvCacheDesc* cache = nullptr);
 void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream, void* workspace, size_t workspace_bytes);
+// The workspace run_cuda_fused takes from a caller (forward_workspace_bytes; src/cuda/fwd/launch.cu): the plan's fold
+// space, then, when the plan is the Hopper kernel's and its tiles are of unequal work (causal, windows, varlen), the
+// 4-byte tile counter of its dynamic schedule at the next 256-byte boundary. The counter is counted whatever the
+// number of tiles and CTAs, so the size depends on the problem and the plan's kernel only.
+size_t cuda_fused_workspace_bytes(const AttentionProblem& p, const FwdPlan& plan);
 std::string cuda_fused_kernel_name(const AttentionProblem& p, const FwdPlan& plan);
 // The CUDA backward (src/cuda/bwd/, src/cuda/bwd_hopper/): empty string when it supports p, otherwise why not (names
 // the dtype or head_dim); why the Hopper kernels cannot run p on its device (empty: they can); the kernel's name; its

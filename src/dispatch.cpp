@@ -388,6 +388,20 @@ FwdPlan plan_with(const AttentionProblem& p, Backend backend, const ForwardOverr
   return plan;
 }
 
+#if FLASHLITE_WITH_CUDA
+// The workspace a CUDA plan takes from the caller (0 for CPU kernels): the naive kernels' scores, the fused kernels'
+// fold space and tile counter (cuda_fused_workspace_bytes).
+size_t cuda_workspace_bytes(const AttentionProblem& p, const FwdPlan& plan) {
+  switch (plan.kernel) {
+    case ForwardKernel::cuda_naive: return cuda_naive_workspace_bytes(p);
+    case ForwardKernel::cuda_simt:
+    case ForwardKernel::cuda_mma:
+    case ForwardKernel::cuda_hopper: return cuda_fused_workspace_bytes(p, plan);
+    default: return 0;
+  }
+}
+#endif
+
 // Validated and planned; throws the reason when nothing (or not the forced kernel) can run the arguments.
 Resolved resolve(const ForwardArgs& args) {
   Resolved r{validate(args), {}};
@@ -422,7 +436,7 @@ ForwardPlan plan_forward(const ForwardArgs& args, const ForwardOverrides& overri
   plan.kernel = fp.kernel;
   plan.name = kernel_name(p, fp);
 #if FLASHLITE_WITH_CUDA
-  plan.workspace_bytes = fp.kernel == ForwardKernel::cuda_naive ? cuda_naive_workspace_bytes(p) : fp.fold_bytes;
+  plan.workspace_bytes = cuda_workspace_bytes(p, fp);
 #endif
   return plan;
 }
@@ -430,7 +444,7 @@ ForwardPlan plan_forward(const ForwardArgs& args, const ForwardOverrides& overri
 size_t forward_workspace_bytes(const ForwardArgs& args) {
   [[maybe_unused]] const Resolved r = resolve(args);
 #if FLASHLITE_WITH_CUDA
-  return r.plan.kernel == ForwardKernel::cuda_naive ? cuda_naive_workspace_bytes(r.problem) : r.plan.fold_bytes;
+  return cuda_workspace_bytes(r.problem, r.plan);
 #else
   return 0;
 #endif

@@ -103,8 +103,10 @@ struct ForwardArgs {
   Backend backend = Backend::automatic;
   void* stream = nullptr;  // cudaStream_t for CUDA tensors
   // Scratch memory on the tensors' device for backends that need it (CUDA naive; the CUDA tensor-core kernels when
-  // seq_k > 32768: fp32 sums of rows that long, about 4 bytes per output element); query its size with
-  // forward_workspace_bytes(). When absent such a backend allocates (and frees) it itself, stream-ordered.
+  // seq_k > 32768: fp32 sums of rows that long, about 4 bytes per output element; the Hopper kernel on causal, window
+  // or varlen calls: its 4-byte tile counter); query its size with forward_workspace_bytes(), 16-byte aligned. When
+  // absent such a backend allocates (and frees) it itself, stream-ordered: memory nodes under CUDA graph capture,
+  // where a workspace gives none.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   // null: planned here; else the overrides of this plan apply (a plan of plan_forward(args, overrides)).

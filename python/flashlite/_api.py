@@ -144,7 +144,9 @@ def kernel_name(q, k, v, **kwargs):
 
 
 def workspace_bytes(q, k, v, **kwargs):
-    """Scratch bytes the chosen backend needs (only CUDA naive needs any; flashlite.attention allocates it)."""
+    """Scratch bytes the chosen backend needs (CUDA only: the naive backend's scores, the fused kernels' fold space
+    past 32768 keys, the Hopper kernel's tile counter for causal / window / varlen calls; flashlite.attention on torch
+    tensors allocates it through torch)."""
     lib, arrays, opts = _call_args(q, k, v, dict(kwargs))
     return _native(_C.workspace_bytes, "flashlite.workspace_bytes", lib, arrays, stream=0, **opts)
 

@@ -8,10 +8,10 @@ the kernel of a small call. Here the Autograd-key kernel is ours: on plain CPU /
 autograd to record it runs the kernel at once; fake and functional tensors and dispatch modes (torch.compile's
 tracing) get the op below autograd, as custom_op does; recorded calls get the autograd formula.
 
-CUDA-graph safety: the ops run on torch's current stream, allocate through torch (outputs, the CUDA naive backend's
-workspace and the fused kernels' fold space for rows past 32768 keys; the one exception, the Hopper kernel's 4-byte
-tile counter for causal / window / varlen calls of more tiles than SMs, comes from CUDA's stream-ordered pool, memory
-nodes under capture), and never synchronise with the host. Varlen batches read cu_seqlens from CPU tensors; the fused
+CUDA-graph safety: the ops run on torch's current stream, allocate through torch (outputs and the workspace
+forward_workspace_bytes() asks for: the CUDA naive backend's scores, the fused kernels' fold space for rows past 32768
+keys, the Hopper kernel's 4-byte tile counter for causal / window / varlen calls; so a capture holds no memory
+node), and never synchronise with the host. Varlen batches read cu_seqlens from CPU tensors; the fused
 kernel keeps up to 128 sequences in its launch parameters (capturable), the naive backend copies them to the device
 with cudaMemcpyAsync (not capturable).
 """

@@ -83,8 +83,9 @@ void attach_allocated(Args& a, size_t bytes, nb::object allocate, Device dev, st
   a.workspace_bytes = hold->nbytes();
 }
 
-// Runs the attention. Scratch memory (the CUDA naive backend's; the fused kernels' for rows past 32768 keys) comes
-// from `workspace` (a byte array on the device) when given, else from `allocate` (attach_allocated).
+// Runs the attention. Scratch memory (the CUDA naive backend's; the fused kernels' for rows past 32768 keys; the
+// Hopper kernel's tile counter) comes from `workspace` (a byte array on the device) when given, else from `allocate`
+// (attach_allocated).
 void py_forward(FL_PY_PARAMS, const std::optional<OutArray>& workspace, nb::object allocate) {
   ForwardArgs a = make_args(FL_PY_ARGS);
   std::optional<OutArray> allocated;
@@ -160,7 +161,7 @@ NB_MODULE(_C, m) {
         nb::arg("allocate").none() = nb::none(), "Validates the arguments and runs flashlite::forward in place.");
   m.def(
       "workspace_bytes", [](FL_PY_PARAMS) { return forward_workspace_bytes(make_args(FL_PY_ARGS)); }, FL_PY_ARG_NAMES,
-      "Bytes of scratch memory the chosen backend needs (0 for all but CUDA naive). Validates the arguments.");
+      "Bytes of scratch memory the chosen backend needs (forward_workspace_bytes; 0 on CPU). Validates the arguments.");
   m.def(
       "kernel_name", [](FL_PY_PARAMS) { return forward_kernel_name(make_args(FL_PY_ARGS)); }, FL_PY_ARG_NAMES,
       "Which kernel forward() would run for these arguments. Validates the arguments.");

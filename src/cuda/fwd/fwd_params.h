@@ -23,6 +23,13 @@ constexpr int64_t fold_floats_per_block(int block_rows, int head_dim) { return i
 
 enum class VarlenMode : int { padded = 0, inline_table = 1, device_table = 2 };
 
+// Work tiles of unequal work (causal, windows, varlen): the persistent Hopper kernel hands them out through a tile
+// counter (its dynamic schedule, launch_hopper.cu) when it has more tiles than CTAs, and the forward's workspace holds
+// that counter for every such call (cuda_fused_workspace_bytes, launch.cu).
+constexpr bool uneven_tiles(const MaskParams& m, bool varlen) {
+  return m.causal || m.window_left >= 0 || m.window_right >= 0 || varlen;
+}
+
 struct FwdParams {
   const void* q = nullptr;  // (batch, seq_q, q_heads, head_dim), head_dim contiguous
   const void* k = nullptr;  // (batch, seq_k, kv_heads, head_dim)
@@ -54,6 +61,10 @@ struct FwdParams {
   // Long rows: fold space of fold_floats_per_block per block (block b at fold + b * that), when some row may see
   // more than kFoldKeys keys; null otherwise (the tensor-core kernels then never fold).
   float* fold = nullptr;
+  // The Hopper kernel's dynamic schedule: 4 bytes of the caller's workspace for its tile counter, which the launch
+  // zeroes on the stream (launch_hopper.cu); null when the caller passed no workspace (the launch then allocates the
+  // counter, stream-ordered). The kernels never read it (the Hopper kernel takes HopperParams::tile_counter).
+  unsigned* tile_counter_space = nullptr;
 
   VarlenMode varlen = VarlenMode::padded;
   const int* cu_dev = nullptr;         // device_table: (2, batch + 1): cu_seqlens_q then cu_seqlens_k

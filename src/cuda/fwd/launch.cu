@@ -1,11 +1,16 @@
 // Launch of the fused CUDA forward kernels (src/backends.h) and of prefill from a KV cache (src/kv/kv_prefill.h): the
 // same tensor-core kernel with its KV-cache loader. Which kernel and tiles: the plan (src/cuda/fwd/plan.cpp).
 //
-// Host/device traffic per call: none for padded batches (parameters by value: graph-capturable, no host sync; the
-// Hopper kernel's dynamic schedule allocates a 4-byte counter stream-ordered, launch_hopper.cu). Varlen offsets of up
-// to kInlineSeqs sequences ride inside the kernel parameters too; longer tables go to a per-call device buffer
-// (cudaMallocAsync + cudaMemcpyAsync from the host array + cudaFreeAsync, all on the caller's stream): correct and
-// asynchronous, but not capturable in a CUDA graph.
+// Host/device traffic per call: none for padded batches (parameters by value: graph-capturable, no host sync). Varlen
+// offsets of up to kInlineSeqs sequences ride inside the kernel parameters too; longer tables go to a per-call device
+// buffer (cudaMallocAsync + cudaMemcpyAsync from the host array + cudaFreeAsync, all on the caller's stream): correct
+// and asynchronous, but not capturable in a CUDA graph.
+//
+// Workspace (forward_workspace_bytes = cuda_fused_workspace_bytes):
+//   [fold space: plan.fold_bytes, rows past kFoldKeys keys][to a 256-byte boundary][tile counter: 4 bytes]
+// the counter present for the Hopper kernel on tiles of unequal work (its dynamic schedule zeroes it on the stream,
+// launch_hopper.cu). Without a caller's workspace the fold space is allocated per call and the counter by the Hopper
+// launch, both stream-ordered: memory nodes under graph capture, where a caller's workspace gives none.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -30,6 +35,15 @@ void check(cudaError_t e, const char* what) {
 }
 
 std::string dtype_tag(DType t) { return t == DType::f16 ? "f16" : t == DType::bf16 ? "bf16" : "f32"; }
+
+constexpr size_t kCounterAlign = 256;  // the tile counter's offset in the workspace: the fold space rounded up to this
+
+// Whether the workspace holds the Hopper kernel's tile counter (the layout above).
+bool workspace_has_counter(const AttentionProblem& p, const FwdPlan& plan) {
+  return plan.kernel == ForwardKernel::cuda_hopper && uneven_tiles(p.mask, p.varlen());
+}
+
+size_t counter_offset(const FwdPlan& plan) { return (plan.fold_bytes + kCounterAlign - 1) / kCounterAlign * kCounterAlign; }
 
 }  // namespace
 
@@ -62,6 +76,11 @@ FwdParams make_fwd_params(const AttentionProblem& p, int block_rows, bool tensor
 
 }  // namespace cuda_fwd
 
+size_t cuda_fused_workspace_bytes(const AttentionProblem& p, const FwdPlan& plan) {
+  using namespace cuda_fwd;
+  return workspace_has_counter(p, plan) ? counter_offset(plan) + sizeof(unsigned) : plan.fold_bytes;
+}
+
 void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream_handle, void* workspace,
                     size_t workspace_bytes) {
   using namespace cuda_fwd;
@@ -69,11 +88,18 @@ void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream
   cuda::DeviceGuard guard(p.device.index);
   FwdParams f = make_fwd_params(p, plan.block_rows, plan.kernel != ForwardKernel::cuda_simt);
   f.rank_group = plan.rank_group;
-  cuda::CallBuffer fold(stream);  // long rows' fold space when the caller passed no workspace
-  if (plan.fold_bytes > 0) {
-    f.fold = reinterpret_cast<float*>(cuda::call_workspace(fold, workspace, workspace_bytes, plan.fold_bytes,
-                                                           "the fused kernel over rows past 32768 keys",
-                                                           "forward_workspace_bytes"));
+  // The caller's workspace (checked whole: fold space and tile counter), else long rows' fold space allocated here.
+  cuda::CallBuffer fold(stream);
+  if (const size_t need = cuda_fused_workspace_bytes(p, plan); need > 0) {
+    const char* who = plan.fold_bytes == 0 ? "the Hopper kernel's tile counter"
+                      : need > plan.fold_bytes ? "the fused kernel over rows past 32768 keys (and its tile counter)"
+                                               : "the fused kernel over rows past 32768 keys";
+    char* ws = cuda::call_workspace(fold, workspace, workspace_bytes, workspace ? need : plan.fold_bytes, who,
+                                    "forward_workspace_bytes");
+    if (plan.fold_bytes > 0) f.fold = reinterpret_cast<float*>(ws);
+    if (workspace != nullptr && workspace_has_counter(p, plan)) {
+      f.tile_counter_space = reinterpret_cast<unsigned*>(ws + counter_offset(plan));
+    }
   }
 
   cuda::CallBuffer table(stream);  // varlen offsets past kInlineSeqs

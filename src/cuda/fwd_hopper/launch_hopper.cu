@@ -1,9 +1,10 @@
 // Host launch of the Hopper forward kernel (sm_90a objects only): the TMA tensor maps of q, k, v and the choice of
 // the variant (dtype, head_dim). Tensor maps are encoded per call on the host (cuTensorMapEncodeTiled, reached
 // through the runtime's driver entry-point query, so the library does not link libcuda) and passed by value in
-// the kernel parameters: no host sync, graph-capturable like the mma.sync kernel. The one device allocation: the
-// dynamic schedule's 4-byte tile counter (below), stream-ordered (cudaMallocAsync / cudaMemsetAsync / cudaFreeAsync:
-// memory nodes under capture), taken even when the caller passed a workspace.
+// the kernel parameters: no host sync, graph-capturable like the mma.sync kernel. The dynamic schedule's 4-byte tile
+// counter (below) lives in the caller's workspace when there is one (forward_workspace_bytes counts it; under capture
+// a memset node, no memory node); only without a workspace is it allocated per call, stream-ordered (cudaMallocAsync
+// / cudaFreeAsync: memory nodes under capture).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -44,17 +45,23 @@ void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, 
   if (ctas <= 0) ctas = cuda::device_props(int(p.device.index)).sms;
   ctas = int(std::min<int64_t>(work_tiles, ctas));
   // Tiles of unequal work (causal, windows, varlen) take the dynamic schedule: a counter zeroed on the stream before
-  // the launch (stream-ordered, so graph-capturable), freed after it. Uniform tiles walk the static one.
-  const bool uneven = p.mask.causal || p.mask.window_left >= 0 || p.mask.window_right >= 0 || p.varlen();
+  // the launch (graph-capturable). It is the caller's workspace's (f.tile_counter_space, launch.cu) when one was
+  // passed; else it is allocated stream-ordered here and freed after the launch. Uniform tiles walk the static one.
+  const bool uneven = cuda_fwd::uneven_tiles(p.mask, p.varlen());
   cuda::CallBuffer counter(stream);
   hp.tile_counter = nullptr;
   if (uneven && ctas < work_tiles) {
-    if (cudaMallocAsync(&counter.ptr, sizeof(unsigned), stream) != cudaSuccess ||
-        cudaMemsetAsync(counter.ptr, 0, sizeof(unsigned), stream) != cudaSuccess) {
-      const cudaError_t e = cudaGetLastError();
-      fail(std::string("allocating the tile counter failed: ") + cudaGetErrorString(e));
+    cudaError_t taken = cudaSuccess;
+    hp.tile_counter = f.tile_counter_space;
+    if (hp.tile_counter == nullptr) {
+      taken = cudaMallocAsync(&counter.ptr, sizeof(unsigned), stream);
+      hp.tile_counter = static_cast<unsigned*>(counter.ptr);
     }
-    hp.tile_counter = static_cast<unsigned*>(counter.ptr);
+    if (taken == cudaSuccess) taken = cudaMemsetAsync(hp.tile_counter, 0, sizeof(unsigned), stream);
+    if (taken != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail(std::string("taking the tile counter failed: ") + cudaGetErrorString(taken));
+    }
   }
   const bool f16 = p.dtype == DType::f16;
   cudaError_t e;
