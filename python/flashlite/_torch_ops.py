@@ -83,6 +83,28 @@ def _run(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, sca
         raise
 
 
+def _run_heads_first(q, k, v, out, causal, scale, window_left, window_right, sink_tokens, softcap, backend):
+    """_run without LSE, sink logits or varlen for q, k, v and out in SDPA's [B, H, S, D] (any strides, head_dim
+    contiguous): the native layer swaps their seq and head dimensions, so the SDPA drop-in transposes nothing."""
+    stream, allocate = _stream_and_allocator(q)
+    try:
+        _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), None, None, None, None, causal=causal, scale=scale,
+                   window_left=window_left, window_right=window_right, sink_tokens=sink_tokens, softcap=softcap,
+                   backend=backend, stream=stream, allocate=allocate, heads_first=True)
+    except (TypeError, ValueError, BufferError, RuntimeError) as err:
+        _check.explain(err, "flashlite.attention", "torch", _native_args(q, k, v, out, None, None, None, None))
+        raise
+
+
+def _new_heads_first(q):
+    """An empty [B, H, S, D] tensor of q's dtype and device laid out as [B, S, H, D] (the transpose of a contiguous
+    one), for q [B, H, S, D]: new_empty_strided, ~half the host time of torch.empty(...).transpose(1, 2)."""
+    b, h, s, d = q.shape
+    if q.layout is torch.strided:
+        return q.new_empty_strided((b, h, s, d), (s * h * d, d, h * d, 1))
+    return torch.empty(b, s, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)  # the native call refuses q
+
+
 def _new_like(x):
     """An empty contiguous tensor of x's shape, dtype and device (empty_like: ~half the host time of
     torch.empty(x.shape, ...)); a sparse x gets a dense one, and the kernel call then refuses x by name."""

@@ -3,13 +3,16 @@
     from flashlite.torch import scaled_dot_product_attention as sdpa
     y = sdpa(q, k, v, is_causal=True)                    # q [B, H, S, D]
 
-It views the inputs as flashlite's [B, S, H, D] (a transpose, no copy) and returns a [B, H, S, D] view of a
-[B, S, H, D] result, so `y.transpose(1, 2).reshape(B, S, H * D)` is free. The custom ops themselves
+It reads the [B, H, S, D] inputs as flashlite's [B, S, H, D] (their seq and head dimensions swapped, no copy) and
+returns a [B, H, S, D] view of a [B, S, H, D] result, so `y.transpose(1, 2).reshape(B, S, H * D)` is free. Eager calls
+that autograd does not record pass the tensors as they are, with a flag telling the native layer their layout (no
+transposes in Python); the others go through flashlite.attention's path on transposed views. The custom ops themselves
 (torch.ops.flashlite.attention / attention_out) are registered on import.
 """
 from __future__ import annotations
 
 import torch as _torch
+from torch import Tensor as _Tensor
 
 from . import _args, _check, _torch_ops
 from ._torch_ops import attention
@@ -57,10 +60,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise ValueError(f"is_causal with {sq} queries and {sk} keys: SDPA aligns the causal mask top-left, which "
                              "flashlite cannot express when seq_q < seq_k; use flashlite.attention(causal=True) for "
                              "the bottom-right alignment (the last query sees the last key)")
-    try:  # the checked path of flashlite.attention (options checked here, nothing else to convert)
+    try:
+        options = _args.options(causal, scale, window, 0, 0.0, backend)
+        if (type(query) is _Tensor and type(key) is _Tensor and type(value) is _Tensor
+                and not _torch_ops.needs_grad(query, key, value) and not _torch.compiler.is_compiling()):
+            # Eager and nothing for autograd to record (flashlite.attention's eager branch): the kernel reads the
+            # [B, H, S, D] tensors in place and writes a [B, H, S, D] view of a [B, S, H, D] out.
+            out = _torch_ops._new_heads_first(query)
+            _torch_ops._run_heads_first(query, key, value, out, *options)
+            return out
+        # The checked path of flashlite.attention (options checked here, nothing else to convert): autograd, the
+        # ops for torch.compile and tensor subclasses.
         out, _ = _torch_ops._attention_checked(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                                               None, None, None, None,
-                                               _args.options(causal, scale, window, 0, 0.0, backend), False)
+                                               None, None, None, None, options, False)
     except (TypeError, ValueError):  # a tensor DLPack cannot pass: name it as the caller did (query, not q)
         _check.explain(None, "flashlite.torch.scaled_dot_product_attention", "torch",
                        [(n, t, False, _check.FLOATS) for n, t in (("query", query), ("key", key), ("value", value))])

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "flashlite/attention.h"
 #include "flashlite/backward.h"
@@ -83,11 +84,23 @@ void attach_allocated(Args& a, size_t bytes, nb::object allocate, Device dev, st
   a.workspace_bytes = hold->nbytes();
 }
 
+// A 4-D view of SDPA's [batch, heads, seq, head_dim] as flashlite's [batch, seq, heads, head_dim]: dimensions 1 and 2
+// swapped, strides with them (a transpose of the view; no copy, the API takes any batch / seq / head strides).
+void swap_seq_and_heads(TensorView& t) {
+  if (t.rank != 4) return;  // validation names the rank
+  std::swap(t.shape[1], t.shape[2]);
+  std::swap(t.strides[1], t.strides[2]);
+}
+
 // Runs the attention. Scratch memory (the CUDA naive backend's; the fused kernels' for rows past 32768 keys; the
 // Hopper kernel's tile counter) comes from `workspace` (a byte array on the device) when given, else from `allocate`
-// (attach_allocated).
-void py_forward(FL_PY_PARAMS, const std::optional<OutArray>& workspace, nb::object allocate) {
+// (attach_allocated). heads_first: q, k, v and out come as [batch, heads, seq, head_dim] (the SDPA drop-in's
+// tensors, which then need no transpose in Python); lse is [batch, q_heads, seq_q] either way.
+void py_forward(FL_PY_PARAMS, const std::optional<OutArray>& workspace, nb::object allocate, bool heads_first) {
   ForwardArgs a = make_args(FL_PY_ARGS);
+  if (heads_first) {
+    for (TensorView* t : {&a.q, &a.k, &a.v, &a.out}) swap_seq_and_heads(*t);
+  }
   std::optional<OutArray> allocated;
   if (workspace) {
     check_on_device(*workspace, a.q.device, "workspace");
@@ -158,7 +171,9 @@ NB_MODULE(_C, m) {
   m.attr("with_cuda") = bool(FLASHLITE_WITH_CUDA);
 
   m.def("forward", &py_forward, FL_PY_ARG_NAMES, nb::arg("workspace").none() = nb::none(),
-        nb::arg("allocate").none() = nb::none(), "Validates the arguments and runs flashlite::forward in place.");
+        nb::arg("allocate").none() = nb::none(), nb::arg("heads_first") = false,
+        "Validates the arguments and runs flashlite::forward in place (heads_first: q, k, v, out are [batch, heads, "
+        "seq, head_dim]).");
   m.def(
       "workspace_bytes", [](FL_PY_PARAMS) { return forward_workspace_bytes(make_args(FL_PY_ARGS)); }, FL_PY_ARG_NAMES,
       "Bytes of scratch memory the chosen backend needs (forward_workspace_bytes; 0 on CPU). Validates the arguments.");

@@ -149,6 +149,46 @@ def test_sdpa_semantics_cpu(sq, sk, hq, hkv, causal):
     assert (got.double() - want).abs().max().item() < 1e-4
 
 
+def _heads_first(b, s, h, d, layout, g):
+    """A [B, H, S, D] tensor: contiguous, a transposed [B, S, H, D] one (HF's q / k / v), or a view into a padded
+    buffer (every stride but head_dim's uneven; the seq window starts at row 2)."""
+    if layout == "contiguous":
+        return torch.randn(b, h, s, d, generator=g)
+    if layout == "from_bshd":
+        return torch.randn(b, s, h, d, generator=g).transpose(1, 2)
+    return torch.randn(b, h + 1, s + 3, d + 8, generator=g)[:, 1:, 2:2 + s, :d]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "from_bshd", "padded"])
+@pytest.mark.parametrize("sq,sk,hq,hkv,causal", [(37, 37, 6, 2, True), (19, 45, 4, 1, False), (30, 12, 3, 3, True)])
+def test_sdpa_heads_first_cpu(monkeypatch, layout, sq, sk, hq, hkv, causal):
+    """Eager calls that autograd does not record pass SDPA's [B, H, S, D] tensors to the native layer as they are
+    (heads_first: no transposes): non-contiguous inputs and GQA against float64 SDPA, the result a [B, H, S, D] view of
+    [B, S, H, D] memory, and bitwise the values of the recorded (autograd) path, which transposes in Python."""
+    from flashlite import _torch_ops
+    calls = []
+    run = _torch_ops._run_heads_first
+    monkeypatch.setattr(_torch_ops, "_run_heads_first", lambda *a: calls.append(1) or run(*a))
+    g = torch.Generator().manual_seed(sq * 100 + hq)
+    q, k, v = (_heads_first(2, s, h, 64, layout, g) for s, h in ((sq, hq), (sk, hkv), (sk, hkv)))
+    assert layout == "contiguous" or not q.is_contiguous()
+    got = fltorch.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, scale=0.1)
+    assert len(calls) == 1, "the eager no-grad call did not take the heads-first path"
+    assert got.shape == (2, hq, sq, 64) and got.transpose(1, 2).is_contiguous()
+    kk, vv = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), kk.double(), vv.double(), is_causal=causal,
+                                                             scale=0.1)
+    assert (got.double() - want).abs().max().item() < 1e-4
+    recorded = fltorch.scaled_dot_product_attention(q.clone().requires_grad_(), k, v, is_causal=causal,
+                                                    enable_gqa=hq != hkv, scale=0.1)
+    assert len(calls) == 1 and recorded.grad_fn is not None
+    assert torch.equal(recorded.detach(), got)
+    with torch.no_grad():  # grad mode off: the heads-first path again, inputs that require grad or not
+        assert torch.equal(fltorch.scaled_dot_product_attention(q.clone().requires_grad_(), k, v, is_causal=causal,
+                                                                enable_gqa=hq != hkv, scale=0.1), got)
+    assert len(calls) == 2
+
+
 def test_sdpa_errors():
     q = torch.randn(1, 4, 8, 64)
     k = torch.randn(1, 2, 8, 64)
