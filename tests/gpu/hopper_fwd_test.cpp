@@ -91,7 +91,8 @@ std::vector<Case> hopper_cases() {
         add(c.name, c.spec);
       }
     }
-  // More work tiles than an H100's 132 SMs, so each persistent CTA walks several: 4 x 12 heads x 5 query tiles (GQA 3)
+  // More work tiles than an H100's 132 SMs, so each persistent CTA walks several: 4 x 12 heads x 3 (D64, 192-row
+  // tiles) or 5 (D128) query tiles (GQA 3)
   // under each kind of mask; and causal with q_len > k_len, where 7 of each head's 8 query tiles see no key at all.
   for (auto [t, d] : std::vector<std::pair<DType, int64_t>>{{DType::bf16, 64}, {DType::f16, 128}})
     for (int m = 0; m < 4; ++m) {
@@ -108,6 +109,25 @@ std::vector<Case> hopper_cases() {
     s.batch = 2;
     s.mask.causal = true;
     add("bf16_d128_b2_h16x4_q1000_k17_causal", s);
+  }
+  // D64 masked rows past 4096 queries: the three-warpgroup kernel (192-row tiles; shorter masked rows take 128-row
+  // ones) under causal, a window with sinks and learned sink logits, and varlen, with a partial last tile.
+  for (int m = 0; m < 3; ++m) {
+    Spec s = base(m == 1 ? DType::f16 : DType::bf16, 64, 4160, m == 1 ? 4300 : 4160, 2, 1);
+    s.batch = 1;
+    s.mask.causal = true;
+    if (m == 1) s.mask = {true, 1000, -1, 4}, s.sink_logits = true;
+    if (m == 2) s.varlen_q = {4150, 17, 1, 0}, s.varlen_k = {4150, 40, 1, 3};
+    add(std::string(m == 1 ? "f16" : "bf16") + "_d64_q4160_" +
+            (m == 0 ? "causal" : m == 1 ? "causal_win1000_sinks4_sinklogits" : "varlen_causal"), s);
+  }
+  // D128 rows of more than 2048 keys: the kernel with two P buffers (shorter ones take one), unmasked and varlen
+  // causal.
+  for (int m = 0; m < 2; ++m) {
+    Spec s = base(m == 0 ? DType::f16 : DType::bf16, 128, 1000, 2300, 4, 1);
+    s.batch = 1;
+    if (m == 1) s.mask.causal = true, s.varlen_q = {2100, 5, 300}, s.varlen_k = {2200, 5, 300};
+    add(m == 0 ? "f16_d128_q1000_k2300_full" : "bf16_d128_k2200_varlen_causal", s);
   }
   // A long causal window with sinks (many skipped tiles, sink tile first).
   {
@@ -149,10 +169,10 @@ std::vector<Case> hopper_cases() {
   // out rows 4-byte aligned but not 16: the epilogue's 4-byte stores instead of 16-byte ones; more tiles than SMs.
   for (bool causal : {false, true}) {
     Spec s = base(DType::bf16, 64, 700, 700, 8, 2);
-    s.batch = 4;
+    s.batch = 5;  // 5 x 8 heads x 4 query tiles of 192 rows
     s.mask.causal = causal;
     s.out_layout = Layout::pair_padded;
-    add(std::string("bf16_d64_b4_out_pairpadded") + (causal ? "_causal" : "_full"), s);
+    add(std::string("bf16_d64_b5_out_pairpadded") + (causal ? "_causal" : "_full"), s);
   }
   for (DType t : {DType::bf16, DType::f16}) {
     add_numeric_edge_cases(t, add);
@@ -332,9 +352,25 @@ TEST(HopperEligibility, SettingValues) {  // FLASHLITE_FWD_HOPPER, parsed strict
   }
 }
 
-TEST(HopperEligibility, Name) {
-  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::bf16, 128)), "cuda_hopper_wgmma_bf16_d128_pingpong");
-  EXPECT_EQ(h::hopper_fwd_kernel_name(aligned_problem(DType::f16, 64)), "cuda_hopper_wgmma_f16_d64_pingpong");
+TEST(HopperEligibility, NameAndShape) {
+  flashlite::AttentionProblem p = aligned_problem(DType::bf16, 128);
+  EXPECT_EQ(h::hopper_fwd_kernel_name(p), "cuda_hopper_wgmma_bf16_d128_128x128_p1_pingpong");
+  const auto shape = [&] { return std::make_pair(h::hopper_shape(p).block_rows, h::hopper_shape(p).p_buffers); };
+  // D128: one P buffer up to 2048 keys, two beyond.
+  p.seq_k = 2049;
+  EXPECT_EQ(shape(), std::make_pair(128, 2));
+  // D64: three consumer warpgroups (192 rows) with one P buffer, unless the rows are masked (causal or windowed) and
+  // at most 4096: then two warpgroups with two buffers.
+  p = aligned_problem(DType::f16, 64);
+  EXPECT_EQ(h::hopper_fwd_kernel_name(p), "cuda_hopper_wgmma_f16_d64_192x128_p1_pingpong");
+  p.mask.causal = true;
+  EXPECT_EQ(shape(), std::make_pair(128, 2));
+  p.seq_q = 4097;
+  EXPECT_EQ(shape(), std::make_pair(192, 1));
+  p.mask.causal = false;
+  p.mask.window_left = 100;
+  p.seq_q = 4096;
+  EXPECT_EQ(shape(), std::make_pair(128, 2));
 }
 
 }  // namespace

@@ -125,7 +125,7 @@ void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream
   switch (plan.kernel) {
     case ForwardKernel::cuda_hopper:
 #if defined(FLASHLITE_FWD_HOPPER_BUILT) && FLASHLITE_FWD_HOPPER_BUILT
-      cuda_fwd_hopper::launch_fwd_hopper(p, f, plan.persistent_ctas, stream);  // (a throw frees table)
+      cuda_fwd_hopper::launch_fwd_hopper(p, f, plan.block_rows, plan.persistent_ctas, stream);  // (a throw frees table)
 #endif
       break;
     case ForwardKernel::cuda_simt: launch_fwd_simt_f32(int(p.head_dim), f, stream); break;

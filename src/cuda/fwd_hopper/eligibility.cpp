@@ -31,7 +31,8 @@ std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc) {
   const int64_t tb = maps.batch, rows_q = maps.q, rows_k = maps.k;
   if (rows_q <= 0 || rows_k <= 0) return "the Hopper kernel needs at least one query and one key row";
   if (rows_q > INT32_MAX || rows_k > INT32_MAX) return "the Hopper kernel addresses rows with 32-bit coordinates";
-  if (p.q_heads * p.batch * ((p.seq_q + kBlockRows - 1) / kBlockRows) > INT32_MAX) {
+  const int64_t rows = hopper_shape(p).block_rows;
+  if (p.q_heads * p.batch * ((p.seq_q + rows - 1) / rows) > INT32_MAX) {
     return "the Hopper kernel's grid would exceed 2^31 - 1 blocks";
   }
   if (!tma_rows_ok(p.q, p.q_stride, tb, p.q_heads) || !tma_rows_ok(p.k, p.k_stride, tb, p.kv_heads) ||
@@ -47,9 +48,18 @@ std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc) {
   return {};
 }
 
+HopperShape hopper_shape(const AttentionProblem& p) {
+  if (p.head_dim == 64) {
+    const bool masked = p.mask.causal || p.mask.window_left >= 0 || p.mask.window_right >= 0;
+    return masked && p.seq_q <= 4096 ? HopperShape{128, 2} : HopperShape{192, 1};
+  }
+  return {128, p.seq_k <= 2048 ? 1 : 2};
+}
+
 std::string hopper_fwd_kernel_name(const AttentionProblem& p) {
   return std::string("cuda_hopper_wgmma_") + (p.dtype == DType::f16 ? "f16" : "bf16") + "_d" +
-         std::to_string(p.head_dim) + "_pingpong";
+         std::to_string(p.head_dim) + "_" + std::to_string(hopper_shape(p).block_rows) + "x" +
+         std::to_string(kBlockKeys) + "_p" + std::to_string(hopper_shape(p).p_buffers) + "_pingpong";
 }
 
 }  // namespace flashlite::cuda_fwd_hopper

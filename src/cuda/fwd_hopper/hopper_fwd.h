@@ -12,7 +12,19 @@
 
 namespace flashlite::cuda_fwd_hopper {
 
-inline constexpr int kBlockRows = 128;  // query rows per CTA (two consumer warpgroups of 64 rows)
+// The kernel's shape for a problem (each choice the measured winner on the H100, docs/performance.md):
+//   block_rows  query rows per work tile, 64 per consumer warpgroup: 192 (three warpgroups) at head_dim 64, where each
+//               score's exp2 costs as much as its share of the GEMMs and a third warpgroup's softmax fills the tensor
+//               cores' gaps (FlashAttention-3's choice), except for causal or windowed rows of up to 4096 queries,
+//               where a 192-row tile's diagonal masks twice the keys of a 128-row one; else 128 (D128 has no
+//               registers for a third warpgroup);
+//   p_buffers   P register buffers per consumer: 2 lets P(n) be packed while P(n-1) V(n-1) still runs (the shorter
+//               chain per key tile); 1 frees 32 registers, which three warpgroups need and which at D128 removes the
+//               spills of each work tile's setup, the better trade up to 2048 keys.
+struct HopperShape {
+  int block_rows, p_buffers;
+};
+HopperShape hopper_shape(const AttentionProblem& p);
 inline constexpr int kBlockKeys = 128;  // keys per K/V tile
 
 // True when the 90a objects are part of this build (CMAKE_CUDA_ARCHITECTURES lists 90a).
@@ -27,10 +39,12 @@ std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc);
 // Whether TMA can address the rows of a [batch, seq, heads, head_dim] view of 16-bit elements: 16-byte aligned base,
 // every stride of a dimension longer than one a positive multiple of 16 bytes (below 2^40).
 bool tma_rows_ok(const void* base, const RowStrides& s, int64_t batch, int64_t heads);
-// "cuda_hopper_wgmma_bf16_d128_pingpong".
+// "cuda_hopper_wgmma_bf16_d128_128x128_p2_pingpong" (tile rows x keys, P buffers).
 std::string hopper_fwd_kernel_name(const AttentionProblem& p);
-// Launches the kernel. f: the fused kernel's parameters made for kBlockRows-row tiles, varlen tables filled. ctas:
-// the persistent CTAs to launch (0: one per SM); never more than there are work tiles.
-void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, int ctas, cudaStream_t stream);
+// Launches the kernel of hopper_shape(p). f: the fused kernel's parameters made for its block_rows (which the caller
+// passes too, as a check), varlen tables filled. ctas: the persistent CTAs to launch (0: one per SM); never more than
+// there are work tiles.
+void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, int block_rows, int ctas,
+                       cudaStream_t stream);
 
 }  // namespace flashlite::cuda_fwd_hopper

@@ -1,7 +1,7 @@
 #pragma once
 // The Hopper forward kernel (sm_90a): FlashAttention-3-style warp specialisation with wgmma and TMA.
 //
-// Persistent: one CTA of 384 threads per SM walks work tiles (query tile of 128 rows, head, sequence) numbered in the
+// Persistent: one CTA per SM walks work tiles (query tile of 128 or 192 rows, head, sequence) numbered in the
 // mma.sync kernel's block order (block_order.h: heaviest causal tiles first, a group's K/V shared in L2). The key
 // tiles a work tile visits (sink tiles, then the window / causal range) and the mask are those of the mma.sync kernel
 // (fwd_common.cuh, row_mask.h), so both kernels skip and mask the same tiles. Which tile a CTA takes next:
@@ -12,12 +12,12 @@
 // The producer runs ahead across work tiles: Q is double-buffered, so the next tile's Q (announced in shared memory
 // with its load) and first K/V tiles load while the consumers still work on the current one; a tile's start-up
 // latency no longer leaves the tensor cores idle (it did with one CTA per tile at short S).
-//   warpgroup 0, producer: gives registers away (setmaxnreg 24); one thread loads, per work tile, Q into the free
+//   warpgroup 0, producer: gives registers away (setmaxnreg 24 or 32); one thread loads, per work tile, Q into the free
 //     buffer and then, per key tile, the K and V tiles with TMA (cp.async.bulk.tensor, 128-byte swizzle,
 //     out-of-bounds rows zero-filled) into a 2-stage ring; each load completes a transaction count on its "full"
-//     mbarrier, and a K (V) buffer is reused only after all 8 consumer warps arrived on its "empty" mbarrier, once
+//     mbarrier, and a K (V) buffer is reused only after all consumer warps arrived on its "empty" mbarrier, once
 //     their S (P V) wgmma has completed.
-//   warpgroups 1 and 2, consumers (setmaxnreg 240): 64 query rows each. Per key tile:
+//   warpgroups 1 to CONSUMERS (2: setmaxnreg 240, 384 threads; 3: 160, 512 threads): 64 query rows each. Per key tile:
 //     S = Q K^T     wgmma m64n128k16, Q and K from shared memory through descriptors, fp32 accumulators
 //     mask         boundary tiles only, the per-row key intervals of row_mask.h (a select: S = -inf whatever Q K^T
 //                  was, so a NaN or Inf score of a masked key never reaches the softmax)
@@ -31,11 +31,12 @@
 // measured slower on the H100 and live in git history):
 //   pipelined  S(n) and P(n-1) V(n-1) are in flight together and the softmax of S(n) runs while P V is still on the
 //              tensor cores.
-//   ping-pong  the two consumer warpgroups take turns to issue their wgmmas (named barriers 1 and 2), so one's
-//              softmax runs under the other's GEMMs.
-// Registers: a few per-thread values of the work tile's setup are spilled and reloaded once per work tile (ptxas
-// -v: 24-28 bytes at D128); the key-tile loop has no spill (SASS).
-// Next steps (docs/performance.md): three consumer warpgroups at D64, wider key tiles at D128, exp2 partly on FMA.
+//   ping-pong  the consumer warpgroups take turns to issue their wgmmas (named barriers 1 .. CONSUMERS), so one's
+//              softmax runs under the others' GEMMs.
+// Registers (ptxas -v, SASS): with two P buffers a few per-thread values of the work tile's setup are spilled and
+// reloaded once per work tile (28 bytes at D128, 4 at D64); with one, 4 bytes at D128; three warpgroups at D64 spill
+// 144 bytes, among them the running max and sum, reloaded once per key tile from L1.
+// Next steps (docs/performance.md): wider key tiles at D128, exp2 partly on FMA, fewer registers for three warpgroups.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -60,9 +61,14 @@ struct HopperParams {
   unsigned* tile_counter;  // the dynamic schedule's counter, zero at launch; null: the static schedule
 };
 
-template <int D_>
+// D_: head_dim; CONSUMERS_: consumer warpgroups of 64 query rows, 2 or 3; P_BUFFERS_: P register buffers of a consumer
+// (the pipeline below), 1 or 2. HopperShape (hopper_fwd.h) says which runs.
+template <int D_, int CONSUMERS_, int P_BUFFERS_>
 struct HopperTile {
-  static constexpr int D = D_, BR = 128, BC = 128, STAGES = 2, THREADS = 384;
+  static constexpr int CONSUMERS = CONSUMERS_, P_BUFFERS = P_BUFFERS_;
+  static_assert(P_BUFFERS == 1 || (P_BUFFERS == 2 && CONSUMERS == 2), "two P buffers need two warpgroups' registers");
+  static constexpr int D = D_, BR = 64 * CONSUMERS, BC = 128, STAGES = 2, THREADS = 128 * (CONSUMERS + 1);
+  static constexpr int CONSUMER_THREADS = 128 * CONSUMERS;
   static constexpr int DB = D / 64;                         // 64-column blocks: one 128-byte swizzle row each
   static constexpr uint32_t Q_BLOCK = BR * 128;              // bytes of one 64-column block of the Q tile
   static constexpr uint32_t KV_BLOCK = BC * 128;             // ... of a K or V tile
@@ -73,20 +79,25 @@ struct HopperTile {
   static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_BYTES;
   static constexpr uint32_t SMEM_BYTES = OFF_BAR + 128 + 1024;  // barriers, and slack to align the base to 1024
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
-  static_assert(BR == 2 * 64, "two consumer warpgroups of 64 rows");
-  // setmaxnreg: the producer warpgroup gives registers back, the two consumer warpgroups take them. The CTA's pool is
-  // what the kernel was compiled with (168 per thread: __launch_bounds__(384, 1) on 64K registers, ptxas -v says so);
-  // if the two warpgroups asked for more than the pool holds, setmaxnreg.inc would wait forever.
-  static constexpr int REGS_PRODUCER = 24, REGS_CONSUMER = 240, REGS_ENTRY = 168;
+  static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
+  // setmaxnreg: the producer warpgroup gives registers back, the consumer warpgroups take them. The CTA's pool is
+  // what the kernel was compiled with (__launch_bounds__(THREADS, 1) on 64K registers: 168 per thread for 384 threads,
+  // 128 for 512; ptxas -v says so); if the warpgroups asked for more than the pool holds, setmaxnreg.inc would wait
+  // forever.
+  static constexpr int REGS_PRODUCER = CONSUMERS == 2 ? 24 : 32, REGS_CONSUMER = CONSUMERS == 2 ? 240 : 160;
+  static constexpr int REGS_ENTRY = 65536 / THREADS / 8 * 8;
   static_assert(REGS_PRODUCER % 8 == 0 && REGS_CONSUMER % 8 == 0 && REGS_PRODUCER >= 24 && REGS_CONSUMER <= 256,
                 "setmaxnreg counts are multiples of 8 in [24, 256]");
-  static_assert(128 * REGS_PRODUCER + 256 * REGS_CONSUMER <= THREADS * REGS_ENTRY, "setmaxnreg would exceed the pool");
+  static_assert(128 * REGS_PRODUCER + CONSUMER_THREADS * REGS_CONSUMER <= THREADS * REGS_ENTRY,
+                "setmaxnreg would exceed the pool");
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constant__ HopperParams hp) {
-  using Cfg = HopperTile<D>;
-  constexpr int BR = Cfg::BR, BC = Cfg::BC, DB = Cfg::DB, STAGES = Cfg::STAGES;
+template <class T, int D, int CONSUMERS, int P_BUFFERS>
+__global__ void __launch_bounds__(HopperTile<D, CONSUMERS, P_BUFFERS>::THREADS, 1)
+    fwd_hopper_kernel(const __grid_constant__ HopperParams hp) {
+  using Cfg = HopperTile<D, CONSUMERS, P_BUFFERS>;
+  constexpr int BR = Cfg::BR, BC = Cfg::BC, DB = Cfg::DB, STAGES = Cfg::STAGES, NC = Cfg::CONSUMERS;
+  constexpr int CT = Cfg::CONSUMER_THREADS;
   const FwdParams& p = hp.f;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
 
@@ -131,14 +142,14 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
 #pragma unroll
     for (int qb = 0; qb < 2; ++qb) {
       mbar_init(q_full(qb), 1);
-      mbar_init(q_empty(qb), 256);  // every consumer thread: each releases its own reads and staging stores
+      mbar_init(q_empty(qb), CT);  // every consumer thread: each releases its own reads and staging stores
     }
 #pragma unroll
     for (int st = 0; st < STAGES; ++st) {
       mbar_init(k_full(st), 1);
       mbar_init(v_full(st), 1);
-      mbar_init(k_empty(st), 8);  // one arrival per consumer warp
-      mbar_init(v_empty(st), 8);
+      mbar_init(k_empty(st), 4 * NC);  // one arrival per consumer warp
+      mbar_init(v_empty(st), 4 * NC);
     }
     mbar_init_fence();
   }
@@ -224,13 +235,14 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       wgmma_commit();
     };
 
-    // Ping-pong: each issue of wgmmas is a turn; warpgroup cw waits on barrier 1 + cw for the other's turn to
-    // end (128 of its threads sync, the other's 128 arrive). Both warpgroups work on the same tiles and take the same
-    // number of turns per work tile, so the alternation runs on across work tiles: warpgroup 1 lets warpgroup 0 start
-    // once, and warpgroup 0 takes one extra sync after its last tile for warpgroup 1's last arrival.
+    // Ping-pong: each issue of wgmmas is a turn, and the warpgroups take turns in a cycle 0, 1, (2,) 0, ...:
+    // warpgroup cw waits on barrier 1 + cw for the previous one's turn to end (128 of its threads sync, the previous
+    // one's 128 arrive). All work on the same tiles and take the same number of turns per work tile, so the cycle runs
+    // on across work tiles: the last warpgroup lets warpgroup 0 start once, and warpgroup 0 takes one extra sync after
+    // its last tile for the last one's last arrival. Barrier ids: 1..NC turns, NC + 1 the V tail, NC + 2 + cw staging.
     const auto turn_begin = [&] { named_sync(1 + cw, 256); };
-    const auto turn_end = [&] { named_arrive(2 - cw, 256); };
-    if (cw == 1) named_arrive(1, 256);
+    const auto turn_end = [&] { named_arrive(1 + (cw + 1) % NC, 256); };
+    if (cw == NC - 1) named_arrive(1, 256);
 
     // it0: K/V tiles consumed so far by this CTA (the ring's stage and phase, as the producer counts them);
     // done: work tiles finished (Q's phase).
@@ -259,7 +271,7 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       const auto folds = [&] { return p.fold != nullptr && kt.count > FOLD_TILES + 1; };
       const auto fold_slot = [&] {
         const int64_t block = int64_t(tile) * cuda_fwd::fold_floats_per_block(BR, D);
-        return cuda_fwd::FoldSlot{p.fold + block + (threadIdx.x - 128), 256};
+        return cuda_fwd::FoldSlot{p.fold + block + (threadIdx.x - 128), CT};
       };
       const auto o_at = [&](int i) -> float& { return o[i]; };
       const auto m_at = [&](int r) -> float& { return m_run[r]; };
@@ -271,26 +283,26 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       // Varlen: the K/V tensor maps end at the last sequence's end, not this one's, so the key tile that crosses this
       // sequence's end (j0 < sk < j0 + BC) holds the next sequence's first rows. Their keys are masked (P = 0), but a
       // non-finite V there would still give 0 x Inf = NaN in P V. On that tile only (v_tail; -1: none), after its V
-      // has landed and before the P V wgmma, the 256 consumer threads zero the V rows [sk - j0, BC) in shared memory.
+      // has landed and before the P V wgmma, the consumer threads zero the V rows [sk - j0, BC) in shared memory.
       // Padded batches and the last sequence need nothing: TMA zero-fills rows past a map's end.
       // Layout: each 64-column block of a V stage is BC rows of 128 bytes (the TMA box; key r in row r, as the P V
       // descriptors read it), and the 128-byte swizzle only permutes the 16-byte chunks within a row (chunk ^= r % 8),
       // so keys [r0, BC) are bytes [128 r0, 128 BC) of every block. The stores are fenced into the async proxy (wgmma
-      // reads V through it), and both warpgroups meet on named barrier 3 before either issues its wgmma: each reads
-      // all BC rows. Both visit the same tiles, so both reach the barrier (in ping-pong, before the turn: no cycle
-      // with barriers 1 and 2). The producer cannot refill the stage meanwhile: it waits for all 8 warps' v_empty
-      // arrivals, each after that warp's wgmma.
+      // reads V through it), and the warpgroups meet on named barrier NC + 1 before any issues its wgmma: each reads
+      // all BC rows. All visit the same tiles, so all reach the barrier (in ping-pong, before the turn: no cycle
+      // with the turn barriers). The producer cannot refill the stage meanwhile: it waits for every consumer warp's
+      // v_empty arrival, each after that warp's wgmma.
       const int v_tail =
           p.varlen != cuda_fwd::VarlenMode::padded && w.seq + 1 < p.batch && sk % BC != 0 ? sk / BC : -1;
       const auto clear_v_tail = [&](int n, int st) {
         if (__builtin_expect(kt.tile(n) != v_tail, 1)) return;
 #pragma unroll 1  // rare: kept small, off the hot loop's instruction footprint
-        for (int i = (sk % BC) * 8 + int(threadIdx.x) - 128; i < BC * 8; i += 256) {  // 16-byte chunk i of each block
+        for (int i = (sk % BC) * 8 + int(threadIdx.x) - 128; i < BC * 8; i += CT) {  // 16-byte chunk i of each block
 #pragma unroll
           for (int c = 0; c < DB; ++c) st_shared_zero16(sV(st) + uint32_t(c) * Cfg::KV_BLOCK + uint32_t(i) * 16u);
         }
         fence_proxy_async_smem();
-        named_sync(3, 256);
+        named_sync(NC + 1, CT);
       };
 
       // O += P V of the tile in stage st (V N-major), issued and committed: two n8 blocks of S form one k16 A
@@ -309,9 +321,9 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
         }
         wgmma_commit();
       };
-      // Softmax of one score tile (keys j0 ...): transform, mask, running max and sum; P packed to 16-bit pairs
-      // (pk[n8 block][row half]); alpha = the factor O must be rescaled by, raised = some row of the warp needs it.
-      const auto softmax = [&](float (&s)[BC / 2], int j0, uint32_t (&pk)[BC / 8][2], float (&alpha)[2]) {
+      // Softmax of one score tile (keys j0 ...): transform, mask, running max and sum; s becomes P (fp32, packed to
+      // 16-bit pairs by pack_p); alpha = the factor O must be rescaled by, raised = some row of the warp needs it.
+      const auto softmax = [&](float (&s)[BC / 2], int j0, float (&alpha)[2]) {
         if (transform) {
 #pragma unroll
           for (int i = 0; i < BC / 2; ++i) {
@@ -357,11 +369,18 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
             const float p0 = cuda_fwd::fast_exp2(fmaf(s[nj * 4 + 2 * r], mult, neg));
             const float p1 = cuda_fwd::fast_exp2(fmaf(s[nj * 4 + 2 * r + 1], mult, neg));
             sum += p0 + p1;
-            pk[nj][r] = cuda_fwd::pack2<T>(p0, p1);
+            s[nj * 4 + 2 * r] = p0, s[nj * 4 + 2 * r + 1] = p1;
           }
           l_run[r] = l_run[r] * alpha[r] + sum;
         }
         return __any_sync(0xffffffffu, raised);
+      };
+      // P to 16-bit pairs, pk[n8 block][row half]: the A fragments of the P V wgmma.
+      const auto pack_p = [&](const float (&s)[BC / 2], uint32_t (&pk)[BC / 8][2]) {
+#pragma unroll
+        for (int nj = 0; nj < BC / 8; ++nj)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) pk[nj][r] = cuda_fwd::pack2<T>(s[nj * 4 + 2 * r], s[nj * 4 + 2 * r + 1]);
       };
       const auto rescale = [&](const float (&alpha)[2]) {
 #pragma unroll
@@ -374,11 +393,14 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       };
 
       // Overlapped within the warpgroup (FlashAttention-3's intra-warpgroup pipelining): S(n) is issued, then
-      // P(n-1) V(n-1); the softmax of S(n) runs while P V is still on the tensor cores, and O is rescaled by
-      // tile n's factor only after P(n-1) V(n-1) has landed. P alternates between two register buffers (no copy
-      // between them), and the buffer an in-flight wgmma reads is pinned until after its wait, so the compiler
-      // cannot hand its registers to the next P.
-      uint32_t pa[BC / 8][2], pb[BC / 8][2];
+      // P(n-1) V(n-1); the softmax of S(n) runs while P V is still on the tensor cores, and O is rescaled by tile n's
+      // factor only after P(n-1) V(n-1) has landed. The P an in-flight wgmma reads is pinned until after its wait, so
+      // the compiler cannot reuse its registers early. Cfg::P_BUFFERS:
+      //   2  P(n) is packed during the softmax into the buffer P(n-1) does not hold (pa, pb alternate; no copy): the
+      //      shortest chain from S(n) to the next turn;
+      //   1  P(n) is packed into P(n-1)'s registers once its P V has landed (pb is pa): 32 registers fewer.
+      uint32_t pa[BC / 8][2], pb_own[BC / 8][2];
+      uint32_t (&pb)[BC / 8][2] = Cfg::P_BUFFERS == 2 ? pb_own : pa;
       // Tile n: P(n-1) in p_prev (read by the wgmma), P(n) into p_next.
       const auto step = [&](int n, uint32_t (&p_prev)[BC / 8][2], uint32_t (&p_next)[BC / 8][2]) {
         const int st = stage(n), prev = stage(n - 1);
@@ -394,12 +416,14 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
         wgmma_wait<1>();  // S(n) has landed; P(n-1) V(n-1) may still run
         pin_regs(s);
         if (lane == 0) mbar_arrive(k_empty(st));
-        const bool raised = softmax(s, kt.tile(n) * BC, p_next, alpha);
+        const bool raised = softmax(s, kt.tile(n) * BC, alpha);
+        if constexpr (Cfg::P_BUFFERS == 2) pack_p(s, p_next);
         wgmma_wait<0>();
         pin_regs(o);
         pin_regs(p_prev);
         if (lane == 0) mbar_arrive(v_empty(prev));
         if (raised) rescale(alpha);
+        if constexpr (Cfg::P_BUFFERS == 1) pack_p(s, p_next);
       };
       const auto last_pv = [&](uint32_t (&p_last)[BC / 8][2]) {
         const int last = kt.count - 1, st = stage(last);
@@ -423,26 +447,36 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
         wgmma_wait<0>();
         pin_regs(s);
         if (lane == 0) mbar_arrive(k_empty(stage(0)));
-        softmax(s, kt.tile(0) * BC, pa, alpha);  // O is still zero: no rescale
+        softmax(s, kt.tile(0) * BC, alpha);  // O is still zero: no rescale
+        pack_p(s, pa);
         // Long rows: the pairs of tiles in segments; after the pair that ends at tile k * FOLD_TILES, O (tiles before
         // it) and the sums (tiles up to it) leave the wgmma accumulators, all relative to the same running max, and
         // P(k * FOLD_TILES) joins the emptied O in the next step (kFoldKeys). The inner loop is the loop as it would
         // be without folding (a test inside it cost the short rows 2%).
+        // Two P buffers alternate over pairs of tiles; one takes a plain loop (unrolled in pairs it spilled, ptxas).
         int n = 1;
         for (int seg = FOLD_TILES + 1;; seg += FOLD_TILES) {
           const int limit = min(kt.count, seg);
-          for (; n + 1 < limit; n += 2) {
-            step(n, pa, pb);
-            step(n + 1, pb, pa);
+          if constexpr (Cfg::P_BUFFERS == 2) {
+            for (; n + 1 < limit; n += 2) {
+              step(n, pa, pb);
+              step(n + 1, pb, pa);
+            }
+          } else {
+            for (; n < limit; ++n) step(n, pa, pa);
           }
           if (limit == kt.count) break;
           if (p.fold != nullptr) {
             cuda_fwd::fold_out<D / 2, 2>(fold_slot(), o_at, m_at, l_at, mult, seg == FOLD_TILES + 1);
           }
         }
-        if (n < kt.count) {  // one tile left: P(n-1) is in pa
-          step(n, pa, pb);
-          last_pv(pb);
+        if constexpr (Cfg::P_BUFFERS == 2) {
+          if (n < kt.count) {  // one tile left: P(n-1) is in pa
+            step(n, pa, pb);
+            last_pv(pb);
+          } else {
+            last_pv(pa);
+          }
         } else {
           last_pv(pa);
         }
@@ -474,7 +508,7 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
           p.lse[w.tb * p.lse_stride.batch + w.head * p.lse_stride.head + (w.q_row0 + row) * p.lse_stride.seq] = lse;
         }
       }
-      named_sync(4 + cw, 128);  // this warpgroup's staging is complete
+      named_sync(NC + 2 + cw, 128);  // this warpgroup's staging is complete
       T* og = static_cast<T*>(p.out) + w.tb * p.out_stride.batch + w.q_row0 * p.out_stride.seq +
           w.head * p.out_stride.head;
       constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
@@ -499,7 +533,7 @@ __global__ void __launch_bounds__(384, 1) fwd_hopper_kernel(const __grid_constan
       it0 += unsigned(kt.count);
       ++done;
     }
-    if (cw == 0) named_sync(1, 256);  // warpgroup 1's last arrival
+    if (cw == 0) named_sync(1, 256);  // the last warpgroup's last arrival
   }
 }
 
@@ -518,23 +552,30 @@ bool hopper_smem_optin(Kernel* kernel, int bytes, ::flashlite::cuda::PerContextF
 // Launches one instantiation: `ctas` persistent CTAs (one per SM; fewer when there are fewer work tiles).
 // Instantiated once per variant file (wgmma_<dtype>_d<D>.cu); launch_hopper.cu only refers to them. Returns the
 // launch error, if any.
-template <class T, int D>
+template <class T, int D, int CONSUMERS, int P_BUFFERS>
 cudaError_t launch_hopper_variant(const HopperParams& hp, int ctas, cudaStream_t stream) {
+  using Cfg = HopperTile<D, CONSUMERS, P_BUFFERS>;
+  const auto kernel = fwd_hopper_kernel<T, D, CONSUMERS, P_BUFFERS>;
   static ::flashlite::cuda::PerContextFlag configured;
-  constexpr int smem = int(HopperTile<D>::SMEM_BYTES);
-  if (!hopper_smem_optin(fwd_hopper_kernel<T, D>, smem, configured)) return cudaGetLastError();
-  fwd_hopper_kernel<T, D><<<unsigned(ctas), HopperTile<D>::THREADS, smem, stream>>>(hp);
+  constexpr int smem = int(Cfg::SMEM_BYTES);
+  if (!hopper_smem_optin(kernel, smem, configured)) return cudaGetLastError();
+  kernel<<<unsigned(ctas), Cfg::THREADS, smem, stream>>>(hp);
   return cudaGetLastError();
 }
 
-#define FL_HOPPER_VARIANTS(X) \
-  X(__nv_bfloat16, 64)        \
-  X(__nv_bfloat16, 128)       \
-  X(__half, 64)               \
-  X(__half, 128)
+// (dtype, head_dim, consumer warpgroups, P buffers): the shapes hopper_shape can choose.
+#define FL_HOPPER_VARIANTS(X)  \
+  X(__nv_bfloat16, 64, 2, 2)   \
+  X(__nv_bfloat16, 64, 3, 1)   \
+  X(__nv_bfloat16, 128, 2, 1)  \
+  X(__nv_bfloat16, 128, 2, 2)  \
+  X(__half, 64, 2, 2)          \
+  X(__half, 64, 3, 1)          \
+  X(__half, 128, 2, 1)         \
+  X(__half, 128, 2, 2)
 
-#define FL_HOPPER_EXTERN(T, D) \
-  extern template cudaError_t launch_hopper_variant<T, D>(const HopperParams&, int, cudaStream_t);
+#define FL_HOPPER_EXTERN(T, D, C, P) \
+  extern template cudaError_t launch_hopper_variant<T, D, C, P>(const HopperParams&, int, cudaStream_t);
 FL_HOPPER_VARIANTS(FL_HOPPER_EXTERN)
 #undef FL_HOPPER_EXTERN
 

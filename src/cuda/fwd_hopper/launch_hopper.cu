@@ -21,11 +21,14 @@
 
 namespace flashlite::cuda_fwd_hopper {
 
-// The tensor maps' boxes (kBlockRows / kBlockKeys rows, 64 columns) are what the kernel's expect_tx byte counts and
-// descriptors assume (HopperTile); the FwdParams' query tiles are made for kBlockRows too (launch.cu).
-static_assert(kBlockRows == HopperTile<64>::BR && kBlockRows == HopperTile<128>::BR, "Q box rows != kernel tile rows");
-static_assert(kBlockKeys == HopperTile<64>::BC && kBlockKeys == HopperTile<128>::BC, "K/V box rows != kernel tile keys");
-static_assert(HopperTile<128>::SMEM_BYTES <= 227u * 1024u, "over the sm_90 opt-in shared memory per block");
+// The tensor maps' boxes (block_rows / kBlockKeys rows, 64 columns) are what the kernel's expect_tx byte counts and
+// descriptors assume (HopperTile: 64 rows per consumer warpgroup); the FwdParams' query tiles are made for the same
+// block_rows (the plan's, hopper_block_rows).
+static_assert(HopperTile<64, 2, 2>::BR == 128 && HopperTile<64, 3, 1>::BR == 192 && HopperTile<128, 2, 1>::BR == 128,
+              "Q box rows != kernel tile rows");
+static_assert(kBlockKeys == HopperTile<64, 3, 1>::BC && kBlockKeys == HopperTile<128, 2, 2>::BC,
+              "K/V box rows != tile keys");
+static_assert(HopperTile<128, 2, 2>::SMEM_BYTES <= 227u * 1024u, "over the sm_90 opt-in shared memory per block");
 
 namespace {
 
@@ -35,12 +38,18 @@ namespace {
 
 }  // namespace
 
-void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, int ctas, cudaStream_t stream) {
+void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, int block_rows, int ctas,
+                       cudaStream_t stream) {
+  const HopperShape shape = hopper_shape(p);
+  if (block_rows != shape.block_rows) {
+    fail("planned for " + std::to_string(block_rows) + "-row tiles, but the problem takes " +
+         std::to_string(shape.block_rows));
+  }
   HopperParams hp;
   hp.f = f;
-  const cuda::AttentionMaps maps = cuda::make_attention_maps(p, kBlockRows, kBlockKeys, "Hopper attention kernel");
+  const cuda::AttentionMaps maps = cuda::make_attention_maps(p, block_rows, kBlockKeys, "Hopper attention kernel");
   hp.tq = maps.q, hp.tk = maps.k, hp.tv = maps.v;
-  // One persistent CTA per SM (shared memory and the 384 threads' registers hold one per SM), fewer for fewer tiles.
+  // One persistent CTA per SM (shared memory and the threads' registers hold one per SM), fewer for fewer tiles.
   const int64_t work_tiles = int64_t(f.q_tiles) * f.q_heads * f.batch;
   if (ctas <= 0) ctas = cuda::device_props(int(p.device.index)).sms;
   ctas = int(std::min<int64_t>(work_tiles, ctas));
@@ -65,12 +74,18 @@ void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, 
   }
   const bool f16 = p.dtype == DType::f16;
   cudaError_t e;
-  if (p.head_dim == 64) {
-    e = f16 ? launch_hopper_variant<__half, 64>(hp, ctas, stream)
-            : launch_hopper_variant<__nv_bfloat16, 64>(hp, ctas, stream);
+  if (p.head_dim == 64 && shape.block_rows == 192) {
+    e = f16 ? launch_hopper_variant<__half, 64, 3, 1>(hp, ctas, stream)
+            : launch_hopper_variant<__nv_bfloat16, 64, 3, 1>(hp, ctas, stream);
+  } else if (p.head_dim == 64) {
+    e = f16 ? launch_hopper_variant<__half, 64, 2, 2>(hp, ctas, stream)
+            : launch_hopper_variant<__nv_bfloat16, 64, 2, 2>(hp, ctas, stream);
+  } else if (shape.p_buffers == 1) {
+    e = f16 ? launch_hopper_variant<__half, 128, 2, 1>(hp, ctas, stream)
+            : launch_hopper_variant<__nv_bfloat16, 128, 2, 1>(hp, ctas, stream);
   } else {
-    e = f16 ? launch_hopper_variant<__half, 128>(hp, ctas, stream)
-            : launch_hopper_variant<__nv_bfloat16, 128>(hp, ctas, stream);
+    e = f16 ? launch_hopper_variant<__half, 128, 2, 2>(hp, ctas, stream)
+            : launch_hopper_variant<__nv_bfloat16, 128, 2, 2>(hp, ctas, stream);
   }
   if (e != cudaSuccess) fail(std::string("launch failed: ") + cudaGetErrorString(e));
   if (const cudaError_t freed = counter.free_now(); freed != cudaSuccess) {

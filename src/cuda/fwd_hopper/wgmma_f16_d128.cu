@@ -3,6 +3,7 @@
 
 namespace flashlite::cuda_fwd_hopper {
 
-template cudaError_t launch_hopper_variant<__half, 128>(const HopperParams&, int, cudaStream_t);
+template cudaError_t launch_hopper_variant<__half, 128, 2, 1>(const HopperParams&, int, cudaStream_t);
+template cudaError_t launch_hopper_variant<__half, 128, 2, 2>(const HopperParams&, int, cudaStream_t);
 
 }  // namespace flashlite::cuda_fwd_hopper
