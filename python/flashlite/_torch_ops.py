@@ -10,8 +10,9 @@ tracing) get the op below autograd, as custom_op does; recorded calls get the au
 
 CUDA-graph safety: the ops run on torch's current stream, allocate through torch (outputs and the workspace
 forward_workspace_bytes() asks for: the CUDA naive backend's scores, the fused kernels' fold space for rows past 32768
-keys, the Hopper kernel's 4-byte tile counter for causal / window / varlen calls; so a capture holds no memory
-node), and never synchronise with the host. Varlen batches read cu_seqlens from CPU tensors; the fused
+keys, and under capture the Hopper kernel's 4-byte tile counter for causal / window / varlen calls, which outside a
+capture the library allocates stream-ordered for less host time; so a capture holds no memory node), and never
+synchronise with the host. Varlen batches read cu_seqlens from CPU tensors; the fused
 kernel keeps up to 128 sequences in its launch parameters (capturable), the naive backend copies them to the device
 with cudaMemcpyAsync (not capturable).
 """
