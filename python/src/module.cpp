@@ -105,8 +105,11 @@ bool backend_allocates(size_t bytes, Device dev, void* stream) {
   constexpr size_t kSmallScratch = 4096;
   if (bytes > kSmallScratch || dev.type != DeviceType::cuda) return false;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) == cudaSuccess &&
-         status == cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
+    (void)cudaGetLastError();  // not left for the launch's error check to report; torch's allocation serves instead
+    return false;
+  }
+  return status == cudaStreamCaptureStatusNone;
 #else
   (void)bytes, (void)dev, (void)stream;
   return false;

@@ -91,9 +91,9 @@ std::vector<Case> hopper_cases() {
         add(c.name, c.spec);
       }
     }
-  // More work tiles than an H100's 132 SMs, so each persistent CTA walks several: 4 x 12 heads x 3 (D64, 192-row
-  // tiles) or 5 (D128) query tiles (GQA 3)
-  // under each kind of mask; and causal with q_len > k_len, where 7 of each head's 8 query tiles see no key at all.
+  // More work tiles than an H100's 132 SMs, so each persistent CTA walks several: 4 x 12 heads x 3 (D64 full and
+  // softcap: 192-row tiles) or 5 (128-row tiles) query tiles (GQA 3) under each kind of mask; and causal with
+  // q_len > k_len, where 7 of each head's 8 query tiles see no key at all.
   for (auto [t, d] : std::vector<std::pair<DType, int64_t>>{{DType::bf16, 64}, {DType::f16, 128}})
     for (int m = 0; m < 4; ++m) {
       Spec s = base(t, d, 520, 520, 12, 4);

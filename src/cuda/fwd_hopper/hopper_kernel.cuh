@@ -486,7 +486,7 @@ __global__ void __launch_bounds__(HopperTile<D, CONSUMERS, P_BUFFERS>::THREADS, 
       // Epilogue: normalise (the sink logit joins the denominator) and write the LSE; O goes through this warpgroup's
       // rows of the Q buffer (every S wgmma that read them has landed), so that each row leaves in 16-byte chunks
       // (rows of the accumulator fragments are 16 bytes wide: 4-byte stores to rows 4 KB apart cost a quarter of the
-      // tile's time at S 512, ncu). Staging address of row r (0..127 in the tile), 16-byte chunk c: the TMA layout,
+      // tile's time at S 512, ncu). Staging address of row r (0..BR-1 in the tile), 16-byte chunk c: the TMA layout,
       // 64-column blocks of 128-byte rows, chunk c % 8 swizzled by r % 8, so both the fragment writes (8 rows x one
       // chunk per instruction) and the row reads (8 chunks of one row per quarter warp) hit 32 distinct banks.
       const uint32_t stage_o = sQ(qb);

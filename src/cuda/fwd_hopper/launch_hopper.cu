@@ -23,7 +23,7 @@ namespace flashlite::cuda_fwd_hopper {
 
 // The tensor maps' boxes (block_rows / kBlockKeys rows, 64 columns) are what the kernel's expect_tx byte counts and
 // descriptors assume (HopperTile: 64 rows per consumer warpgroup); the FwdParams' query tiles are made for the same
-// block_rows (the plan's, hopper_block_rows).
+// block_rows (the plan's, hopper_shape).
 static_assert(HopperTile<64, 2, 2>::BR == 128 && HopperTile<64, 3, 1>::BR == 192 && HopperTile<128, 2, 1>::BR == 128,
               "Q box rows != kernel tile rows");
 static_assert(kBlockKeys == HopperTile<64, 3, 1>::BC && kBlockKeys == HopperTile<128, 2, 2>::BC,
