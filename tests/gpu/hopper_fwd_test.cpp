@@ -169,7 +169,7 @@ std::vector<Case> hopper_cases() {
   // out rows 4-byte aligned but not 16: the epilogue's 4-byte stores instead of 16-byte ones; more tiles than SMs.
   for (bool causal : {false, true}) {
     Spec s = base(DType::bf16, 64, 700, 700, 8, 2);
-    s.batch = 5;  // 5 x 8 heads x 4 query tiles of 192 rows
+    s.batch = 5;  // 5 x 8 heads x 4 query tiles of 192 rows (full) or 6 of 128 (causal)
     s.mask.causal = causal;
     s.out_layout = Layout::pair_padded;
     add(std::string("bf16_d64_b5_out_pairpadded") + (causal ? "_causal" : "_full"), s);
