@@ -17,6 +17,7 @@
 #include "cuda/fwd_hopper/hopper_fwd.h"
 #include "flashlite/errors.h"
 #include "gpu_util.h"
+#include "hopper_skip.h"
 
 namespace fltest {
 namespace {
@@ -74,24 +75,6 @@ TEST(FusedWorkspace, HopperCountsItsTileCounterForUnevenTiles) {
 
 // ---- on the device
 
-const bool kHopperEnv = h::parse_fwd_hopper_setting(std::getenv("FLASHLITE_FWD_HOPPER"));
-
-bool is_sm90() {
-  if (!has_gpu()) return false;
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0;
-}
-
-#define FL_SKIP_UNLESS_HOPPER()                                                                   \
-  if (!::fltest::has_gpu()) GTEST_SKIP() << "no CUDA device";                                     \
-  if (!is_sm90()) GTEST_SKIP() << "the Hopper kernel runs on sm_90 only";                         \
-  if (!h::hopper_fwd_built()) GTEST_SKIP() << "this build has no 90a target (CMAKE_CUDA_ARCHITECTURES)"; \
-  if (!kHopperEnv) GTEST_SKIP() << "FLASHLITE_FWD_HOPPER=0 turns the Hopper kernel off"
 
 struct DevMem {
   void* p = nullptr;

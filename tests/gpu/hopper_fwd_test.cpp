@@ -1,5 +1,5 @@
 // The Hopper forward kernel (src/cuda/fwd_hopper/: wgmma + TMA, warp-specialised, ping-pong consumers) against the
-// float64 reference. With FLASHLITE_FWD_HOPPER unset or 1 (0: the device tests skip, see kHopperEnv), on an sm_90
+// float64 reference. With FLASHLITE_FWD_HOPPER unset or 1 (0: the device tests skip, hopper_skip.h), on an sm_90
 // device every eligible call of this executable takes the Hopper kernel: each case first checks forward_kernel_name,
 // then the numbers (NaN-poisoned outputs, LSE, untouched bytes; tests/cpu/test_util.h). Cases the kernel rejects must
 // fall back to the mma.sync / fp32 kernels and still be right. The eligibility logic and the setting's parser are
@@ -18,30 +18,12 @@
 #include "cuda/fwd_hopper/hopper_fwd.h"
 #include "flashlite/errors.h"
 #include "gpu_util.h"
+#include "hopper_skip.h"
 
 namespace fltest {
 namespace {
 
-// The Hopper kernel is the default on sm_90; the user setting FLASHLITE_FWD_HOPPER=0 turns it off, so these tests skip.
 namespace h = flashlite::cuda_fwd_hopper;
-const bool kHopperEnv = h::parse_fwd_hopper_setting(std::getenv("FLASHLITE_FWD_HOPPER"));
-
-bool is_sm90() {
-  if (!has_gpu()) return false;
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0;
-}
-
-#define FL_SKIP_UNLESS_HOPPER()                                                                   \
-  if (!::fltest::has_gpu()) GTEST_SKIP() << "no CUDA device";                                     \
-  if (!is_sm90()) GTEST_SKIP() << "the Hopper kernel runs on sm_90 only";                         \
-  if (!h::hopper_fwd_built()) GTEST_SKIP() << "this build has no 90a target (CMAKE_CUDA_ARCHITECTURES)"; \
-  if (!kHopperEnv) GTEST_SKIP() << "FLASHLITE_FWD_HOPPER=0 turns the Hopper kernel off"
 
 // Runs one problem on the GPU after checking which kernel forward() picks (prefix of forward_kernel_name).
 void check_case(const Spec& spec, const std::string& name, const std::string& want_prefix) {
