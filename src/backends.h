@@ -21,6 +21,7 @@ struct FwdPlan {
   CpuSimd cpu_simd = CpuSimd::portable;             // cpu_tiled: its instruction set (plan_cpu_simd)
   int mma_config = 0;  // cuda_mma: cuda_fwd::MmaConfig
   int block_rows = 0;  // CUDA fused kernels: query rows per block
+  int p_buffers = 0;   // cuda_hopper: P register buffers per consumer (hopper_shape, with block_rows)
   int rank_group = 0;  // CUDA fused, causal: (sequence, head) pairs per rank-major group (block_order.h; 0: one group)
   size_t fold_bytes = 0;  // CUDA tensor-core kernels, rows longer than cuda_fwd::kFoldKeys: their fold space
   int persistent_ctas = 0;  // cuda_hopper: the CTAs to launch (ForwardOverrides; 0: one per SM, fewer for few tiles)

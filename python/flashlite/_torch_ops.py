@@ -12,9 +12,9 @@ CUDA-graph safety: the ops run on torch's current stream, allocate through torch
 forward_workspace_bytes() asks for: the CUDA naive backend's scores, the fused kernels' fold space for rows past 32768
 keys, and under capture the Hopper kernel's 4-byte tile counter for causal / window / varlen calls, which outside a
 capture the library allocates stream-ordered for less host time; so a capture holds no memory node), and never
-synchronise with the host. Varlen batches read cu_seqlens from CPU tensors; the fused
-kernel keeps up to 128 sequences in its launch parameters (capturable), the naive backend copies them to the device
-with cudaMemcpyAsync (not capturable).
+synchronise with the host. Varlen batches read cu_seqlens from CPU tensors; the fused kernel keeps up to 128
+sequences in its launch parameters (capturable), the naive backend copies them to the device with cudaMemcpyAsync
+(not capturable).
 """
 
 import torch
@@ -72,28 +72,18 @@ def _stream_and_allocator(q):
 
 
 def _run(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left, window_right,
-         sink_tokens, softcap, backend):
+         sink_tokens, softcap, backend, heads_first=False):
+    """The native call. heads_first: q, k, v and out in SDPA's [B, H, S, D] (any strides, head_dim contiguous), whose
+    seq and head dimensions the native layer swaps, so the SDPA drop-in transposes nothing."""
     stream, allocate = _stream_and_allocator(q)
     try:
         _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(sink_logits), _dl(cu_seqlens_q),
                    _dl(cu_seqlens_k), causal=causal, scale=scale, window_left=window_left, window_right=window_right,
-                   sink_tokens=sink_tokens, softcap=softcap, backend=backend, stream=stream, allocate=allocate)
+                   sink_tokens=sink_tokens, softcap=softcap, backend=backend, stream=stream, allocate=allocate,
+                   heads_first=heads_first)
     except (TypeError, ValueError, BufferError, RuntimeError) as err:  # name what DLPack / nanobind refused
         _check.explain(err, "flashlite.attention", "torch",
                        _native_args(q, k, v, out, lse, sink_logits, cu_seqlens_q, cu_seqlens_k))
-        raise
-
-
-def _run_heads_first(q, k, v, out, causal, scale, window_left, window_right, sink_tokens, softcap, backend):
-    """_run without LSE, sink logits or varlen for q, k, v and out in SDPA's [B, H, S, D] (any strides, head_dim
-    contiguous): the native layer swaps their seq and head dimensions, so the SDPA drop-in transposes nothing."""
-    stream, allocate = _stream_and_allocator(q)
-    try:
-        _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), None, None, None, None, causal=causal, scale=scale,
-                   window_left=window_left, window_right=window_right, sink_tokens=sink_tokens, softcap=softcap,
-                   backend=backend, stream=stream, allocate=allocate, heads_first=True)
-    except (TypeError, ValueError, BufferError, RuntimeError) as err:
-        _check.explain(err, "flashlite.attention", "torch", _native_args(q, k, v, out, None, None, None, None))
         raise
 
 

@@ -67,7 +67,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             # Eager and nothing for autograd to record (flashlite.attention's eager branch): the kernel reads the
             # [B, H, S, D] tensors in place and writes a [B, H, S, D] view of a [B, S, H, D] out.
             out = _torch_ops._new_heads_first(query)
-            _torch_ops._run_heads_first(query, key, value, out, *options)
+            _torch_ops._run(query, key, value, out, None, None, None, None, *options, heads_first=True)
             return out
         # The checked path of flashlite.attention (options checked here, nothing else to convert): autograd, the
         # ops for torch.compile and tensor subclasses.

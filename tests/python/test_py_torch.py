@@ -167,8 +167,9 @@ def test_sdpa_heads_first_cpu(monkeypatch, layout, sq, sk, hq, hkv, causal):
     [B, S, H, D] memory, and bitwise the values of the recorded (autograd) path, which transposes in Python."""
     from flashlite import _torch_ops
     calls = []
-    run = _torch_ops._run_heads_first
-    monkeypatch.setattr(_torch_ops, "_run_heads_first", lambda *a: calls.append(1) or run(*a))
+    run = _torch_ops._run
+    monkeypatch.setattr(_torch_ops, "_run",
+                        lambda *a, **kw: (calls.append(1) if kw.get("heads_first") else None) or run(*a, **kw))
     g = torch.Generator().manual_seed(sq * 100 + hq)
     q, k, v = (_heads_first(2, s, h, 64, layout, g) for s, h in ((sq, hq), (sk, hkv), (sk, hkv)))
     assert layout == "contiguous" or not q.is_contiguous()

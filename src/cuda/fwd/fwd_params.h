@@ -61,9 +61,9 @@ struct FwdParams {
   // Long rows: fold space of fold_floats_per_block per block (block b at fold + b * that), when some row may see
   // more than kFoldKeys keys; null otherwise (the tensor-core kernels then never fold).
   float* fold = nullptr;
-  // The Hopper kernel's dynamic schedule: 4 bytes of the caller's workspace for its tile counter, which the launch
-  // zeroes on the stream (launch_hopper.cu); null when the caller passed no workspace (the launch then allocates the
-  // counter, stream-ordered). The kernels never read it (the Hopper kernel takes HopperParams::tile_counter).
+  // The Hopper kernel's dynamic schedule: 4 bytes of the workspace (the caller's or the call's) for its tile counter,
+  // which the launch zeroes on the stream when it schedules dynamically (launch_hopper.cu); null for tiles of equal
+  // work. The kernels never read it (the Hopper kernel takes HopperParams::tile_counter).
   unsigned* tile_counter_space = nullptr;
 
   VarlenMode varlen = VarlenMode::padded;

@@ -9,8 +9,8 @@
 // Workspace (forward_workspace_bytes = cuda_fused_workspace_bytes):
 //   [fold space: plan.fold_bytes, rows past kFoldKeys keys][to a 256-byte boundary][tile counter: 4 bytes]
 // the counter present for the Hopper kernel on tiles of unequal work (its dynamic schedule zeroes it on the stream,
-// launch_hopper.cu). Without a caller's workspace the fold space is allocated per call and the counter by the Hopper
-// launch, both stream-ordered: memory nodes under graph capture, where a caller's workspace gives none.
+// launch_hopper.cu). Without a caller's workspace the same bytes are allocated per call, stream-ordered: memory nodes
+// under graph capture, where a caller's workspace gives none.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -43,7 +43,9 @@ bool workspace_has_counter(const AttentionProblem& p, const FwdPlan& plan) {
   return plan.kernel == ForwardKernel::cuda_hopper && uneven_tiles(p.mask, p.varlen());
 }
 
-size_t counter_offset(const FwdPlan& plan) { return (plan.fold_bytes + kCounterAlign - 1) / kCounterAlign * kCounterAlign; }
+size_t counter_offset(const FwdPlan& plan) {
+  return (plan.fold_bytes + kCounterAlign - 1) / kCounterAlign * kCounterAlign;
+}
 
 }  // namespace
 
@@ -88,18 +90,16 @@ void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream
   cuda::DeviceGuard guard(p.device.index);
   FwdParams f = make_fwd_params(p, plan.block_rows, plan.kernel != ForwardKernel::cuda_simt);
   f.rank_group = plan.rank_group;
-  // The caller's workspace (checked whole: fold space and tile counter), else long rows' fold space allocated here.
-  cuda::CallBuffer fold(stream);
+  // The caller's workspace, else the same bytes allocated here: fold space and tile counter (the layout above).
+  cuda::CallBuffer scratch(stream);
   if (const size_t need = cuda_fused_workspace_bytes(p, plan); need > 0) {
+    const bool counter = workspace_has_counter(p, plan);
     const char* who = plan.fold_bytes == 0 ? "the Hopper kernel's tile counter"
-                      : need > plan.fold_bytes ? "the fused kernel over rows past 32768 keys (and its tile counter)"
-                                               : "the fused kernel over rows past 32768 keys";
-    char* ws = cuda::call_workspace(fold, workspace, workspace_bytes, workspace ? need : plan.fold_bytes, who,
-                                    "forward_workspace_bytes");
+                      : counter ? "the fused kernel over rows past 32768 keys (and its tile counter)"
+                                : "the fused kernel over rows past 32768 keys";
+    char* ws = cuda::call_workspace(scratch, workspace, workspace_bytes, need, who, "forward_workspace_bytes");
     if (plan.fold_bytes > 0) f.fold = reinterpret_cast<float*>(ws);
-    if (workspace != nullptr && workspace_has_counter(p, plan)) {
-      f.tile_counter_space = reinterpret_cast<unsigned*>(ws + counter_offset(plan));
-    }
+    if (counter) f.tile_counter_space = reinterpret_cast<unsigned*>(ws + counter_offset(plan));
   }
 
   cuda::CallBuffer table(stream);  // varlen offsets past kInlineSeqs
@@ -125,7 +125,8 @@ void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream
   switch (plan.kernel) {
     case ForwardKernel::cuda_hopper:
 #if defined(FLASHLITE_FWD_HOPPER_BUILT) && FLASHLITE_FWD_HOPPER_BUILT
-      cuda_fwd_hopper::launch_fwd_hopper(p, f, plan.block_rows, plan.persistent_ctas, stream);  // (a throw frees table)
+      // (a throw frees table)
+      cuda_fwd_hopper::launch_fwd_hopper(p, f, {plan.block_rows, plan.p_buffers}, plan.persistent_ctas, stream);
 #endif
       break;
     case ForwardKernel::cuda_simt: launch_fwd_simt_f32(int(p.head_dim), f, stream); break;
@@ -138,7 +139,7 @@ void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream
   }
   const cudaError_t launched = cudaGetLastError();
   check(table.free_now(), "cudaFreeAsync (varlen offsets)");
-  check(fold.free_now(), "cudaFreeAsync (fold space)");
+  check(scratch.free_now(), "cudaFreeAsync (fold space and tile counter)");
   check(launched, "launching the fused attention kernel");
 }
 

@@ -166,7 +166,8 @@ FwdPlan plan_cuda_fused(const AttentionProblem& p, ForwardKernel forced, const K
   }
   if (hopper) {
     plan.kernel = ForwardKernel::cuda_hopper;
-    plan.block_rows = h::hopper_shape(p).block_rows;
+    const h::HopperShape shape = h::hopper_shape(p);
+    plan.block_rows = shape.block_rows, plan.p_buffers = shape.p_buffers;
     // Causal block order: rank-major within groups of 8 (sequence, head) pairs (H100: +7% at D64 S1024, up to +47% at
     // D128 S2048 over one group, the group's K/V hit in L2); windows keep one group (their Flex numbers' order).
     plan.rank_group = p.mask.window_left < 0 ? 8 : 0;

@@ -41,10 +41,10 @@ std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc);
 bool tma_rows_ok(const void* base, const RowStrides& s, int64_t batch, int64_t heads);
 // "cuda_hopper_wgmma_bf16_d128_128x128_p2_pingpong" (tile rows x keys, P buffers).
 std::string hopper_fwd_kernel_name(const AttentionProblem& p);
-// Launches the kernel of hopper_shape(p). f: the fused kernel's parameters made for its block_rows (which the caller
-// passes too, as a check), varlen tables filled. ctas: the persistent CTAs to launch (0: one per SM); never more than
-// there are work tiles.
-void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, int block_rows, int ctas,
+// Launches the kernel of the planned shape (hopper_shape). f: the fused kernel's parameters made for its block_rows,
+// varlen tables filled; f.tile_counter_space: 4 bytes for the dynamic schedule's counter on tiles of unequal work
+// (launch.cu). ctas: the persistent CTAs to launch (0: one per SM); never more than there are work tiles.
+void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, HopperShape shape, int ctas,
                        cudaStream_t stream);
 
 }  // namespace flashlite::cuda_fwd_hopper
