@@ -19,13 +19,13 @@ KvCacheView kv_cache_view(const KvCacheShape& s, void* k, void* v, DType dtype, 
   return c;
 }
 
-std::vector<KvGroup> kv_groups(const std::vector<SequenceInput>& inputs) {
+std::vector<KvGroup> kv_groups(const std::vector<SequenceInput>& inputs, bool any_slots) {
   std::vector<KvGroup> groups;
   for (int i = 0; i < int(inputs.size()); ++i) {
     const int n = int(inputs[i].tokens.size());
     if (!groups.empty()) {
       KvGroup& g = groups.back();
-      if (g.n == n && inputs[i].slot == g.slot0 + g.count) {
+      if (g.n == n && (any_slots || inputs[i].slot == g.slot0 + g.count)) {
         ++g.count;
         continue;
       }
@@ -136,6 +136,23 @@ void KvBook::page_table(const int* slots, int count, PageTable& t) const {
 
 void KvBook::page_table(int slot0, int count, PageTable& t) const {
   fill_page_table(slot_pages_, lengths_, s_.page_size, count, [&](int i) { return slot0 + i; }, t);
+}
+
+void KvBook::position_table(const int* slots, const int32_t* from, const int32_t* to, int count, PageTable& t) const {
+  if (!paged()) fail("internal error: a position table of a contiguous cache was asked for");
+  if (t.indptr.empty()) t.indptr.push_back(int32_t(t.indices.size()));
+  for (int i = 0; i < count; ++i) {
+    const std::vector<int32_t>& own = slot_pages_.at(size_t(slots[i]));
+    for (int32_t p = from[i]; p < to[i]; ++p) {
+      if (p < 0 || p >= lengths_.at(size_t(slots[i]))) {
+        fail("internal error: position " + std::to_string(p) + " of slot " + std::to_string(slots[i]) + " is not held");
+      }
+      const int pages = p / s_.page_size + 1;
+      t.indices.insert(t.indices.end(), own.begin(), own.begin() + pages);
+      t.indptr.push_back(int32_t(t.indices.size()));
+      t.last_page_len.push_back(p % s_.page_size + 1);
+    }
+  }
 }
 
 int64_t KvBook::row(int slot, int pos) const {

@@ -84,6 +84,11 @@ class KvBook {
   // The page table of `slots` (in that order), or of the run slot0 .. slot0 + count - 1, at their lengths.
   void page_table(const int* slots, int count, PageTable& out) const;
   void page_table(int slot0, int count, PageTable& out) const;
+  // One entry per position instead (paged only): for each i, positions from[i] .. to[i] - 1 of slots[i], in that
+  // order, the entry of position p holding the slot's sequence up to and including p (its first p / page_size + 1
+  // pages, the last holding p % page_size + 1 tokens). One decode call over such a table attends prompt rows causally
+  // beside decode rows (the CUDA engine's mixed steps). Appends to `out` (start from an empty table: indptr {0}).
+  void position_table(const int* slots, const int32_t* from, const int32_t* to, int count, PageTable& out) const;
   // Where position `pos` of `slot` lies in a layer's storage, in rows of kv_heads x head_dim: page * page_size +
   // pos % page_size (paged; the page must be held), else slot * capacity + pos.
   int64_t row(int slot, int pos) const;
@@ -97,11 +102,12 @@ class KvBook {
 
 // A run of a forward call's inputs that one library call serves: `count` consecutive inputs from `first` on the
 // consecutive slots slot0 .. slot0 + count - 1, each with n new tokens (a decode step over slots 0..B-1, or a batch of
-// equal prompts, is one group).
+// equal prompts, is one group). With `any_slots` (a paged cache, whose page table lists the inputs in their order),
+// consecutive inputs of equal n form a group whatever their slots; slot0 is then the first input's slot.
 struct KvGroup {
   int first = 0, count = 0, slot0 = 0, n = 0;
 };
-std::vector<KvGroup> kv_groups(const std::vector<SequenceInput>& inputs);
+std::vector<KvGroup> kv_groups(const std::vector<SequenceInput>& inputs, bool any_slots = false);
 
 class KvCache {
  public:

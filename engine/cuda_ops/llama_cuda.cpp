@@ -3,11 +3,13 @@
 // gate/up + SwiGLU, down, then the LM head and the selection the sampler asked for. The KV cache is a flashlite KV
 // cache on the device (engine/kv_cache.h): contiguous, per layer [slots, context, kv_heads, head_dim], or paged
 // (RuntimeOptions::kv_page_size: per layer a pool [pages, page_size, kv_heads, head_dim], pages taken as sequences
-// grow, the server's cache; then a decode step batches any slots, and prefill reads the cache through
-// flashlite::prefill). Its index (lengths, pages) is a KvBook on the host. Decode steps of
-// few rows take the fused GEMVs (gemv_sites.h; the QKV one rotates with the library's device RoPE and appends to the
-// cache in its epilogue) and flashlite::decode and are replayed from CUDA graphs (step_graphs.h); everything else
-// takes cuBLASLt (gemm.h), flashlite::append_kv, the small kernels of ops.h and flashlite::forward over the cache.
+// grow, the server's cache; then a decode step batches any slots, a mixed step of short prompt chunks runs as a row
+// step (Step::row_step: a decode step with one row per new token), and longer chunks read the cache through
+// flashlite::prefill). Its index (lengths, pages) is a KvBook on the host. Steps of few rows take the fused GEMVs
+// (gemv_sites.h; the QKV one rotates with the library's device RoPE and appends to the cache in its epilogue), the
+// others cuBLASLt (gemm.h), flashlite::append_kv and the small kernels of ops.h; decode and row steps attend through
+// flashlite::decode and are replayed from CUDA graphs (step_graphs.h), the rest through flashlite::forward or
+// flashlite::prefill, launched one by one.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,19 +43,31 @@ using cuda_ops::DeviceBuffer;
 using cuda_ops::Elem;
 using cuda_ops::PinnedBuffer;
 
+// Mixed steps (prompt chunks, with or without decode rows) of at most this many rows (after padding), each chunk
+// of at most kRowStepMaxChunk tokens, run as row steps on a paged cache (see Step::row_step). A longer chunk would
+// read its sequence's keys once per row; it takes flashlite::prefill.
+constexpr int kRowStepMaxRows = 256;
+constexpr int kRowStepMaxChunk = 128;
+constexpr int kRowStepBucket = 32;  // past the GEMVs' row counts, row steps run multiples of this many rows
+
 // What one forward call runs, worked out on the host before anything is launched.
 struct Step {
-  int rows = 0;               // new tokens over all inputs (activation rows)
-  int lrows = 0;              // rows whose logits are asked for
+  int rows = 0;               // activation rows: new tokens over all inputs, then a row step's padding
+  int lrows = 0;              // logit rows computed: those asked for, then a row step's padding
+  int lrows_out = 0;          // logit rows asked for (the first lrows_out of lrows)
   std::vector<int> row0;      // first activation row of each input
   bool gemv = false;          // through the fused GEMVs
-  bool decode = false;        // one new token per input (any slots when paged, else slots 0..rows-1): one batched
-                              // decode launch per layer
+  bool decode = false;        // one batched decode launch per layer over the rows, replayed from a CUDA graph: one
+                              // new token per input (any slots when paged, else slots 0..rows-1), or a row step
+  bool row_step = false;      // paged, short chunks: every new token is a decode row of its own, attending its
+                              // sequence up to its position (KvBook::position_table), the rows padded to a bucket
+                              // (pad rows append to and read the pool's spare pages) so that one graph serves every
+                              // mixed step of the bucket
   bool fused_argmax = false;  // the greedy argmax folded into the LM-head GEMV
   std::vector<int32_t> lens_after;  // each input's sequence length after this step (host; device: step_in(3))
   std::vector<int32_t> lens_before;  // ... before it (restored when the step fails)
   std::vector<int32_t> cu_rows;      // paged prefill: the inputs' first rows and the total (host, ragged q)
-  std::vector<KvGroup> groups;      // the inputs as runs of slots (append_kv calls)
+  std::vector<KvGroup> groups;      // the inputs as runs of slots (append_kv calls); a row step: its rows
   DecodePlan plan;                  // decode
 };
 
@@ -103,7 +117,10 @@ class LlamaCuda final : public LlamaModel {
     const int pages = page == 0 ? 0 : o.kv_pages > 0 ? o.kv_pages : slots_ * ((context_ + page - 1) / page);
     kv_shape_ = {c_.n_layers, slots_, context_, c_.n_kv_heads, c_.head_dim, page, pages};
     book_ = KvBook(kv_shape_);
-    const size_t rows_per_layer = page ? size_t(pages) * page : size_t(slots_) * context_;
+    pool_shape_ = kv_shape_;
+    if (page) pool_shape_.pages = pages + spare_pages();  // + the row steps' pad rows, outside the book
+    table_indices_ = size_t(pages);
+    const size_t rows_per_layer = page ? size_t(pool_shape_.pages) * page : size_t(slots_) * context_;
     const size_t kv_bytes = rows_per_layer * c_.kv_dim() * esize();
     if (paged()) table_ = PageTable{{0, 1}, {0}, {1}};  // one token on page 0: what the probes plan with
     k_cache_.resize(c_.n_layers);
@@ -212,7 +229,7 @@ class LlamaCuda final : public LlamaModel {
   // Paged: the step's inputs [slot0, slot0 + count) of its page table (the lengths are the table's).
   KvCacheView cache_view(int layer, int slot0, int count, const int32_t* host_lens, const int32_t* device_lens) const {
     if (paged()) {
-      return kv_paged_view(kv_shape_, k_cache_[layer]->ptr, v_cache_[layer]->ptr, dtype(), Device::cuda(opt_.device_index),
+      return kv_paged_view(pool_shape_, k_cache_[layer]->ptr, v_cache_[layer]->ptr, dtype(), Device::cuda(opt_.device_index),
                            slot0, count, int64_t(table_.indices.size()), pointers(table_), table_device());
     }
     return kv_cache_view(kv_shape_, k_cache_[layer]->ptr, v_cache_[layer]->ptr, dtype(), Device::cuda(opt_.device_index),
@@ -220,15 +237,26 @@ class LlamaCuda final : public LlamaModel {
   }
 
   bool paged() const { return kv_shape_.page_size > 0; }
+  // Paged: the pool's pages past the book's, one position for each pad row of a row step (pad j appends position
+  // j % page_size of spare page j / page_size and attends that page up to it: no two write one position).
+  int spare_pages() const { return (kRowStepBucket - 1 + kv_shape_.page_size - 1) / kv_shape_.page_size; }
+  int spare_page(int pad) const { return kv_shape_.pages + pad / kv_shape_.page_size; }
+  // The rows a mixed step of `rows` rows, none more than `longest_chunk` of one input, runs as a row step (0: it
+  // cannot): the GEMVs' row counts as they are, then multiples of 32.
+  int row_step_rows(int rows, int longest_chunk) const {
+    if (!paged() || !decode_ok_ || longest_chunk > kRowStepMaxChunk) return 0;
+    const int r = rows <= cuda_ops::kGemvMaxRows ? rows : (rows + kRowStepBucket - 1) / kRowStepBucket * kRowStepBucket;
+    return r <= kRowStepMaxRows ? r : 0;
+  }
   // The page table's arrays on the device (paged; see ensure_step_inputs): indptr, then last_page_len, then indices.
   PageTablePointers table_device() const {
     const int32_t* t = step_table(step_in_dev_);
-    return {t, t + 2 * slots_ + 1, t + slots_ + 1};
+    return {t, t + 2 * size_t(step_cap_) + 1, t + step_cap_ + 1};
   }
   int32_t* step_table(const DeviceBuffer& b) const { return b.as<int32_t>() + size_t(step_cap_) * 6; }
   int32_t* step_table(const PinnedBuffer& b) const { return b.as<int32_t>() + size_t(step_cap_) * 6; }
-  // Page table ints: indptr (slots + 1), last_page_len (slots), indices (at most every page).
-  size_t table_ints() const { return paged() ? 2 * size_t(slots_) + 1 + size_t(kv_shape_.pages) : 0; }
+  // Page table ints: indptr (cap + 1), last_page_len (cap), indices (every page, or a row step's position table).
+  size_t table_ints(int cap, size_t indices) const { return paged() ? 2 * size_t(cap) + 1 + indices : 0; }
 
   // [count, n, heads, head_dim] device view of `heads` heads from column `col` of the fused QKV rows from `row0`
   // (sequence i's n rows follow sequence i - 1's).
@@ -334,7 +362,7 @@ class LlamaCuda final : public LlamaModel {
     hb_.reserve(r * c_.hidden_dim * e, "activations");
     xo_.reserve(r * c_.dim * e, "activations");
     if (collective_) partial_.reserve(r * c_.dim * 4, "activations");
-    ensure_step_inputs(std::max({rows, logit_rows, slots_}));
+    ensure_step_inputs(std::max({rows, logit_rows, slots_}), table_indices_);
     logits_dev_.reserve(size_t(logit_rows) * c_.vocab_size * 4, "logits");
     keys_dev_.reserve(size_t(logit_rows) * 8, "argmax keys");
     keys_host_.reserve(size_t(logit_rows) * 8);
@@ -342,12 +370,17 @@ class LlamaCuda final : public LlamaModel {
 
   // A step's small inputs go up in one copy from pinned memory, laid out for `cap` rows: [0] token ids, [1] positions,
   // [2] logit row index, [3] sequence lengths after the step (int32, cap each), then the cache rows (int64, cap),
-  // then (paged) the step's page table.
-  void ensure_step_inputs(int cap) {
-    if (cap <= step_cap_) return;
-    step_in_dev_.reserve(size_t(cap) * 24 + table_ints() * 4, "step inputs");
-    step_in_host_.reserve(size_t(cap) * 24 + table_ints() * 4);
+  // then (paged) the step's page table for up to `indices` page ids. Both only grow; a larger cap moves the table,
+  // and always grows the allocation, which re-captures the graphs (DeviceBuffer::generation).
+  void ensure_step_inputs(int cap, size_t indices) {
+    cap = std::max(cap, step_cap_);
+    indices = std::max(indices, table_indices_);
+    if (cap == step_cap_ && indices == table_indices_ && step_in_dev_.ptr) return;
+    const size_t bytes = size_t(cap) * 24 + table_ints(cap, indices) * 4;
+    step_in_dev_.reserve(bytes, "step inputs");
+    step_in_host_.reserve(bytes);
     step_cap_ = cap;
+    table_indices_ = indices;
   }
   int32_t* step_in(int i) const { return step_in_dev_.as<int32_t>() + size_t(i) * step_cap_; }
   int32_t* step_in_host(int i) const { return step_in_host_.as<int32_t>() + size_t(i) * step_cap_; }
@@ -381,6 +414,7 @@ class LlamaCuda final : public LlamaModel {
   bool decode_ok_ = false;  // the batched decode kernel takes this model
   RopeOptions rope_;        // the model's RoPE as the library applies it
   KvCacheShape kv_shape_;   // the flashlite KV cache of every layer (contiguous or paged)
+  KvCacheShape pool_shape_;  // its storage: paged, spare_pages() more
   KvBook book_;             // its lengths and pages
   PageTable table_;         // paged: the current step's page table (its inputs in order), uploaded with the step inputs
   cudaStream_t stream_ = nullptr;
@@ -399,6 +433,7 @@ class LlamaCuda final : public LlamaModel {
   DeviceBuffer step_in_dev_;  // see ensure_step_inputs
   PinnedBuffer step_in_host_;
   int step_cap_ = 0;
+  size_t table_indices_ = 0;  // page ids the step inputs' table holds
   DeviceBuffer keys_dev_, topk_values_dev_, topk_ids_dev_;  // (logit rows) argmax keys; (logit rows, k) candidates
   PinnedBuffer keys_host_, topk_values_host_, topk_ids_host_;
   std::vector<float> logits_;
@@ -407,7 +442,9 @@ class LlamaCuda final : public LlamaModel {
 // Validates the inputs, lays out the step (rows, logit rows, decode plan) and starts the step inputs' upload.
 Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequest& request) {
   std::vector<int32_t> tokens, pos, logit_index;
+  std::vector<int> slots;
   Step st;
+  int longest_chunk = 0;
   // Nothing to run: zero rows would reach the kernels as zero-block launches (and, inside a graph capture, turn the
   // graphs off for good). Rejected before anything is uploaded or launched.
   if (inputs.empty()) fail("forward needs at least one input sequence; got none");
@@ -422,6 +459,8 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
     for (const SequenceInput& other : inputs)
       if (&other != &in && other.slot == in.slot) fail("slot " + std::to_string(in.slot) + " appears twice in one forward call");
     st.row0.push_back(int(tokens.size()));
+    slots.push_back(in.slot);
+    longest_chunk = std::max(longest_chunk, n);
     for (int i = 0; i < n; ++i) {
       const int t = in.tokens[i];
       if (t < 0 || t >= vocab_in_) {  // the embedding's rows (c_.vocab_size: this rank's logits)
@@ -435,7 +474,7 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
     st.lens_after.push_back(int32_t(len + n));
   }
   st.rows = int(tokens.size());
-  st.lrows = int(logit_index.size());
+  st.lrows = st.lrows_out = int(logit_index.size());
   if (request.kind == LogitsRequest::Kind::top_k && (request.k <= 0 || request.k >= c_.vocab_size)) {
     fail("top-k request for " + std::to_string(request.k) + " candidates; expected 0 < k < " + std::to_string(c_.vocab_size));
   }
@@ -446,6 +485,25 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
     std::vector<int64_t> cache_row;  // where each new token's K / V go: a row of the layer's storage
     for (size_t q = 0; q < inputs.size(); ++q)
       for (int p = st.lens_before[q]; p < st.lens_after[q]; ++p) cache_row.push_back(book_.row(inputs[q].slot, p));
+    // One batched decode launch per layer: one new token per input, on any slots when paged (the page table lists
+    // them in input order), else on slots 0..rows-1; or a row step.
+    st.decode = decode_ok_ && st.rows == int(inputs.size());
+    for (size_t q = 0; st.decode && !paged() && q < inputs.size(); ++q) st.decode = inputs[q].slot == int(q);
+    const int padded = st.decode ? 0 : row_step_rows(st.rows, longest_chunk);
+    if (padded > 0) {
+      st.decode = st.row_step = true;
+      const int page = kv_shape_.page_size;
+      for (int j = 0; st.rows + j < padded; ++j) {  // pad row j: token 0 at position j % page of spare_page(j)
+        tokens.push_back(0);
+        pos.push_back(j % page);
+        cache_row.push_back(int64_t(spare_page(j)) * page + j % page);
+      }
+      st.rows = padded;
+      st.lrows = 1;  // logit rows: a power of two, at most the rows (row 0's logits stand in for the padding)
+      while (st.lrows < st.lrows_out) st.lrows *= 2;
+      st.lrows = std::min(st.lrows, padded);
+      logit_index.resize(size_t(st.lrows), 0);
+    }
     ensure_scratch(st.rows, st.lrows);
     if (request.kind == LogitsRequest::Kind::top_k) {
       const size_t n = size_t(st.lrows) * request.k;
@@ -456,18 +514,23 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
     }
     st.gemv = use_gemv(st.rows);
     st.fused_argmax = st.gemv && request.kind == LogitsRequest::Kind::argmax;
-    // One batched decode launch per layer: one new token per input, on any slots when paged (the page table lists
-    // them in input order), else on slots 0..rows-1.
-    st.decode = decode_ok_ && st.rows == int(inputs.size());
-    for (size_t q = 0; st.decode && !paged() && q < inputs.size(); ++q) st.decode = inputs[q].slot == int(q);
-    std::copy(st.lens_after.begin(), st.lens_after.end(), step_in_host(3));
-    st.groups = kv_groups(inputs);
+    if (st.row_step) st.groups = {KvGroup{0, st.rows, 0, 1}};
+    else st.groups = kv_groups(inputs, paged());
     if (paged()) {
-      std::vector<int> slots;
-      for (const SequenceInput& in : inputs) slots.push_back(in.slot);
-      book_.page_table(slots.data(), int(slots.size()), table_);
-      st.cu_rows = st.row0;
-      st.cu_rows.push_back(st.rows);
+      if (st.row_step) {
+        table_ = PageTable{{0}, {}, {}};
+        book_.position_table(slots.data(), st.lens_before.data(), st.lens_after.data(), int(slots.size()), table_);
+        for (int j = 0; table_.count() < st.rows; ++j) {  // pad row j: positions 0 .. j % page of spare_page(j)
+          table_.indices.push_back(spare_page(j));
+          table_.indptr.push_back(int32_t(table_.indices.size()));
+          table_.last_page_len.push_back(j % kv_shape_.page_size + 1);
+        }
+        ensure_step_inputs(st.rows, table_.indices.size());
+      } else {
+        book_.page_table(slots.data(), int(slots.size()), table_);
+        st.cu_rows = st.row0;
+        st.cu_rows.push_back(st.rows);
+      }
     }
     if (st.decode) {
       st.plan = plan_decode(decode_args(0, st.rows, st.lens_after.data(), nullptr), context_);  // graph-stable
@@ -476,7 +539,8 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
         decode_ws_.reserve(st.plan.workspace_bytes, "the decode workspace");
       }
     }
-    std::copy(tokens.begin(), tokens.end(), step_in_host(0));
+    std::copy(tokens.begin(), tokens.end(), step_in_host(0));  // after the last ensure_step_inputs
+    std::copy(st.lens_after.begin(), st.lens_after.end(), step_in_host(3));
     std::copy(pos.begin(), pos.end(), step_in_host(1));
     std::copy(logit_index.begin(), logit_index.end(), step_in_host(2));
     std::copy(cache_row.begin(), cache_row.end(), reinterpret_cast<int64_t*>(step_in_host(4)));
@@ -484,9 +548,9 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
     if (paged()) {  // after the cache rows: one copy for everything
       int32_t* h = step_table(step_in_host_);
       std::copy(table_.indptr.begin(), table_.indptr.end(), h);
-      std::copy(table_.last_page_len.begin(), table_.last_page_len.end(), h + slots_ + 1);
-      std::copy(table_.indices.begin(), table_.indices.end(), h + 2 * slots_ + 1);
-      bytes = size_t(step_cap_) * 24 + (2 * size_t(slots_) + 1 + table_.indices.size()) * 4;
+      std::copy(table_.last_page_len.begin(), table_.last_page_len.end(), h + step_cap_ + 1);
+      std::copy(table_.indices.begin(), table_.indices.end(), h + 2 * size_t(step_cap_) + 1);
+      bytes = size_t(step_cap_) * 24 + table_ints(step_cap_, table_.indices.size()) * 4;
     }
     cuda_check(cudaMemcpyAsync(step_in_dev_.ptr, step_in_host_.ptr, bytes, cudaMemcpyHostToDevice, stream_),
                "step input upload");
@@ -625,14 +689,14 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
 // Only what the sampler needs comes back: 8 bytes per row for argmax, k pairs for top-k, else the full rows.
 void LlamaCuda::download(const Step& st, const LogitsRequest& request) {
   if (request.kind == LogitsRequest::Kind::argmax) {
-    cuda_check(cudaMemcpyAsync(keys_host_.ptr, keys_dev_.ptr, size_t(st.lrows) * 8, cudaMemcpyDeviceToHost, stream_),
+    cuda_check(cudaMemcpyAsync(keys_host_.ptr, keys_dev_.ptr, size_t(st.lrows_out) * 8, cudaMemcpyDeviceToHost, stream_),
                "ids download");
   } else if (request.kind == LogitsRequest::Kind::top_k) {
-    const size_t n = size_t(st.lrows) * request.k * 4;
+    const size_t n = size_t(st.lrows_out) * request.k * 4;
     cuda_check(cudaMemcpyAsync(topk_values_host_.ptr, topk_values_dev_.ptr, n, cudaMemcpyDeviceToHost, stream_), "top-k download");
     cuda_check(cudaMemcpyAsync(topk_ids_host_.ptr, topk_ids_dev_.ptr, n, cudaMemcpyDeviceToHost, stream_), "top-k download");
   } else {
-    logits_.resize(size_t(st.lrows) * c_.vocab_size);
+    logits_.resize(size_t(st.lrows_out) * c_.vocab_size);
     cuda_check(cudaMemcpyAsync(logits_.data(), logits_dev_.ptr, logits_.size() * 4, cudaMemcpyDeviceToHost, stream_),
                "logits download");
   }
@@ -643,11 +707,11 @@ void LlamaCuda::download(const Step& st, const LogitsRequest& request) {
 LogitsOutput LlamaCuda::selected(const Step& st, const LogitsRequest& request) {
   LogitsOutput out;
   out.kind = request.kind;
-  out.rows = st.lrows;
+  out.rows = st.lrows_out;
   out.vocab = c_.vocab_size;
   if (request.kind == LogitsRequest::Kind::argmax) {
-    select_ids_.resize(st.lrows);
-    for (int r = 0; r < st.lrows; ++r) {
+    select_ids_.resize(st.lrows_out);
+    for (int r = 0; r < st.lrows_out; ++r) {
       const uint64_t key = keys_host_.as<uint64_t>()[r];
       select_ids_[r] = cuda_ops::argmax_key_index(key);
       if (std::string why = cuda_ops::argmax_key_problem(key); !why.empty())  // the host path's refusal (model.cpp)
@@ -673,7 +737,7 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
   // under a pending copy.
   try {
     if (profiled) profile_->run(step);
-    else if (st.decode) graphs_.run({st.rows, int(request.kind), request.k}, stream_, step);
+    else if (st.decode) graphs_.run({st.rows, st.lrows, int(request.kind), request.k}, stream_, step);
     else step();
     download(st, request);
   } catch (...) {

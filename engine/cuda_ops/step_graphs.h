@@ -1,8 +1,8 @@
 #pragma once
-// Decode steps replayed from CUDA graphs, one graph per (batch size, selection kind, k): captured the second time a
-// key is seen (the first step runs eagerly, so lazy module loading and cuBLASLt heuristics stay out of the capture),
-// captured again once a DeviceBuffer moved (the graph holds raw pointers). A capture that fails turns the graphs off
-// for good: every later step runs eagerly.
+// Decode steps (and row steps, llama_cuda.cpp) replayed from CUDA graphs, one graph per (rows, logit rows, selection
+// kind, k): captured the second time a key is seen (the first step runs eagerly, so lazy module loading and cuBLASLt
+// heuristics stay out of the capture), captured again once a DeviceBuffer moved (the graph holds raw pointers). A
+// capture that fails turns the graphs off for good: every later step runs eagerly.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -15,7 +15,7 @@ namespace flashlite::engine::cuda_ops {
 
 class StepGraphs {
  public:
-  using Key = std::tuple<int, int, int>;  // (rows, selection kind, k)
+  using Key = std::tuple<int, int, int, int>;  // (rows, logit rows, selection kind, k)
   explicit StepGraphs(bool on) : on_(on) {}
   ~StepGraphs();
   StepGraphs(const StepGraphs&) = delete;

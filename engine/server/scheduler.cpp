@@ -107,9 +107,15 @@ void Scheduler::warm_up() {
   LogitsRequest argmax;
   argmax.kind = LogitsRequest::Kind::argmax;
   try {
-    for (int n : rows) {
-      model_.forward_select({{0, std::vector<int>(size_t(n), token), false}}, argmax);
-      model_.reset(0);
+    for (int n : rows) {  // as decode steps of n slots where there are as many (the CUDA engine pads mixed steps)
+      std::vector<SequenceInput> step;
+      if (n <= model_.slots()) {
+        for (int slot = 0; slot < n; ++slot) step.push_back({slot, {token}, false});
+      } else {
+        step.push_back({0, std::vector<int>(size_t(n), token), false});
+      }
+      model_.forward_select(step, argmax);
+      for (const SequenceInput& in : step) model_.reset(in.slot);
     }
     std::vector<SequenceInput> every;  // one token on every slot: the widest logits rows
     for (int slot = 0; slot < model_.slots(); ++slot) every.push_back({slot, {token}, false});

@@ -1,6 +1,7 @@
 // Validation of the KV-cache API (append_kv, decode, plan_decode): every argument is checked on the host before
 // anything is launched or written; messages name the argument, the value and what was expected (flashlite::Error).
 #include <algorithm>
+#include <tuple>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -290,22 +291,45 @@ AppendProblem validate_append(const AppendArgs& a) {
            " hold " + to_string(len) + " tokens; expected a page table that already covers the new tokens");
     }
   }
-  if (c.paged && p.n_new > 0) {  // one page written through two page-table entries would race (and corrupt)
-    std::vector<int64_t> owner(static_cast<size_t>(c.num_pages), -1);  // the page-table entry (index into indices) writing it
-    std::vector<int64_t> owner_seq(static_cast<size_t>(c.num_pages), -1);
+  if (c.paged && p.n_new > 0) {
+    // A cache position written through two page-table entries would race (and corrupt). A page may appear in several
+    // sequences (a shared prefix, or the engine's one row per position) as long as they write different positions
+    // of it: the written ranges of each page, sorted, must not overlap. Within one sequence a written page must
+    // appear once, or the append overwrites the sequence's own earlier tokens.
+    struct Written {
+      int64_t page, lo, hi, seq, entry;  // positions lo..hi of the page, through page_indices[entry]
+    };
+    std::vector<Written> w;
     for (int64_t b = 0; b < c.batch; ++b) {
-      const int64_t len = c.length(b);
-      const int64_t first = (len - p.n_new) / c.capacity, last = (len - 1) / c.capacity;
-      for (int64_t pg = first; pg <= last; ++pg) {
+      const int64_t len = c.length(b), from = len - p.n_new;
+      for (int64_t pg = from / c.capacity; pg <= (len - 1) / c.capacity; ++pg) {
         const int64_t entry = c.indptr[b] + pg, id = c.indices[entry];
-        if (owner[size_t(id)] >= 0 && owner[size_t(id)] != entry) {
-          fail("page " + to_string(id) + " is written by sequences " + to_string(owner_seq[size_t(id)]) + " and " +
-               to_string(b) + " in one append (page_indices[" + to_string(owner[size_t(id)]) + "] and [" +
-               to_string(entry) + "]); expected each written page to appear once");
+        const int64_t lo = std::max(from, pg * c.capacity) - pg * c.capacity;
+        for (int64_t e = c.indptr[b]; e < c.indptr[b + 1]; ++e) {
+          if (e != entry && c.indices[e] == id) {
+            fail("page_indices[" + to_string(std::min(e, entry)) + "] and [" + to_string(std::max(e, entry)) +
+                 "] of sequence " + to_string(b) + " are both page " + to_string(id) + ", which it appends to; "
+                 "expected the pages of a sequence to be distinct (the append would overwrite its own tokens)");
+          }
         }
-        owner[size_t(id)] = entry;
-        owner_seq[size_t(id)] = b;
+        w.push_back({id, lo, std::min(len - 1, pg * c.capacity + c.capacity - 1) - pg * c.capacity, b, entry});
       }
+    }
+    std::sort(w.begin(), w.end(), [](const Written& x, const Written& y) {
+      return std::tie(x.page, x.lo, x.seq) < std::tie(y.page, y.lo, y.seq);
+    });
+    for (size_t i = 1, reach = 0; i < w.size(); ++i) {  // reach: the entry of this page reaching furthest so far
+      if (w[i].page != w[i - 1].page) {
+        reach = i;
+        continue;
+      }
+      if (w[i].lo <= w[reach].hi) {
+        fail("positions " + to_string(w[i].lo) + ".." + to_string(std::min(w[i].hi, w[reach].hi)) + " of page " +
+             to_string(w[i].page) + " are written by sequences " + to_string(w[reach].seq) + " and " +
+             to_string(w[i].seq) + " in one append (page_indices[" + to_string(w[reach].entry) + "] and [" +
+             to_string(w[i].entry) + "]); expected each cache position written once");
+      }
+      if (w[i].hi > w[reach].hi) reach = i;
     }
   }
   return p;

@@ -466,6 +466,138 @@ TEST(CudaEngine, PagedCacheMatchesContiguousAndFloat64) {
   std::filesystem::remove_all(dir);
 }
 
+// Mixed steps on the paged cache: short prompt chunks beside decode rows run as row steps (one decode row per new
+// token, padded to a bucket, replayed from CUDA graphs once a bucket recurs), long chunks through prefill. A schedule of
+// joins, continued chunks, a reset slot that joins again, GEMV-sized and pure decode steps, every row's logits kept:
+// against the contiguous cache (its own kernels: within bf16 noise, the same top-1), against float64 for two slots,
+// the same schedule with graphs off (the same kernels launched one by one: bitwise equal), and greedy ids selected on
+// the device equal to the contiguous cache's. Pages all back after the resets (the pad rows' spare pages are no pages
+// of the pool).
+TEST(CudaEngine, MixedStepsRunAsRowStepsOnThePagedCache) {
+  const synth::Spec spec{"cuda_rows", 256, 512, 2, 4, 2, 64, 300, "BF16", false, true, 0, {}, 256};
+  const auto dir = synth::fresh_dir(spec.name);
+  const reftest::RefModel ref = synth::write_checkpoint(dir, spec, 91);
+  const eng::ModelWeights w = eng::load_checkpoint(dir.string());
+  eng::RuntimeOptions o;
+  o.precision = "bf16";
+  o.slots = 6;
+  o.context = 200;
+  std::unique_ptr<eng::LlamaModel> flat;
+  try {
+    flat = eng::create_model(w, o, "cuda");
+  } catch (const flashlite::Error& e) {
+    GTEST_SKIP() << "no CUDA engine here: " << e.what();
+  }
+  o.kv_page_size = 16;
+  const auto paged = eng::create_model(w, o, "cuda");
+  o.cuda.graphs = false;
+  const auto eager = eng::create_model(w, o, "cuda");
+  o.cuda.graphs = true;
+  const auto paged_ids = eng::create_model(w, o, "cuda");
+  o.kv_page_size = 0;
+  const auto flat_ids = eng::create_model(w, o, "cuda");
+
+  std::vector<std::vector<int>> seq(6);
+  for (int s = 0; s < 6; ++s)
+    for (int i = 0; i < 200; ++i) seq[s].push_back((i * 53 + s * 29 + 7) % spec.vocab);
+  // (slot, new tokens) per step; -1 resets the slot (its sequence starts again from seq[slot][0]).
+  using Plan = std::vector<std::pair<int, int>>;
+  const std::vector<Plan> schedule = {
+      {{4, 20}, {1, 9}},                                // prompts alone: 29 rows -> 32
+      {{1, 1}, {4, 1}, {0, 12}},                        // 14 -> 32
+      {{0, 1}, {1, 1}, {4, 1}, {2, 10}},                // 13 -> 32: the bucket's graph is captured here
+      {{0, 1}, {1, 1}, {4, 1}, {2, 6}},                 // a continued chunk, replayed
+      {{0, 1}, {1, 1}, {4, 1}, {2, 1}, {3, 7}},         // replayed
+      {{0, 1}, {1, 1}, {4, 1}, {2, 1}, {3, 1}, {5, 3}},  // 8 rows: the fused GEMVs, unpadded
+      {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}},  // a pure decode step
+      {{0, 1}, {1, 1}, {2, 1}, {5, 40}},                // 43 -> 64
+      {{0, 1}, {3, 130}},                               // a chunk past 128 tokens: prefill
+      {{1, -1}},
+      {{0, 1}, {2, 1}, {4, 1}, {1, 12}},                // slot 1 joins again on freed pages: 15 -> 32
+      {{0, 1}, {1, 1}, {2, 1}, {4, 1}, {5, 9}},         // 13 -> 32 (after prefill grew the scratch: captured again)
+      {{0, 1}, {1, 1}, {2, 1}, {4, 1}, {5, 9}},
+      {{0, 1}, {1, 1}, {2, 1}, {4, 1}, {5, 9}},
+  };
+  // Runs the schedule; every row's logits in step order, and each slot's rows of its current sequence.
+  struct Run {
+    std::vector<float> all;
+    std::vector<std::vector<float>> by_slot = std::vector<std::vector<float>>(6);
+    std::vector<int> ids;
+  };
+  auto run = [&](eng::LlamaModel& m, bool argmax) {
+    Run r;
+    std::vector<int> fed(6, 0);
+    eng::LogitsRequest req;
+    req.kind = eng::LogitsRequest::Kind::argmax;
+    for (const Plan& step : schedule) {
+      std::vector<eng::SequenceInput> in;
+      for (auto [slot, n] : step) {
+        if (n < 0) {
+          m.reset(slot);
+          fed[slot] = 0;
+          r.by_slot[slot].clear();
+          continue;
+        }
+        in.push_back({slot, {seq[slot].begin() + fed[slot], seq[slot].begin() + fed[slot] + n}, !argmax});
+        fed[slot] += n;
+      }
+      if (in.empty()) continue;
+      if (argmax) {
+        const eng::LogitsOutput out = m.forward_select(in, req);
+        r.ids.insert(r.ids.end(), out.ids, out.ids + out.rows);
+        continue;
+      }
+      const std::vector<float>& l = m.forward(in);
+      r.all.insert(r.all.end(), l.begin(), l.end());
+      size_t row = 0;
+      for (const eng::SequenceInput& x : in) {
+        for (size_t t = 0; t < x.tokens.size(); ++t, ++row)
+          r.by_slot[x.slot].insert(r.by_slot[x.slot].end(), l.begin() + row * spec.vocab, l.begin() + (row + 1) * spec.vocab);
+      }
+    }
+    return r;
+  };
+  const Run a = run(*flat, false), b = run(*paged, false), c = run(*eager, false);
+  ASSERT_EQ(a.all.size(), b.all.size());
+  ASSERT_EQ(b.all.size(), c.all.size());
+  EXPECT_TRUE(b.all == c.all) << "graph-replayed row steps differ from the same steps launched one by one";
+  double diff = 0, scale = 0;
+  int top1 = 0;
+  const int rows = int(a.all.size() / spec.vocab);
+  std::vector<int> flat_top1(rows);
+  for (int r = 0; r < rows; ++r) {
+    int ia = 0, ib = 0;
+    for (int v = 0; v < spec.vocab; ++v) {
+      const size_t i = size_t(r) * spec.vocab + v;
+      diff = std::max(diff, std::isfinite(b.all[i]) ? std::abs(double(a.all[i]) - b.all[i]) : INFINITY);
+      scale = std::max(scale, std::abs(double(a.all[i])));
+      if (a.all[i] > a.all[size_t(r) * spec.vocab + ia]) ia = v;
+      if (b.all[i] > b.all[size_t(r) * spec.vocab + ib]) ib = v;
+    }
+    flat_top1[r] = ia;
+    top1 += ia == ib;
+  }
+  EXPECT_LT(diff, 0.02 * scale) << diff;
+  EXPECT_GE(top1, rows - 3) << "of " << rows;
+  for (int slot : {4, 5}) {  // never reset: every position of their sequences
+    const size_t n = b.by_slot[slot].size() / spec.vocab;
+    const auto want = reftest::forward_all(ref, {seq[slot].begin(), seq[slot].begin() + n});
+    const Errors e = compare(b.by_slot[slot], want);
+    EXPECT_LT(e.max_abs, 0.05 * e.max_ref) << "slot " << slot;
+    EXPECT_GE(e.top1_agree, e.rows - 2) << "slot " << slot;
+  }
+  // Greedy ids on the device (the last row of each input): against the contiguous cache's ids.
+  const Run ia = run(*flat_ids, true), ib = run(*paged_ids, true);
+  ASSERT_EQ(ia.ids.size(), ib.ids.size());
+  int same = 0;
+  for (size_t i = 0; i < ia.ids.size(); ++i) same += ia.ids[i] == ib.ids[i];
+  EXPECT_GE(same, int(ia.ids.size()) - 2) << "of " << ia.ids.size();
+  for (int slot = 0; slot < 6; ++slot) paged->reset(slot);
+  EXPECT_EQ(paged->kv_usage().pages_used, 0);
+  EXPECT_EQ(paged->kv_usage().pages_total, 6 * 13);
+  std::filesystem::remove_all(dir);
+}
+
 // fp32, and a head_dim the decode kernels lack (stories260K's 8), have no paged decode / prefill kernel on CUDA:
 // refused by name, as PagedCacheUnsupported (the server then takes the contiguous cache).
 TEST(CudaEngine, PagedCacheNeedsTheTensorCoreKernels) {

@@ -156,6 +156,16 @@ TEST(EngineKvGroups, ConsecutiveSlotsWithEqualLengthsShareACall) {
   EXPECT_EQ(g[3].first, 6); EXPECT_EQ(g[3].count, 1); EXPECT_EQ(g[3].slot0, 3); EXPECT_EQ(g[3].n, 2);
 }
 
+// A paged cache's page table lists the inputs in order: runs of equal n share a call whatever their slots.
+TEST(EngineKvGroups, AnySlotsGroupsRunsOfEqualLengths) {
+  const std::vector<eng::SequenceInput> in = {{3, {1}}, {0, {2}}, {5, {3}}, {1, {1, 2}}, {2, {3, 4}}, {4, {5}}};
+  const std::vector<eng::KvGroup> g = eng::kv_groups(in, true);
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_EQ(g[0].first, 0); EXPECT_EQ(g[0].count, 3); EXPECT_EQ(g[0].slot0, 3); EXPECT_EQ(g[0].n, 1);
+  EXPECT_EQ(g[1].first, 3); EXPECT_EQ(g[1].count, 2); EXPECT_EQ(g[1].n, 2);
+  EXPECT_EQ(g[2].first, 5); EXPECT_EQ(g[2].count, 1); EXPECT_EQ(g[2].slot0, 4); EXPECT_EQ(g[2].n, 1);
+}
+
 // append_kv on the column blocks of one fused QKV buffer [batch, n, q + k + v heads, D] (what the engine's QKV
 // projection writes): accepted although the views' address ranges interleave, and the same result as separate
 // buffers. A q_out that does share elements with k is still rejected.

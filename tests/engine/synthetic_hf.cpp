@@ -79,7 +79,7 @@ json config_json(const Spec& s) {
   json c = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", s.dim},
             {"intermediate_size", s.hidden}, {"num_hidden_layers", s.layers}, {"num_attention_heads", s.heads},
             {"num_key_value_heads", s.kv_heads}, {"head_dim", s.head_dim}, {"vocab_size", s.vocab},
-            {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-5}, {"tie_word_embeddings", s.tied},
+            {"max_position_embeddings", s.max_positions}, {"rms_norm_eps", 1e-5}, {"tie_word_embeddings", s.tied},
             {"hidden_act", "silu"}, {"torch_dtype", "float32"}, {"bos_token_id", 1}, {"eos_token_id", 2}};
   const Rope r = s.llama3_scaling ? kLlama3Rope : s.rope;
   json scaling = json::object();
@@ -121,7 +121,7 @@ reftest::RefModel write_checkpoint(const fs::path& dir, const Spec& s, uint32_t 
   std::normal_distribution<double> nd(0.0, 1.0);
   reftest::RefModel m;
   m.dim = s.dim, m.hidden = s.hidden, m.layers = s.layers, m.heads = s.heads, m.kv_heads = s.kv_heads;
-  m.head_dim = s.head_dim, m.vocab = s.vocab, m.seq_len = 128, m.eps = 1e-5;
+  m.head_dim = s.head_dim, m.vocab = s.vocab, m.seq_len = s.max_positions, m.eps = 1e-5;
   m.interleaved = false, m.tied = s.tied;
   set_rope(s, m);
   auto randn = [&](size_t n, double sd, double mean = 0) {

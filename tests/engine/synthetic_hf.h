@@ -35,6 +35,7 @@ struct Spec {
   bool llama3_scaling;  // true: kLlama3Rope (`rope` is ignored)
   int shards;  // 0 = single model.safetensors
   Rope rope = {};
+  int max_positions = 128;  // max_position_embeddings
 };
 inline void PrintTo(const Spec& s, std::ostream* os) { *os << s.name; }  // GoogleTest's name for a parameter
 

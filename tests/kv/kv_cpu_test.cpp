@@ -137,6 +137,36 @@ TEST_P(CpuAppend, WritesRotatedTokensAndNothingElse) {
 
 INSTANTIATE_TEST_SUITE_P(Kv, CpuAppend, ::testing::ValuesIn(append_cases()), [](const auto& info) { return info.param.name; });
 
+// One page in the page lists of several sequences that append different positions of it (what the engine's row steps
+// do: one entry per new position of a sequence): accepted, each token where its own entry puts it. Two that append
+// the same position are refused with nothing written.
+TEST(CpuKv, SequencesSharingAPageAppendTheirOwnPositions) {
+  const AppendCase tc{"shared_page", true, DType::f32, 1, true, RopeLayout::half_split, false, true};
+  CacheSpec s = append_cache(tc);
+  s.lens = {5, 6, 7};
+  s.filled = {4, 5, 6};
+  HostCache cache(s, 11);
+  cache.indices[1] = cache.indices[2] = cache.indices[0];  // positions 4, 5 and 6 of one page
+  AppendFixture f(cache, tc);
+  const auto k_before = cache.kbuf.bytes, v_before = cache.vbuf.bytes, q_before = f.q.bytes;
+  flashlite::append_kv(f.args);
+  f.check(k_before, v_before, q_before);
+
+  s.lens = {5, 5, 7};
+  HostCache clash(s, 12);
+  clash.indices[1] = clash.indices[0];  // both append position 4 of the page
+  AppendFixture g(clash, tc);
+  const auto k0 = clash.kbuf.bytes;
+  try {
+    flashlite::append_kv(g.args);
+    ADD_FAILURE() << "two appends to one cache position were accepted";
+  } catch (const flashlite::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("positions 4..4 of page"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("written by sequences 0 and 1"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(clash.kbuf.bytes == k0) << "a refused append wrote";
+}
+
 TEST(CpuRope, InvFreqMatchesHuggingFaceLlama3Rule) {
   RopeOptions r;
   r.theta = 500000.0, r.llama3 = true, r.llama3_factor = 32.0;

@@ -67,6 +67,37 @@ TEST(PagedKvCache, GrowthPastTheFreePagesChangesNothing) {
   EXPECT_THROW(eng::KvCache(eng::KvCacheShape{2, 3, 100, 2, 8, 8, 4}), flashlite::Error) << "page size below 16";
 }
 
+// The position table (the CUDA engine's mixed steps: one decode row per new position): entry p of a slot holds the
+// prefix of the slot's own page list that covers positions 0..p, so the library reads p + 1 tokens there.
+TEST(PagedKvBook, PositionTableHoldsEachPositionsPrefix) {
+  eng::KvBook book(paged_shape(8));
+  book.set_length(0, 20);  // pages taken in turns, so that no slot's pages are consecutive ids
+  book.set_length(2, 17);
+  book.set_length(1, 5);
+  book.set_length(0, 40);
+  const int slots[2] = {2, 0};
+  const int32_t from[2] = {15, 30}, to[2] = {17, 33};
+  eng::PageTable t;
+  book.position_table(slots, from, to, 2, t);
+  ASSERT_EQ(t.count(), 5);
+  const int want_slot[5] = {2, 2, 0, 0, 0}, want_pos[5] = {15, 16, 30, 31, 32};
+  for (int e = 0; e < 5; ++e) {
+    eng::PageTable own;  // the slot's whole page list
+    book.page_table(&want_slot[e], 1, own);
+    const int pages = t.indptr[e + 1] - t.indptr[e];
+    ASSERT_LE(pages, int(own.indices.size()));
+    EXPECT_EQ(std::vector<int32_t>(t.indices.begin() + t.indptr[e], t.indices.begin() + t.indptr[e + 1]),
+              std::vector<int32_t>(own.indices.begin(), own.indices.begin() + pages)) << "entry " << e;
+    const flashlite::KvCacheView v = eng::kv_paged_view(paged_shape(8), nullptr, nullptr, flashlite::DType::f32,
+                                                         flashlite::Device::cpu(), e, 1, int64_t(t.indices.size()),
+                                                         eng::pointers(t));
+    EXPECT_EQ(flashlite::kv_length(v, 0), want_pos[e] + 1) << "entry " << e;
+  }
+  const int slot1 = 1;
+  const int32_t at5 = 5, at6 = 6;
+  EXPECT_THROW(book.position_table(&slot1, &at5, &at6, 1, t), flashlite::Error) << "position 5 of a 5-token slot";
+}
+
 // The CPU model on a paged cache computes what it computes on the contiguous one: prefill chunks and decode steps of
 // several sequences, slots in any order.
 TEST(PagedLlamaCpu, LogitsEqualTheContiguousCache) {
