@@ -229,8 +229,9 @@ class LlamaCuda final : public LlamaModel {
   // Paged: the step's inputs [slot0, slot0 + count) of its page table (the lengths are the table's).
   KvCacheView cache_view(int layer, int slot0, int count, const int32_t* host_lens, const int32_t* device_lens) const {
     if (paged()) {
-      return kv_paged_view(pool_shape_, k_cache_[layer]->ptr, v_cache_[layer]->ptr, dtype(), Device::cuda(opt_.device_index),
-                           slot0, count, int64_t(table_.indices.size()), pointers(table_), table_device());
+      return kv_paged_view(pool_shape_, k_cache_[layer]->ptr, v_cache_[layer]->ptr, dtype(),
+                           Device::cuda(opt_.device_index), slot0, count, int64_t(table_.indices.size()),
+                           pointers(table_), table_device());
     }
     return kv_cache_view(kv_shape_, k_cache_[layer]->ptr, v_cache_[layer]->ptr, dtype(), Device::cuda(opt_.device_index),
                          slot0, count, host_lens, device_lens);
@@ -689,7 +690,8 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
 // Only what the sampler needs comes back: 8 bytes per row for argmax, k pairs for top-k, else the full rows.
 void LlamaCuda::download(const Step& st, const LogitsRequest& request) {
   if (request.kind == LogitsRequest::Kind::argmax) {
-    cuda_check(cudaMemcpyAsync(keys_host_.ptr, keys_dev_.ptr, size_t(st.lrows_out) * 8, cudaMemcpyDeviceToHost, stream_),
+    cuda_check(cudaMemcpyAsync(keys_host_.ptr, keys_dev_.ptr, size_t(st.lrows_out) * 8, cudaMemcpyDeviceToHost,
+                               stream_),
                "ids download");
   } else if (request.kind == LogitsRequest::Kind::top_k) {
     const size_t n = size_t(st.lrows_out) * request.k * 4;

@@ -467,12 +467,12 @@ TEST(CudaEngine, PagedCacheMatchesContiguousAndFloat64) {
 }
 
 // Mixed steps on the paged cache: short prompt chunks beside decode rows run as row steps (one decode row per new
-// token, padded to a bucket, replayed from CUDA graphs once a bucket recurs), long chunks through prefill. A schedule of
-// joins, continued chunks, a reset slot that joins again, GEMV-sized and pure decode steps, every row's logits kept:
+// token, padded to a bucket, replayed from CUDA graphs once a bucket recurs), long chunks through prefill. A schedule
+// of joins, continued chunks, a reset slot that joins again, GEMV-sized and pure decode steps, every row's logits kept:
 // against the contiguous cache (its own kernels: within bf16 noise, the same top-1), against float64 for two slots,
 // the same schedule with graphs off (the same kernels launched one by one: bitwise equal), and greedy ids selected on
-// the device equal to the contiguous cache's. Pages all back after the resets (the pad rows' spare pages are no pages
-// of the pool).
+// the device equal to the contiguous cache's. Pages all back after the resets (the pad rows' spare pages lie outside
+// the book's pool).
 TEST(CudaEngine, MixedStepsRunAsRowStepsOnThePagedCache) {
   const synth::Spec spec{"cuda_rows", 256, 512, 2, 4, 2, 64, 300, "BF16", false, true, 0, {}, 256};
   const auto dir = synth::fresh_dir(spec.name);
@@ -552,7 +552,8 @@ TEST(CudaEngine, MixedStepsRunAsRowStepsOnThePagedCache) {
       size_t row = 0;
       for (const eng::SequenceInput& x : in) {
         for (size_t t = 0; t < x.tokens.size(); ++t, ++row)
-          r.by_slot[x.slot].insert(r.by_slot[x.slot].end(), l.begin() + row * spec.vocab, l.begin() + (row + 1) * spec.vocab);
+          r.by_slot[x.slot].insert(r.by_slot[x.slot].end(), l.begin() + row * spec.vocab,
+                                   l.begin() + (row + 1) * spec.vocab);
       }
     }
     return r;
