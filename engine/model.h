@@ -86,6 +86,13 @@ struct KvUsage {
   int pages_used = 0;
 };
 
+// How a model's forward calls ran (the CUDA model counts them; zeros elsewhere).
+struct StepStats {
+  int64_t steps = 0;      // forward calls that ran
+  int64_t row_steps = 0;  // of them, mixed steps run as one decode row per new token (the paged CUDA cache)
+  int64_t replayed = 0;   // of them, replayed from a CUDA graph
+};
+
 class LlamaModel {
  public:
   virtual ~LlamaModel() = default;
@@ -109,6 +116,7 @@ class LlamaModel {
   // later steps of nearby row counts then share (CUDA: cuBLASLt's algorithm searches, gemm.h), so that a server can
   // pay it before its first request; empty where there is none (the CPU).
   virtual std::vector<int> warm_up_rows(int /*max_rows*/) const { return {}; }
+  virtual StepStats step_stats() const { return {}; }
 
  protected:
   // Host reduction of `logits` (rows, vocab) into select_ids_ / select_values_ (the default forward_select).

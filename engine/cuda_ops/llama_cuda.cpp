@@ -44,10 +44,12 @@ using cuda_ops::Elem;
 using cuda_ops::PinnedBuffer;
 
 // Mixed steps (prompt chunks, with or without decode rows) of at most this many rows (after padding), each chunk
-// of at most kRowStepMaxChunk tokens, run as row steps on a paged cache (see Step::row_step). A longer chunk would
-// read its sequence's keys once per row; it takes flashlite::prefill.
+// of at most kRowStepMaxChunk tokens whose rows read at most kRowStepMaxChunkKeys keys in all, run as row steps on a
+// paged cache (see Step::row_step). Each row of a chunk reads its sequence's keys again (from the L2); a longer chunk,
+// or one late in a long prompt, takes flashlite::prefill, which reads them once.
 constexpr int kRowStepMaxRows = 256;
 constexpr int kRowStepMaxChunk = 128;
+constexpr int64_t kRowStepMaxChunkKeys = 65536;  // keys one chunk's rows read in all (n rows x its length, about)
 constexpr int kRowStepBucket = 32;  // past the GEMVs' row counts, row steps run multiples of this many rows
 
 // What one forward call runs, worked out on the host before anything is launched.
@@ -167,6 +169,7 @@ class LlamaCuda final : public LlamaModel {
     while (from <= max_rows && use_gemv(from)) ++from;
     return cuda_ops::Gemm::search_rows(from, max_rows);
   }
+  StepStats step_stats() const override { return stats_; }
   size_t device_bytes() const override {  // + the GEMM workspace
     return DeviceBuffer::allocated(opt_.device_index) + (size_t(32) << 20);
   }
@@ -239,9 +242,11 @@ class LlamaCuda final : public LlamaModel {
 
   bool paged() const { return kv_shape_.page_size > 0; }
   // Paged: the pool's pages past the book's, one position for each pad row of a row step (pad j appends position
-  // j % page_size of spare page j / page_size and attends that page up to it: no two write one position).
-  int spare_pages() const { return (kRowStepBucket - 1 + kv_shape_.page_size - 1) / kv_shape_.page_size; }
-  int spare_page(int pad) const { return kv_shape_.pages + pad / kv_shape_.page_size; }
+  // j % pad_span() of spare page j / pad_span() and attends that page up to it: no two write one position, and no
+  // pad row is longer than the context the decode plan is made for).
+  int pad_span() const { return std::min(kv_shape_.page_size, context_); }
+  int spare_pages() const { return (kRowStepBucket - 1 + pad_span() - 1) / pad_span(); }
+  int spare_page(int pad) const { return kv_shape_.pages + pad / pad_span(); }
   // The rows a mixed step of `rows` rows, none more than `longest_chunk` of one input, runs as a row step (0: it
   // cannot): the GEMVs' row counts as they are, then multiples of 32.
   int row_step_rows(int rows, int longest_chunk) const {
@@ -376,10 +381,11 @@ class LlamaCuda final : public LlamaModel {
   void ensure_step_inputs(int cap, size_t indices) {
     cap = std::max(cap, step_cap_);
     indices = std::max(indices, table_indices_);
-    if (cap == step_cap_ && indices == table_indices_ && step_in_dev_.ptr) return;
+    if (cap == step_cap_ && indices == table_indices_ && step_in_dev_.ptr && step_in_host_.ptr) return;
     const size_t bytes = size_t(cap) * 24 + table_ints(cap, indices) * 4;
+    step_in_host_.reserve(bytes);  // either may throw (then the next step tries again: a null buffer never passes)
     step_in_dev_.reserve(bytes, "step inputs");
-    step_in_host_.reserve(bytes);
+    if (cap != step_cap_) ++DeviceBuffer::generation(opt_.device_index);  // the layout moved: re-capture the graphs
     step_cap_ = cap;
     table_indices_ = indices;
   }
@@ -438,6 +444,7 @@ class LlamaCuda final : public LlamaModel {
   DeviceBuffer keys_dev_, topk_values_dev_, topk_ids_dev_;  // (logit rows) argmax keys; (logit rows, k) candidates
   PinnedBuffer keys_host_, topk_values_host_, topk_ids_host_;
   std::vector<float> logits_;
+  StepStats stats_;
 };
 
 // Validates the inputs, lays out the step (rows, logit rows, decode plan) and starts the step inputs' upload.
@@ -446,6 +453,7 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
   std::vector<int> slots;
   Step st;
   int longest_chunk = 0;
+  int64_t chunk_keys = 0;  // the most keys one chunk's rows read
   // Nothing to run: zero rows would reach the kernels as zero-block launches (and, inside a graph capture, turn the
   // graphs off for good). Rejected before anything is uploaded or launched.
   if (inputs.empty()) fail("forward needs at least one input sequence; got none");
@@ -462,6 +470,7 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
     st.row0.push_back(int(tokens.size()));
     slots.push_back(in.slot);
     longest_chunk = std::max(longest_chunk, n);
+    if (n > 1) chunk_keys = std::max(chunk_keys, int64_t(n) * (len + n));
     for (int i = 0; i < n; ++i) {
       const int t = in.tokens[i];
       if (t < 0 || t >= vocab_in_) {  // the embedding's rows (c_.vocab_size: this rank's logits)
@@ -490,14 +499,14 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
     // them in input order), else on slots 0..rows-1; or a row step.
     st.decode = decode_ok_ && st.rows == int(inputs.size());
     for (size_t q = 0; st.decode && !paged() && q < inputs.size(); ++q) st.decode = inputs[q].slot == int(q);
-    const int padded = st.decode ? 0 : row_step_rows(st.rows, longest_chunk);
+    const int padded = st.decode || chunk_keys > kRowStepMaxChunkKeys ? 0 : row_step_rows(st.rows, longest_chunk);
     if (padded > 0) {
       st.decode = st.row_step = true;
-      const int page = kv_shape_.page_size;
-      for (int j = 0; st.rows + j < padded; ++j) {  // pad row j: token 0 at position j % page of spare_page(j)
+      const int page = kv_shape_.page_size, span = pad_span();
+      for (int j = 0; st.rows + j < padded; ++j) {  // pad row j: token 0 at position j % span of spare_page(j)
         tokens.push_back(0);
-        pos.push_back(j % page);
-        cache_row.push_back(int64_t(spare_page(j)) * page + j % page);
+        pos.push_back(j % span);
+        cache_row.push_back(int64_t(spare_page(j)) * page + j % span);
       }
       st.rows = padded;
       st.lrows = 1;  // logit rows: a power of two, at most the rows (row 0's logits stand in for the padding)
@@ -521,10 +530,10 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
       if (st.row_step) {
         table_ = PageTable{{0}, {}, {}};
         book_.position_table(slots.data(), st.lens_before.data(), st.lens_after.data(), int(slots.size()), table_);
-        for (int j = 0; table_.count() < st.rows; ++j) {  // pad row j: positions 0 .. j % page of spare_page(j)
+        for (int j = 0; table_.count() < st.rows; ++j) {  // pad row j: positions 0 .. j % span of spare_page(j)
           table_.indices.push_back(spare_page(j));
           table_.indptr.push_back(int32_t(table_.indices.size()));
-          table_.last_page_len.push_back(j % kv_shape_.page_size + 1);
+          table_.last_page_len.push_back(j % pad_span() + 1);
         }
         ensure_step_inputs(st.rows, table_.indices.size());
       } else {
@@ -734,12 +743,13 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
   const Step st = stage(inputs, request);
   const auto step = [&] { queue(st, inputs, request); };
   const bool profiled = st.decode && profile_ && profile_->wants(st.rows);
+  bool replayed = false;
   // From here the step input copy may be in flight from the pinned staging buffer: when anything below throws, the
   // stream is drained (a second error ignored) before the error leaves, so the next call cannot rewrite the buffer
   // under a pending copy.
   try {
     if (profiled) profile_->run(step);
-    else if (st.decode) graphs_.run({st.rows, st.lrows, int(request.kind), request.k}, stream_, step);
+    else if (st.decode) replayed = graphs_.run({st.rows, st.lrows, int(request.kind), request.k}, stream_, step);
     else step();
     download(st, request);
   } catch (...) {
@@ -749,6 +759,9 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
     throw;
   }
   if (profiled) profile_->collect(st.rows);
+  ++stats_.steps;
+  stats_.row_steps += st.row_step;
+  stats_.replayed += replayed;
   return selected(st, request);
 }
 

@@ -22,18 +22,25 @@ StepGraphs::~StepGraphs() {
     if (g.exec) cudaGraphExecDestroy(g.exec);
 }
 
-void StepGraphs::run(const Key& key, cudaStream_t stream, const std::function<void()>& step) {
-  if (!on_) return step();
+bool StepGraphs::run(const Key& key, cudaStream_t stream, const std::function<void()>& step) {
+  if (!on_) {
+    step();
+    return false;
+  }
   Entry& g = graphs_[key];
   if (g.exec && g.generation != buffers_generation()) {  // a buffer moved since the capture
     cudaGraphExecDestroy(g.exec);
     g.exec = nullptr;
   }
   if (!g.exec && ++g.seen >= 2) capture(g, stream, step);
-  if (!g.exec) return step();
+  if (!g.exec) {
+    step();
+    return false;
+  }
   const auto launch = [&] { cuda_check(cudaGraphLaunch(g.exec, stream), "decode graph launch"); };
   if (guard_) guard_(launch);
   else launch();
+  return true;
 }
 
 void StepGraphs::capture(Entry& g, cudaStream_t stream, const std::function<void()>& step) {

@@ -22,7 +22,8 @@ class StepGraphs {
   StepGraphs& operator=(const StepGraphs&) = delete;
 
   // Queues `step` on `stream`: the key's graph when there is one (captured from `step` when due), else `step` itself.
-  void run(const Key& key, cudaStream_t stream, const std::function<void()>& step);
+  // True when a graph was launched.
+  bool run(const Key& key, cudaStream_t stream, const std::function<void()>& step);
   // Wraps every graph launch (tensor parallelism: Collective::guarded, so no graph replays over an aborted group).
   using Guard = std::function<void(const std::function<void()>&)>;
   void set_launch_guard(Guard guard) { guard_ = std::move(guard); }

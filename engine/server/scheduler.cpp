@@ -106,22 +106,26 @@ void Scheduler::warm_up() {
   const int token = text_.bos >= 0 ? text_.bos : 0;
   LogitsRequest argmax;
   argmax.kind = LogitsRequest::Kind::argmax;
-  try {
-    for (int n : rows) {  // as decode steps of n slots where there are as many (the CUDA engine pads mixed steps)
-      std::vector<SequenceInput> step;
-      if (n <= model_.slots()) {
-        for (int slot = 0; slot < n; ++slot) step.push_back({slot, {token}, false});
-      } else {
-        step.push_back({0, std::vector<int>(size_t(n), token), false});
-      }
+  // Only a speed-up: a shape the cache cannot hold (too few pages or context) is left to its first request.
+  auto warm = [&](const std::vector<SequenceInput>& step) {
+    try {
       model_.forward_select(step, argmax);
-      for (const SequenceInput& in : step) model_.reset(in.slot);
+    } catch (const std::exception&) {
     }
-    std::vector<SequenceInput> every;  // one token on every slot: the widest logits rows
-    for (int slot = 0; slot < model_.slots(); ++slot) every.push_back({slot, {token}, false});
-    model_.forward_select(every, argmax);
-  } catch (const std::exception&) {  // only a speed-up: a cache too small for a shape leaves it to its first request
+    for (const SequenceInput& in : step) model_.reset(in.slot);
+  };
+  for (int n : rows) {  // as decode steps of n slots where there are as many (the CUDA engine pads mixed steps)
+    std::vector<SequenceInput> step;
+    if (n <= model_.slots()) {
+      for (int slot = 0; slot < n; ++slot) step.push_back({slot, {token}, false});
+    } else {
+      step.push_back({0, std::vector<int>(size_t(n), token), false});
+    }
+    warm(step);
   }
+  std::vector<SequenceInput> every;  // one token on every slot: the widest logits rows
+  for (int slot = 0; slot < model_.slots(); ++slot) every.push_back({slot, {token}, false});
+  warm(every);
   for (int slot = 0; slot < model_.slots(); ++slot) model_.reset(slot);
 }
 

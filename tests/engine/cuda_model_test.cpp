@@ -559,6 +559,14 @@ TEST(CudaEngine, MixedStepsRunAsRowStepsOnThePagedCache) {
     return r;
   };
   const Run a = run(*flat, false), b = run(*paged, false), c = run(*eager, false);
+  // 13 forward calls: 11 row steps (one of 8 rows on the GEMVs), a pure decode step, a prefill; the (32 rows, 16 logit
+  // rows) bucket is captured on its second step and again after the prefill grew the scratch: 7 replays.
+  EXPECT_EQ(paged->step_stats().steps, 13);
+  EXPECT_EQ(paged->step_stats().row_steps, 11);
+  EXPECT_EQ(paged->step_stats().replayed, 7);
+  EXPECT_EQ(eager->step_stats().row_steps, 11);
+  EXPECT_EQ(eager->step_stats().replayed, 0);
+  EXPECT_EQ(flat->step_stats().row_steps, 0) << "the contiguous cache has no row steps";
   ASSERT_EQ(a.all.size(), b.all.size());
   ASSERT_EQ(b.all.size(), c.all.size());
   EXPECT_TRUE(b.all == c.all) << "graph-replayed row steps differ from the same steps launched one by one";

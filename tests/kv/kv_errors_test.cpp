@@ -162,6 +162,8 @@ std::vector<BadAppend> bad_appends() {
       {"page_written_twice", true, [](KvFixture& s) { s.cache.indices[5] = s.cache.indices[4]; }, V, {"written by sequences 1 and 2"}},
       {"page_twice_in_one_seq", true, [](KvFixture& s) { s.cache.indices[4] = s.cache.indices[3]; }, V,
        {"page_indices[3] and [4] of sequence 1 are both page", "pages of a sequence to be distinct"}},
+      {"written_page_also_read_in_one_seq", true, [](KvFixture& s) { s.cache.indices[2] = s.cache.indices[4]; }, V,
+       {"page_indices[2] and [4] of sequence 1 are both page", "pages of a sequence to be distinct"}},
       {"cache_k_broadcast", false, [](KvFixture& s) { s.app.cache.k.strides[2] = 0; }, V, {"cache.k has stride 0 in dimension 2"}},
       {"k_heads", false, [](KvFixture& s) { s.app.k.shape[2] = 1; }, V, {"k has kv_heads 1", "expected 2"}},
       {"v_n", false, [](KvFixture& s) { s.app.v.shape[1] = 1; }, V, {"v has n"}},

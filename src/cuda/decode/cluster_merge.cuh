@@ -94,14 +94,21 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, uint32_t o_
       }
       lse = m + __logf(total);
     }
+    // Every split's partial is consumed, also a split without keys (masked to +0, so that a NaN it may hold stays
+    // out): the exit barrier's relaxed arrive does not wait for loads in flight, and a remote load left unconsumed (a
+    // row that no split saw a key of) could still be reading a CTA that has already left the cluster: an unspecified
+    // launch failure, seen on one H100 in the empty-sequences case.
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (mx != -INFINITY) {
 #pragma unroll
-      for (int s = 0; s < kClusterMaxSplits; ++s) {
-        if (s < S && ls[s] != -INFINITY) {
-          const float w = __expf(ls[s] - lse);
-          acc.x += w * po[s].x, acc.y += w * po[s].y, acc.z += w * po[s].z, acc.w += w * po[s].w;
-        }
+    for (int s = 0; s < kClusterMaxSplits; ++s) {
+      if (s < S) {
+        const bool take = mx != -INFINITY && ls[s] != -INFINITY;
+        const float w = take ? __expf(ls[s] - lse) : 0.f;
+        const unsigned keep = take ? 0xffffffffu : 0u;
+        acc.x += __uint_as_float(__float_as_uint(w * po[s].x) & keep);
+        acc.y += __uint_as_float(__float_as_uint(w * po[s].y) & keep);
+        acc.z += __uint_as_float(__float_as_uint(w * po[s].z) & keep);
+        acc.w += __uint_as_float(__float_as_uint(w * po[s].w) & keep);
       }
     }
     if (poisoned) lse = NAN, acc = make_float4(NAN, NAN, NAN, NAN);
@@ -114,7 +121,7 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, uint32_t o_
   }
   stamp(10);
   // No CTA leaves (freeing its shared memory) while another may still read it. The remote loads are complete here
-  // (their values went into the stores above), so a relaxed arrive suffices; a release arrive would first wait for
+  // (every value went into the stores above), so a relaxed arrive suffices; a release arrive would first wait for
   // those global stores to be acknowledged.
   // (Measured on the H100, perf-notes "Decode, round 14": -0.4 us per call at b1 kv1024, +0.7% engine tok/s.)
   cluster_sync_relaxed_arrive();
