@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <tuple>
 
 #include "engine/generator.h"
 #include "engine/model.h"
@@ -390,25 +391,39 @@ TEST(CudaEngine, NonFiniteLogitsAreRefusedAsOnTheHost) {
 
 namespace {
 
+// A synthetic bf16 checkpoint written for one test (the test removes `dir`), the options of `slots` sequences of
+// `context` positions, and the CUDA model on its contiguous cache (null where there is none: `why`).
+struct SynthBf16 {
+  std::filesystem::path dir;
+  reftest::RefModel ref;
+  eng::ModelWeights w;
+  eng::RuntimeOptions o;
+  std::unique_ptr<eng::LlamaModel> flat;
+  std::string why;
+  SynthBf16(const synth::Spec& spec, uint32_t seed, int slots, int context)
+      : dir(synth::fresh_dir(spec.name)), ref(synth::write_checkpoint(dir, spec, seed)),
+        w(eng::load_checkpoint(dir.string())) {
+    o.precision = "bf16";
+    o.slots = slots;
+    o.context = context;
+    try {
+      flat = eng::create_model(w, o, "cuda");
+    } catch (const flashlite::Error& e) {
+      why = e.what();
+    }
+  }
+};
+
 // The paged cache (the server's): a synthetic bf16 model (head_dim 64) through prefill chunks and decode steps over
 // slots in any order, against the contiguous cache (the same kernels but attention: within bf16 noise, the same
 // top-1) and against float64; pages taken as sequences grow and given back on reset, a full pool refused by name with
 // nothing changed.
 TEST(CudaEngine, PagedCacheMatchesContiguousAndFloat64) {
   const synth::Spec spec{"cuda_paged", 256, 512, 2, 4, 2, 64, 300, "BF16", false, true, 0};
-  const auto dir = synth::fresh_dir(spec.name);
-  const reftest::RefModel ref = synth::write_checkpoint(dir, spec, 78);
-  const eng::ModelWeights w = eng::load_checkpoint(dir.string());
-  eng::RuntimeOptions o;
-  o.precision = "bf16";
-  o.slots = 4;
-  o.context = 128;
-  std::unique_ptr<eng::LlamaModel> flat;
-  try {
-    flat = eng::create_model(w, o, "cuda");
-  } catch (const flashlite::Error& e) {
-    GTEST_SKIP() << "no CUDA engine here: " << e.what();
-  }
+  SynthBf16 m(spec, 78, 4, 128);
+  const auto& [dir, ref, w, flat] = std::tie(m.dir, m.ref, m.w, m.flat);
+  eng::RuntimeOptions& o = m.o;
+  if (!flat) GTEST_SKIP() << "no CUDA engine here: " << m.why;
   o.kv_page_size = 16;
   o.kv_pages = 18;  // 288 positions for 4 x 128: the pool, not the slots, runs out first
   const auto paged = eng::create_model(w, o, "cuda");
@@ -475,19 +490,10 @@ TEST(CudaEngine, PagedCacheMatchesContiguousAndFloat64) {
 // the book's pool).
 TEST(CudaEngine, MixedStepsRunAsRowStepsOnThePagedCache) {
   const synth::Spec spec{"cuda_rows", 256, 512, 2, 4, 2, 64, 300, "BF16", false, true, 0, {}, 256};
-  const auto dir = synth::fresh_dir(spec.name);
-  const reftest::RefModel ref = synth::write_checkpoint(dir, spec, 91);
-  const eng::ModelWeights w = eng::load_checkpoint(dir.string());
-  eng::RuntimeOptions o;
-  o.precision = "bf16";
-  o.slots = 6;
-  o.context = 200;
-  std::unique_ptr<eng::LlamaModel> flat;
-  try {
-    flat = eng::create_model(w, o, "cuda");
-  } catch (const flashlite::Error& e) {
-    GTEST_SKIP() << "no CUDA engine here: " << e.what();
-  }
+  SynthBf16 m(spec, 91, 6, 200);
+  const auto& [dir, ref, w, flat] = std::tie(m.dir, m.ref, m.w, m.flat);
+  eng::RuntimeOptions& o = m.o;
+  if (!flat) GTEST_SKIP() << "no CUDA engine here: " << m.why;
   o.kv_page_size = 16;
   const auto paged = eng::create_model(w, o, "cuda");
   o.cuda.graphs = false;
