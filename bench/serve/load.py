@@ -210,11 +210,12 @@ def run_rate(args, rate, work):
 
 def batch_stats(server_metrics):
     """The server's counters a run's row reports as differences: batch size per step, TTFT (arrival at the server
-    to its first token)."""
+    to its first token), the scheduler's busy time and its forward calls' time."""
     m = server_metrics()
     ttft = "flashlite_time_to_first_token_seconds"
     return (m.get("flashlite_batch_size_sum", 0), m.get("flashlite_batch_size_count", 0), m.get(ttft + "_sum", 0),
-            m.get(ttft + "_count", 0))
+            m.get(ttft + "_count", 0), m.get("flashlite_step_seconds_total", 0),
+            m.get("flashlite_step_forward_seconds_total", 0))
 
 
 def main(argv=None):
@@ -263,7 +264,7 @@ def main(argv=None):
         for mode, value in plan:
             n = args.requests or max(32, int(4 * value))
             work = workload(n, args.seed, prompt_words, output_tokens)
-            before = batch_stats(metrics) if metrics else (0, 0, 0, 0)
+            before = batch_stats(metrics) if metrics else (0,) * 6
             row = (run_concurrency if mode == "concurrency" else run_rate)(args, int(value) if mode == "concurrency"
                                                                             else value, work)
             if metrics:
@@ -272,13 +273,17 @@ def main(argv=None):
                 row["mean_batch"] = (after[0] - before[0]) / steps if steps else 0
                 firsts = after[3] - before[3]
                 row["server_ttft_mean_ms"] = (after[2] - before[2]) / firsts * 1e3 if firsts else 0
+                # per step: the scheduler's busy time, and of it the forward call (the rest: host work between steps)
+                row["server_step_ms"] = (after[4] - before[4]) / steps * 1e3 if steps else 0
+                row["server_forward_ms"] = (after[5] - before[5]) / steps * 1e3 if steps else 0
             res["rows"].append(row)
             print(f"{mode} {value:>6}: {row['requests']} requests ({row['rejected_503']} rejected, "
                   f"{row['failed']} failed), "
                   f"{row['request_throughput']:.2f} req/s, {row['output_tok_s']:,.0f} tok/s, TTFT p50/p90 "
                   f"{row['ttft_ms']['p50']:.1f}/{row['ttft_ms']['p90']:.1f} ms, ITL p50/p90 "
                   f"{row['itl_ms']['p50']:.2f}/{row['itl_ms']['p90']:.2f} ms, E2E p90 {row['e2e_ms']['p90']:.0f} ms, "
-                  + (f"mean batch {row['mean_batch']:.1f}, server TTFT mean {row['server_ttft_mean_ms']:.1f} ms"
+                  + (f"mean batch {row['mean_batch']:.1f}, server TTFT mean {row['server_ttft_mean_ms']:.1f} ms, "
+                     f"step {row['server_step_ms']:.2f} ms (forward {row['server_forward_ms']:.2f})"
                      if metrics else "(no server metrics: --url)"), flush=True)
     finally:
         if server:

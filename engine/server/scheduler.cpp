@@ -227,11 +227,13 @@ void Scheduler::refresh_usage() {
 void Scheduler::loop() {
   // OpenMP's thread count is per thread: this one runs the model, so it takes the model's (as `generate`'s main does).
   omp_set_num_threads(std::max(1, model_.threads()));
+  Clock::time_point busy;
   while (true) {
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stopping_ || !waiting_.empty() || !running_.empty(); });
       if (stopping_) break;
+      busy = Clock::now();  // from admission to the step's last token handed over
       admit();
     }
     // Cancelled sequences leave before the step runs.
@@ -243,8 +245,13 @@ void Scheduler::loop() {
         ++it;
       }
     }
-    if (!running_.empty()) step();
+    const bool stepped = !running_.empty();
+    if (stepped) step();
     refresh_usage();
+    if (stepped) {
+      std::lock_guard<std::mutex> lk(mu_);
+      step_seconds_ += seconds(Clock::now() - busy);
+    }
   }
   std::lock_guard<std::mutex> lk(mu_);
   for (auto& s : waiting_) s->stream->end("", "the server is shutting down");
@@ -291,7 +298,13 @@ void Scheduler::step() {
     step_tokens_.observe(double(tokens));
   };
   try {
+    const auto t0 = Clock::now();
     const LogitsOutput out = model_.forward_select(inputs, request);
+    const double forward = seconds(Clock::now() - t0);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      forward_seconds_ += forward;
+    }
     count_step();
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (samples[i]) sample(*who[i], out, int(i));
@@ -368,6 +381,11 @@ std::string Scheduler::metrics_text() {
   render_metric(o, "flashlite_prompt_tokens_total", "counter", "Prompt tokens prefilled", double(prompt_tokens_total_));
   render_metric(o, "flashlite_generation_tokens_total", "counter", "Tokens generated", double(generation_tokens_total_));
   render_metric(o, "flashlite_steps_total", "counter", "Forward steps of the batch", double(steps_total_));
+  render_metric(o, "flashlite_step_seconds_total", "counter",
+                "Scheduler time of the steps: admission, the forward call, sampling and streaming", step_seconds_);
+  render_metric(o, "flashlite_step_forward_seconds_total", "counter",
+                "Time inside the model's forward calls (on CUDA: the step on the GPU and the copy back)",
+                forward_seconds_);
   render_metric(o, "flashlite_kv_pages_total", "gauge", "KV cache pages", pages_total_);
   render_metric(o, "flashlite_kv_pages_used", "gauge", "KV cache pages holding tokens", pages_used_);
   render_metric(o, "flashlite_kv_pages_free", "gauge", "KV cache pages free", pages_total_ - pages_used_);

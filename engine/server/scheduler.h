@@ -138,6 +138,7 @@ class Scheduler {
   int running_count_ = 0, pages_used_ = 0;
   uint64_t requests_finished_ = 0, requests_failed_ = 0, requests_cancelled_ = 0, requests_rejected_ = 0;
   uint64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0, steps_total_ = 0;
+  double step_seconds_ = 0, forward_seconds_ = 0;  // the scheduler's busy time per step; of it, the forward calls'
   Histogram ttft_s_, itl_s_, e2e_s_, batch_size_, step_tokens_;
 };
 

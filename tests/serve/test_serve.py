@@ -166,6 +166,9 @@ def test_200_concurrent_requests_equal_their_answers_alone(server):
     rows = m["flashlite_batch_size_sum"] - before["flashlite_batch_size_sum"]
     assert rows / steps > 2, f"continuous batching should run several sequences per step ({rows} rows in {steps} steps)"
     assert m["flashlite_requests_failed_total"] == 0
+    busy = m["flashlite_step_seconds_total"] - before["flashlite_step_seconds_total"]
+    forward = m["flashlite_step_forward_seconds_total"] - before["flashlite_step_forward_seconds_total"]
+    assert 0 < forward <= busy <= elapsed, (forward, busy, elapsed)
     print(f"200 concurrent requests in {elapsed:.2f} s, {rows / steps:.1f} sequences per step")
 
 
