@@ -31,11 +31,46 @@ bool RequestStream::wait(std::vector<TokenEvent>& out, std::chrono::milliseconds
 }
 
 void RequestStream::push(TokenEvent e) {
+  std::lock_guard<std::mutex> lk(mu_);
+  events_.push_back(std::move(e));
+}
+
+// ---- StreamWaker
+
+StreamWaker::StreamWaker() : thread_([this] { loop(); }) {}
+
+StreamWaker::~StreamWaker() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    events_.push_back(std::move(e));
+    stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.notify_one();
+  thread_.join();
+}
+
+void StreamWaker::wake(std::vector<std::shared_ptr<RequestStream>>& streams) {
+  if (streams.empty()) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (pending_.empty()) pending_.swap(streams);
+    else pending_.insert(pending_.end(), std::make_move_iterator(streams.begin()), std::make_move_iterator(streams.end()));
+  }
+  streams.clear();
+  cv_.notify_one();
+}
+
+void StreamWaker::loop() {
+  std::vector<std::shared_ptr<RequestStream>> batch;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stopping_ || !pending_.empty(); });
+      if (pending_.empty()) return;  // stopping, nothing left
+      batch.swap(pending_);
+    }
+    for (const auto& s : batch) s->notify();
+    batch.clear();  // the last references of finished requests may go here
+  }
 }
 
 void RequestStream::end(const std::string& reason, const std::string& error_message) {
@@ -315,6 +350,7 @@ void Scheduler::step() {
       if (s->slot >= 0) release(*s, "", std::string("generation failed: ") + e.what());
     }
   }
+  waker_.wake(woken_);  // the readers of this step's tokens, off this thread
   running_.erase(std::remove_if(running_.begin(), running_.end(),
                                 [](const std::unique_ptr<Sequence>& s) { return s->slot < 0; }),
                  running_.end());
@@ -354,6 +390,7 @@ void Scheduler::sample(Sequence& s, const LogitsOutput& out, int row) {
   s.last = ev.token;
   if (!s.req.ignore_eos && std::find(text_.stop_ids.begin(), text_.stop_ids.end(), ev.token) != text_.stop_ids.end()) {
     s.stream->push(TokenEvent{ev.token, s.text.flush(), ev.logprob, ev.top});  // a stop token adds no text
+    woken_.push_back(s.stream);
     release(s, "stop", "");
     return;
   }
@@ -362,6 +399,7 @@ void Scheduler::sample(Sequence& s, const LogitsOutput& out, int row) {
   const bool full = s.generated >= s.req.max_tokens || model_.length(s.slot) + 1 > context_;
   if (!stopped && full) ev.text += s.text.flush();
   s.stream->push(std::move(ev));
+  woken_.push_back(s.stream);
   if (stopped) release(s, "stop", "");
   else if (full) release(s, "length", "");
 }

@@ -5,10 +5,13 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
+#include <thread>
 
 #include "engine/errors.h"
 #include "engine/kv_cache.h"
 #include "engine/llama_cpu.h"
+#include "engine/server/scheduler.h"
 #include "engine/server/text_stream.h"
 #include "engine/weights.h"
 #include "synthetic_hf.h"
@@ -158,6 +161,35 @@ std::vector<std::string> pushes(srv::TextStream& s, const std::vector<int>& ids)
   std::vector<std::string> out;
   for (int id : ids) out.push_back(s.push(id));
   return out;
+}
+
+// The scheduler queues a step's tokens without waking their readers and hands the streams to a StreamWaker, whose
+// thread wakes them: a reader blocked in wait() gets its token from that wake, long before its own timeout.
+TEST(StreamWaker, WakesTheReadersOfPushedStreams) {
+  srv::StreamWaker waker;
+  std::vector<std::shared_ptr<srv::RequestStream>> streams;
+  for (int i = 0; i < 3; ++i) streams.push_back(std::make_shared<srv::RequestStream>());
+  std::vector<std::vector<srv::TokenEvent>> got(streams.size());
+  std::vector<double> waited(streams.size());
+  std::vector<std::thread> readers;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    readers.emplace_back([&, i] {
+      const auto t0 = std::chrono::steady_clock::now();
+      streams[i]->wait(got[i], std::chrono::seconds(20));
+      waited[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the readers block first (else wait() sees the event)
+  for (size_t i = 0; i < streams.size(); ++i) streams[i]->push({int(i), "t"});
+  std::vector<std::shared_ptr<srv::RequestStream>> batch = streams;
+  waker.wake(batch);
+  EXPECT_TRUE(batch.empty()) << "wake() takes the streams";
+  for (std::thread& t : readers) t.join();
+  for (size_t i = 0; i < streams.size(); ++i) {
+    ASSERT_EQ(got[i].size(), 1u) << i;
+    EXPECT_EQ(got[i][0].token, int(i));
+    EXPECT_LT(waited[i], 10.0) << "reader " << i << " waited for its timeout: nothing woke it";
+  }
 }
 
 TEST(TextStream, HoldsBackSplitCharacters) {
