@@ -247,10 +247,10 @@ class LlamaCuda final : public LlamaModel {
   int pad_span() const { return std::min(kv_shape_.page_size, context_); }
   int spare_pages() const { return (kRowStepBucket - 1 + pad_span() - 1) / pad_span(); }
   int spare_page(int pad) const { return kv_shape_.pages + pad / pad_span(); }
-  // The rows a mixed step of `rows` rows, none more than `longest_chunk` of one input, runs as a row step (0: it
-  // cannot): the GEMVs' row counts as they are, then multiples of 32.
-  int row_step_rows(int rows, int longest_chunk) const {
-    if (!paged() || !decode_ok_ || longest_chunk > kRowStepMaxChunk) return 0;
+  // The rows a mixed step of `rows` rows runs as a row step (0: it cannot), its longest chunk `longest_chunk` tokens
+  // and the most keys one chunk's rows read `chunk_keys`: the GEMVs' row counts as they are, then multiples of 32.
+  int row_step_rows(int rows, int longest_chunk, int64_t chunk_keys) const {
+    if (!paged() || !decode_ok_ || longest_chunk > kRowStepMaxChunk || chunk_keys > kRowStepMaxChunkKeys) return 0;
     const int r = rows <= cuda_ops::kGemvMaxRows ? rows : (rows + kRowStepBucket - 1) / kRowStepBucket * kRowStepBucket;
     return r <= kRowStepMaxRows ? r : 0;
   }
@@ -499,15 +499,23 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
     // them in input order), else on slots 0..rows-1; or a row step.
     st.decode = decode_ok_ && st.rows == int(inputs.size());
     for (size_t q = 0; st.decode && !paged() && q < inputs.size(); ++q) st.decode = inputs[q].slot == int(q);
-    const int padded = st.decode || chunk_keys > kRowStepMaxChunkKeys ? 0 : row_step_rows(st.rows, longest_chunk);
+    const int padded = st.decode ? 0 : row_step_rows(st.rows, longest_chunk, chunk_keys);
     if (padded > 0) {
       st.decode = st.row_step = true;
+      // One page-table entry per row; pad row j: token 0 at position j % span of spare_page(j), reading that page
+      // up to it.
+      table_ = PageTable{{0}, {}, {}};
+      book_.position_table(slots.data(), st.lens_before.data(), st.lens_after.data(), int(slots.size()), table_);
       const int page = kv_shape_.page_size, span = pad_span();
-      for (int j = 0; st.rows + j < padded; ++j) {  // pad row j: token 0 at position j % span of spare_page(j)
+      for (int j = 0; st.rows + j < padded; ++j) {
         tokens.push_back(0);
         pos.push_back(j % span);
         cache_row.push_back(int64_t(spare_page(j)) * page + j % span);
+        table_.indices.push_back(spare_page(j));
+        table_.indptr.push_back(int32_t(table_.indices.size()));
+        table_.last_page_len.push_back(j % span + 1);
       }
+      ensure_step_inputs(padded, table_.indices.size());
       st.rows = padded;
       st.lrows = 1;  // logit rows: a power of two, at most the rows (row 0's logits stand in for the padding)
       while (st.lrows < st.lrows_out) st.lrows *= 2;
@@ -526,21 +534,10 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
     st.fused_argmax = st.gemv && request.kind == LogitsRequest::Kind::argmax;
     if (st.row_step) st.groups = {KvGroup{0, st.rows, 0, 1}};
     else st.groups = kv_groups(inputs, paged());
-    if (paged()) {
-      if (st.row_step) {
-        table_ = PageTable{{0}, {}, {}};
-        book_.position_table(slots.data(), st.lens_before.data(), st.lens_after.data(), int(slots.size()), table_);
-        for (int j = 0; table_.count() < st.rows; ++j) {  // pad row j: positions 0 .. j % span of spare_page(j)
-          table_.indices.push_back(spare_page(j));
-          table_.indptr.push_back(int32_t(table_.indices.size()));
-          table_.last_page_len.push_back(j % pad_span() + 1);
-        }
-        ensure_step_inputs(st.rows, table_.indices.size());
-      } else {
-        book_.page_table(slots.data(), int(slots.size()), table_);
-        st.cu_rows = st.row0;
-        st.cu_rows.push_back(st.rows);
-      }
+    if (paged() && !st.row_step) {  // (a row step's table is made above)
+      book_.page_table(slots.data(), int(slots.size()), table_);
+      st.cu_rows = st.row0;
+      st.cu_rows.push_back(st.rows);
     }
     if (st.decode) {
       st.plan = plan_decode(decode_args(0, st.rows, st.lens_after.data(), nullptr), context_);  // graph-stable
@@ -549,7 +546,7 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
         decode_ws_.reserve(st.plan.workspace_bytes, "the decode workspace");
       }
     }
-    std::copy(tokens.begin(), tokens.end(), step_in_host(0));  // after the last ensure_step_inputs
+    std::copy(tokens.begin(), tokens.end(), step_in_host(0));  // after the last ensure_step_inputs (ensure_scratch)
     std::copy(st.lens_after.begin(), st.lens_after.end(), step_in_host(3));
     std::copy(pos.begin(), pos.end(), step_in_host(1));
     std::copy(logit_index.begin(), logit_index.end(), step_in_host(2));

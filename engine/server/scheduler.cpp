@@ -52,8 +52,7 @@ void StreamWaker::wake(std::vector<std::shared_ptr<RequestStream>>& streams) {
   if (streams.empty()) return;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (pending_.empty()) pending_.swap(streams);
-    else pending_.insert(pending_.end(), std::make_move_iterator(streams.begin()), std::make_move_iterator(streams.end()));
+    pending_.insert(pending_.end(), std::make_move_iterator(streams.begin()), std::make_move_iterator(streams.end()));
   }
   streams.clear();
   cv_.notify_one();

@@ -329,6 +329,12 @@ BACKWARD_ERROR = ("is forward-only: gradients cannot flow through it. Run it und
                   "which is differentiable.")
 
 
+def eager_plain(q, k, v):
+    """Whether a call may skip the op's dispatch: plain tensors (not fake or functional subclasses), outside
+    torch.compile, which must see the ops."""
+    return type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and not torch.compiler.is_compiling()
+
+
 def needs_grad(*tensors):
     """Whether autograd would record a call on these tensors (None entries allowed)."""
     if torch.is_grad_enabled():
@@ -413,9 +419,7 @@ def _attention_checked(q, k, v, out, sink_logits, cu_seqlens_q, cu_seqlens_k, op
         # same way): say so rather than return a result without a grad_fn.
         raise RuntimeError("flashlite.attention(out=...) does not support automatic differentiation, but an input "
                            "requires grad: flashlite.attention(out=...) " + BACKWARD_ERROR)
-    # Eager calls on plain tensors skip the op's dispatch; torch.compile (and tensor subclasses: fake, functional)
-    # must see the ops.
-    if type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and not torch.compiler.is_compiling():
+    if eager_plain(q, k, v):
         if needs_grad(q, k, v, sink_logits):
             return _Attention.apply(q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k, options)
         lse = _new_lse(q) if want_lse else None  # the kernels skip the LSE when given none

@@ -12,7 +12,6 @@ transposes in Python); the others go through flashlite.attention's path on trans
 from __future__ import annotations
 
 import torch as _torch
-from torch import Tensor as _Tensor
 
 from . import _args, _check, _torch_ops
 from ._torch_ops import attention
@@ -62,8 +61,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                              "the bottom-right alignment (the last query sees the last key)")
     try:
         options = _args.options(causal, scale, window, 0, 0.0, backend)
-        if (type(query) is _Tensor and type(key) is _Tensor and type(value) is _Tensor
-                and not _torch_ops.needs_grad(query, key, value) and not _torch.compiler.is_compiling()):
+        if _torch_ops.eager_plain(query, key, value) and not _torch_ops.needs_grad(query, key, value):
             # Eager and nothing for autograd to record (flashlite.attention's eager branch): the kernel reads the
             # [B, H, S, D] tensors in place and writes a [B, H, S, D] view of a [B, S, H, D] out.
             out = _torch_ops._new_heads_first(query)

@@ -1,11 +1,11 @@
 // Validation of the KV-cache API (append_kv, decode, plan_decode): every argument is checked on the host before
 // anything is launched or written; messages name the argument, the value and what was expected (flashlite::Error).
 #include <algorithm>
-#include <tuple>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/tensor_checks.h"

@@ -336,7 +336,7 @@ TEST(HopperEligibility, SettingValues) {  // FLASHLITE_FWD_HOPPER, parsed strict
 
 TEST(HopperEligibility, NameAndShape) {
   flashlite::AttentionProblem p = aligned_problem(DType::bf16, 128);
-  EXPECT_EQ(h::hopper_fwd_kernel_name(p), "cuda_hopper_wgmma_bf16_d128_128x128_p1_pingpong");
+  EXPECT_EQ(h::hopper_fwd_kernel_name(p, h::hopper_shape(p)), "cuda_hopper_wgmma_bf16_d128_128x128_p1_pingpong");
   const auto shape = [&] { return std::make_pair(h::hopper_shape(p).block_rows, h::hopper_shape(p).p_buffers); };
   // D128: one P buffer up to 2048 keys, two beyond.
   p.seq_k = 2049;
@@ -344,7 +344,7 @@ TEST(HopperEligibility, NameAndShape) {
   // D64: three consumer warpgroups (192 rows) with one P buffer, unless the rows are masked (causal or windowed) and
   // at most 4096: then two warpgroups with two buffers.
   p = aligned_problem(DType::f16, 64);
-  EXPECT_EQ(h::hopper_fwd_kernel_name(p), "cuda_hopper_wgmma_f16_d64_192x128_p1_pingpong");
+  EXPECT_EQ(h::hopper_fwd_kernel_name(p, h::hopper_shape(p)), "cuda_hopper_wgmma_f16_d64_192x128_p1_pingpong");
   p.mask.causal = true;
   EXPECT_EQ(shape(), std::make_pair(128, 2));
   p.seq_q = 4097;

@@ -26,9 +26,9 @@ enum class VarlenMode : int { padded = 0, inline_table = 1, device_table = 2 };
 // Work tiles of unequal work (causal, windows, varlen): the persistent Hopper kernel hands them out through a tile
 // counter (its dynamic schedule, launch_hopper.cu) when it has more tiles than CTAs, and the forward's workspace holds
 // that counter for every such call (cuda_fused_workspace_bytes, launch.cu).
-constexpr bool uneven_tiles(const MaskParams& m, bool varlen) {
-  return m.causal || m.window_left >= 0 || m.window_right >= 0 || varlen;
-}
+// Rows whose visible keys differ from row to row (causal or windowed): the planners' tile choices depend on it.
+constexpr bool masked_rows(const MaskParams& m) { return m.causal || m.window_left >= 0 || m.window_right >= 0; }
+constexpr bool uneven_tiles(const MaskParams& m, bool varlen) { return masked_rows(m) || varlen; }
 
 struct FwdParams {
   const void* q = nullptr;  // (batch, seq_q, q_heads, head_dim), head_dim contiguous

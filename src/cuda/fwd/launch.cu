@@ -9,8 +9,9 @@
 // Workspace (forward_workspace_bytes = cuda_fused_workspace_bytes):
 //   [fold space: plan.fold_bytes, rows past kFoldKeys keys][to a 256-byte boundary][tile counter: 4 bytes]
 // the counter present for the Hopper kernel on tiles of unequal work (its dynamic schedule zeroes it on the stream,
-// launch_hopper.cu). Without a caller's workspace the same bytes are allocated per call, stream-ordered: memory nodes
-// under graph capture, where a caller's workspace gives none.
+// launch_hopper.cu). Without a caller's workspace the bytes the call uses are allocated per call, stream-ordered (the
+// counter only where the grid takes the dynamic schedule): memory nodes under graph capture, where a caller's
+// workspace gives none.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -90,10 +91,18 @@ void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream
   cuda::DeviceGuard guard(p.device.index);
   FwdParams f = make_fwd_params(p, plan.block_rows, plan.kernel != ForwardKernel::cuda_simt);
   f.rank_group = plan.rank_group;
-  // The caller's workspace, else the same bytes allocated here: fold space and tile counter (the layout above).
+  // The caller's workspace, else the bytes allocated here: fold space and tile counter (the layout above), the
+  // counter only where the launch's grid takes the dynamic schedule (a call with no more tiles than SMs needs none).
   cuda::CallBuffer scratch(stream);
-  if (const size_t need = cuda_fused_workspace_bytes(p, plan); need > 0) {
-    const bool counter = workspace_has_counter(p, plan);
+  bool counter = workspace_has_counter(p, plan);
+  if (counter && workspace == nullptr) {
+    const int grid = cuda_fwd_hopper::hopper_grid(f, plan.persistent_ctas, int(p.device.index));
+    counter = cuda_fwd_hopper::hopper_dynamic_schedule(p, f, grid);
+  }
+  const size_t need = workspace != nullptr ? cuda_fused_workspace_bytes(p, plan)
+                      : counter             ? counter_offset(plan) + sizeof(unsigned)
+                                            : plan.fold_bytes;
+  if (need > 0) {
     const char* who = plan.fold_bytes == 0 ? "the Hopper kernel's tile counter"
                       : counter ? "the fused kernel over rows past 32768 keys (and its tile counter)"
                                 : "the fused kernel over rows past 32768 keys";

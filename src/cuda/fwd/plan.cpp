@@ -23,7 +23,7 @@ bool fits(MmaConfig c, const cuda::DeviceProps& dev) { return mma_config_info(c)
 // Tile shapes of the mma.sync kernel per (head_dim, mask, GPU), among FL_FWD_MMA_CONFIGS (the only ones compiled);
 // bench/fwd's sweep is the evidence for each pick (docs/performance.md).
 MmaConfig mma_tiles(const AttentionProblem& p, const cuda::DeviceProps& dev) {
-  const bool masked = p.mask.causal || p.mask.window_left >= 0 || p.mask.window_right >= 0;
+  const bool masked = cuda_fwd::masked_rows(p.mask);
   switch (p.head_dim) {
     case 32: return MmaConfig::d32_br128_bc128_w4_s2_qreg;
     case 64:  // masked rows waste less of a 64-key tile; full rows run best with FA2's 128 x 128 tile
@@ -184,7 +184,8 @@ std::string cuda_fused_kernel_name(const AttentionProblem& p, const FwdPlan& pla
   const std::string dtype = p.dtype == DType::f16 ? "f16" : p.dtype == DType::bf16 ? "bf16" : "f32";
   switch (plan.kernel) {
     case ForwardKernel::cuda_simt: return "cuda_fused_simt_f32_d" + std::to_string(p.head_dim);
-    case ForwardKernel::cuda_hopper: return cuda_fwd_hopper::hopper_fwd_kernel_name(p);
+    case ForwardKernel::cuda_hopper:
+      return cuda_fwd_hopper::hopper_fwd_kernel_name(p, {plan.block_rows, plan.p_buffers});
     default: return "cuda_fused_mma_" + dtype + "_" + mma_config_info(MmaConfig(plan.mma_config)).name;
   }
 }

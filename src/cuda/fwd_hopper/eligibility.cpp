@@ -1,8 +1,10 @@
 // Host side of the Hopper forward kernel that every CUDA build compiles (whether or not the 90a objects exist):
 // the eligibility check and the name.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/device_props.h"
 #include "cuda/common/tensor_map.h"
 #include "cuda/fwd_hopper/hopper_fwd.h"
 #include "flashlite/errors.h"
@@ -50,16 +52,25 @@ std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc) {
 
 HopperShape hopper_shape(const AttentionProblem& p) {
   if (p.head_dim == 64) {
-    const bool masked = p.mask.causal || p.mask.window_left >= 0 || p.mask.window_right >= 0;
-    return masked && p.seq_q <= 4096 ? HopperShape{128, 2} : HopperShape{192, 1};
+    return cuda_fwd::masked_rows(p.mask) && p.seq_q <= 4096 ? HopperShape{128, 2} : HopperShape{192, 1};
   }
   return {128, p.seq_k <= 2048 ? 1 : 2};
 }
 
-std::string hopper_fwd_kernel_name(const AttentionProblem& p) {
+std::string hopper_fwd_kernel_name(const AttentionProblem& p, HopperShape shape) {
   return std::string("cuda_hopper_wgmma_") + (p.dtype == DType::f16 ? "f16" : "bf16") + "_d" +
-         std::to_string(p.head_dim) + "_" + std::to_string(hopper_shape(p).block_rows) + "x" +
-         std::to_string(kBlockKeys) + "_p" + std::to_string(hopper_shape(p).p_buffers) + "_pingpong";
+         std::to_string(p.head_dim) + "_" + std::to_string(shape.block_rows) + "x" + std::to_string(kBlockKeys) +
+         "_p" + std::to_string(shape.p_buffers) + "_pingpong";
+}
+
+int hopper_grid(const cuda_fwd::FwdParams& f, int ctas, int device) {
+  const int64_t work_tiles = int64_t(f.q_tiles) * f.q_heads * f.batch;
+  if (ctas <= 0) ctas = cuda::device_props(device).sms;
+  return int(std::min<int64_t>(work_tiles, ctas));
+}
+
+bool hopper_dynamic_schedule(const AttentionProblem& p, const cuda_fwd::FwdParams& f, int grid) {
+  return cuda_fwd::uneven_tiles(p.mask, p.varlen()) && grid < int64_t(f.q_tiles) * f.q_heads * f.batch;
 }
 
 }  // namespace flashlite::cuda_fwd_hopper

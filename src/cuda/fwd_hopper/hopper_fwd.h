@@ -39,11 +39,16 @@ std::string hopper_fwd_reject_reason(const AttentionProblem& p, int cc);
 // Whether TMA can address the rows of a [batch, seq, heads, head_dim] view of 16-bit elements: 16-byte aligned base,
 // every stride of a dimension longer than one a positive multiple of 16 bytes (below 2^40).
 bool tma_rows_ok(const void* base, const RowStrides& s, int64_t batch, int64_t heads);
-// "cuda_hopper_wgmma_bf16_d128_128x128_p2_pingpong" (tile rows x keys, P buffers).
-std::string hopper_fwd_kernel_name(const AttentionProblem& p);
+// "cuda_hopper_wgmma_bf16_d128_128x128_p2_pingpong" (tile rows x keys, P buffers) for the planned shape.
+std::string hopper_fwd_kernel_name(const AttentionProblem& p, HopperShape shape);
+// The persistent grid for f's work tiles: `ctas` (0: one per SM of `device`), never more than there are tiles.
+int hopper_grid(const cuda_fwd::FwdParams& f, int ctas, int device);
+// Whether that grid takes the dynamic schedule: tiles of unequal work (causal, windows, varlen) and more of them than
+// CTAs. Only then does the kernel use the workspace's tile counter.
+bool hopper_dynamic_schedule(const AttentionProblem& p, const cuda_fwd::FwdParams& f, int grid);
 // Launches the kernel of the planned shape (hopper_shape). f: the fused kernel's parameters made for its block_rows,
-// varlen tables filled; f.tile_counter_space: 4 bytes for the dynamic schedule's counter on tiles of unequal work
-// (launch.cu). ctas: the persistent CTAs to launch (0: one per SM); never more than there are work tiles.
+// varlen tables filled; f.tile_counter_space: 4 bytes for the dynamic schedule's counter where hopper_dynamic_schedule
+// (launch.cu). ctas: the plan's persistent CTAs (0: one per SM), clamped by hopper_grid.
 void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, HopperShape shape, int ctas,
                        cudaStream_t stream);
 

@@ -7,11 +7,10 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
-#include "cuda/common/device_props.h"
 #include "cuda/common/tensor_map.h"
 #include "cuda/fwd_hopper/hopper_fwd.h"
 #include "cuda/fwd_hopper/hopper_kernel.cuh"
@@ -44,14 +43,12 @@ void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, 
       cuda::make_attention_maps(p, shape.block_rows, kBlockKeys, "Hopper attention kernel");
   hp.tq = maps.q, hp.tk = maps.k, hp.tv = maps.v;
   // One persistent CTA per SM (shared memory and the threads' registers hold one per SM), fewer for fewer tiles.
-  const int64_t work_tiles = int64_t(f.q_tiles) * f.q_heads * f.batch;
-  if (ctas <= 0) ctas = cuda::device_props(int(p.device.index)).sms;
-  ctas = int(std::min<int64_t>(work_tiles, ctas));
+  ctas = hopper_grid(f, ctas, int(p.device.index));
   // Tiles of unequal work (causal, windows, varlen) take the dynamic schedule when there are more of them than CTAs:
   // the workspace's counter (f.tile_counter_space), zeroed on the stream before the launch (graph-capturable).
   // Uniform tiles walk the static one.
   hp.tile_counter = nullptr;
-  if (cuda_fwd::uneven_tiles(p.mask, p.varlen()) && ctas < work_tiles) {
+  if (hopper_dynamic_schedule(p, f, ctas)) {
     if (f.tile_counter_space == nullptr) fail("no tile counter in the workspace (launch.cu)");
     hp.tile_counter = f.tile_counter_space;
     if (const cudaError_t e = cudaMemsetAsync(hp.tile_counter, 0, sizeof(unsigned), stream); e != cudaSuccess) {
@@ -61,20 +58,16 @@ void launch_fwd_hopper(const AttentionProblem& p, const cuda_fwd::FwdParams& f, 
   }
   const bool f16 = p.dtype == DType::f16;
   const int d = int(p.head_dim), rows = shape.block_rows, pb = shape.p_buffers;
-  cudaError_t e;
-  if (d == 64 && rows == 192 && pb == 1) {
-    e = f16 ? launch_hopper_variant<__half, 64, 3, 1>(hp, ctas, stream)
-            : launch_hopper_variant<__nv_bfloat16, 64, 3, 1>(hp, ctas, stream);
-  } else if (d == 64 && rows == 128 && pb == 2) {
-    e = f16 ? launch_hopper_variant<__half, 64, 2, 2>(hp, ctas, stream)
-            : launch_hopper_variant<__nv_bfloat16, 64, 2, 2>(hp, ctas, stream);
-  } else if (d == 128 && rows == 128 && pb == 1) {
-    e = f16 ? launch_hopper_variant<__half, 128, 2, 1>(hp, ctas, stream)
-            : launch_hopper_variant<__nv_bfloat16, 128, 2, 1>(hp, ctas, stream);
-  } else if (d == 128 && rows == 128 && pb == 2) {
-    e = f16 ? launch_hopper_variant<__half, 128, 2, 2>(hp, ctas, stream)
-            : launch_hopper_variant<__nv_bfloat16, 128, 2, 2>(hp, ctas, stream);
-  } else {
+  cudaError_t e = cudaErrorInvalidConfiguration;
+  bool found = false;
+#define FL_HOPPER_PICK(T, D, C, P)                                                                       \
+  if (!found && f16 == std::is_same_v<T, __half> && d == D && rows == 64 * C && pb == P) {             \
+    found = true;                                                                                       \
+    e = launch_hopper_variant<T, D, C, P>(hp, ctas, stream);                                            \
+  }
+  FL_HOPPER_VARIANTS(FL_HOPPER_PICK)
+#undef FL_HOPPER_PICK
+  if (!found) {
     fail("no variant for head_dim " + std::to_string(d) + ", " + std::to_string(rows) + "-row tiles and " +
          std::to_string(pb) + " P buffers (hopper_shape plans only those of FL_HOPPER_VARIANTS)");
   }
