@@ -9,6 +9,8 @@ halved for causal, window counted by its visible pairs. Gradients are compared w
 Also the forward + backward time and the peak memory of one forward + backward per backend. With --lib (the
 flashlite_bwd_capi library, a ctypes C entry point) each CUDA backward family also runs forced ("flashlite_mma",
 "flashlite_hopper": the C API's backward alone on flashlite's own out and lse), whichever the planner would pick.
+With --baseline-lib (the same library from another build) both families of that build also run forced, in the same
+rounds ("baseline_mma", "baseline_hopper"): an A/B of two builds on the same tensors.
 
     python3 bench/bwd/side_by_side.py --out bench/results/<gpu>/bwd_side_by_side.json \
         [--lib build/lib/libflashlite_bwd_capi.so]
@@ -142,8 +144,10 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default="bwd_side_by_side.json")
     ap.add_argument("--lib", help="libflashlite_bwd_capi.so: also time the forced mma.sync and Hopper backward")
+    ap.add_argument("--baseline-lib", help="the same library of another build, timed forced beside --lib's")
     args = ap.parse_args()
     capi = load_capi(args.lib) if args.lib else None
+    base = load_capi(args.baseline_lib) if args.baseline_lib else None
     res = {"benchmark": "backward side by side", "device": torch.cuda.get_device_name(), "commit": tree_commit(),
            "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
            "protocol": __doc__.strip().split("\n\n")[1], "rows": []}
@@ -166,6 +170,9 @@ def main():
         if capi is not None:
             forced = {"flashlite_mma": capi_backward(capi, 1, causal, window, sinks),
                       "flashlite_hopper": capi_backward(capi, 2, causal, window, sinks)}
+        if base is not None:
+            forced |= {"baseline_mma": capi_backward(base, 1, causal, window, sinks),
+                       "baseline_hopper": capi_backward(base, 2, causal, window, sinks)}
         pairs = visible_pairs(s, causal, window, sinks)
         flops = 2.5 * 4 * b * h * pairs * d
         times = {n: [] for n in list(peers) + list(forced)}
@@ -184,7 +191,7 @@ def main():
                     refused[n] = str(err)
         ref = grads.get("flash", grads.get("flex"))
         diff = {n: max((a.float() - r.float()).abs().max().item() for a, r in zip(grads[n], ref))
-                for n in grads if n.startswith("flashlite")}
+                for n in grads if n.startswith(("flashlite", "baseline"))}
         row = {"head_dim": d, "causal": causal, "seq": s, "batch": b, "heads": h, "window": window,
                "sink_tokens": sinks, "max_abs_grad_diff": diff["flashlite"], "max_abs_grad_diffs": diff}
         for n, fn in peers.items():

@@ -24,6 +24,7 @@
 
 #include "backward_util.h"
 #include "common/backward_problem.h"
+#include "common/grid_order.h"
 #include "cuda/bwd_hopper/bwd_hopper.h"
 #include "cuda/fwd_hopper/hopper_fwd.h"
 #include "flashlite/backward.h"
@@ -405,6 +406,21 @@ std::vector<GridCase> grid_cases() {
     s.d = 128;
     add("varlen_window_sinks_d128", s);
   }
+  // Sink tokens with a narrow window: key block 0 is far heavier than the rest, so the dK / dV grids run every
+  // head's block 0 first (sink_block_leads holds for both families' block sizes; a test below checks it).
+  {
+    Spec s = shape(700, 700, 4, 2, 64);
+    s.batch = 2;
+    s.mask = {true, 50, -1, 4};
+    s.sink_logits = true;
+    add("window_sinks_block0_leads_q700", s);
+    s = shape(0, 0, 4, 4, 128);
+    s.varlen_q = {700, 0, 300, 650};
+    s.varlen_k = {700, 0, 500, 650};
+    s.mask = {true, 40, -1, 3};
+    s.sink_logits = false;
+    add("varlen_window_sinks_block0_leads_d128", s);
+  }
   return cs;
 }
 
@@ -608,6 +624,28 @@ TEST(GpuBackwardValidation, ForcedKernelThatCannotRunIsNamed) {
 }
 
 // Which calls the Hopper backward takes (host logic only: runs without a GPU). Pointers are never dereferenced.
+// The grid cases named "block0_leads" take the sink-block-first order (common/grid_order.h) in both families (mma.sync:
+// 64-row q blocks, 64-key blocks; Hopper dK / dV: 64 x 128), as do a few short ones whose last key block is small; the
+// cases without sink tokens never do.
+TEST(GpuBackwardGrid, Block0LeadsWhereTheCaseSaysSo) {
+  int named = 0;
+  for (const GridCase& c : grid_cases()) {
+    const Spec& s = c.spec;
+    const flashlite::MaskParams mask{s.mask.causal, s.mask.wl, s.mask.wr, s.mask.sinks};
+    const int64_t sq = s.varlen() ? *std::max_element(s.varlen_q.begin(), s.varlen_q.end()) : s.seq_q;
+    const int64_t sk = s.varlen() ? *std::max_element(s.varlen_k.begin(), s.varlen_k.end()) : s.seq_k;
+    for (int64_t bn : {64, 128}) {
+      if (c.name.find("block0_leads") != std::string::npos) {
+        EXPECT_TRUE(flashlite::sink_block_leads(mask, sq, sk, 64, bn)) << c.name << " " << bn;
+        named += bn == 64;
+      } else if (s.mask.sinks == 0) {
+        EXPECT_FALSE(flashlite::sink_block_leads(mask, sq, sk, 64, bn)) << c.name << " " << bn;
+      }
+    }
+  }
+  EXPECT_EQ(named, 4);
+}
+
 TEST(HopperBackwardEligibility, ReasonsNameWhatIsMissing) {
   alignas(16) static unsigned char arena[1 << 12];
   flashlite::BackwardProblem bp;

@@ -3,6 +3,7 @@
 // src/cuda/bwd_hopper/): a sequence's rows, which q blocks see a key block, the per-row terms and P / dS of a score.
 #include <cuda_runtime.h>
 
+#include "common/grid_order.h"
 #include "cuda/bwd/bwd_params.h"
 #include "cuda/fwd/fwd_common.cuh"
 #include "cuda/fwd/row_mask.h"
@@ -10,6 +11,11 @@
 namespace flashlite::cuda_bwd {
 
 using cuda_fwd::kLog2e;
+
+// A CTA's place in a backward grid (common/grid_order.h).
+__device__ __forceinline__ GridPlace grid_place(int tiles, int heads, bool lead) {
+  return flashlite::grid_place(blockIdx.x, gridDim.x, tiles, heads, lead);
+}
 
 // One sequence's lengths and first rows in the tensors.
 struct SeqInfo {

@@ -190,9 +190,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) bwd_dkdv_kernel(const __grid_
   constexpr int NTM = BM / 8;  // n8 tiles of S^T over the q rows
   extern __shared__ __align__(128) unsigned char smem_raw[];
 
-  const int kt = int(blockIdx.x % unsigned(p.k_tiles));
-  const int rest = int(blockIdx.x / unsigned(p.k_tiles));
-  const int kvh = rest % p.kv_heads, b = rest / p.kv_heads;
+  const GridPlace place = grid_place(p.k_tiles, p.kv_heads, p.sink_block_first);
+  const int kt = place.tile, kvh = place.head, b = place.batch;
   const SeqInfo s = seq_info(p, b);
   const int j0 = kt * BN;
   if (j0 >= s.sk) return;

@@ -48,6 +48,7 @@ struct BwdParams {
   float softcap_post = 0.f;  // softcap * log2(e)
   bool vec_in = false;     // q, k, v, dout rows are 16-byte aligned (cp.async 16-byte copies)
   bool vec_out = false;    // dq, dk, dv rows are 16-byte aligned (16-byte stores)
+  bool sink_block_first = false;  // the dK / dV grids run every head's key block 0 first (cuda_bwd::grid_place)
   MaskParams mask;
 
   const int* cu_q = nullptr;  // varlen: (batch + 1) on the device; null when padded

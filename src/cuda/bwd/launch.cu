@@ -14,6 +14,7 @@
 #include <string>
 
 #include "backends.h"
+#include "common/grid_order.h"
 #include "cuda/bwd/bwd_launch.h"
 #include "cuda/bwd_hopper/bwd_hopper.h"
 #include "cuda/common/check.h"
@@ -92,6 +93,7 @@ BwdParams make_params(const BackwardProblem& bp) {
               rows_16byte_aligned(bp.dk, bp.dk_stride, tb, p.kv_heads) &&
               rows_16byte_aligned(bp.dv, bp.dv_stride, tb, p.kv_heads);
   b.mask = p.mask;
+  b.sink_block_first = sink_block_leads(p.mask, p.seq_q, p.seq_k, cuda_bwd::kBlockM, cuda_bwd::kBlockN);
   return b;
 }
 

@@ -222,14 +222,14 @@ __device__ __forceinline__ unsigned char* aligned_smem() {
   return smem_raw + (((raw + 1023u) & ~1023u) - raw);
 }
 
-// A CTA's place in the grid: `tiles` CTAs per (sequence, head), then the heads of a sequence, then the sequences.
+// A CTA's place in the grid (cuda_bwd::grid_place) and its sequence.
 struct CtaPlace {
   int tile, head, batch;
   cuda_bwd::SeqInfo s;
 };
-__device__ __forceinline__ CtaPlace cta_place(const BwdParams& p, int tiles, int heads) {
-  const int rest = int(blockIdx.x / unsigned(tiles));
-  return {int(blockIdx.x % unsigned(tiles)), rest % heads, rest / heads, cuda_bwd::seq_info(p, rest / heads)};
+__device__ __forceinline__ CtaPlace cta_place(const BwdParams& p, int tiles, int heads, bool lead) {
+  const GridPlace g = cuda_bwd::grid_place(tiles, heads, lead);
+  return {g.tile, g.head, g.batch, cuda_bwd::seq_info(p, g.batch)};
 }
 
 // The producer warpgroup of both kernels: it gives its registers back; its first thread loads the CTA's resident pair
@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
   constexpr int NB = BM / 8;  // n8 blocks of S^T over the q rows
   const BwdParams& p = hp.b;
 
-  const CtaPlace place = cta_place(p, hp.key_blocks, p.kv_heads);
+  const CtaPlace place = cta_place(p, hp.key_blocks, p.kv_heads, p.sink_block_first);
   const cuda_bwd::SeqInfo& s = place.s;
   const int kvh = place.head, b = place.batch, j0 = place.tile * BN;
   if (j0 >= s.sk) return;  // uniform over the CTA
@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
   constexpr int NB = BC / 8;  // n8 blocks of S over the keys
   const BwdParams& p = hp.b;
 
-  const CtaPlace place = cta_place(p, hp.row_blocks, p.q_heads);
+  const CtaPlace place = cta_place(p, hp.row_blocks, p.q_heads, false);
   const cuda_bwd::SeqInfo& s = place.s;
   // Heaviest row blocks first (under a causal mask the last rows see the most keys), so the last wave is short.
   const int h = place.head, b = place.batch, qt = hp.row_blocks - 1 - place.tile, i0 = qt * BR;
