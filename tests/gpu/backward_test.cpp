@@ -506,6 +506,38 @@ TEST(GpuBackward, BitwiseEqualAcrossRunsAndWorkspaces) {
   }
 }
 
+// A varlen backward copies its offsets from host memory on every call, which a CUDA graph cannot replay: under capture
+// it is refused by name before anything is enqueued (the capture ends cleanly with no node, its workspace allocation
+// included), and the same call outside the capture runs.
+TEST(GpuBackward, VarlenCallIsRefusedUnderCaptureWithNothingEnqueued) {
+  FL_SKIP_WITHOUT_GPU();
+  Spec s;
+  s.dtype = DType::bf16, s.hq = 4, s.hkv = 2, s.d = 64, s.mask.causal = true;
+  s.varlen_q = {70, 0, 33};
+  s.varlen_k = {70, 5, 33};
+  GpuGrad g(s, "gpu varlen capture");
+  cudaStream_t stream = nullptr;
+  FL_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  BackwardArgs a = g.args;
+  a.stream = stream;
+  FL_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  try {
+    flashlite::backward(a, cuda_backward_overrides());
+    ADD_FAILURE() << "a varlen backward was captured";
+  } catch (const flashlite::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA graph cannot capture"), std::string::npos) << e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  FL_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  size_t nodes = 1;
+  FL_CUDA_OK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  EXPECT_EQ(nodes, 0u) << "the refused call enqueued work";
+  FL_CUDA_OK(cudaGraphDestroy(graph));
+  flashlite::backward(a, cuda_backward_overrides());
+  FL_CUDA_OK(cudaStreamSynchronize(stream));
+  FL_CUDA_OK(cudaStreamDestroy(stream));
+}
+
 // A varlen sequence's non-finite values never reach another sequence's gradients. Tiles that cross a sequence's end
 // hold the next sequence's rows, masked, where 0 x Inf = NaN would leak (the Hopper kernels zero those rows in shared
 // memory; the mma.sync ones never load them). Sequences: A; P, queries without keys (its q and dout rows then made

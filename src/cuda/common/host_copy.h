@@ -42,7 +42,8 @@ inline std::vector<int32_t> varlen_table(const int32_t* cu_seqlens_q, const int3
 }
 
 // varlen_table copied to `dst` (device memory for 2 * (batch + 1) int32) on `stream`; refused under graph capture,
-// `what` naming the offsets. From pageable memory: returns once the bytes are staged. Returns dst as the device
+// `what` naming the offsets (callers refuse first, before they enqueue anything, so that a refused call leaves the
+// capture empty). From pageable memory: returns once the bytes are staged. Returns dst as the device
 // cu_seqlens_q; cu_seqlens_k follows batch + 1 entries later.
 inline const int* copy_varlen_table(void* dst, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int64_t batch,
                                     cudaStream_t stream, const std::string& what) {

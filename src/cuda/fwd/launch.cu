@@ -91,6 +91,11 @@ void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream
   cuda::DeviceGuard guard(p.device.index);
   FwdParams f = make_fwd_params(p, plan.block_rows, plan.kernel != ForwardKernel::cuda_simt);
   f.rank_group = plan.rank_group;
+  // Refused under graph capture before anything is enqueued (the workspace's stream-ordered allocation included).
+  const bool varlen_table = p.varlen() && p.batch > kInlineSeqs;
+  if (varlen_table) {
+    cuda::refuse_host_copy_under_capture(stream, "the varlen offsets of " + std::to_string(p.batch) + " sequences");
+  }
   // The caller's workspace, else the bytes allocated here: fold space and tile counter (the layout above), the
   // counter only where the launch's grid takes the dynamic schedule (a call with no more tiles than SMs needs none).
   cuda::CallBuffer scratch(stream);
@@ -113,7 +118,7 @@ void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream
 
   cuda::CallBuffer table(stream);  // varlen offsets past kInlineSeqs
   if (p.varlen()) {
-    if (p.batch <= kInlineSeqs) {
+    if (!varlen_table) {
       f.varlen = VarlenMode::inline_table;
       for (int64_t b = 0; b <= p.batch; ++b) {
         f.cu_inline[0][b] = p.cu_seqlens_q[b];
@@ -123,7 +128,6 @@ void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream
       f.varlen = VarlenMode::device_table;
       const std::vector<int32_t> host = cuda::varlen_table(p.cu_seqlens_q, p.cu_seqlens_k, p.batch);  // (2, batch + 1)
       const size_t bytes = host.size() * sizeof(int);
-      cuda::refuse_host_copy_under_capture(stream, "the varlen offsets of " + std::to_string(p.batch) + " sequences");
       check(cudaMallocAsync(&table.ptr, bytes, stream), "cudaMallocAsync (varlen offsets)");
       // From pageable memory: returns once the bytes are staged, so `host` may go out of scope.
       check(cudaMemcpyAsync(table.ptr, host.data(), bytes, cudaMemcpyHostToDevice, stream), "copying varlen offsets");
@@ -171,6 +175,12 @@ void run_cuda_prefill(const PrefillProblem& p, const FwdPlan& plan, void* stream
              rows_16byte_aligned(a.k, a.k_stride, kv_rows, c.kv_heads) &&
              rows_16byte_aligned(a.v, a.v_stride, kv_rows, c.kv_heads);
   cuda::set_cache_index(f, c);
+  // Refused under graph capture before anything is enqueued (the fold space's stream-ordered allocation included).
+  const bool offsets_table = p.ragged() && a.batch > kInlineSeqs;
+  if (offsets_table) {
+    cuda::refuse_host_copy_under_capture(stream,
+                                         "the prefill chunk offsets of " + std::to_string(a.batch) + " sequences");
+  }
   cuda::CallBuffer fold(stream);  // caches longer than kFoldKeys: fold space for long rows (fwd_params.h)
   if (plan.fold_bytes > 0) {
     f.fold = reinterpret_cast<float*>(cuda::call_workspace(fold, nullptr, 0, plan.fold_bytes,
@@ -179,13 +189,12 @@ void run_cuda_prefill(const PrefillProblem& p, const FwdPlan& plan, void* stream
 
   cuda::CallBuffer table(stream);  // ragged offsets past kInlineSeqs
   if (p.ragged()) {
-    if (a.batch <= kInlineSeqs) {
+    if (!offsets_table) {
       f.varlen = VarlenMode::inline_table;
       for (int64_t b = 0; b <= a.batch; ++b) f.cu_inline[0][b] = a.cu_seqlens_q[b];
     } else {
       f.varlen = VarlenMode::device_table;
       const size_t bytes = size_t(a.batch + 1) * sizeof(int);
-      cuda::refuse_host_copy_under_capture(stream, "the prefill chunk offsets of " + std::to_string(a.batch) + " sequences");
       check(cudaMallocAsync(&table.ptr, bytes, stream), "cudaMallocAsync (prefill offsets)");
       check(cudaMemcpyAsync(table.ptr, a.cu_seqlens_q, bytes, cudaMemcpyHostToDevice, stream), "copying prefill offsets");
       f.cu_dev = static_cast<const int*>(table.ptr);
