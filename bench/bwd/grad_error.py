@@ -1,8 +1,8 @@
-"""Gradient error against float64 on the training run's attention shape (bench/train.py's Llama: batch 16, seq 512,
-8 query / 2 kv heads, head_dim 64, causal, bf16): flashlite, SDPA flash and transformers-style eager math (fp32
-softmax, P rounded to bf16), on the same bf16 inputs. Per gradient: the relative error |g - g64| / |g64| and the bias,
-the error's projection on the true gradient <g - g64, g64> / |g64|^2 (negative: the gradient is shrunk on average,
-as if the learning rate were smaller). Several seeds and input scales; prints a table and writes JSON.
+"""Gradient error against float64 on the training run's attention shape (bench/train.py's Llama: batch 16, seq 512, 8
+query / 2 kv heads, head_dim 64, causal, bf16): flashlite, SDPA flash and transformers-style eager math (fp32 softmax,
+P rounded to bf16), on the same bf16 inputs. Per output and gradient: the relative error |g - g64| / |g64| and the
+bias, the error's projection on the true gradient <g - g64, g64> / |g64|^2 (negative: the gradient is shrunk on
+average, as if the learning rate were smaller). Several seeds and input scales; prints a table and writes JSON.
 
     python3 bench/bwd/grad_error.py --out grad_error.json
 """
@@ -45,9 +45,10 @@ def flite(q, k, v, group):
 
 
 def grads(fn, q, k, v, dout, group):
+    """(out, dq, dk, dv) of one implementation."""
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
     out = fn(q, k, v, group)
-    return torch.autograd.grad(out, (q, k, v), dout)
+    return (out.detach(), *torch.autograd.grad(out, (q, k, v), dout))
 
 
 def main():
@@ -71,13 +72,14 @@ def main():
             for name, fn in impls.items():
                 got = grads(fn, q, k, v, dout, group)
                 row = {"impl": name, "input_std": scale, "seed": seed}
-                for gname, a, r in zip(("dq", "dk", "dv"), got, ref):
+                for gname, a, r in zip(("out", "dq", "dk", "dv"), got, ref):
                     e = a.double() - r
                     row[gname + "_rel_err"] = (e.norm() / r.norm()).item()
                     row[gname + "_bias"] = ((e * r).sum() / (r * r).sum()).item()
                 res["rows"].append(row)
                 print(f"std {scale:3.1f} seed {seed} {name:10s} " + "  ".join(
-                    f"{n} err {row[n + '_rel_err']:.2e} bias {row[n + '_bias']:+.2e}" for n in ("dq", "dk", "dv")),
+                    f"{n} err {row[n + '_rel_err']:.2e} bias {row[n + '_bias']:+.2e}"
+                    for n in ("out", "dq", "dk", "dv")),
                     flush=True)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
