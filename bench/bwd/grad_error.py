@@ -30,7 +30,7 @@ def eager(q, k, v, group):  # transformers' eager attention: fp32 softmax, P bac
     s = (qh @ kh.transpose(-1, -2)) * q.shape[-1] ** -0.5
     n = s.shape[-1]
     s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+    p = torch.softmax(s, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)  # fp64 stays fp64
     return (p @ vh).transpose(1, 2)
 
 

@@ -17,7 +17,10 @@
 namespace flashlite::cuda {
 
 // Throws a clear error when `stream` is being captured into a CUDA graph; `what` names the call's host array.
-inline void refuse_host_copy_under_capture(cudaStream_t stream, const std::string& what) {
+// inline_up_to_128: the call passes the offsets of at most 128 sequences in the kernel arguments (the forward and the
+// paged prefill), which the message then suggests.
+inline void refuse_host_copy_under_capture(cudaStream_t stream, const std::string& what,
+                                           bool inline_up_to_128 = false) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &st) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -26,7 +29,9 @@ inline void refuse_host_copy_under_capture(cudaStream_t stream, const std::strin
   if (st != cudaStreamCaptureStatusNone) {
     throw Error(ErrorKind::invalid_value,
                 what + " are copied from host memory on every call, which a CUDA graph cannot capture; call it "
-                       "outside the capture, or with at most 128 sequences (offsets passed in the kernel arguments)");
+                       "outside the capture" +
+                    (inline_up_to_128 ? ", or with at most 128 sequences (offsets passed in the kernel arguments)"
+                                      : ""));
   }
 }
 

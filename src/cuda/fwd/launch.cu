@@ -94,7 +94,8 @@ void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream
   // Refused under graph capture before anything is enqueued (the workspace's stream-ordered allocation included).
   const bool varlen_table = p.varlen() && p.batch > kInlineSeqs;
   if (varlen_table) {
-    cuda::refuse_host_copy_under_capture(stream, "the varlen offsets of " + std::to_string(p.batch) + " sequences");
+    cuda::refuse_host_copy_under_capture(stream, "the varlen offsets of " + std::to_string(p.batch) + " sequences",
+                                         true);
   }
   // The caller's workspace, else the bytes allocated here: fold space and tile counter (the layout above), the
   // counter only where the launch's grid takes the dynamic schedule (a call with no more tiles than SMs needs none).
@@ -179,7 +180,8 @@ void run_cuda_prefill(const PrefillProblem& p, const FwdPlan& plan, void* stream
   const bool offsets_table = p.ragged() && a.batch > kInlineSeqs;
   if (offsets_table) {
     cuda::refuse_host_copy_under_capture(stream,
-                                         "the prefill chunk offsets of " + std::to_string(a.batch) + " sequences");
+                                         "the prefill chunk offsets of " + std::to_string(a.batch) + " sequences",
+                                         true);
   }
   cuda::CallBuffer fold(stream);  // caches longer than kFoldKeys: fold space for long rows (fwd_params.h)
   if (plan.fold_bytes > 0) {
