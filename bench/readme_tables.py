@@ -22,7 +22,7 @@ SOURCES = {
     "engine": "h200/e2e.json",
     "cpu": "cpu/bench_cpu.json",
     "bwd": "h100/bwd_side_by_side.json",
-    "train": "h100/train.json",
+    "train": ("h100/train.json", ("h100/train_seeds/llama_seed1.json", "h100/train_seeds/llama_seed2.json")),
     "tp": ("h100-x4/e2e_tp.json", "h100-x4/e2e_tp_prompt4096.json"),
     "serve": ("h100/serve_load.json", "h100/serve_engine_baseline.json"),
 }
@@ -198,7 +198,7 @@ def table_bwd():
 
 
 def table_train():
-    rel = SOURCES["train"]
+    rel, more_seeds = SOURCES["train"]
     d = load(rel)
     lines = [source_line(rel, d, d["device"]) + f" {d['steps']} steps, {d['dtype']}, batch {d['batch']} x {d['seq']} "
              f"bytes of {d['data'].split(' (')[0]}, same seed and data order; final loss: the mean of the last 50 "
@@ -214,6 +214,19 @@ def table_train():
                      f"{r['final_loss_reference']:.4f} ({100 * (r['final_loss_flite'] / r['final_loss_reference'] - 1):+.2f}%) | "
                      f"{floor} | {f['tokens_per_s']:,.0f} / {ref['tokens_per_s']:,.0f} | {f['peak_memory_mib']:,.0f} / "
                      f"{ref['peak_memory_mib']:,.0f} |")
+    # The same runs from other seeds: flashlite's and the noise floor's final loss against the reference, per seed.
+    seeds = [d] + [load(r) for r in more_seeds]
+    for arch in sorted({r["arch"] for s in seeds for r in s["results"]}):
+        per = [(s["seed"], s["commit"], r) for s in seeds for r in s["results"] if r["arch"] == arch]
+        if len(per) < 2:
+            continue
+        rel_pct = lambda r, key: f"{100 * (r[key] / r['final_loss_reference'] - 1):+.2f}%"  # noqa: E731
+        flite = " / ".join(rel_pct(r, "final_loss_flite") for _, _, r in per)
+        base = " / ".join(rel_pct(r, "final_loss_baseline") for _, _, r in per if "final_loss_baseline" in r)
+        lines += ["", f"{arch}, seeds {' / '.join(str(s) for s, _, _ in per)} (commits "
+                  f"{' / '.join(short(c) for _, c, _ in per)}; `{rel}` and `{'`, `'.join(more_seeds)}`): final loss "
+                  f"against {per[0][2]['reference']}, flashlite {flite}" + (f"; {per[0][2]['runs'][2]['impl']} {base}"
+                                                                           if base else "") + "."]
     return lines
 
 
