@@ -140,7 +140,9 @@ void KvBook::page_table(int slot0, int count, PageTable& t) const {
 
 void KvBook::position_table(const int* slots, const int32_t* from, const int32_t* to, int count, PageTable& t) const {
   if (!paged()) fail("internal error: a position table of a contiguous cache was asked for");
-  if (t.indptr.empty()) t.indptr.push_back(int32_t(t.indices.size()));
+  t.indptr.assign(1, 0);  // replaces t, keeping its vectors' capacity (a row step per mixed step)
+  t.indices.clear();
+  t.last_page_len.clear();
   for (int i = 0; i < count; ++i) {
     const std::vector<int32_t>& own = slot_pages_.at(size_t(slots[i]));
     for (int32_t p = from[i]; p < to[i]; ++p) {

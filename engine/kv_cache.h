@@ -87,7 +87,7 @@ class KvBook {
   // One entry per position instead (paged only): for each i, positions from[i] .. to[i] - 1 of slots[i], in that
   // order, the entry of position p holding the slot's sequence up to and including p (its first p / page_size + 1
   // pages, the last holding p % page_size + 1 tokens). One decode call over such a table attends prompt rows causally
-  // beside decode rows (the CUDA engine's mixed steps). Appends to `out` (start from an empty table: indptr {0}).
+  // beside decode rows (the CUDA engine's mixed steps). Replaces `out`, as page_table does.
   void position_table(const int* slots, const int32_t* from, const int32_t* to, int count, PageTable& out) const;
   // Where position `pos` of `slot` lies in a layer's storage, in rows of kv_heads x head_dim: page * page_size +
   // pos % page_size (paged; the page must be held), else slot * capacity + pos.

@@ -504,7 +504,6 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
       st.decode = st.row_step = true;
       // One page-table entry per row; pad row j: token 0 at position j % span of spare_page(j), reading that page
       // up to it.
-      table_ = PageTable{{0}, {}, {}};
       book_.position_table(slots.data(), st.lens_before.data(), st.lens_after.data(), int(slots.size()), table_);
       const int page = kv_shape_.page_size, span = pad_span();
       for (int j = 0; st.rows + j < padded; ++j) {

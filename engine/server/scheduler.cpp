@@ -251,9 +251,10 @@ void Scheduler::release(Sequence& s, const std::string& reason, const std::strin
   s.stream->end(reason, error);
 }
 
-void Scheduler::refresh_usage() {
+void Scheduler::refresh_usage(double busy_s) {
   const KvUsage u = model_.kv_usage();
   std::lock_guard<std::mutex> lk(mu_);
+  step_seconds_ += busy_s;
   pages_used_ = u.pages_used;
   running_count_ = int(running_.size());
 }
@@ -281,11 +282,7 @@ void Scheduler::loop() {
     }
     const bool stepped = !running_.empty();
     if (stepped) step();
-    refresh_usage();
-    if (stepped) {
-      std::lock_guard<std::mutex> lk(mu_);
-      step_seconds_ += seconds(Clock::now() - busy);
-    }
+    refresh_usage(stepped ? seconds(Clock::now() - busy) : 0.0);
   }
   std::lock_guard<std::mutex> lk(mu_);
   for (auto& s : waiting_) s->stream->end("", "the server is shutting down");
@@ -325,8 +322,9 @@ void Scheduler::step() {
   request.kind = full_logits ? LogitsRequest::Kind::logits : LogitsRequest::Kind::argmax;
   int tokens = 0;
   for (const SequenceInput& in : inputs) tokens += int(in.tokens.size());
-  auto count_step = [&] {  // before any request of the step ends, so its client sees the step counted
+  auto count_step = [&](double forward) {  // before any request of the step ends, so its client sees it counted
     std::lock_guard<std::mutex> lk(mu_);
+    forward_seconds_ += forward;
     ++steps_total_;
     batch_size_.observe(double(inputs.size()));
     step_tokens_.observe(double(tokens));
@@ -334,12 +332,7 @@ void Scheduler::step() {
   try {
     const auto t0 = Clock::now();
     const LogitsOutput out = model_.forward_select(inputs, request);
-    const double forward = seconds(Clock::now() - t0);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      forward_seconds_ += forward;
-    }
-    count_step();
+    count_step(seconds(Clock::now() - t0));
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (samples[i]) sample(*who[i], out, int(i));
     }

@@ -134,7 +134,7 @@ class Scheduler {
   void step();                           // one forward call over the running sequences
   void sample(Sequence& s, const LogitsOutput& out, int row);
   void release(Sequence& s, const std::string& reason, const std::string& error);  // slot and pages back
-  void refresh_usage();
+  void refresh_usage(double busy_s);  // also adds a step's busy time (one lock)
   // Before the first request: one forward per row count the model names (LlamaModel::warm_up_rows: on CUDA one per
   // GEMM row bucket a step can reach) and one over every slot, then forgotten, so that no request pays the algorithm
   // searches and first kernel loads of a new shape (its first token milliseconds later). Nothing on the CPU.

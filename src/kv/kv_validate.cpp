@@ -300,19 +300,28 @@ AppendProblem validate_append(const AppendArgs& a) {
       int64_t page, lo, hi, seq, entry;  // positions lo..hi of the page, through page_indices[entry]
     };
     std::vector<Written> w;
+    std::vector<std::pair<int64_t, int64_t>> mine;  // (page, entry) that sequence b writes, sorted: one walk of its
+                                                    // entries finds a written page listed twice
     for (int64_t b = 0; b < c.batch; ++b) {
       const int64_t len = c.length(b), from = len - p.n_new;
+      mine.clear();
       for (int64_t pg = from / c.capacity; pg <= (len - 1) / c.capacity; ++pg) {
         const int64_t entry = c.indptr[b] + pg, id = c.indices[entry];
         const int64_t lo = std::max(from, pg * c.capacity) - pg * c.capacity;
-        for (int64_t e = c.indptr[b]; e < c.indptr[b + 1]; ++e) {
-          if (e != entry && c.indices[e] == id) {
-            fail("page_indices[" + to_string(std::min(e, entry)) + "] and [" + to_string(std::max(e, entry)) +
+        mine.push_back({id, entry});
+        w.push_back({id, lo, std::min(len - 1, pg * c.capacity + c.capacity - 1) - pg * c.capacity, b, entry});
+      }
+      std::sort(mine.begin(), mine.end());
+      for (int64_t e = c.indptr[b]; e < c.indptr[b + 1]; ++e) {
+        const int64_t id = c.indices[e];
+        for (auto it = std::lower_bound(mine.begin(), mine.end(), std::pair<int64_t, int64_t>{id, INT64_MIN});
+             it != mine.end() && it->first == id; ++it) {
+          if (it->second != e) {
+            fail("page_indices[" + to_string(std::min(e, it->second)) + "] and [" + to_string(std::max(e, it->second)) +
                  "] of sequence " + to_string(b) + " are both page " + to_string(id) + ", which it appends to; "
                  "expected the pages of a sequence to be distinct (the append would overwrite its own tokens)");
           }
         }
-        w.push_back({id, lo, std::min(len - 1, pg * c.capacity + c.capacity - 1) - pg * c.capacity, b, entry});
       }
     }
     std::sort(w.begin(), w.end(), [](const Written& x, const Written& y) {

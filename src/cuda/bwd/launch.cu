@@ -93,6 +93,7 @@ BwdParams make_params(const BackwardProblem& bp) {
               rows_16byte_aligned(bp.dk, bp.dk_stride, tb, p.kv_heads) &&
               rows_16byte_aligned(bp.dv, bp.dv_stride, tb, p.kv_heads);
   b.mask = p.mask;
+  // For the mma.sync grid's blocks; launch_bwd_hopper decides again for its own.
   b.sink_block_first = sink_block_leads(p.mask, p.seq_q, p.seq_k, cuda_bwd::kBlockM, cuda_bwd::kBlockN);
   return b;
 }
@@ -140,9 +141,8 @@ void run_cuda_backward(const BackwardProblem& bp, bool hopper, void* stream_hand
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   cuda::DeviceGuard guard(p.device.index);
   const Layout lay = workspace_layout(bp);
-  const char* const offsets = "the varlen offsets of the CUDA backward";
   // Refused under graph capture before anything is enqueued (the workspace's stream-ordered allocation included).
-  if (p.varlen()) cuda::refuse_host_copy_under_capture(stream, offsets);
+  if (p.varlen()) cuda::refuse_host_copy_under_capture(stream, "the varlen offsets of the CUDA backward");
   cuda::CallBuffer owned(stream);
   char* base = cuda::call_workspace(owned, workspace, workspace_bytes, lay.total, "the CUDA backward",
                                     "backward_workspace_bytes");
@@ -151,7 +151,7 @@ void run_cuda_backward(const BackwardProblem& bp, bool hopper, void* stream_hand
   b.delta = reinterpret_cast<float*>(base + lay.delta);
   b.dsink_part = bp.dsink ? reinterpret_cast<float*>(base + lay.dsink) : nullptr;
   if (p.varlen()) {
-    b.cu_q = cuda::copy_varlen_table(base, p.cu_seqlens_q, p.cu_seqlens_k, p.batch, stream, offsets);
+    b.cu_q = cuda::copy_varlen_table(base, p.cu_seqlens_q, p.cu_seqlens_k, p.batch, stream);
     b.cu_k = b.cu_q + p.batch + 1;
   }
 

@@ -46,13 +46,12 @@ inline std::vector<int32_t> varlen_table(const int32_t* cu_seqlens_q, const int3
   return host;
 }
 
-// varlen_table copied to `dst` (device memory for 2 * (batch + 1) int32) on `stream`; refused under graph capture,
-// `what` naming the offsets (callers refuse first, before they enqueue anything, so that a refused call leaves the
-// capture empty). From pageable memory: returns once the bytes are staged. Returns dst as the device
-// cu_seqlens_q; cu_seqlens_k follows batch + 1 entries later.
+// varlen_table copied to `dst` (device memory for 2 * (batch + 1) int32) on `stream`. Callers refuse graph capture
+// first (refuse_host_copy_under_capture), before they enqueue anything, so that a refused call leaves the capture
+// empty. From pageable memory: returns once the bytes are staged. Returns dst as the device cu_seqlens_q;
+// cu_seqlens_k follows batch + 1 entries later.
 inline const int* copy_varlen_table(void* dst, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int64_t batch,
-                                    cudaStream_t stream, const std::string& what) {
-  refuse_host_copy_under_capture(stream, what);
+                                    cudaStream_t stream) {
   const std::vector<int32_t> host = varlen_table(cu_seqlens_q, cu_seqlens_k, batch);
   FL_CUDA_CHECK(cudaMemcpyAsync(dst, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   return static_cast<const int*>(dst);

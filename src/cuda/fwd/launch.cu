@@ -48,6 +48,11 @@ size_t counter_offset(const FwdPlan& plan) {
   return (plan.fold_bytes + kCounterAlign - 1) / kCounterAlign * kCounterAlign;
 }
 
+// The layout's bytes: the fold space, and the counter after it when there is one.
+size_t workspace_bytes_with(const FwdPlan& plan, bool counter) {
+  return counter ? counter_offset(plan) + sizeof(unsigned) : plan.fold_bytes;
+}
+
 }  // namespace
 
 FwdParams make_fwd_params(const AttentionProblem& p, int block_rows, bool tensor_cores) {
@@ -81,7 +86,7 @@ FwdParams make_fwd_params(const AttentionProblem& p, int block_rows, bool tensor
 
 size_t cuda_fused_workspace_bytes(const AttentionProblem& p, const FwdPlan& plan) {
   using namespace cuda_fwd;
-  return workspace_has_counter(p, plan) ? counter_offset(plan) + sizeof(unsigned) : plan.fold_bytes;
+  return workspace_bytes_with(plan, workspace_has_counter(p, plan));
 }
 
 void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream_handle, void* workspace,
@@ -105,10 +110,7 @@ void run_cuda_fused(const AttentionProblem& p, const FwdPlan& plan, void* stream
     const int grid = cuda_fwd_hopper::hopper_grid(f, plan.persistent_ctas, int(p.device.index));
     counter = cuda_fwd_hopper::hopper_dynamic_schedule(p, f, grid);
   }
-  const size_t need = workspace != nullptr ? cuda_fused_workspace_bytes(p, plan)
-                      : counter             ? counter_offset(plan) + sizeof(unsigned)
-                                            : plan.fold_bytes;
-  if (need > 0) {
+  if (const size_t need = workspace_bytes_with(plan, counter); need > 0) {
     const char* who = plan.fold_bytes == 0 ? "the Hopper kernel's tile counter"
                       : counter ? "the fused kernel over rows past 32768 keys (and its tile counter)"
                                 : "the fused kernel over rows past 32768 keys";

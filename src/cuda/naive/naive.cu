@@ -77,15 +77,14 @@ void run_cuda_naive(const AttentionProblem& p, void* stream_handle, void* worksp
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   cuda::DeviceGuard guard(p.device.index);
   const size_t need = cuda_naive_workspace_bytes(p);
-  const char* const offsets = "the varlen offsets of the naive path";
   // Refused under graph capture before anything is enqueued (the workspace's stream-ordered allocation included).
-  if (p.varlen()) cuda::refuse_host_copy_under_capture(stream, offsets);
+  if (p.varlen()) cuda::refuse_host_copy_under_capture(stream, "the varlen offsets of the naive path");
   cuda::CallBuffer owned(stream);  // freed when the call ends (stream-ordered)
   char* base =
       cuda::call_workspace(owned, workspace, workspace_bytes, need, "backend 'naive'", "forward_workspace_bytes");
   NaiveParams n = make_params(p, reinterpret_cast<float*>(base + offsets_bytes(p)));
   if (p.varlen()) {
-    n.cu_q = cuda::copy_varlen_table(base, p.cu_seqlens_q, p.cu_seqlens_k, p.batch, stream, offsets);
+    n.cu_q = cuda::copy_varlen_table(base, p.cu_seqlens_q, p.cu_seqlens_k, p.batch, stream);
     n.cu_k = n.cu_q + p.batch + 1;
   }
 
