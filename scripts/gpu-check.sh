@@ -251,6 +251,8 @@ tp_ckpt=/tmp/flashlite_llama3_8b_random  # the 8B-shaped checkpoint (16 GB, writ
 step_tp() {  # 2+ GPUs: the NCCL tests, then TP 2 (and 4) against TP 1 on the 8B-shaped checkpoint
   local gpus rc=0
   gpus="$(tp_gpus)" || { echo "$gpus GPU(s): tensor parallelism needs 2 (its CPU tests ran in ctest)"; return 0; }
+  "$build/tests/engine/flashlite_engine_one_shot_test" > "$logs/one_shot_test.log" 2>&1 || rc=1
+  grep -E "PASSED|FAILED|SKIPPED" "$logs/one_shot_test.log" | head -6
   "$build/tests/engine/flashlite_engine_tensor_parallel_test" > "$logs/tp_test.log" 2>&1 || rc=1
   grep -E "^tp |PASSED|FAILED|SKIPPED" "$logs/tp_test.log" | head -12
   pyenv python3 -c "import sys; sys.path.insert(0, '$root/bench'); import e2e; e2e.make_checkpoint('$tp_ckpt', e2e.default_tokenizer_dir(), 'llama3-8b')" \

@@ -575,20 +575,21 @@ void LlamaCuda::restore(const Step& st, const std::vector<SequenceInput>& inputs
 void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, const LogitsRequest& request) {
   const int dim = c_.dim, qd = c_.q_dim(), hid = c_.hidden_dim, qkv_w = qd + 2 * c_.kv_dim(), rows = st.rows;
   void* s = stream_;
-  // Under tensor parallelism the O and down GEMVs add into partial_ (zeroed), which is summed over the ranks and
-  // then added to x; alone they add into x itself.
+  // Under tensor parallelism the O and down GEMVs add into partial_, which is summed over the ranks and then added
+  // to x; alone they add into x itself. partial_ is zeroed once per step (below) and again by each sum (the one-shot
+  // kernel zeroes it as it reads it; after NCCL, a memset), so no memset stands between a sum and the next GEMV.
   const cuda_ops::StepGemvs gemvs{c_, x_.as<float>(), rows, opt_.cuda.pdl, s,
                                   collective_ ? partial_.as<float>() : nullptr};
   const size_t n_residual = size_t(rows) * dim;
   // The all-reduce is its own group in --profile (the time per step it reports).
   auto gemv_added = [&](auto&& add, const char* name) {  // O or down through the GEMVs
-    if (collective_) cuda_check(cudaMemsetAsync(partial_.ptr, 0, n_residual * 4, stream_), "memset");
     add();
     mark(name);
     if (collective_) {
       if (!collective_->sum_into(x_.as<float>(), partial_.as<float>(), n_residual, s)) {  // one-shot: sum and add in one
         collective_->all_reduce_sum(partial_.ptr, n_residual, DType::f32, s);
         cuda_ops::residual_add(x_.as<float>(), partial_.ptr, n_residual, Elem::f32, s);
+        cuda_check(cudaMemsetAsync(partial_.ptr, 0, n_residual * 4, stream_), "memset");
       }
       mark("all-reduce");
     }
@@ -608,6 +609,7 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
   const bool fused_rope = st.gemv && cuda_ops::gemv_fuses_rope(c_);
   uint64_t* keys = keys_dev_.as<uint64_t>();
   mark("start");
+  if (collective_ && st.gemv) cuda_check(cudaMemsetAsync(partial_.ptr, 0, n_residual * 4, stream_), "memset");
   cuda_ops::embed(x_.as<float>(), embedding_.ptr, step_in(0), rows, dim, elem_, s, st.fused_argmax ? keys : nullptr,
                   st.fused_argmax ? st.lrows : 0);
   mark("embed");

@@ -26,8 +26,9 @@ class Collective {
   // data is ordered on (device implementations; the call only queues the work), ignored on the host. Throws Error
   // when the group was aborted (another rank failed) or the collective failed.
   virtual void all_reduce_sum(void* data, size_t n, DType dtype, void* stream) = 0;
-  // x[0, n) += the sum over ranks of partial[0, n) (fp32) in one fused step where the implementation has one for
-  // this size (returns true); false: nothing was done, the caller all-reduces and adds itself.
+  // x[0, n) += the sum over ranks of partial[0, n) (fp32), then partial[0, n) = 0, in one fused step where the
+  // implementation has one for this size (returns true); false: nothing was done, the caller all-reduces and adds
+  // itself.
   virtual bool sum_into(float* /*x*/, float* /*partial*/, size_t /*n*/, void* /*stream*/) { return false; }
   // After the rank's step synchronized: throws Error when a collective of the step failed on the device.
   virtual void check() {}

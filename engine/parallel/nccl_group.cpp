@@ -36,7 +36,7 @@ ncclDataType_t nccl_type(DType d) {
 
 class NcclGroup final : public CollectiveGroup {
  public:
-  NcclGroup(int first_device, int ranks, bool one_shot) {
+  NcclGroup(int first_device, int ranks, bool one_shot, bool pdl) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess) {
       cudaGetLastError();
@@ -55,7 +55,7 @@ class NcclGroup final : public CollectiveGroup {
     setenv("NCCL_RUNTIME_CONNECT", "0", 0);
     comms_.assign(ranks, nullptr);
     nccl_check(ncclCommInitAll(comms_.data(), ranks, devices.data()), "communicator setup (ncclCommInitAll)");
-    if (one_shot) one_shot_ = OneShotSum::create(devices);  // null on any failure: NCCL alone
+    if (one_shot) one_shot_ = OneShotSum::create(devices, pdl);  // null on any failure: NCCL alone
     for (int r = 0; r < ranks; ++r) members_.push_back(std::make_unique<Member>(*this, r));
   }
 
@@ -137,8 +137,8 @@ std::string nccl_description() {
          ", one-shot kernel over NVLink where the GPUs have peer access";
 }
 
-std::unique_ptr<CollectiveGroup> create_nccl_group(int first_device, int ranks, bool one_shot) {
-  return std::make_unique<NcclGroup>(first_device, ranks, one_shot);
+std::unique_ptr<CollectiveGroup> create_nccl_group(int first_device, int ranks, bool one_shot, bool pdl) {
+  return std::make_unique<NcclGroup>(first_device, ranks, one_shot, pdl);
 }
 
 }  // namespace flashlite::engine

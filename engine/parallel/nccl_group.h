@@ -12,7 +12,7 @@ namespace flashlite::engine {
 // `one_shot` and peer access between every pair, small fused sums (Collective::sum_into) take the one-shot kernel
 // (engine/parallel/one_shot.h); otherwise everything goes through NCCL. Throws Error when the GPUs are fewer, or
 // NCCL fails (its own message included).
-std::unique_ptr<CollectiveGroup> create_nccl_group(int first_device, int ranks, bool one_shot = true);
+std::unique_ptr<CollectiveGroup> create_nccl_group(int first_device, int ranks, bool one_shot = true, bool pdl = true);
 // "NCCL 2.28.9, one-shot kernel over NVLink", or why there is none ("no NCCL in this build").
 std::string nccl_description();
 

@@ -4,7 +4,7 @@
 
 namespace flashlite::engine {
 
-std::unique_ptr<CollectiveGroup> create_nccl_group(int, int ranks, bool) {
+std::unique_ptr<CollectiveGroup> create_nccl_group(int, int ranks, bool, bool) {
   fail("tensor parallelism over " + std::to_string(ranks) +
        " GPUs needs NCCL, and this flashlite was built without it (nccl.h and libnccl from the CUDA toolkit or the "
        "nvidia-nccl package)");

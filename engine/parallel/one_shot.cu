@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/cuda_ops/device_buffer.h"
+#include "engine/cuda_ops/pdl.cuh"
 #include "engine/errors.h"
 #include "engine/parallel/collective.h"  // CollectiveAborted
 
@@ -14,12 +15,14 @@ namespace flashlite::engine {
 namespace {
 
 using cuda_ops::cuda_check;
+using cuda_ops::pdl_launch_dependents;
+using cuda_ops::pdl_wait;
 
 // About 20 s: far past any step (first launches load modules; a peer's host may be capturing a graph), short of the
 // host's own step deadline. The group's abort word is read every millisecond of waiting (it lives in host memory).
 constexpr unsigned long long kTimeoutNs = 20'000'000'000ULL;
 constexpr unsigned long long kAbortPollNs = 1'000'000ULL;
-constexpr int kThreads = 1024;
+constexpr int kThreads = OneShotSum::kThreads;
 
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
@@ -27,101 +30,110 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
+// A line of the LL protocol (NCCL's "low latency" one): two floats, each beside the round's flag, stored and loaded
+// as one 16-byte access. Each 8-byte half {value, flag} arrives whole, so a reader that sees the round's flag in both
+// halves has both values: no fence, no separate flag write, one NVLink crossing.
+__device__ __forceinline__ void store_line(uint4* at, float a, float b, unsigned flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(__float_as_uint(a)), "r"(flag),
+               "r"(__float_as_uint(b)), "r"(flag)
+               : "memory");
+}
+
+__device__ __forceinline__ uint4 load_line(const uint4* at) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(at)
+               : "memory");
+  return v;
+}
+
 struct OneShotParams {
   int rank, ranks;
-  size_t n;
+  int n4;  // float4 vectors of the sum
   float* x;
-  const float* partial;
-  float* staging[OneShotSum::kMaxRanks];    // every rank's staging buffer (peer memory but this rank's own)
-  unsigned* flags[OneShotSum::kMaxRanks];   // every rank's flags
-  unsigned* round;
+  float* partial;
+  uint4* inbox[OneShotSum::kMaxRanks];  // every rank's inbox (peer memory but this rank's own)
+  unsigned* round;                      // this rank's round counters, one per block
   int* error;
   int* abort;  // the group's abort word (mapped host memory)
 };
 
-// One block: the messages are a few rows of the residual stream, so the latency of the flags is what counts.
-__global__ void __launch_bounds__(kThreads) one_shot_sum_kernel(OneShotParams p) {
-  __shared__ unsigned round;
-  if (threadIdx.x == 0) round = *p.round + 1;  // only this rank's kernels touch it, in stream order
-  __syncthreads();
-  // Two staging halves: a peer can run at most one round ahead (it needs this rank's flag of the next round, which
-  // this rank writes only after it has read this round), so it never overwrites the half being read.
-  const size_t half = size_t(round & 1u) * OneShotSum::kMaxFloats;
-  // float4 throughout (sum_into takes n % 4 == 0 and 16-byte aligned arrays; the staging halves are): at most
-  // kMaxFloats / 4 / kThreads = 4 vectors per thread, their peer loads issued together below.
-  constexpr int kPer = int(OneShotSum::kMaxFloats / 4 / kThreads);
-  const int n4 = int(p.n / 4);
-  float4* mine = reinterpret_cast<float4*>(p.staging[p.rank] + half);
-  const float4* part = reinterpret_cast<const float4*>(p.partial);
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int i = int(threadIdx.x) + k * kThreads;
-    if (i < n4) mine[i] = part[i];
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();  // the block's staging writes (ordered before by the barrier) reach the peers first
-    for (int q = 0; q < p.ranks; ++q)
-      if (q != p.rank) *reinterpret_cast<volatile unsigned*>(p.flags[q] + p.rank) = round;
-    const unsigned long long t0 = global_ns();
-    unsigned long long poll = t0 + kAbortPollNs;
-    volatile int* abort_word = p.abort;
-    bool stop = *abort_word != 0;  // an aborted group: no waiting (the step is failed anyway)
-    const volatile unsigned* mine_flags = p.flags[p.rank];
-    for (int q = 0; q < p.ranks && !stop; ++q) {
-      if (q == p.rank) continue;
-      while (int(mine_flags[q] - round) < 0) {  // (wraps like the counters)
-        const unsigned long long now = global_ns();
-        if (now - t0 > kTimeoutNs) {  // a peer never came: this rank reports it, every rank stops waiting
-          *reinterpret_cast<volatile int*>(p.error) = 1;
-          *abort_word = 1;
-          stop = true;
-          break;
-        }
-        if (now > poll) {
-          poll = now + kAbortPollNs;
-          if (*abort_word) {
-            stop = true;
-            break;
-          }
-        }
-      }
+// Waits until `line` holds round `flag` in both halves; false when the wait was given up (a peer that never came
+// within kTimeoutNs, or the group aborted: the step fails, its sums do not matter).
+__device__ __forceinline__ bool await_line(const OneShotParams& p, const uint4* line, unsigned flag, uint4& v,
+                                           unsigned long long& t0, unsigned long long& poll) {
+  for (;;) {
+    v = load_line(line);
+    if (v.y == flag && v.w == flag) return true;
+    const unsigned long long now = global_ns();
+    if (t0 == 0) {  // the first miss: the clock starts (most calls never read it)
+      t0 = now;
+      poll = now + kAbortPollNs;
+      continue;
     }
-    __threadfence_system();  // the peers' staging reads below come after their flags
-    *p.round = round;
-  }
-  __syncthreads();
-  float4 sum[kPer];
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) sum[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int q = 0; q < p.ranks; ++q) {  // rank order: the same bits on every rank
-    const float4* peer = reinterpret_cast<const float4*>(p.staging[q] + half);
-    float4 v[kPer];
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int i = int(threadIdx.x) + k * kThreads;
-      v[k] = i < n4 ? __ldcv(peer + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    if (now - t0 > kTimeoutNs) {  // this rank reports it; every rank stops waiting
+      *reinterpret_cast<volatile int*>(p.error) = 1;
+      *reinterpret_cast<volatile int*>(p.abort) = 1;
+      return false;
     }
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      sum[k].x += v[k].x, sum[k].y += v[k].y, sum[k].z += v[k].z, sum[k].w += v[k].w;
-    }
-  }
-  float4* x = reinterpret_cast<float4*>(p.x);
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int i = int(threadIdx.x) + k * kThreads;
-    if (i < n4) {
-      float4 r = x[i];
-      r.x += sum[k].x, r.y += sum[k].y, r.z += sum[k].z, r.w += sum[k].w;
-      x[i] = r;
+    if (now > poll) {  // the abort word is host memory: read once a millisecond of waiting, never on the fast path
+      poll = now + kAbortPollNs;
+      if (*reinterpret_cast<volatile int*>(p.abort)) return false;
     }
   }
 }
 
+// Block b owns float4 vectors [b * kThreads, (b + 1) * kThreads) of the sum, one a thread, on every rank, and keeps
+// its own round counter: every rank launches the same grids in the same order, so block b's rounds match across
+// ranks. A rank pushes its partial to each peer's inbox as LL lines tagged with the round, then reads the peers'
+// lines from its own inbox (local memory), adds the sum over ranks in rank order (the same bits on every rank) to x,
+// and zeroes its partial for the next GEMV that accumulates into it. Two inbox halves by round parity suffice: a peer
+// pushes round k + 2 only after its round k + 1 completed, which needed this rank's round k + 1 push, which comes
+// after this rank read round k.
+__global__ void __launch_bounds__(kThreads) one_shot_sum_kernel(const __grid_constant__ OneShotParams p) {
+  pdl_launch_dependents();  // the next GEMV may start loading its weights; it waits for this grid's end to read x
+  pdl_wait();               // the partial sums (the previous GEMV) and the previous round (the previous sum)
+  const int i = int(blockIdx.x) * kThreads + int(threadIdx.x);
+  const unsigned round = p.round[blockIdx.x] + 1;  // one round per block and call; 0 is no round (zeroed inboxes)
+  const size_t half = size_t(round & 1u) * OneShotSum::kInboxLines;
+  const size_t mine = size_t(p.rank) * (OneShotSum::kMaxFloats / 2);  // this rank's lines in a peer's inbox half
+  float4 own = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (i < p.n4) {
+    float4* part = reinterpret_cast<float4*>(p.partial) + i;
+    own = *part;
+    *part = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int q = 0; q < p.ranks; ++q) {
+      if (q == p.rank) continue;
+      uint4* to = p.inbox[q] + half + mine + 2 * size_t(i);
+      store_line(to, own.x, own.y, round);
+      store_line(to + 1, own.z, own.w, round);
+    }
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    unsigned long long t0 = 0, poll = 0;
+    bool ok = true;
+    for (int q = 0; q < p.ranks; ++q) {  // rank order: the same bits on every rank
+      float4 v = own;
+      if (q != p.rank && ok) {
+        const uint4* from = p.inbox[p.rank] + half + size_t(q) * (OneShotSum::kMaxFloats / 2) + 2 * size_t(i);
+        uint4 a{}, b{};
+        ok = await_line(p, from, round, a, t0, poll) && await_line(p, from + 1, round, b, t0, poll);
+        v = make_float4(__uint_as_float(a.x), __uint_as_float(a.z), __uint_as_float(b.x), __uint_as_float(b.z));
+      }
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    float4* xi = reinterpret_cast<float4*>(p.x) + i;
+    float4 r = *xi;
+    r.x += sum.x, r.y += sum.y, r.z += sum.z, r.w += sum.w;
+    *xi = r;
+  }
+  __syncthreads();  // every thread read the counter before it moves on
+  if (threadIdx.x == 0) p.round[blockIdx.x] = round;
+}
+
 }  // namespace
 
-std::unique_ptr<OneShotSum> OneShotSum::create(const std::vector<int>& devices) {
+std::unique_ptr<OneShotSum> OneShotSum::create(const std::vector<int>& devices, bool pdl) {
   const int R = int(devices.size());
   if (R < 2 || R > kMaxRanks) return nullptr;
   for (int a : devices) {
@@ -134,6 +146,7 @@ std::unique_ptr<OneShotSum> OneShotSum::create(const std::vector<int>& devices) 
     }
   }
   std::unique_ptr<OneShotSum> g(new OneShotSum());
+  g->pdl_ = pdl;
   int current = 0;
   if (cudaGetDevice(&current) != cudaSuccess) {
     cudaGetLastError();
@@ -159,14 +172,14 @@ std::unique_ptr<OneShotSum> OneShotSum::create(const std::vector<int>& devices) 
       made = e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;  // (already enabled: by NCCL)
       cudaGetLastError();
     }
-    made = made && ok(cudaMalloc(&k.staging, 2 * kMaxFloats * sizeof(float))) &&
-           ok(cudaMalloc(&k.flags, kMaxRanks * sizeof(unsigned))) && ok(cudaMalloc(&k.round, sizeof(unsigned))) &&
-           ok(cudaMemset(k.flags, 0, kMaxRanks * sizeof(unsigned))) && ok(cudaMemset(k.round, 0, sizeof(unsigned))) &&
+    const size_t inbox_bytes = 2 * kInboxLines * sizeof(uint4);
+    made = made && ok(cudaMalloc(&k.inbox, inbox_bytes)) && ok(cudaMalloc(&k.round, kMaxBlocks * sizeof(unsigned))) &&
+           ok(cudaMemset(k.inbox, 0, inbox_bytes)) && ok(cudaMemset(k.round, 0, kMaxBlocks * sizeof(unsigned))) &&
            ok(cudaHostAlloc(&k.error, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
     if (made) {
       *k.error = 0;
       made = ok(cudaHostGetDevicePointer(reinterpret_cast<void**>(&k.error_dev), k.error, 0)) &&
-             ok(cudaDeviceSynchronize());  // the zeroed flags are in place before any peer writes into them
+             ok(cudaDeviceSynchronize());  // the zeroed inbox is in place before any peer writes into it
     }
   }
   cudaSetDevice(current);
@@ -180,8 +193,7 @@ OneShotSum::~OneShotSum() {
   cudaGetDevice(&current);
   for (Rank& k : ranks_) {
     cudaSetDevice(k.device);
-    if (k.staging) cudaFree(k.staging);
-    if (k.flags) cudaFree(k.flags);
+    if (k.inbox) cudaFree(k.inbox);
     if (k.round) cudaFree(k.round);
     if (k.error) cudaFreeHost(k.error);
   }
@@ -195,7 +207,7 @@ bool OneShotSum::takes(const float* x, const float* partial, size_t n) {
          reinterpret_cast<uintptr_t>(partial) % 16 == 0;
 }
 
-void OneShotSum::sum_into(int rank, float* x, const float* partial, size_t n, void* stream) {
+void OneShotSum::sum_into(int rank, float* x, float* partial, size_t n, void* stream) {
   if (!takes(x, partial, n)) {
     fail("one-shot all-reduce of " + std::to_string(n) + " floats; at most " + std::to_string(kMaxFloats) +
          ", a multiple of 4, 16-byte aligned arrays");
@@ -203,18 +215,18 @@ void OneShotSum::sum_into(int rank, float* x, const float* partial, size_t n, vo
   OneShotParams p{};
   p.rank = rank;
   p.ranks = int(ranks_.size());
-  p.n = n;
+  p.n4 = int(n / 4);
   p.x = x;
   p.partial = partial;
-  for (int q = 0; q < p.ranks; ++q) {
-    p.staging[q] = ranks_[q].staging;
-    p.flags[q] = ranks_[q].flags;
-  }
+  for (int q = 0; q < p.ranks; ++q) p.inbox[q] = static_cast<uint4*>(ranks_[q].inbox);
   p.round = ranks_[rank].round;
   p.error = ranks_[rank].error_dev;
   p.abort = abort_;  // portable mapped memory: the host address is the device address on every GPU (UVA)
-  one_shot_sum_kernel<<<1, kThreads, 0, cudaStream_t(stream)>>>(p);
-  cuda_check(cudaGetLastError(), "one-shot all-reduce launch");
+  const int blocks = (p.n4 + kThreads - 1) / kThreads;
+  if (blocks == 0) return;  // nothing to sum (every rank agrees: the same n)
+  cuda_check(cuda_ops::launch_pdl(pdl_, one_shot_sum_kernel, dim3(blocks), dim3(kThreads), 0,
+                                  cudaStream_t(stream), p),
+             "one-shot all-reduce launch");
 }
 
 void OneShotSum::check(int rank) {

@@ -1,10 +1,13 @@
 #pragma once
 // The small all-reduce of a tensor-parallel decode step in one kernel per rank over NVLink peer memory (the
 // "one-shot" all-reduce that vLLM, SGLang and TensorRT-LLM use for small messages, where NCCL's latency dominates):
-// each rank copies its partial sum into its own staging buffer, publishes the round's number into every peer's
-// flags, waits for theirs, then adds the sum over ranks (in rank order, so that every rank gets the same bits) to its
-// residual stream: the all-reduce and the residual add in one launch. Built with NCCL (engine/parallel/nccl_group.cpp
-// owns one); NCCL stays the path for larger messages and where two GPUs lack peer access.
+// each rank writes its partial sum straight into every peer's inbox in NCCL's LL format (each value beside the
+// round's flag, so a value and the news that it arrived cross NVLink together, with no fence), reads the peers' sums
+// from its own inbox, and adds the sum over ranks (in rank order, so that every rank gets the same bits) to its
+// residual stream: the all-reduce and the residual add in one launch, which also zeroes the partial for the next GEMV
+// that accumulates into it. Launched as a programmatic dependent (sm_90), so it starts while the GEMV before it drains
+// and the GEMV after it starts loading weights while it waits. Built with NCCL (engine/parallel/nccl_group.cpp owns
+// one); NCCL stays the path for larger messages and where two GPUs lack peer access.
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -15,18 +18,23 @@ class OneShotSum {
  public:
   static constexpr size_t kMaxFloats = 16384;  // 64 KB: a decode step of up to 4 rows at hidden size 4096
   static constexpr int kMaxRanks = 8;
+  static constexpr int kThreads = 256;                              // a block sums 256 float4 vectors
+  static constexpr int kMaxBlocks = int(kMaxFloats / 4 / kThreads);  // each with its own round counter
+  static constexpr size_t kInboxLines = kMaxRanks * kMaxFloats / 2;  // an inbox half: 2 floats a 16-byte line
   // One rank per device of `devices`; null when some pair of them lacks peer access, there are too many, or the
   // setup fails (peer access refused, no memory): then NCCL does everything. Leaves the current device as it was.
-  static std::unique_ptr<OneShotSum> create(const std::vector<int>& devices);
+  // `pdl`: launch as programmatic dependents where the device has them (the engine's --no-pdl turns it off).
+  static std::unique_ptr<OneShotSum> create(const std::vector<int>& devices, bool pdl = true);
   ~OneShotSum();
   OneShotSum(const OneShotSum&) = delete;
   OneShotSum& operator=(const OneShotSum&) = delete;
 
   // Whether sum_into takes these arrays: n <= kMaxFloats, n % 4 == 0, both 16-byte aligned (float4 accesses).
   static bool takes(const float* x, const float* partial, size_t n);
-  // Queued on rank `rank`'s stream (its device current): x[0, n) += sum over ranks of their partial[0, n), fp32 device
-  // arrays that takes() accepts. Every rank must make the same calls in the same order (as for any collective).
-  void sum_into(int rank, float* x, const float* partial, size_t n, void* stream);
+  // Queued on rank `rank`'s stream (its device current): x[0, n) += sum over ranks of their partial[0, n), then
+  // partial[0, n) = 0; fp32 device arrays that takes() accepts. Every rank must make the same calls in the same order
+  // (as for any collective).
+  void sum_into(int rank, float* x, float* partial, size_t n, void* stream);
   // After rank `rank`'s stream synchronized: throws Error when one of its kernels gave up waiting for a peer (a peer
   // that never came within about 20 s) or the group was aborted; the round counters are then out of step and the
   // group must not be reused.
@@ -39,13 +47,14 @@ class OneShotSum {
   OneShotSum() = default;
   struct Rank {
     int device = 0;
-    float* staging = nullptr;    // 2 rounds x kMaxFloats, on the rank's device
-    unsigned* flags = nullptr;   // kMaxRanks: flags[q] = the last round rank q published (written by q)
-    unsigned* round = nullptr;   // this rank's round counter (its kernels only)
+    void* inbox = nullptr;       // 2 round halves x kInboxLines LL lines (16 bytes), on the rank's device; rank q
+                                 //   writes lines [q * kMaxFloats / 2, (q + 1) * kMaxFloats / 2) of each half
+    unsigned* round = nullptr;   // kMaxBlocks: this rank's round counter of each block (its kernels only)
     int* error = nullptr;        // mapped pinned host memory: set by a kernel that gave up
     int* error_dev = nullptr;    // the same, as the kernels address it
   };
   std::vector<Rank> ranks_;
+  bool pdl_ = true;
   int* abort_ = nullptr;  // mapped pinned host memory, one word for the group: set by abort() or a kernel that gave up
 };
 

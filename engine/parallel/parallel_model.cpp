@@ -20,7 +20,7 @@ ParallelModel::ParallelModel(int ranks, const RankLoader& load, const RuntimeOpt
     group_ = std::make_unique<LocalGroup>(ranks);
   } else if (device == "cuda") {
 #if FLASHLITE_ENGINE_CUDA
-    group_ = create_nccl_group(options.device_index, ranks, options.cuda.one_shot_allreduce);
+    group_ = create_nccl_group(options.device_index, ranks, options.cuda.one_shot_allreduce, options.cuda.pdl);
 #else
     fail("device 'cuda': this flashlite was built without CUDA; use --device cpu");
 #endif
