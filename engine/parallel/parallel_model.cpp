@@ -31,7 +31,7 @@ ParallelModel::ParallelModel(int ranks, const RankLoader& load, const RuntimeOpt
   shards_.resize(ranks);
   ranks_.resize(ranks);
   rank_logits_.assign(ranks, nullptr);
-  threads_ = std::make_unique<RankThreads>(ranks);
+  threads_ = std::make_unique<RankThreads>(ranks, device != "cpu");  // GPU ranks: spinning hand-offs
   // Each rank loads its shard and builds its model on its own thread (its GPU, its OpenMP team), all at once.
   on_all_ranks([&](int r) {
     weights_[r] = load(r, ranks);

@@ -2,7 +2,29 @@
 
 namespace flashlite::engine {
 
-RankThreads::RankThreads(int ranks) : errors_(ranks) {
+namespace {
+
+// Spins while `busy()` holds, for at most `limit`; true when it stopped holding.
+template <typename Busy>
+bool spin_while(Busy busy, std::chrono::microseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  for (int i = 0;; ++i) {
+    if (!busy()) return true;
+    if ((i & 255) == 255 && std::chrono::steady_clock::now() > end) return false;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+}
+
+}  // namespace
+
+// Spinning needs a core per spinning thread (the caller and every rank) and one to spare; with fewer, spinners
+// would take the cores that the thread with work to do is waiting for.
+RankThreads::RankThreads(int ranks, bool spin)
+    : errors_(ranks), spin_(spin && std::thread::hardware_concurrency() >= unsigned(ranks) + 2) {
   for (int r = 0; r < ranks; ++r) threads_.emplace_back([this, r] { loop(r); });
 }
 
@@ -27,6 +49,13 @@ std::vector<std::exception_ptr> RankThreads::run(const std::function<void(int)>&
   timed_out_ = false;
   ++job_;
   work_.notify_all();
+  if (spin_) {  // (a step's length; past it, the waits below with their deadline)
+    lock.unlock();
+    const std::chrono::microseconds limit = deadline.count() > 0 ? std::min<std::chrono::microseconds>(kCallerSpin, deadline)
+                                                                  : kCallerSpin;
+    spin_while([&] { return pending_.load() != 0; }, limit);
+    lock.lock();
+  }
   if (deadline.count() > 0 && !done_.wait_for(lock, deadline, [&] { return pending_ == 0; })) {
     timed_out_ = true;
     lock.unlock();  // the abort may need the ranks to make progress
@@ -43,6 +72,7 @@ void RankThreads::loop(int rank) {
   for (;;) {
     const std::function<void(int)>* fn;
     const std::function<void(int)>* on_error;
+    if (spin_) spin_while([&] { return job_.load() == seen; }, kRankSpin);  // the next step comes soon
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_.wait(lock, [&] { return stop_ || job_ != seen; });

@@ -389,6 +389,44 @@ TEST(TensorParallelCpu, ARankThatFailsEndsEveryRankWithItsMessage) {
   }
 }
 
+// The rank threads, blocking (CPU ranks) and spinning (GPU ranks): every job runs exactly once on every rank, in
+// order, back to back and after pauses longer than the spins (so that the blocked path is taken too); a rank's error
+// comes back as its own; a deadline fires on a rank that overruns it and run() still returns once it finishes.
+TEST(RankThreads, EveryJobRunsOnceOnEveryRankSpinningOrNot) {
+  for (bool spin : {false, true}) {
+    const int ranks = 3;
+    eng::RankThreads threads(ranks, spin);
+    std::vector<std::atomic<int>> runs(ranks);
+    std::vector<int> last(ranks, -1);
+    for (int job = 0; job < 600; ++job) {
+      if (job % 200 == 199) std::this_thread::sleep_for(std::chrono::milliseconds(30));  // past both spins
+      const auto errors = threads.run([&](int r) {
+        ASSERT_EQ(last[r], job - 1) << "rank " << r;  // in order, none skipped
+        last[r] = job;
+        ++runs[r];
+        if (job == 300 && r == 1) throw flashlite::Error(flashlite::ErrorKind::runtime, "rank 1 job 300");
+      });
+      for (int r = 0; r < ranks; ++r) {
+        if (job == 300 && r == 1) {
+          EXPECT_THROW(std::rethrow_exception(errors[r]), flashlite::Error);
+        } else {
+          EXPECT_FALSE(errors[r]) << spin << " job " << job << " rank " << r;
+        }
+      }
+    }
+    for (int r = 0; r < ranks; ++r) EXPECT_EQ(runs[r].load(), 600) << spin;
+    bool fired = false;
+    const auto errors = threads.run(
+        [&](int r) {
+          if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(60));
+        },
+        {}, std::chrono::milliseconds(10), [&] { fired = true; });
+    EXPECT_TRUE(fired) << spin;
+    EXPECT_TRUE(threads.timed_out()) << spin;
+    for (const auto& e : errors) EXPECT_FALSE(e);
+  }
+}
+
 // The in-process all-reduce: the sum in rank order on every rank (bitwise the same everywhere); a rank that fails
 // before its collective releases the others with CollectiveAborted; after recover() the group works again.
 TEST(LocalGroup, SumsInRankOrderAndAbortsWithoutWaiting) {
