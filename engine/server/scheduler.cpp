@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include "engine/errors.h"
 
@@ -35,43 +36,6 @@ void RequestStream::push(TokenEvent e) {
   events_.push_back(std::move(e));
 }
 
-// ---- StreamWaker
-
-StreamWaker::StreamWaker() : thread_([this] { loop(); }) {}
-
-StreamWaker::~StreamWaker() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_one();
-  thread_.join();
-}
-
-void StreamWaker::wake(std::vector<std::shared_ptr<RequestStream>>& streams) {
-  if (streams.empty()) return;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    pending_.insert(pending_.end(), std::make_move_iterator(streams.begin()), std::make_move_iterator(streams.end()));
-  }
-  streams.clear();
-  cv_.notify_one();
-}
-
-void StreamWaker::loop() {
-  std::vector<std::shared_ptr<RequestStream>> batch;
-  while (true) {
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stopping_ || !pending_.empty(); });
-      if (pending_.empty()) return;  // stopping, nothing left
-      batch.swap(pending_);
-    }
-    for (const auto& s : batch) s->notify();
-    batch.clear();  // the last references of finished requests may go here
-  }
-}
-
 void RequestStream::end(const std::string& reason, const std::string& error_message) {
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -85,32 +49,61 @@ void RequestStream::end(const std::string& reason, const std::string& error_mess
 
 // ---- Scheduler
 
+// What the emitter keeps of a request. Shared: a request can leave the batch while its last tokens still wait for the
+// emitter, and the emitter can end a request (a stop string) while it is still in the batch.
+struct Scheduler::Output {
+  Output(const GenerationRequest& r, const ModelText& t)
+      : stream(std::make_shared<RequestStream>()),
+        text(*t.tokenizer, t.bos, r.prompt.empty() ? -1 : r.prompt.back(), r.stop),
+        prompt_tokens(int(r.prompt.size())) {}
+  std::shared_ptr<RequestStream> stream;
+  TextStream text;        // emitter thread only
+  int prompt_tokens = 0;
+  int emitted = 0;        // emitter: the tokens its client got (usage.completion_tokens)
+  bool ended = false;     // emitter: the stream ended; whatever comes after is dropped
+  Clock::time_point arrived = Clock::now(), last_token;  // last_token: emitter
+  // Set by the emitter when it ended the request itself (a stop string in the text, or its own failure) while the
+  // scheduler may still run it: the scheduler frees it at its next loop top, as it does a cancelled one.
+  enum Early { none = 0, stopped = 1, failed = 2 };
+  std::atomic<int> early{none};
+};
+
+// One item for the emitter: a sampled token (token >= 0), the request's end (reason set), or both. A step's items go
+// over in one batch, in order, so that a request's end always follows its last token.
+struct Scheduler::Emit {
+  std::shared_ptr<Output> out;
+  int token = -1;
+  bool stop_token = false;  // the token is a stop token: it adds no text, and reason is "stop"
+  float logprob = 0;
+  std::vector<TokenLogprob> top;
+  const char* reason = nullptr;  // ends the request: "stop", "length", "cancelled", or "" with error
+  std::string error;
+};
+
 struct Scheduler::Sequence {
   Sequence(GenerationRequest r, const ModelText& t)
       : req(std::move(r)),
-        stream(std::make_shared<RequestStream>()),
-        sampler(req.sampling, 0),  // stream 0: the same draws as `flashlite generate --seed` for one prompt
-        text(*t.tokenizer, t.bos, req.prompt.empty() ? -1 : req.prompt.back(), req.stop) {}
+        out(std::make_shared<Output>(req, t)),
+        sampler(req.sampling, 0) {}  // stream 0: the same draws as `flashlite generate --seed` for one prompt
+  RequestStream& stream() const { return *out->stream; }
   GenerationRequest req;
-  std::shared_ptr<RequestStream> stream;
+  std::shared_ptr<Output> out;
   Sampler sampler;
-  TextStream text;
   int slot = -1, pages = 0;
   size_t fed = 0;  // prompt tokens in the cache
   int last = -1;   // the last sampled token (the next step's input)
   int generated = 0;
-  Clock::time_point arrived = Clock::now(), last_token;
 };
 
 Scheduler::Scheduler(LlamaModel& model, ModelText text, const SchedulerOptions& options)
     : model_(model),
       text_(std::move(text)),
       opt_(options),
+      batch_size_({1, 2, 4, 8, 16, 32, 64, 128, 256}),
+      step_tokens_({1, 4, 16, 64, 256, 1024, 4096}),
       ttft_s_(latency_buckets()),
       itl_s_(latency_buckets()),
-      e2e_s_(latency_buckets()),
-      batch_size_({1, 2, 4, 8, 16, 32, 64, 128, 256}),
-      step_tokens_({1, 4, 16, 64, 256, 1024, 4096}) {
+      e2e_s_(latency_buckets()) {
   if (opt_.max_queue < 0 || opt_.prefill_chunk < 1 || opt_.max_step_tokens < 1) {
     fail("scheduler options: max_queue " + std::to_string(opt_.max_queue) + ", prefill_chunk " +
          std::to_string(opt_.prefill_chunk) + ", max_step_tokens " + std::to_string(opt_.max_step_tokens) +
@@ -127,6 +120,7 @@ Scheduler::Scheduler(LlamaModel& model, ModelText text, const SchedulerOptions& 
   page_size_ = u.page_size;
   pages_total_ = u.pages_total;
   warm_up();
+  emitter_ = std::thread([this] { emit_loop(); });
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -170,6 +164,13 @@ void Scheduler::stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // Then the emitter: it drains what the scheduler handed over last (the ends of every request left), then returns.
+  {
+    std::lock_guard<std::mutex> lk(emit_mu_);
+    emit_stopping_ = true;
+  }
+  emit_cv_.notify_one();
+  if (emitter_.joinable()) emitter_.join();
 }
 
 int Scheduler::pages_needed(const GenerationRequest& r) const {
@@ -188,7 +189,7 @@ std::shared_ptr<RequestStream> Scheduler::submit(GenerationRequest request) {
          std::to_string(pages_total_));
   }
   auto seq = std::make_unique<Sequence>(std::move(request), text_);
-  std::shared_ptr<RequestStream> stream = seq->stream;
+  std::shared_ptr<RequestStream> stream = seq->out->stream;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stopping_) fail("the server is shutting down");
@@ -207,8 +208,8 @@ std::shared_ptr<RequestStream> Scheduler::submit(GenerationRequest request) {
 void Scheduler::admit() {
   // Cancelled while waiting: gone before taking anything.
   for (auto it = waiting_.begin(); it != waiting_.end();) {
-    if ((*it)->stream->cancelled()) {
-      (*it)->stream->end("cancelled", "");
+    if ((*it)->stream().cancelled()) {
+      emits_.push_back({(*it)->out, -1, false, 0, {}, "cancelled", ""});
       ++requests_cancelled_;
       it = waiting_.erase(it);
     } else {
@@ -225,7 +226,7 @@ void Scheduler::admit() {
     free_slot_count_ = int(free_slots_.size());
     s.pages = need;
     reserved_pages_ += need;
-    s.stream->prompt_tokens = int(s.req.prompt.size());
+    s.stream().prompt_tokens = int(s.req.prompt.size());
     auto at = std::lower_bound(running_.begin(), running_.end(), s.slot,
                                [](const std::unique_ptr<Sequence>& a, int slot) { return a->slot < slot; });
     running_.insert(at, std::move(waiting_.front()));
@@ -234,21 +235,37 @@ void Scheduler::admit() {
   running_count_ = int(running_.size());
 }
 
-void Scheduler::release(Sequence& s, const std::string& reason, const std::string& error) {
+void Scheduler::release(Sequence& s, const std::string& reason, bool failed) {
   model_.reset(s.slot);  // gives the slot's pages back
   reserved_pages_ -= s.pages;
-  s.stream->completion_tokens = s.generated;
+  const int early = s.out->early.load();  // the emitter ended it first: that is the outcome its client saw
   std::lock_guard<std::mutex> lk(mu_);
   free_slots_.insert(s.slot);
   free_slot_count_ = int(free_slots_.size());
   s.slot = -1;  // gone from the batch (step() drops it)
-  if (!error.empty()) ++requests_failed_;
-  else if (reason == "cancelled") ++requests_cancelled_;
-  else {
-    ++requests_finished_;
-    e2e_s_.observe(seconds(Clock::now() - s.arrived));
+  if (early == Output::failed || (early == Output::none && failed)) ++requests_failed_;
+  else if (early == Output::none && reason == "cancelled") ++requests_cancelled_;
+  else ++requests_finished_;
+}
+
+void Scheduler::end(Sequence& s, const char* reason, const std::string& error) {
+  release(s, reason, !error.empty());
+  emits_.push_back({s.out, -1, false, 0, {}, reason, error});
+}
+
+void Scheduler::hand_over() {
+  if (emits_.empty()) return;
+  {
+    std::lock_guard<std::mutex> lk(emit_mu_);
+    if (emit_pending_.empty()) {
+      emit_pending_.swap(emits_);  // the usual case: the emitter took the last batch; buffers go back and forth
+    } else {
+      emit_pending_.insert(emit_pending_.end(), std::make_move_iterator(emits_.begin()),
+                           std::make_move_iterator(emits_.end()));
+      emits_.clear();
+    }
   }
-  s.stream->end(reason, error);
+  emit_cv_.notify_one();
 }
 
 void Scheduler::refresh_usage(double busy_s) {
@@ -271,10 +288,15 @@ void Scheduler::loop() {
       busy = Clock::now();  // from admission to the step's last token handed over
       admit();
     }
-    // Cancelled sequences leave before the step runs.
+    // Cancelled sequences leave before the step runs, and so do those the emitter ended on a stop string (their
+    // stream has ended already: the tokens sampled for them since are dropped).
     for (auto it = running_.begin(); it != running_.end();) {
-      if ((*it)->stream->cancelled()) {
-        release(**it, "cancelled", "");
+      Sequence& s = **it;
+      if (s.out->early.load() != Output::none) {
+        release(s, "stop", false);
+        it = running_.erase(it);
+      } else if (s.stream().cancelled()) {
+        end(s, "cancelled", "");
         it = running_.erase(it);
       } else {
         ++it;
@@ -282,16 +304,20 @@ void Scheduler::loop() {
     }
     const bool stepped = !running_.empty();
     if (stepped) step();
+    hand_over();
     refresh_usage(stepped ? seconds(Clock::now() - busy) : 0.0);
   }
-  std::lock_guard<std::mutex> lk(mu_);
-  for (auto& s : waiting_) s->stream->end("", "the server is shutting down");
-  waiting_.clear();
-  for (auto& s : running_) {
-    model_.reset(s->slot);
-    s->stream->end("", "the server is shutting down");
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& s : waiting_) emits_.push_back({s->out, -1, false, 0, {}, "", "the server is shutting down"});
+    waiting_.clear();
+    for (auto& s : running_) {
+      model_.reset(s->slot);
+      emits_.push_back({s->out, -1, false, 0, {}, "", "the server is shutting down"});
+    }
+    running_.clear();
   }
-  running_.clear();
+  hand_over();  // stop() then drains the emitter
 }
 
 void Scheduler::step() {
@@ -339,17 +365,19 @@ void Scheduler::step() {
   } catch (const std::exception& e) {
     // The model rejected the step (its cache is as before it): every sequence in it fails, the others go on.
     for (Sequence* s : who) {
-      if (s->slot >= 0) release(*s, "", std::string("generation failed: ") + e.what());
+      if (s->slot >= 0) end(*s, "", std::string("generation failed: ") + e.what());
     }
   }
-  waker_.wake(woken_);  // the readers of this step's tokens, off this thread
   running_.erase(std::remove_if(running_.begin(), running_.end(),
                                 [](const std::unique_ptr<Sequence>& s) { return s->slot < 0; }),
                  running_.end());
 }
 
+// Only what needs this step's logits or decides the next step stays here (the token, log-probabilities, the end on a
+// stop token, max_tokens or a full context); the text, the stream and the per-token metrics are the emitter's.
 void Scheduler::sample(Sequence& s, const LogitsOutput& out, int row) {
-  TokenEvent ev;
+  Emit& ev = emits_.emplace_back();
+  ev.out = s.out;
   const float* logits = out.kind == LogitsRequest::Kind::logits ? out.logits + size_t(row) * vocab_ : nullptr;
   ev.token = logits ? s.sampler.sample(logits, vocab_) : out.ids[row];
   if (logits && s.req.top_logprobs >= 0) {
@@ -366,38 +394,99 @@ void Scheduler::sample(Sequence& s, const LogitsOutput& out, int row) {
     std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), Sampler::before);
     for (size_t i = 0; i < k; ++i) ev.top.push_back({cand[i].second, float(cand[i].first - lse)});
   }
-  const auto now = Clock::now();
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (s.generated == 0) {
-      ttft_s_.observe(seconds(now - s.arrived));
-      prompt_tokens_total_ += s.req.prompt.size();
-    } else {
-      itl_s_.observe(seconds(now - s.last_token));
-    }
-    ++generation_tokens_total_;
-  }
-  s.last_token = now;
   ++s.generated;
   s.last = ev.token;
   if (!s.req.ignore_eos && std::find(text_.stop_ids.begin(), text_.stop_ids.end(), ev.token) != text_.stop_ids.end()) {
-    s.stream->push(TokenEvent{ev.token, s.text.flush(), ev.logprob, ev.top});  // a stop token adds no text
-    woken_.push_back(s.stream);
-    release(s, "stop", "");
-    return;
+    ev.stop_token = true;
+    ev.reason = "stop";
+  } else if (s.generated >= s.req.max_tokens || model_.length(s.slot) + 1 > context_) {
+    ev.reason = "length";  // the emitter may still make it "stop" (a stop string in this last token's text)
   }
-  ev.text = s.text.push(ev.token);
-  const bool stopped = s.text.stopped();
-  const bool full = s.generated >= s.req.max_tokens || model_.length(s.slot) + 1 > context_;
-  if (!stopped && full) ev.text += s.text.flush();
-  s.stream->push(std::move(ev));
-  woken_.push_back(s.stream);
-  if (stopped) release(s, "stop", "");
-  else if (full) release(s, "length", "");
+  if (ev.reason) release(s, ev.reason, false);  // (ev stays valid: release adds no item)
+}
+
+// ---- The emitter
+
+void Scheduler::emit_loop() {
+  std::vector<Emit> batch;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lk(emit_mu_);
+      emit_cv_.wait(lk, [&] { return emit_stopping_ || !emit_pending_.empty(); });
+      if (emit_pending_.empty()) return;  // stopping, and the scheduler's last items are out
+      batch.swap(emit_pending_);
+    }
+    emit(batch);
+    batch.clear();  // the last references of finished requests may go here
+  }
+}
+
+void Scheduler::emit(std::vector<Emit>& batch) {
+  // Latencies are stamped here, when the tokens go to their streams (one clock read per batch): what a client sees,
+  // the emitter's lag included.
+  const auto now = Clock::now();
+  std::vector<double> ttft, itl, e2e;
+  uint64_t prompt_tokens = 0, tokens = 0;
+  std::vector<RequestStream*> woken;  // (their Outputs, held by `batch`, keep them alive)
+  std::vector<const Emit*> ended;
+  for (Emit& e : batch) {
+    Output& o = *e.out;
+    if (o.ended) continue;  // ended early (a stop string): what the scheduler sampled since is not the client's
+    try {
+      if (e.token >= 0) {
+        TokenEvent ev{e.token, "", e.logprob, std::move(e.top)};
+        if (e.stop_token) {
+          ev.text = o.text.flush();  // a stop token adds no text
+        } else {
+          ev.text = o.text.push(e.token);
+          if (o.text.stopped()) {
+            if (!e.reason) o.early = Output::stopped;  // still in the batch: the scheduler frees it next
+            e.reason = "stop";
+          } else if (e.reason) {
+            ev.text += o.text.flush();  // the last token: what was held back goes too
+          }
+        }
+        if (o.emitted == 0) {
+          ttft.push_back(seconds(now - o.arrived));
+          prompt_tokens += uint64_t(o.prompt_tokens);
+        } else {
+          itl.push_back(seconds(now - o.last_token));
+        }
+        o.last_token = now;
+        ++o.emitted;
+        ++tokens;
+        o.stream->push(std::move(ev));
+      }
+    } catch (const std::exception& ex) {  // never lose it: the request fails, and the scheduler frees it next
+      if (!e.reason) o.early = Output::failed;
+      e.reason = "";
+      e.error = std::string("generation failed: ") + ex.what();
+    }
+    if (e.reason) {
+      o.ended = true;
+      o.stream->completion_tokens = o.emitted;  // exactly the tokens its client got (none past a stop string)
+      if (e.error.empty() && std::string_view(e.reason) != "cancelled") e2e.push_back(seconds(now - o.arrived));
+      ended.push_back(&e);
+    } else {
+      woken.push_back(o.stream.get());
+    }
+  }
+  {  // one lock per batch, before any stream ends, so that a client sees its request counted
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    for (double v : ttft) ttft_s_.observe(v);
+    for (double v : itl) itl_s_.observe(v);
+    for (double v : e2e) e2e_s_.observe(v);
+    prompt_tokens_total_ += prompt_tokens;
+    generation_tokens_total_ += tokens;
+  }
+  // The wakes (system calls) last: a reader woken early would only compete with this thread for a core.
+  for (RequestStream* st : woken) st->notify();
+  for (const Emit* e : ended) e->out->stream->end(e->reason, e->error);  // after its last token: then [DONE]
 }
 
 std::string Scheduler::metrics_text() {
   std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard<std::mutex> stats(stats_mu_);
   std::string o;
   render_metric(o, "flashlite_requests_running", "gauge", "Requests in the running batch", running_count_);
   render_metric(o, "flashlite_requests_waiting", "gauge", "Requests queued for a slot or KV pages", double(waiting_.size()));

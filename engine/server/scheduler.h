@@ -1,10 +1,10 @@
 #pragma once
 // Continuous (iteration-level) batching over one LlamaModel: every step runs one forward call over the sequences in
-// flight (a prompt chunk for those still prefilling, one token for the others), samples, and hands each request its
-// tokens as text. A request joins at the next step once a slot and the KV pages it may need are free, leaves the step
-// it finishes, and a cancelled one (client gone) leaves at the next step; leaving gives its pages back. One thread
-// (the scheduler's) touches the model; HTTP threads only submit, read their stream, cancel and read metrics.
-// docs/serving.md tells the whole story.
+// flight (a prompt chunk for those still prefilling, one token for the others) and samples. A request joins at the next
+// step once a slot and the KV pages it may need are free, leaves the step it finishes, and a cancelled one (client
+// gone) leaves at the next step; leaving gives its pages back. One thread (the scheduler's) touches the model; a second
+// (the emitter) turns the sampled tokens into text for the requests' streams; HTTP threads only submit, read their
+// stream, cancel and read metrics. docs/serving.md tells the whole story.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -48,7 +48,7 @@ struct TokenEvent {
   std::vector<TokenLogprob> top;   // with top_logprobs > 0: the most likely tokens, most likely first
 };
 
-// A request's results as they come; written by the scheduler thread, read by the request's HTTP thread.
+// A request's results as they come; written by the scheduler's emitter thread, read by the request's HTTP thread.
 class RequestStream {
  public:
   // Moves the events that came into `out`, waiting up to `timeout` for one; true once the request ended and every
@@ -56,7 +56,7 @@ class RequestStream {
   bool wait(std::vector<TokenEvent>& out, std::chrono::milliseconds timeout);
   void cancel() { cancelled_ = true; }  // the client is gone: the scheduler drops it at the next step
   bool cancelled() const { return cancelled_; }
-  void push(TokenEvent e);  // (the scheduler) queues the event; its reader wakes on notify() (StreamWaker), not here
+  void push(TokenEvent e);  // (the emitter) queues the event; its reader wakes on notify(), once per batch, not here
   void notify() { cv_.notify_all(); }
 
   // Valid once wait() returned true.
@@ -72,26 +72,6 @@ class RequestStream {
   std::deque<TokenEvent> events_;
   bool done_ = false;
   std::atomic<bool> cancelled_{false};
-};
-
-// Wakes the readers of streams that got tokens, on a thread of its own: a wake is a system call (and often a context
-// switch), and one per running request per step, made by the scheduler thread itself, kept the GPU waiting (about
-// 30 us per token on a 2-core machine at 64 clients, measured in the scheduler's step).
-class StreamWaker {
- public:
-  StreamWaker();
-  ~StreamWaker();  // wakes what is pending, then joins
-  StreamWaker(const StreamWaker&) = delete;
-  StreamWaker& operator=(const StreamWaker&) = delete;
-  void wake(std::vector<std::shared_ptr<RequestStream>>& streams);  // takes them (leaves `streams` empty)
-
- private:
-  void loop();
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::shared_ptr<RequestStream>> pending_;
-  bool stopping_ = false;
-  std::thread thread_;
 };
 
 // The queue is full: the HTTP layer answers 503 with Retry-After.
@@ -129,23 +109,31 @@ class Scheduler {
 
  private:
   struct Sequence;
+  struct Output;  // what the emitter keeps of a request: its stream, its TextStream, its counts
+  struct Emit;    // one item for the emitter: a sampled token, the request's end, or both
   void loop();
   void admit();                          // waiting -> running while a slot and pages are free (mu_ held)
   void step();                           // one forward call over the running sequences
   void sample(Sequence& s, const LogitsOutput& out, int row);
-  void release(Sequence& s, const std::string& reason, const std::string& error);  // slot and pages back
+  // Gives the slot and pages back and counts the outcome; end() also queues the request's end for the emitter.
+  void release(Sequence& s, const std::string& reason, bool failed);
+  void end(Sequence& s, const char* reason, const std::string& error);
+  void hand_over();                   // emits_ to the emitter (one lock per step)
   void refresh_usage(double busy_s);  // also adds a step's busy time (one lock)
   // Before the first request: one forward per row count the model names (LlamaModel::warm_up_rows: on CUDA one per
   // GEMM row bucket a step can reach) and one over every slot, then forgotten, so that no request pays the algorithm
   // searches and first kernel loads of a new shape (its first token milliseconds later). Nothing on the CPU.
   void warm_up();
+  // The emitter thread: text, stream pushes, wakes, ends and per-token metrics, in the order the scheduler sampled.
+  void emit_loop();
+  void emit(std::vector<Emit>& batch);
 
   LlamaModel& model_;
   ModelText text_;
   SchedulerOptions opt_;
   int context_ = 0, vocab_ = 0, page_size_ = 0, pages_total_ = 0;
 
-  std::mutex mu_;  // waiting_, stopping_, the metrics
+  std::mutex mu_;  // waiting_, stopping_, the scheduler's metrics
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   bool stopping_ = false;
@@ -154,15 +142,25 @@ class Scheduler {
   int free_slot_count_ = 0;                         // mu_: free_slots_.size() for submit()
   int reserved_pages_ = 0;                          // pages the running sequences may take at most
   std::thread thread_;
-  StreamWaker waker_;
-  std::vector<std::shared_ptr<RequestStream>> woken_;  // scheduler thread: the streams a step pushed tokens to
 
-  // Metrics (mu_).
+  // The emitter: the scheduler thread fills emits_ during a step and hands it over whole; the emitter swaps it out.
+  std::vector<Emit> emits_;  // scheduler thread
+  std::mutex emit_mu_;       // emit_pending_, emit_stopping_
+  std::condition_variable emit_cv_;
+  std::vector<Emit> emit_pending_;
+  bool emit_stopping_ = false;
+  std::thread emitter_;
+
+  // Metrics (mu_): the scheduler's.
   int running_count_ = 0, pages_used_ = 0;
   uint64_t requests_finished_ = 0, requests_failed_ = 0, requests_cancelled_ = 0, requests_rejected_ = 0;
-  uint64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0, steps_total_ = 0;
+  uint64_t steps_total_ = 0;
   double step_seconds_ = 0, forward_seconds_ = 0;  // the scheduler's busy time per step; of it, the forward calls'
-  Histogram ttft_s_, itl_s_, e2e_s_, batch_size_, step_tokens_;
+  Histogram batch_size_, step_tokens_;
+  // Metrics (stats_mu_): the emitter's, stamped when a token is handed to its stream (what its client can see).
+  std::mutex stats_mu_;
+  uint64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0;
+  Histogram ttft_s_, itl_s_, e2e_s_;
 };
 
 }  // namespace flashlite::engine::server

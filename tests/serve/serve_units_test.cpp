@@ -1,6 +1,7 @@
 // The pieces under `flashlite serve`: PageAllocator and the paged KvCache (pages follow the lengths, a failed growth
 // changes nothing, the page table the library reads), the CPU model on a paged cache against the contiguous one, and
-// TextStream (stop strings across tokens, UTF-8 characters split across tokens).
+// TextStream (stop strings across tokens, UTF-8 characters split across tokens), and the scheduler's emitter thread (a
+// stop string found off the scheduler thread, shutdown).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -163,33 +164,137 @@ std::vector<std::string> pushes(srv::TextStream& s, const std::vector<int>& ids)
   return out;
 }
 
-// The scheduler queues a step's tokens without waking their readers and hands the streams to a StreamWaker, whose
-// thread wakes them: a reader blocked in wait() gets its token from that wake, long before its own timeout.
-TEST(StreamWaker, WakesTheReadersOfPushedStreams) {
-  srv::StreamWaker waker;
+// Every token of the synthetic model's vocabulary as "<id>": a stop string "<id>" matches whole tokens only.
+std::string id_piece(int id) {
+  std::string p = "<";  // (not "<" + to_string(): GCC 12 warns of a false overlap there)
+  p += std::to_string(id);
+  return p += '>';
+}
+
+std::vector<std::string> id_pieces(int vocab) {
+  std::vector<std::string> p;
+  for (int i = 0; i < vocab; ++i) p.push_back(id_piece(i));
+  return p;
+}
+
+std::vector<srv::TokenEvent> read_all(srv::RequestStream& s) {
+  std::vector<srv::TokenEvent> events;
+  while (!s.wait(events, std::chrono::seconds(20))) {
+  }
+  return events;
+}
+
+std::string text_of(const std::vector<srv::TokenEvent>& events) {
+  std::string t;
+  for (const srv::TokenEvent& e : events) t += e.text;
+  return t;
+}
+
+// A metric's value in the scheduler's Prometheus text (-1: absent).
+double metric(srv::Scheduler& s, const std::string& name) {
+  const std::string text = "\n" + s.metrics_text();
+  const size_t at = text.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + name.size() + 2));
+}
+
+// A stop string is found by the emitter thread, after the scheduler sampled the token (and maybe more): the stream
+// still ends with exactly the text before the stop string, finish "stop" and usage counting the tokens its client got
+// (none sampled after), while the requests beside it run to their end; every KV page comes back.
+TEST(Scheduler, StopStringEndsOneStreamWhileTheOthersGoOn) {
+  const synth::Spec spec{"serve_sched", 64, 96, 2, 4, 2, 16, 70, "F32", false, true, 0};
+  const auto dir = synth::fresh_dir(spec.name);
+  synth::write_checkpoint(dir, spec, 11);
+  const eng::ModelWeights w = eng::load_checkpoint(dir.string());
+  eng::RuntimeOptions ro;
+  ro.slots = 4;
+  ro.context = 96;
+  ro.kv_page_size = 16;
+  ro.kv_pages = 24;
+  eng::LlamaCpu model(w, ro);
+  const PieceTokenizer tok(id_pieces(spec.vocab));
+  srv::Scheduler sched(model, {&tok, -1, {}}, {});
+  auto request = [](std::vector<int> prompt, int max_tokens, std::vector<std::string> stop = {}) {
+    srv::GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    r.stop = std::move(stop);
+    return r;
+  };
+  const std::vector<srv::TokenEvent> alone = read_all(*sched.submit(request({1, 2, 3}, 40)));
+  ASSERT_EQ(alone.size(), 40u);
+  // The stop string: the first token from the 4th on not seen before (else the first); cut before its first use.
+  size_t k = 0;
+  for (size_t i = 3; i < alone.size() && k == 0; ++i) {
+    bool seen = false;
+    for (size_t j = 0; j < i; ++j) seen = seen || alone[j].token == alone[i].token;
+    if (!seen) k = i;
+  }
+  const std::string stop = id_piece(alone[k].token);
+  const std::string want = text_of(alone).substr(0, text_of(alone).find(stop));
+
+  auto stopped = sched.submit(request({1, 2, 3}, 40, {stop, "never"}));
+  auto same = sched.submit(request({1, 2, 3}, 40));
+  auto other = sched.submit(request({4, 5}, 50));
+  const std::vector<srv::TokenEvent> got = read_all(*stopped);
+  EXPECT_EQ(text_of(got), want);
+  EXPECT_EQ(stopped->finish_reason, "stop");
+  EXPECT_EQ(stopped->error, "");
+  EXPECT_EQ(got.size(), k + 1) << "one event per token up to the one completing the stop string, none after";
+  EXPECT_EQ(stopped->completion_tokens, int(k + 1));
+  EXPECT_EQ(stopped->prompt_tokens, 3);
+  const std::vector<srv::TokenEvent> got_same = read_all(*same);
+  EXPECT_EQ(text_of(got_same), text_of(alone));
+  EXPECT_EQ(same->finish_reason, "length");
+  EXPECT_EQ(same->completion_tokens, 40);
+  EXPECT_EQ(read_all(*other).size(), 50u);
+  EXPECT_EQ(other->finish_reason, "length");
+
+  // The scheduler frees the stopped one at its next loop top: wait for an empty batch.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((metric(sched, "flashlite_requests_running") != 0 || metric(sched, "flashlite_kv_pages_used") != 0) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(metric(sched, "flashlite_kv_pages_used"), 0);
+  EXPECT_EQ(metric(sched, "flashlite_requests_running"), 0);
+  EXPECT_EQ(metric(sched, "flashlite_requests_finished_total"), 4);
+  EXPECT_EQ(metric(sched, "flashlite_requests_failed_total"), 0);
+  EXPECT_EQ(metric(sched, "flashlite_generation_tokens_total"), 40 + double(k + 1) + 40 + 50) << "tokens sent only";
+  EXPECT_EQ(metric(sched, "flashlite_time_to_first_token_seconds_count"), 4);
+  EXPECT_EQ(metric(sched, "flashlite_request_latency_seconds_count"), 4);
+}
+
+// stop() ends what is still queued or running with an error, through the emitter, which drains before it joins.
+TEST(Scheduler, StopEndsEveryStreamWithAnError) {
+  const synth::Spec spec{"serve_sched_stop", 64, 96, 2, 4, 2, 16, 70, "F32", false, true, 0};
+  const auto dir = synth::fresh_dir(spec.name);
+  synth::write_checkpoint(dir, spec, 12);
+  const eng::ModelWeights w = eng::load_checkpoint(dir.string());
+  eng::RuntimeOptions ro;
+  ro.slots = 1;
+  ro.context = 96;
+  eng::LlamaCpu model(w, ro);
+  const PieceTokenizer tok(id_pieces(spec.vocab));
+  auto sched = std::make_unique<srv::Scheduler>(model, srv::ModelText{&tok, -1, {}}, srv::SchedulerOptions{});
   std::vector<std::shared_ptr<srv::RequestStream>> streams;
-  for (int i = 0; i < 3; ++i) streams.push_back(std::make_shared<srv::RequestStream>());
-  std::vector<std::vector<srv::TokenEvent>> got(streams.size());
-  std::vector<double> waited(streams.size());
-  std::vector<std::thread> readers;
-  for (size_t i = 0; i < streams.size(); ++i) {
-    readers.emplace_back([&, i] {
-      const auto t0 = std::chrono::steady_clock::now();
-      streams[i]->wait(got[i], std::chrono::seconds(20));
-      waited[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    });
+  for (int i = 0; i < 16; ++i) {  // one slot: about 1,400 steps of work, far more than stop() leaves them
+    srv::GenerationRequest r;
+    r.prompt = {1, 2, 3};
+    r.max_tokens = 90;
+    streams.push_back(sched->submit(r));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the readers block first (else wait() sees the event)
-  for (size_t i = 0; i < streams.size(); ++i) streams[i]->push({int(i), "t"});
-  std::vector<std::shared_ptr<srv::RequestStream>> batch = streams;
-  waker.wake(batch);
-  EXPECT_TRUE(batch.empty()) << "wake() takes the streams";
-  for (std::thread& t : readers) t.join();
-  for (size_t i = 0; i < streams.size(); ++i) {
-    ASSERT_EQ(got[i].size(), 1u) << i;
-    EXPECT_EQ(got[i][0].token, int(i));
-    EXPECT_LT(waited[i], 10.0) << "reader " << i << " waited for its timeout: nothing woke it";
+  sched->stop();
+  int errors = 0;
+  for (auto& s : streams) {
+    std::vector<srv::TokenEvent> events;
+    ASSERT_TRUE(s->wait(events, std::chrono::seconds(0))) << "ended before stop() returned";
+    EXPECT_TRUE(s->error == "the server is shutting down" || s->finish_reason == "length") << s->error;
+    EXPECT_EQ(s->completion_tokens, int(events.size()));
+    errors += !s->error.empty();
   }
+  EXPECT_GE(errors, 1) << "one slot: at least the last request was still queued";
+  EXPECT_THROW(sched->submit(srv::GenerationRequest{{1}, 1}), flashlite::Error);
 }
 
 TEST(TextStream, HoldsBackSplitCharacters) {

@@ -109,6 +109,30 @@ def test_stop_strings_cut_the_text_streamed_or_not(server):
     assert "".join(ch.choices[0].text for ch in streamed) == cut
 
 
+def test_a_stop_string_ends_its_stream_while_the_batch_goes_on(server):
+    # Stop strings are found by the server's emitter thread, after the scheduler may have sampled further tokens for
+    # the request: the stream still ends with the text before the stop, finish_reason "stop", usage counting exactly
+    # the tokens up to the one completing the stop (the ones the client got), then [DONE]; the requests beside it in
+    # the batch run to their end.
+    c = client(server)
+    body = dict(model="stories260K", prompt="Once upon a time", max_tokens=60, temperature=0, logprobs=1)
+    base = c.completions.create(**body).choices[0]
+    stop = base.text[25:32]
+    tokens = base.logprobs.tokens
+    need = next(n for n in range(1, len(tokens) + 1) if stop in "".join(tokens[:n]))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
+        others = [pool.submit(c.completions.create, model="stories260K", prompt=p, max_tokens=60, temperature=0,
+                              extra_body={"ignore_eos": True}) for p in PROMPTS]
+        chunks = list(c.completions.create(**body, stop=stop, stream=True, stream_options={"include_usage": True}))
+        results = [f.result() for f in others]
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == base.text[:base.text.index(stop)]
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["stop"]
+    assert sum(len(ch.choices[0].logprobs.tokens) for ch in chunks if ch.choices) == need
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == need
+    assert all(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 60 for r in results)
+    assert server.wait_idle()["flashlite_kv_pages_used"] == 0
+
+
 def test_logprobs(server):
     c = client(server)
     r = c.chat.completions.create(model="stories260K", messages=[{"role": "user", "content": "The cat"}], max_tokens=12,
