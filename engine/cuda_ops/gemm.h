@@ -1,8 +1,8 @@
 #pragma once
 // y = x W^T on the GPU through cuBLASLt: x (rows, in) and W (out, in) row-major in Elem (bf16 or fp32), fp32
 // accumulation (no TF32, so fp32 runs are exact to fp32 rounding), y (rows, out) in Elem or fp32 (logits).
-// Plans (descriptors + chosen algorithm) are cached per shape; row counts past 16 take their power-of-two
-// bucket's algorithm where it fits them (gemm.cpp: algo_rows).
+// Plans (descriptors + chosen algorithm) are cached per shape; row counts past 16 take their row bucket's
+// algorithm where it fits them (gemm.cpp: algo_rows).
 #include <cstdint>
 #include <map>
 #include <memory>

@@ -52,6 +52,13 @@ constexpr int kRowStepMaxChunk = 128;
 constexpr int64_t kRowStepMaxChunkKeys = 65536;  // keys one chunk's rows read in all (n rows x its length, about)
 constexpr int kRowStepBucket = 32;  // past the GEMVs' row counts, row steps run multiples of this many rows
 
+// Selections made from the rows' argmax keys (8 bytes a row back, the greedy one fused into the LM-head GEMV): the
+// greedy token, and a tensor-parallel rank's single best candidate of its vocabulary slice (ParallelModel's greedy
+// merge), which the key holds whole: value and id.
+bool by_keys(const LogitsRequest& r) {
+  return r.kind == LogitsRequest::Kind::argmax || (r.kind == LogitsRequest::Kind::top_k && r.k == 1 && r.shard);
+}
+
 // What one forward call runs, worked out on the host before anything is launched.
 struct Step {
   int rows = 0;               // activation rows: new tokens over all inputs, then a row step's padding
@@ -530,7 +537,7 @@ Step LlamaCuda::stage(const std::vector<SequenceInput>& inputs, const LogitsRequ
       topk_ids_host_.reserve(n * 4);
     }
     st.gemv = use_gemv(st.rows);
-    st.fused_argmax = st.gemv && request.kind == LogitsRequest::Kind::argmax;
+    st.fused_argmax = st.gemv && by_keys(request);
     if (st.row_step) st.groups = {KvGroup{0, st.rows, 0, 1}};
     else st.groups = kv_groups(inputs, paged());
     if (paged() && !st.row_step) {  // (a row step's table is made above)
@@ -685,8 +692,8 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
     gemm_->run(logits_dev_.ptr, xb_.ptr, head, st.lrows, dim, vocab, elem_, true, s);
   }
   mark("lm_head");
-  if (request.kind == LogitsRequest::Kind::argmax && !st.fused_argmax) {
-    cuda_ops::argmax_rows(keys, logits_dev_.as<float>(), st.lrows, vocab, s);
+  if (by_keys(request)) {
+    if (!st.fused_argmax) cuda_ops::argmax_rows(keys, logits_dev_.as<float>(), st.lrows, vocab, s);
   } else if (request.kind == LogitsRequest::Kind::top_k) {
     cuda_ops::top_k_rows(topk_values_dev_.as<float>(), topk_ids_dev_.as<int32_t>(), logits_dev_.as<float>(), st.lrows,
                          vocab, request.k, s);
@@ -696,7 +703,7 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
 
 // Only what the sampler needs comes back: 8 bytes per row for argmax, k pairs for top-k, else the full rows.
 void LlamaCuda::download(const Step& st, const LogitsRequest& request) {
-  if (request.kind == LogitsRequest::Kind::argmax) {
+  if (by_keys(request)) {
     cuda_check(cudaMemcpyAsync(keys_host_.ptr, keys_dev_.ptr, size_t(st.lrows_out) * 8, cudaMemcpyDeviceToHost,
                                stream_),
                "ids download");
@@ -731,6 +738,13 @@ LogitsOutput LlamaCuda::selected(const Step& st, const LogitsRequest& request) {
     out.k = request.k;
     out.values = topk_values_host_.as<float>();
     out.ids = topk_ids_host_.as<int32_t>();
+    if (by_keys(request)) {  // a rank's best logit and its id, from its argmax key (no refusal: the merge decides)
+      for (int r = 0; r < st.lrows_out; ++r) {
+        const uint64_t key = keys_host_.as<uint64_t>()[r];
+        topk_values_host_.as<float>()[r] = cuda_ops::argmax_key_value(key);
+        topk_ids_host_.as<int32_t>()[r] = cuda_ops::argmax_key_index(key);
+      }
+    }
   } else {
     out.logits = logits_.data();
   }
@@ -747,7 +761,7 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
   // under a pending copy.
   try {
     if (profiled) profile_->run(step);
-    else if (st.decode) replayed = graphs_.run({st.rows, st.lrows, int(request.kind), request.k}, stream_, step);
+    else if (st.decode) replayed = graphs_.run({st.rows, st.lrows, int(request.kind) + 8 * request.shard, request.k}, stream_, step);
     else step();
     download(st, request);
   } catch (...) {

@@ -6,6 +6,8 @@
 // logit -inf) shows in its argmax key: argmax_key_problem.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <string>
 
 namespace flashlite::engine::cuda_ops {
@@ -14,6 +16,15 @@ namespace flashlite::engine::cuda_ops {
 // ones (-0 counts as +0). keys: (rows) device, fully written; logits: (rows, vocab) fp32 device.
 void argmax_rows(uint64_t* keys, const float* logits, int rows, int vocab, void* stream);
 inline int32_t argmax_key_index(uint64_t key) { return int32_t(~uint32_t(key)); }
+// The logit an argmax key holds (select_keys.cuh's ordered_key undone): NaN for the NaN key, -0 as +0.
+inline float argmax_key_value(uint64_t key) {
+  const uint32_t v = uint32_t(key >> 32);
+  if (v == 0xffffffffu) return std::numeric_limits<float>::quiet_NaN();
+  const uint32_t u = (v & 0x80000000u) ? (v & 0x7fffffffu) : ~v;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
 // Why the row with this argmax key cannot be sampled, in the host sampler's words (engine/sampler.h unsampleable),
 // or empty: its maximum is NaN (key 0xffffffff; the first NaN), +inf (0xff800000) or -inf (0x007fffff: every logit).
 inline std::string argmax_key_problem(uint64_t key) {

@@ -422,13 +422,14 @@ TEST(EngineCudaOps, GemmRowBucketsMatchFloat64InAnyOrder) {
   }
 }
 
-// The row counts a server warms: every count up to 16 from `from`, then one per power-of-two bucket that holds a count
+// The row counts a server warms: every count up to 16 from `from`, then one per bucket (gemm.cpp) that holds a count
 // in range, the last one cut at max_rows (no device needed).
 TEST(EngineCudaOps, GemmSearchRowsCoverEveryBucketOnce) {
   using V = std::vector<int>;
   EXPECT_EQ(ops::Gemm::search_rows(9, 100), (V{9, 10, 11, 12, 13, 14, 15, 16, 32, 64, 100}));
   EXPECT_EQ(ops::Gemm::search_rows(1, 8), (V{1, 2, 3, 4, 5, 6, 7, 8}));
-  EXPECT_EQ(ops::Gemm::search_rows(20, 1000), (V{32, 64, 128, 256, 512, 1000}));
+  EXPECT_EQ(ops::Gemm::search_rows(20, 1000), (V{32, 64, 128, 192, 256, 320, 384, 448, 512, 1000}));
+  EXPECT_EQ(ops::Gemm::search_rows(150, 200), (V{192, 200}));
   EXPECT_EQ(ops::Gemm::search_rows(40, 64), (V{64}));
   EXPECT_EQ(ops::Gemm::search_rows(9, 8), V{});
 }
@@ -503,6 +504,13 @@ TEST(EngineCudaOps, ArgmaxKeysShowTheRowsTheSamplerRefuses) {
   for (int r = 0; r < rows; ++r) {
     SCOPED_TRACE("row " + std::to_string(r));
     EXPECT_EQ(ops::argmax_key_index(keys[r]), want[r].index);
+    // The key's value (a tensor-parallel rank's best candidate): the logit itself, NaN for a NaN.
+    const float v = l[size_t(r) * vocab + want[r].index];
+    if (v != v) {
+      EXPECT_TRUE(std::isnan(ops::argmax_key_value(keys[r])));
+    } else {
+      EXPECT_EQ(ops::argmax_key_value(keys[r]), v);
+    }
     const std::string why = ops::argmax_key_problem(keys[r]);
     EXPECT_EQ(why.rfind(want[r].problem, 0), 0u) << "'" << why << "'";
     EXPECT_EQ(why.empty(), *want[r].problem == 0) << "'" << why << "'";
@@ -525,6 +533,7 @@ TEST(EngineCudaOps, ArgmaxKeysShowTheRowsTheSamplerRefuses) {
   const std::vector<int32_t> ids = dt::gemv_argmax(p, w, xf, g, {}, y, &fused_keys);
   for (int r = 0; r < arows; ++r) {
     EXPECT_EQ(ids[r], 3) << "row " << r;
+    EXPECT_TRUE(std::isnan(ops::argmax_key_value(fused_keys[r]))) << "row " << r;
     EXPECT_EQ(ops::argmax_key_problem(fused_keys[r]).rfind("logit 3 is NaN", 0), 0u) << "row " << r;
   }
 }
