@@ -19,9 +19,10 @@ using cuda_ops::pdl_launch_dependents;
 using cuda_ops::pdl_wait;
 
 // About 20 s: far past any step (first launches load modules; a peer's host may be capturing a graph), short of the
-// host's own step deadline. The group's abort word is read every millisecond of waiting (it lives in host memory).
+// host's own step deadline. The group's abort word (host memory) is read 50 us into a wait, then every millisecond.
 constexpr unsigned long long kTimeoutNs = 20'000'000'000ULL;
 constexpr unsigned long long kAbortPollNs = 1'000'000ULL;
+constexpr unsigned long long kFirstAbortPollNs = 50'000ULL;  // an aborted group's queued sums drain in 50 us each
 constexpr int kThreads = OneShotSum::kThreads;
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -69,7 +70,7 @@ __device__ __forceinline__ bool await_line(const OneShotParams& p, const uint4* 
     const unsigned long long now = global_ns();
     if (t0 == 0) {  // the first miss: the clock starts (most calls never read it)
       t0 = now;
-      poll = now + kAbortPollNs;
+      poll = now + kFirstAbortPollNs;
       continue;
     }
     if (now - t0 > kTimeoutNs) {  // this rank reports it; every rank stops waiting
@@ -77,7 +78,7 @@ __device__ __forceinline__ bool await_line(const OneShotParams& p, const uint4* 
       *reinterpret_cast<volatile int*>(p.abort) = 1;
       return false;
     }
-    if (now > poll) {  // the abort word is host memory: read once a millisecond of waiting, never on the fast path
+    if (now > poll) {  // the abort word is host memory: read only while waiting, never on the fast path
       poll = now + kAbortPollNs;
       if (*reinterpret_cast<volatile int*>(p.abort)) return false;
     }
@@ -95,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_sum_kernel(const __grid_con
   pdl_launch_dependents();  // the next GEMV may start loading its weights; it waits for this grid's end to read x
   pdl_wait();               // the partial sums (the previous GEMV) and the previous round (the previous sum)
   const int i = int(blockIdx.x) * kThreads + int(threadIdx.x);
-  const unsigned round = p.round[blockIdx.x] + 1;  // one round per block and call; 0 is no round (zeroed inboxes)
+  const unsigned round = p.round[blockIdx.x] + 1;  // one round per block and call
   const size_t half = size_t(round & 1u) * OneShotSum::kInboxLines;
   const size_t mine = size_t(p.rank) * (OneShotSum::kMaxFloats / 2);  // this rank's lines in a peer's inbox half
   float4 own = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -172,9 +173,13 @@ std::unique_ptr<OneShotSum> OneShotSum::create(const std::vector<int>& devices, 
       made = e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;  // (already enabled: by NCCL)
       cudaGetLastError();
     }
-    const size_t inbox_bytes = 2 * kInboxLines * sizeof(uint4);
-    made = made && ok(cudaMalloc(&k.inbox, inbox_bytes)) && ok(cudaMalloc(&k.round, kMaxBlocks * sizeof(unsigned))) &&
-           ok(cudaMemset(k.inbox, 0, inbox_bytes)) && ok(cudaMemset(k.round, 0, kMaxBlocks * sizeof(unsigned))) &&
+    // The halves start with flags that their rounds never carry, even after the counters wrap: half 0 (even rounds)
+    // all ones, half 1 (odd rounds) zeros.
+    const size_t half_bytes = kInboxLines * sizeof(uint4);
+    made = made && ok(cudaMalloc(&k.inbox, 2 * half_bytes)) &&
+           ok(cudaMalloc(&k.round, kMaxBlocks * sizeof(unsigned))) && ok(cudaMemset(k.inbox, 0xff, half_bytes)) &&
+           ok(cudaMemset(static_cast<char*>(k.inbox) + half_bytes, 0, half_bytes)) &&
+           ok(cudaMemset(k.round, 0, kMaxBlocks * sizeof(unsigned))) &&
            ok(cudaHostAlloc(&k.error, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
     if (made) {
       *k.error = 0;

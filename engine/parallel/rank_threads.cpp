@@ -1,5 +1,7 @@
 #include "engine/parallel/rank_threads.h"
 
+#include <sched.h>
+
 namespace flashlite::engine {
 
 namespace {
@@ -19,12 +21,18 @@ bool spin_while(Busy busy, std::chrono::microseconds limit) {
   }
 }
 
+// The cores this process may run on (its affinity mask; a container's CPU quota is not seen).
+unsigned usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return unsigned(CPU_COUNT(&set));
+  return std::thread::hardware_concurrency();
+}
+
 }  // namespace
 
 // Spinning needs a core per spinning thread (the caller and every rank) and one to spare; with fewer, spinners
 // would take the cores that the thread with work to do is waiting for.
-RankThreads::RankThreads(int ranks, bool spin)
-    : errors_(ranks), spin_(spin && std::thread::hardware_concurrency() >= unsigned(ranks) + 2) {
+RankThreads::RankThreads(int ranks, bool spin) : errors_(ranks), spin_(spin && usable_cores() >= unsigned(ranks) + 2) {
   for (int r = 0; r < ranks; ++r) threads_.emplace_back([this, r] { loop(r); });
 }
 

@@ -4,8 +4,8 @@
 // With `spin` (GPU ranks, whose threads mostly wait on their streams), the hand-offs spin before they block: the
 // caller for up to kCallerSpin while the ranks run, a rank for up to kRankSpin for the next job. Waking a blocked
 // thread costs tens of microseconds, twice per decode step, against a 3 ms step at TP 2 on an 8B model; CPU ranks
-// (which need the cores for their OpenMP teams) block at once, and so does everyone on a machine with fewer cores
-// than the spinning threads and one more.
+// (which need the cores for their OpenMP teams) block at once, and so does everyone where the process may run on
+// fewer cores (its affinity mask) than the spinning threads and one more.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>

@@ -121,7 +121,12 @@ Scheduler::Scheduler(LlamaModel& model, ModelText text, const SchedulerOptions& 
   pages_total_ = u.pages_total;
   warm_up();
   emitter_ = std::thread([this] { emit_loop(); });
-  thread_ = std::thread([this] { loop(); });
+  try {
+    thread_ = std::thread([this] { loop(); });
+  } catch (...) {
+    stop();  // the emitter returns and is joined (a joinable thread must not be destroyed)
+    throw;
+  }
 }
 
 Scheduler::~Scheduler() { stop(); }
@@ -416,7 +421,20 @@ void Scheduler::emit_loop() {
       if (emit_pending_.empty()) return;  // stopping, and the scheduler's last items are out
       batch.swap(emit_pending_);
     }
-    emit(batch);
+    try {
+      emit(batch);
+    } catch (...) {  // the bookkeeping failed (no memory): no client may wait forever, so every stream here ends
+      for (Emit& e : batch) {
+        Output& o = *e.out;
+        if (o.ended) continue;
+        o.ended = true;
+        if (!e.reason) o.early = Output::failed;  // the scheduler frees it next
+        try {
+          o.stream->end("", "generation failed: the server could not deliver its tokens");
+        } catch (...) {
+        }
+      }
+    }
     batch.clear();  // the last references of finished requests may go here
   }
 }
@@ -446,6 +464,7 @@ void Scheduler::emit(std::vector<Emit>& batch) {
             ev.text += o.text.flush();  // the last token: what was held back goes too
           }
         }
+        o.stream->push(std::move(ev));  // counted once its client has it
         if (o.emitted == 0) {
           ttft.push_back(seconds(now - o.arrived));
           prompt_tokens += uint64_t(o.prompt_tokens);
@@ -455,7 +474,6 @@ void Scheduler::emit(std::vector<Emit>& batch) {
         o.last_token = now;
         ++o.emitted;
         ++tokens;
-        o.stream->push(std::move(ev));
       }
     } catch (const std::exception& ex) {  // never lose it: the request fails, and the scheduler frees it next
       if (!e.reason) o.early = Output::failed;

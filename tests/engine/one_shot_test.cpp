@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
+#include "engine/parallel/collective.h"
 #include "engine/parallel/one_shot.h"
 
 namespace {
@@ -152,6 +155,20 @@ TEST_F(OneShotCuda, GraphReplaysMatchEagerRounds) {
     cudaSetDevice(r);
     cudaGraphExecDestroy(exec[r]);
   }
+}
+
+// A rank whose peers never come (they failed before their sum): abort() releases its kernel within milliseconds,
+// not the 20 s timeout, and check() reports the abort.
+TEST_F(OneShotCuda, AbortReleasesARankWhosePeersNeverCame) {
+  ok(cudaSetDevice(0));
+  const auto t0 = std::chrono::steady_clock::now();
+  sum_->sum_into(0, ranks_[0].x, ranks_[0].partial, 4096, ranks_[0].stream);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(cudaStreamQuery(ranks_[0].stream), cudaErrorNotReady);  // still waiting for its peers
+  sum_->abort();
+  ok(cudaStreamSynchronize(ranks_[0].stream));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_THROW(sum_->check(0), eng::CollectiveAborted);
 }
 
 }  // namespace
