@@ -57,6 +57,16 @@ class OneShotCuda : public ::testing::Test {
   // One round: random partials and x (the same x on every rank, as the residual stream is), the sums queued on every
   // rank (each kernel spins until its peers' have run, so all are queued before any is waited for), then checked.
   void round(size_t n, std::mt19937& rng) {
+    const std::vector<float> want = upload(n, rng);
+    for (int r = 0; r < int(ranks_.size()); ++r) {
+      ok(cudaSetDevice(r));
+      sum_->sum_into(r, ranks_[r].x, ranks_[r].partial, n, ranks_[r].stream);
+    }
+    expect(n, want);
+  }
+
+  // Random x (the same on every rank) and partials queued on the ranks' streams; returns x + the rank-order sum.
+  std::vector<float> upload(size_t n, std::mt19937& rng) {
     const int R = int(ranks_.size());
     std::normal_distribution<float> g;
     std::vector<std::vector<float>> part(R, std::vector<float>(n));
@@ -73,9 +83,9 @@ class OneShotCuda : public ::testing::Test {
       ok(cudaSetDevice(r));
       ok(cudaMemcpyAsync(ranks_[r].x, x.data(), n * 4, cudaMemcpyHostToDevice, ranks_[r].stream));
       ok(cudaMemcpyAsync(ranks_[r].partial, part[r].data(), n * 4, cudaMemcpyHostToDevice, ranks_[r].stream));
-      sum_->sum_into(r, ranks_[r].x, ranks_[r].partial, n, ranks_[r].stream);
+      ok(cudaStreamSynchronize(ranks_[r].stream));  // pageable host memory: the vectors die on return
     }
-    expect(n, want);
+    return want;
   }
 
   void expect(size_t n, const std::vector<float>& want) {
@@ -126,23 +136,11 @@ TEST_F(OneShotCuda, GraphReplaysMatchEagerRounds) {
     ok(cudaGraphDestroy(graph));
   }
   std::mt19937 rng(11);
-  std::normal_distribution<float> g;
   for (int replay = 0; replay < 4; ++replay) {
     // Random x and partials; the three sums give x + S, then add zeros twice (each zeroes the partial it read).
-    std::vector<float> x(n), want(n);
-    std::vector<std::vector<float>> part(R, std::vector<float>(n));
-    for (float& v : x) v = g(rng);
-    for (auto& p : part)
-      for (float& v : p) v = g(rng);
-    for (size_t i = 0; i < n; ++i) {
-      float s = 0.f;
-      for (int r = 0; r < R; ++r) s += part[r][i];
-      want[i] = x[i] + s;
-    }
+    const std::vector<float> want = upload(n, rng);
     for (int r = 0; r < R; ++r) {
       ok(cudaSetDevice(r));
-      ok(cudaMemcpyAsync(ranks_[r].x, x.data(), n * 4, cudaMemcpyHostToDevice, ranks_[r].stream));
-      ok(cudaMemcpyAsync(ranks_[r].partial, part[r].data(), n * 4, cudaMemcpyHostToDevice, ranks_[r].stream));
       ok(cudaGraphLaunch(exec[r], ranks_[r].stream));
     }
     expect(n, want);

@@ -1,0 +1,150 @@
+"""Whole-model gradient error against float64, on bench/train.py's models and data: where the small Llama's training
+gap (flashlite's final loss above SDPA's in bf16 on the H100) could come from, seen through every parameter's gradient
+rather than the attention's alone (bench/bwd/grad_error.py).
+
+The model starts from train.py's seed and, with --warm-steps N, is first trained N steps in bf16 with --warm-impl
+(attention grows peaked as training goes on, so step 0 alone may not show what step 300 does). Its bf16 weights are
+then copied exactly into a float64 model with transformers' eager attention (the reference) and into bf16 models with
+each implementation (flite, sdpa, eager). On --batches fresh batches, each gives its loss and every parameter's
+gradient; per implementation, against float64:
+  - loss_diff: its loss minus the reference's;
+  - rel_err: |g - g64| / |g64| over all parameters, and per group (attention projections, MLP, the rest);
+  - cos: the cosine between g and g64;
+  - bias: <g - g64, g64> / |g64|^2 (negative: the step is shorter on average, as with a smaller learning rate).
+
+    python3 bench/bwd/model_grad_error.py --warm-steps 300 --out model_grad_error.json          # the GPU run
+    python3 bench/bwd/model_grad_error.py --device cpu --tiny --batch 2 --seq 32 --batches 1     # what CI runs
+"""
+import argparse
+import copy
+import importlib.util
+import json
+import pathlib
+import sys
+
+import torch
+
+import flashlite.hf as flhf
+
+BENCH = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))
+from tree_commit import tree_commit  # noqa: E402
+
+
+def _train_module():
+    spec = importlib.util.spec_from_file_location("flashlite_bench_train", BENCH / "train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def group_of(name):
+    if ".self_attn." in name:
+        return "attention"
+    if ".mlp." in name:
+        return "mlp"
+    return "other"  # embeddings, norms, the LM head
+
+
+def loss_and_grads(model, impl, batch, device, dtype, loss_fn):
+    m = copy.deepcopy(model).to(device=device, dtype=dtype)
+    m.set_attn_implementation(impl)
+    m.train()
+    loss = loss_fn(m, batch.to(device))
+    loss.backward()
+    grads = {n: p.grad.detach().double() for n, p in m.named_parameters() if p.grad is not None}
+    return loss.item(), grads
+
+
+def compare(got, ref):
+    """rel_err, cos and bias of got against ref over the named gradients (all, and per group)."""
+    out = {}
+    for group in ("all", "attention", "mlp", "other"):
+        names = [n for n in ref if group == "all" or group_of(n) == group]
+        if not names:
+            continue
+        e2 = r2 = er = gr = g2 = 0.0
+        for n in names:
+            g, r = got[n], ref[n]
+            e = g - r
+            e2 += (e * e).sum().item()
+            r2 += (r * r).sum().item()
+            er += (e * r).sum().item()
+            gr += (g * r).sum().item()
+            g2 += (g * g).sum().item()
+        out[group] = {"rel_err": (e2 / r2) ** 0.5, "cos": gr / (g2 * r2) ** 0.5, "bias": er / r2}
+    return out
+
+
+def warm(model, impl, data, device, lr):
+    """train.py's optimizer and clipping for len(data) steps in bf16; returns the model with those bf16 weights."""
+    m = copy.deepcopy(model).to(device=device, dtype=torch.bfloat16)
+    m.set_attn_implementation(impl)
+    m.train()
+    opt = torch.optim.AdamW(m.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    tm = _train_module()
+    for b in data:
+        loss = tm._loss(m, b.to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+    return m
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="train.py's 2-layer width-128 model (CI)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warm-steps", type=int, default=0, help="bf16 training steps before the probe")
+    ap.add_argument("--warm-impl", default="sdpa", help="the attention those steps use")
+    ap.add_argument("--batches", type=int, default=4, help="fresh batches probed after the warm-up")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    flhf.register()
+    tm = _train_module()
+    cfg, cls, _ = tm.config("llama", args.tiny)
+    torch.manual_seed(args.seed)
+    model = cls(cfg)
+    data = tm.batches(tm.corpus(), args.warm_steps + args.batches, args.batch, args.seq, args.seed)
+    if args.warm_steps:
+        model = warm(model, args.warm_impl, data[:args.warm_steps], args.device, args.lr)
+    model = model.to(device="cpu", dtype=torch.bfloat16)  # the probe's weights: bf16 values, exact in float64 too
+    impls = [flhf.NAME, "sdpa", "eager"]
+    res = {"benchmark": "whole-model gradient error against float64 (bench/bwd/model_grad_error.py)",
+           "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "commit": tree_commit(),
+           "torch": torch.__version__, "tiny": args.tiny, "seed": args.seed, "warm_steps": args.warm_steps,
+           "warm_impl": args.warm_impl, "batch": args.batch, "seq": args.seq, "rows": []}
+    for i, b in enumerate(data[args.warm_steps:]):
+        ref_loss, ref = loss_and_grads(model, "eager", b, args.device, torch.float64, tm._loss)
+        for impl in impls:
+            loss, got = loss_and_grads(model, impl, b, args.device, torch.bfloat16, tm._loss)
+            row = {"batch_index": i, "impl": impl, "loss": loss, "loss_fp64": ref_loss, "loss_diff": loss - ref_loss,
+                   **compare(got, ref)}
+            res["rows"].append(row)
+            print(f"batch {i} {impl:6s} loss {loss:.5f} (fp64 {ref_loss:.5f}, {loss - ref_loss:+.2e})  " + "  ".join(
+                f"{g} err {row[g]['rel_err']:.2e} cos {row[g]['cos']:.6f} bias {row[g]['bias']:+.2e}"
+                for g in ("all", "attention", "mlp", "other")), flush=True)
+    means = {}
+    for impl in impls:
+        rows = [r for r in res["rows"] if r["impl"] == impl]
+        means[impl] = {"loss_diff": sum(r["loss_diff"] for r in rows) / len(rows),
+                       **{g: {k: sum(r[g][k] for r in rows) / len(rows) for k in ("rel_err", "cos", "bias")}
+                          for g in ("all", "attention", "mlp", "other")}}
+        m = means[impl]
+        print(f"mean {impl:6s} loss_diff {m['loss_diff']:+.2e}  all err {m['all']['rel_err']:.2e} "
+              f"bias {m['all']['bias']:+.2e}  attention err {m['attention']['rel_err']:.2e} "
+              f"bias {m['attention']['bias']:+.2e}")
+    res["means"] = means
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return res
+
+
+if __name__ == "__main__":
+    main()
