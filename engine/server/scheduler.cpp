@@ -424,9 +424,9 @@ void Scheduler::emit_loop() {
     try {
       emit(batch);
     } catch (...) {  // the bookkeeping failed (no memory): no client may wait forever, so every stream here ends
+      // (also those marked ended whose end() had not run yet; a stream that did end ignores a second end)
       for (Emit& e : batch) {
         Output& o = *e.out;
-        if (o.ended) continue;
         o.ended = true;
         if (!e.reason) o.early = Output::failed;  // the scheduler frees it next
         try {
