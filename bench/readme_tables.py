@@ -25,6 +25,7 @@ SOURCES = {
     "train": ("h100/train.json", ("h100/train_seeds/llama_seed1.json", "h100/train_seeds/llama_seed2.json")),
     "tp": ("h100-x4/e2e_tp.json", "h100-x4/e2e_tp_prompt4096.json"),
     "serve": ("h100/serve_load.json", "h100/serve_engine_baseline.json"),
+    "serve_steady": "h100-x4/serve_c64_145c63d.json",
 }
 
 
@@ -273,8 +274,27 @@ def table_serve():
     return lines
 
 
+def table_serve_steady():
+    rel = SOURCES["serve_steady"]
+    d = load(rel)
+    base = d["static_batch64"]["flashlite"]
+    lines = [source_line(rel, d, d["device"]) + f" {len(d['rounds'])} rounds of {d['rounds'][0]['requests']:,} "
+             f"requests at {d['rounds'][0]['concurrency']} clients (the ramp and the drain weigh little), beside the "
+             f"engine's static batch 64 in the same call: {base['decode_tok_s']:,.0f} tok/s, {base['tbt_ms']:.2f} ms "
+             "per step.", "",
+             "| round | output tok/s | of static batch 64 | TTFT p50 / p90 ms | ITL p50 ms | mean batch "
+             "| step / forward ms |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in d["rounds"]:
+        lines.append(f"| {r['round']} | {r['output_tok_s']:,.0f} | {r['fraction_of_static_batch64']:.1%} | "
+                     f"{r['ttft_ms']['p50']:.1f} / {r['ttft_ms']['p90']:.1f} | {r['itl_ms']['p50']:.2f} | "
+                     f"{r['mean_batch']:.1f} | {r['server_step_ms']:.2f} / {r['server_forward_ms']:.2f} |")
+    return lines
+
+
 RENDERERS = {"fwd": table_fwd, "decode": table_decode, "engine": table_engine, "cpu": table_cpu, "bwd": table_bwd,
-             "train": table_train, "tp": table_tp, "serve": table_serve, "roofline": table_roofline}
+             "train": table_train, "tp": table_tp, "serve": table_serve, "serve_steady": table_serve_steady,
+             "roofline": table_roofline}
 
 # Each table's first line starts with its title and the benchmark that measured it.
 TITLES = {
@@ -286,6 +306,7 @@ TITLES = {
     "train": "**Training** (bench/train.py):",
     "tp": "**Tensor parallelism** (bench/e2e.py --tp):",
     "serve": "**Server under load** (bench/serve/load.py):",
+    "serve_steady": "**Server in steady state** (bench/serve/load.py --concurrency 64 --requests 1024):",
     "cpu": "**CPU** (`flashlite bench cpu --json`):",
 }
 
