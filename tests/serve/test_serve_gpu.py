@@ -2,7 +2,8 @@
 fallback): a request alone gives `flashlite generate --device cuda`'s greedy text, and 64 concurrent requests give each
 its answer alone, or a tie-aware agreement (disagreement()): the first token where they differ is one the alone run
 had within bf16 noise of its best candidate. A tiny random Llama 3 with head_dim 64 (the paged cache): answers
-against the CPU server's fp32 ones and 64 concurrent requests against their answers alone, by the same rule."""
+against the CPU server's fp32 ones and 64 concurrent requests against their answers alone, by the same rule. With 2+
+GPUs, a `--tp` server (4 ranks where there are four GPUs) against the one-GPU server, by the same rule."""
 import concurrent.futures
 import json
 import subprocess
@@ -154,3 +155,52 @@ def test_paged_cuda_64_concurrent_requests_agree_and_free_their_pages(paged_serv
     assert not bad, bad
     m = gpu.wait_idle()
     assert m["flashlite_kv_pages_used"] == 0 and m["flashlite_requests_failed_total"] == 0, m
+
+
+# `--tp` on the GPUs of the machine (2, or 4 where there are four; skipped below 2): a tiny random Llama 3 whose 4 KV
+# heads, FFN and vocabulary split 4 ways, served split and whole, both in bf16. The split sums its row-parallel
+# outputs in another order, so answers agree by the same tie-aware rule as above.
+def gpu_count():
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+@pytest.fixture(scope="module")
+def tp_servers(cuda_server, flashlite_bin, models_dir, tmp_path_factory):
+    gpus = gpu_count()
+    if gpus < 2:
+        pytest.skip(f"{gpus} GPU(s): --tp needs 2")
+    tok_json = models_dir / "llama3-tokenizer" / "tokenizer.json"
+    if not tok_json.exists():
+        pytest.skip("Llama 3 tokenizer absent")
+    from serve_testlib import Server, write_tiny_llama3
+    model = str(write_tiny_llama3(tmp_path_factory.mktemp("tiny_tp"), tok_json, dim=256, heads=4, kv=4))
+    common = ["--model", model, "--model-name", "tiny64", "--context", "1024", "--device", "cuda"]
+    whole = Server(flashlite_bin, [*common, "--max-batch", "16"])
+    try:
+        split = Server(flashlite_bin, [*common, "--max-batch", "16", "--tp", str(4 if gpus >= 4 else 2)])
+    except BaseException:
+        whole.stop()
+        raise
+    try:
+        yield whole, split
+    finally:
+        try:
+            split.stop()
+        finally:
+            whole.stop()
+
+
+def test_tensor_parallel_cuda_server_agrees_with_one_gpu(tp_servers):
+    whole, split = tp_servers
+    jobs = paged_jobs()[:16]
+    alone = [completion(whole, j) for j in jobs]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        together = list(pool.map(lambda j: completion(split, j), jobs))
+    bad = disagreements(jobs, alone, together, TIE_RANDOM, NOISE)
+    assert not bad, bad
+    m = split.wait_idle()
+    assert m["flashlite_requests_failed_total"] == 0, m
