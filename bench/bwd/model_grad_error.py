@@ -76,15 +76,14 @@ def compare(got, ref):
     return out
 
 
-def warm(model, impl, data, device, lr):
+def warm(model, impl, data, device, lr, loss_fn):
     """train.py's optimizer and clipping for len(data) steps in bf16; returns the model with those bf16 weights."""
     m = copy.deepcopy(model).to(device=device, dtype=torch.bfloat16)
     m.set_attn_implementation(impl)
     m.train()
     opt = torch.optim.AdamW(m.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    tm = _train_module()
     for b in data:
-        loss = tm._loss(m, b.to(device))
+        loss = loss_fn(m, b.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
@@ -112,7 +111,7 @@ def main(argv=None):
     model = cls(cfg)
     data = tm.batches(tm.corpus(), args.warm_steps + args.batches, args.batch, args.seq, args.seed)
     if args.warm_steps:
-        model = warm(model, args.warm_impl, data[:args.warm_steps], args.device, args.lr)
+        model = warm(model, args.warm_impl, data[:args.warm_steps], args.device, args.lr, tm._loss)
     model = model.to(device="cpu", dtype=torch.bfloat16)  # the probe's weights: bf16 values, exact in float64 too
     impls = [flhf.NAME, "sdpa", "eager"]
     res = {"benchmark": "whole-model gradient error against float64 (bench/bwd/model_grad_error.py)",

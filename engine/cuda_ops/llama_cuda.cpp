@@ -80,6 +80,13 @@ struct Step {
   DecodePlan plan;                  // decode
 };
 
+// A step's graph: its rows, logit rows and what it selects on the device. A rank's single best candidate is the greedy
+// step's work (the argmax keys), so it replays the greedy step's graph.
+cuda_ops::StepGraphs::Key graph_key(const Step& st, const LogitsRequest& r) {
+  if (by_keys(r)) return {st.rows, st.lrows, int(LogitsRequest::Kind::argmax), 0};
+  return {st.rows, st.lrows, int(r.kind), r.k};
+}
+
 class LlamaCuda final : public LlamaModel {
  public:
   LlamaCuda(const ModelWeights& w, const RuntimeOptions& o, Collective* collective)
@@ -761,7 +768,7 @@ LogitsOutput LlamaCuda::run(const std::vector<SequenceInput>& inputs, const Logi
   // under a pending copy.
   try {
     if (profiled) profile_->run(step);
-    else if (st.decode) replayed = graphs_.run({st.rows, st.lrows, int(request.kind) + 8 * request.shard, request.k}, stream_, step);
+    else if (st.decode) replayed = graphs_.run(graph_key(st, request), stream_, step);
     else step();
     download(st, request);
   } catch (...) {

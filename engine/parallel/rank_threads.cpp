@@ -6,13 +6,13 @@ namespace flashlite::engine {
 
 namespace {
 
-// Spins while `busy()` holds, for at most `limit`; true when it stopped holding.
+// Spins while `busy()` holds, for at most `limit` (the caller then blocks on its condition variable).
 template <typename Busy>
-bool spin_while(Busy busy, std::chrono::microseconds limit) {
+void spin_while(Busy busy, std::chrono::microseconds limit) {
   const auto end = std::chrono::steady_clock::now() + limit;
   for (int i = 0;; ++i) {
-    if (!busy()) return true;
-    if ((i & 255) == 255 && std::chrono::steady_clock::now() > end) return false;
+    if (!busy()) return;
+    if ((i & 255) == 255 && std::chrono::steady_clock::now() > end) return;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #elif defined(__aarch64__)
@@ -59,8 +59,8 @@ std::vector<std::exception_ptr> RankThreads::run(const std::function<void(int)>&
   work_.notify_all();
   if (spin_) {  // (a step's length; past it, the waits below with their deadline)
     lock.unlock();
-    const std::chrono::microseconds limit = deadline.count() > 0 ? std::min<std::chrono::microseconds>(kCallerSpin, deadline)
-                                                                  : kCallerSpin;
+    const std::chrono::microseconds limit =
+        deadline.count() > 0 ? std::min<std::chrono::microseconds>(kCallerSpin, deadline) : kCallerSpin;
     spin_while([&] { return pending_.load() != 0; }, limit);
     lock.lock();
   }

@@ -78,6 +78,13 @@ struct Scheduler::Emit {
   std::vector<TokenLogprob> top;
   const char* reason = nullptr;  // ends the request: "stop", "length", "cancelled", or "" with error
   std::string error;
+  static Emit ending(std::shared_ptr<Output> out, const char* reason, std::string error = {}) {
+    Emit e;
+    e.out = std::move(out);
+    e.reason = reason;
+    e.error = std::move(error);
+    return e;
+  }
 };
 
 struct Scheduler::Sequence {
@@ -214,7 +221,7 @@ void Scheduler::admit() {
   // Cancelled while waiting: gone before taking anything.
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     if ((*it)->stream().cancelled()) {
-      emits_.push_back({(*it)->out, -1, false, 0, {}, "cancelled", ""});
+      emits_.push_back(Emit::ending((*it)->out, "cancelled"));
       ++requests_cancelled_;
       it = waiting_.erase(it);
     } else {
@@ -255,7 +262,7 @@ void Scheduler::release(Sequence& s, const std::string& reason, bool failed) {
 
 void Scheduler::end(Sequence& s, const char* reason, const std::string& error) {
   release(s, reason, !error.empty());
-  emits_.push_back({s.out, -1, false, 0, {}, reason, error});
+  emits_.push_back(Emit::ending(s.out, reason, error));
 }
 
 void Scheduler::hand_over() {
@@ -314,11 +321,11 @@ void Scheduler::loop() {
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto& s : waiting_) emits_.push_back({s->out, -1, false, 0, {}, "", "the server is shutting down"});
+    for (auto& s : waiting_) emits_.push_back(Emit::ending(s->out, "", "the server is shutting down"));
     waiting_.clear();
     for (auto& s : running_) {
       model_.reset(s->slot);
-      emits_.push_back({s->out, -1, false, 0, {}, "", "the server is shutting down"});
+      emits_.push_back(Emit::ending(s->out, "", "the server is shutting down"));
     }
     running_.clear();
   }

@@ -1,5 +1,6 @@
 """The server tests' helper (imported by name, so kept out of conftest.py): `Server`, a `flashlite serve` process on
 127.0.0.1 on a free port (--port 0; the port is read from its "listening on" line) that must stop cleanly."""
+import contextlib
 import json
 import pathlib
 import signal
@@ -83,3 +84,16 @@ class Server:
         self._drain.join(timeout=5)
         assert code == 0, f"the server exited with {code}: " + "".join(self.log)
         assert "stopped" in "".join(self.log), "".join(self.log)
+
+
+@contextlib.contextmanager
+def servers(binary, *arg_lists):
+    """Servers started in order (those already up are stopped if a later one fails to start), yielded as a list and
+    stopped, last first, when the block ends."""
+    with contextlib.ExitStack() as stack:
+        started = []
+        for args in arg_lists:
+            s = Server(binary, args)
+            stack.callback(s.stop)
+            started.append(s)
+        yield started

@@ -22,6 +22,15 @@ namespace srv = flashlite::engine::server;
 
 namespace {
 
+// The tiny random checkpoint (fp32, GQA, vocabulary 70) these tests serve, written fresh under `name`.
+synth::Spec tiny_spec(const char* name) { return {name, 64, 96, 2, 4, 2, 16, 70, "F32", false, true, 0}; }
+
+eng::ModelWeights tiny_weights(const synth::Spec& spec, int seed) {
+  const auto dir = synth::fresh_dir(spec.name);
+  synth::write_checkpoint(dir, spec, seed);
+  return eng::load_checkpoint(dir.string());
+}
+
 TEST(PageAllocator, TakesLowestFirstAndRefusesWhatIsNotFree) {
   eng::PageAllocator a(4);
   std::vector<int32_t> got;
@@ -105,10 +114,8 @@ TEST(PagedKvBook, PositionTableHoldsEachPositionsPrefix) {
 // The CPU model on a paged cache computes what it computes on the contiguous one: prefill chunks and decode steps of
 // several sequences, slots in any order.
 TEST(PagedLlamaCpu, LogitsEqualTheContiguousCache) {
-  const synth::Spec spec{"serve_paged", 64, 96, 2, 4, 2, 16, 70, "F32", false, true, 0};
-  const auto dir = synth::fresh_dir(spec.name);
-  synth::write_checkpoint(dir, spec, 7);
-  const eng::ModelWeights w = eng::load_checkpoint(dir.string());
+  const synth::Spec spec = tiny_spec("serve_paged");
+  const eng::ModelWeights w = tiny_weights(spec, 7);
   eng::RuntimeOptions ro;
   ro.slots = 3;
   ro.context = 96;
@@ -201,10 +208,8 @@ double metric(srv::Scheduler& s, const std::string& name) {
 // still ends with exactly the text before the stop string, finish "stop" and usage counting the tokens its client got
 // (none sampled after), while the requests beside it run to their end; every KV page comes back.
 TEST(Scheduler, StopStringEndsOneStreamWhileTheOthersGoOn) {
-  const synth::Spec spec{"serve_sched", 64, 96, 2, 4, 2, 16, 70, "F32", false, true, 0};
-  const auto dir = synth::fresh_dir(spec.name);
-  synth::write_checkpoint(dir, spec, 11);
-  const eng::ModelWeights w = eng::load_checkpoint(dir.string());
+  const synth::Spec spec = tiny_spec("serve_sched");
+  const eng::ModelWeights w = tiny_weights(spec, 11);
   eng::RuntimeOptions ro;
   ro.slots = 4;
   ro.context = 96;
@@ -267,10 +272,8 @@ TEST(Scheduler, StopStringEndsOneStreamWhileTheOthersGoOn) {
 
 // stop() ends what is still queued or running with an error, through the emitter, which drains before it joins.
 TEST(Scheduler, StopEndsEveryStreamWithAnError) {
-  const synth::Spec spec{"serve_sched_stop", 64, 96, 2, 4, 2, 16, 70, "F32", false, true, 0};
-  const auto dir = synth::fresh_dir(spec.name);
-  synth::write_checkpoint(dir, spec, 12);
-  const eng::ModelWeights w = eng::load_checkpoint(dir.string());
+  const synth::Spec spec = tiny_spec("serve_sched_stop");
+  const eng::ModelWeights w = tiny_weights(spec, 12);
   eng::RuntimeOptions ro;
   ro.slots = 1;
   ro.context = 96;

@@ -104,17 +104,11 @@ def tiny64(cuda_server, models_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def paged_servers(flashlite_bin, tiny64):
-    from serve_testlib import Server
+    from serve_testlib import servers
     common = ["--model", tiny64, "--model-name", "tiny64", "--context", "1024", "--page-size", "16"]
-    gpu = Server(flashlite_bin, [*common, "--device", "cuda", "--max-batch", "64", "--kv-pages", "2048"])
-    cpu = Server(flashlite_bin, [*common, "--device", "cpu", "--max-batch", "8"])
-    try:
+    with servers(flashlite_bin, [*common, "--device", "cuda", "--max-batch", "64", "--kv-pages", "2048"],
+                 [*common, "--device", "cpu", "--max-batch", "8"]) as (gpu, cpu):
         yield gpu, cpu
-    finally:
-        try:
-            gpu.stop()
-        finally:
-            cpu.stop()
 
 
 def paged_jobs():
@@ -126,6 +120,14 @@ def completion(server, job):
     r = client(server, timeout=300).completions.create(model="tiny64", temperature=0, logprobs=5,
                                                        extra_body={"ignore_eos": True}, **job)
     return r.choices[0].logprobs
+
+
+def together_against_alone(ref, server, jobs):
+    """The jobs' answers from `server`, all sent at once, against `ref`'s answers to each alone (tie-aware)."""
+    alone = [completion(ref, j) for j in jobs]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        together = list(pool.map(lambda j: completion(server, j), jobs))
+    return disagreements(jobs, alone, together, TIE_RANDOM, NOISE)
 
 
 def test_paged_cuda_server_takes_the_paged_cache(paged_servers):
@@ -147,11 +149,7 @@ def test_paged_cuda_answers_agree_with_the_cpu_in_fp32(paged_servers):
 
 def test_paged_cuda_64_concurrent_requests_agree_and_free_their_pages(paged_servers):
     gpu, _ = paged_servers
-    jobs = paged_jobs()
-    alone = [completion(gpu, j) for j in jobs]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=64) as pool:
-        together = list(pool.map(lambda j: completion(gpu, j), jobs))
-    bad = disagreements(jobs, alone, together, TIE_RANDOM, NOISE)
+    bad = together_against_alone(gpu, gpu, paged_jobs())
     assert not bad, bad
     m = gpu.wait_idle()
     assert m["flashlite_kv_pages_used"] == 0 and m["flashlite_requests_failed_total"] == 0, m
@@ -176,31 +174,16 @@ def tp_servers(cuda_server, flashlite_bin, models_dir, tmp_path_factory):
     tok_json = models_dir / "llama3-tokenizer" / "tokenizer.json"
     if not tok_json.exists():
         pytest.skip("Llama 3 tokenizer absent")
-    from serve_testlib import Server, write_tiny_llama3
+    from serve_testlib import servers, write_tiny_llama3
     model = str(write_tiny_llama3(tmp_path_factory.mktemp("tiny_tp"), tok_json, dim=256, heads=4, kv=4))
-    common = ["--model", model, "--model-name", "tiny64", "--context", "1024", "--device", "cuda"]
-    whole = Server(flashlite_bin, [*common, "--max-batch", "16"])
-    try:
-        split = Server(flashlite_bin, [*common, "--max-batch", "16", "--tp", str(4 if gpus >= 4 else 2)])
-    except BaseException:
-        whole.stop()
-        raise
-    try:
+    common = ["--model", model, "--model-name", "tiny64", "--context", "1024", "--device", "cuda", "--max-batch", "16"]
+    with servers(flashlite_bin, common, [*common, "--tp", str(4 if gpus >= 4 else 2)]) as (whole, split):
         yield whole, split
-    finally:
-        try:
-            split.stop()
-        finally:
-            whole.stop()
 
 
 def test_tensor_parallel_cuda_server_agrees_with_one_gpu(tp_servers):
     whole, split = tp_servers
-    jobs = paged_jobs()[:16]
-    alone = [completion(whole, j) for j in jobs]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
-        together = list(pool.map(lambda j: completion(split, j), jobs))
-    bad = disagreements(jobs, alone, together, TIE_RANDOM, NOISE)
+    bad = together_against_alone(whole, split, paged_jobs()[:16])
     assert not bad, bad
     m = split.wait_idle()
     assert m["flashlite_requests_failed_total"] == 0, m
