@@ -217,6 +217,14 @@ void gemv(const GemvParams& p, void* stream) {
     }
   }
   if (p.epi == GemvOut::f32_argmax && !p.argmax_keys) fail("gemv with the argmax epilogue needs argmax_keys");
+  if (const PeerPush& q = p.push; q.ranks > 1) {
+    bool inboxes = q.ranks <= PeerPush::kMaxRanks;
+    for (int r = 0; inboxes && r < q.ranks; ++r) inboxes = q.inbox[r] != nullptr;
+    if (p.epi != GemvOut::add_f32 || !inboxes || q.rank < 0 || q.rank >= q.ranks || !q.round || q.round_span <= 0) {
+      fail("gemv pushing to its peers needs the add_f32 epilogue, 2.." + std::to_string(PeerPush::kMaxRanks) +
+           " ranks with an inbox each, its rank among them and the round counters");
+    }
+  }
   if (p.out <= 0) return;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // The combinations the engine uses: QKV, gate/up + SwiGLU and the LM head read the normed stream; O and down add.

@@ -10,6 +10,8 @@
 //                      k and v to the flashlite KV cache, no separate append_kv launch: a block owns 8 rows of one
 //                      head that form 4 rotation pairs; the values are rounded to bf16 before the rotation exactly as
 //                      the unfused path stores them and append_kv reloads them;
+//   add_f32 + push     a tensor-parallel rank's partial O / down output also stored into its peers' one-shot inboxes
+//                      (engine/parallel/peer_push.h) by the warp that finished it;
 //   f32_argmax         the LM-head epilogue also folds each row's argmax key (select.h's) into argmax_keys with one
 //                      64-bit atomicMax per block and row (order-independent: deterministic); keys zeroed beforehand.
 // A warp owns one weight row (SwiGLU: a gate row and its up row) over the whole reduction, 4 KB of loads in flight, or
@@ -21,6 +23,8 @@
 // activations and norm weights there). cuBLASLt keeps prefill (many rows) and the fp32 path.
 #include <cstddef>
 #include <cstdint>
+
+#include "engine/parallel/peer_push.h"
 
 namespace flashlite::engine::cuda_ops {
 
@@ -66,6 +70,7 @@ struct GemvParams {
   bool pdl = true;                  // launched as a programmatic dependent where the device and the kernel have it
   GemvRope rope;                    // rope_bf16
   uint64_t* argmax_keys = nullptr;  // f32_argmax: (rows), zeroed before the launch
+  PeerPush push;  // add_f32 under tensor parallelism: each sum y[e] + v also sent to the peers (peer_push.h)
 };
 
 // The split-K the engine uses: the largest power of two <= 8 that keeps every warp at two or more batches of loads

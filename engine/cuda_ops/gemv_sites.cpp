@@ -36,6 +36,7 @@ GemvParams added(const StepGemvs& s, const void* w, int k, const void* in) {
   p.y = s.sum_into ? s.sum_into : s.x;
   p.split = gemv_auto_split(p.out, k);
   p.pdl = s.pdl;
+  if (s.push) p.push = *s.push;
   return p;
 }
 

@@ -30,6 +30,7 @@ struct StepGemvs {
   bool pdl;  // CudaEngineOptions::pdl
   void* stream;
   float* sum_into = nullptr;  // where O and down add (rows, dim) fp32; null: x (a tensor-parallel rank's partial sums)
+  const PeerPush* push = nullptr;  // tensor parallelism: O and down also send their sums to the peers (gemv.h)
 
   // qkv = rmsnorm(x) Wqkv^T into qkv (rows, q_dim + 2 kv_dim) bf16; with `rope` (gemv_fuses_rope) only q lands
   // there, rotated, and k (rotated) and v go to the KV cache.

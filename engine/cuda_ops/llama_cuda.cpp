@@ -592,15 +592,20 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
   // Under tensor parallelism the O and down GEMVs add into partial_, which is summed over the ranks and then added
   // to x; alone they add into x itself. partial_ is zeroed once per step (below) and again by each sum (the one-shot
   // kernel zeroes it as it reads it; after NCCL, a memset), so no memset stands between a sum and the next GEMV.
-  const cuda_ops::StepGemvs gemvs{c_, x_.as<float>(), rows, opt_.cuda.pdl, s,
-                                  collective_ ? partial_.as<float>() : nullptr};
   const size_t n_residual = size_t(rows) * dim;
+  // Where the one-shot sum takes the step's size, the O and down GEMVs send their outputs to the peers themselves
+  // (peer_push.h) and the sum only waits for them.
+  PeerPush push;
+  const bool pushed =
+      collective_ && st.gemv && collective_->peer_push(x_.as<float>(), partial_.as<float>(), n_residual, &push);
+  const cuda_ops::StepGemvs gemvs{c_, x_.as<float>(), rows, opt_.cuda.pdl, s,
+                                  collective_ ? partial_.as<float>() : nullptr, pushed ? &push : nullptr};
   // The all-reduce is its own group in --profile (the time per step it reports).
   auto gemv_added = [&](auto&& add, const char* name) {  // O or down through the GEMVs
     add();
     mark(name);
     if (collective_) {
-      if (!collective_->sum_into(x_.as<float>(), partial_.as<float>(), n_residual, s)) {  // one-shot: sum and add in one
+      if (!collective_->sum_into(x_.as<float>(), partial_.as<float>(), n_residual, s, pushed)) {  // one-shot: sum + add
         collective_->all_reduce_sum(partial_.ptr, n_residual, DType::f32, s);
         cuda_ops::residual_add(x_.as<float>(), partial_.ptr, n_residual, Elem::f32, s);
         cuda_check(cudaMemsetAsync(partial_.ptr, 0, n_residual * 4, stream_), "memset");

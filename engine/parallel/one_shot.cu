@@ -58,6 +58,7 @@ struct OneShotParams {
   unsigned* round;                      // this rank's round counters, one per block
   int* error;
   int* abort;  // the group's abort word (mapped host memory)
+  bool pushed;  // the peers' lines were stored by the GEMV before (peer_push.h): only wait for them
 };
 
 // Waits until `line` holds round `flag` in both halves; false when the wait was given up (a peer that never came
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_sum_kernel(const __grid_con
     float4* part = reinterpret_cast<float4*>(p.partial) + i;
     own = *part;
     *part = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int q = 0; q < p.ranks; ++q) {
+    for (int q = 0; q < p.ranks && !p.pushed; ++q) {
       if (q == p.rank) continue;
       uint4* to = p.inbox[q] + half + mine + 2 * size_t(i);
       store_line(to, own.x, own.y, round);
@@ -212,7 +213,19 @@ bool OneShotSum::takes(const float* x, const float* partial, size_t n) {
          reinterpret_cast<uintptr_t>(partial) % 16 == 0;
 }
 
-void OneShotSum::sum_into(int rank, float* x, float* partial, size_t n, void* stream) {
+PeerPush OneShotSum::push_target(int rank) const {
+  PeerPush q;
+  q.rank = rank;
+  q.ranks = int(ranks_.size());
+  for (int r = 0; r < q.ranks; ++r) q.inbox[r] = ranks_[r].inbox;
+  q.round = ranks_[rank].round;
+  q.round_span = 4 * kThreads;           // a block of the sum owns kThreads float4 vectors
+  q.half_words = 2 * kInboxLines;        // an LL line is two {value, flag} words
+  q.rank_words = kMaxFloats;             // a rank's region: kMaxFloats / 2 lines
+  return q;
+}
+
+void OneShotSum::sum_into(int rank, float* x, float* partial, size_t n, void* stream, bool pushed) {
   if (!takes(x, partial, n)) {
     fail("one-shot all-reduce of " + std::to_string(n) + " floats; at most " + std::to_string(kMaxFloats) +
          ", a multiple of 4, 16-byte aligned arrays");
@@ -226,6 +239,7 @@ void OneShotSum::sum_into(int rank, float* x, float* partial, size_t n, void* st
   for (int q = 0; q < p.ranks; ++q) p.inbox[q] = static_cast<uint4*>(ranks_[q].inbox);
   p.round = ranks_[rank].round;
   p.error = ranks_[rank].error_dev;
+  p.pushed = pushed;
   p.abort = abort_;  // portable mapped memory: the host address is the device address on every GPU (UVA)
   const int blocks = (p.n4 + kThreads - 1) / kThreads;
   if (blocks == 0) return;  // nothing to sum (every rank agrees: the same n)

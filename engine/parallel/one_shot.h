@@ -12,12 +12,14 @@
 #include <memory>
 #include <vector>
 
+#include "engine/parallel/peer_push.h"
+
 namespace flashlite::engine {
 
 class OneShotSum {
  public:
   static constexpr size_t kMaxFloats = 16384;  // 64 KB: a decode step of up to 4 rows at hidden size 4096
-  static constexpr int kMaxRanks = 8;
+  static constexpr int kMaxRanks = PeerPush::kMaxRanks;
   static constexpr int kThreads = 256;                              // a block sums 256 float4 vectors
   static constexpr int kMaxBlocks = int(kMaxFloats / 4 / kThreads);  // each with its own round counter
   static constexpr size_t kInboxLines = kMaxRanks * kMaxFloats / 2;  // an inbox half: 2 floats a 16-byte line
@@ -34,7 +36,11 @@ class OneShotSum {
   // Queued on rank `rank`'s stream (its device current): x[0, n) += sum over ranks of their partial[0, n), then
   // partial[0, n) = 0; fp32 device arrays that takes() accepts. Every rank must make the same calls in the same order
   // (as for any collective).
-  void sum_into(int rank, float* x, float* partial, size_t n, void* stream);
+  // `pushed`: the GEMV that made the partial already stored it into the peers' inboxes (push_target); the kernel only
+  // reads its own partial, waits for the peers' values and sums.
+  void sum_into(int rank, float* x, float* partial, size_t n, void* stream, bool pushed = false);
+  // Where rank `rank`'s GEMV pushes its partial for a sum_into(..., pushed = true) (peer_push.h).
+  PeerPush push_target(int rank) const;
   // After rank `rank`'s stream synchronized: throws Error when one of its kernels gave up waiting for a peer (a peer
   // that never came within about 20 s) or the group was aborted; the round counters are then out of step and the
   // group must not be reused.

@@ -1,17 +1,21 @@
 // The one-shot all-reduce (engine/parallel/one_shot.cu) on its own, on every GPU of the machine (2 or more with peer
 // access; skipped otherwise): many rounds of random sizes, so that its blocks' round counters and inbox halves drift
-// apart, eagerly and replayed from CUDA graphs. Each rank's x must end as x + the sum over ranks of the partials
-// added in rank order (computed here in fp32 in the same order: the same bits), and every partial must be zeroed.
+// apart, eagerly and replayed from CUDA graphs, and sums whose partials the engine's GEMV pushed to the peers itself.
+// Each rank's x must end as x + the sum over ranks of the partials added in rank order (computed here in fp32 in the
+// same order: the same bits), and every partial must be zeroed.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "engine/cuda_ops/gemv.h"
 #include "engine/parallel/collective.h"
 #include "engine/parallel/one_shot.h"
 
@@ -152,6 +156,93 @@ TEST_F(OneShotCuda, GraphReplaysMatchEagerRounds) {
   for (int r = 0; r < R; ++r) {
     cudaSetDevice(r);
     cudaGraphExecDestroy(exec[r]);
+  }
+}
+
+// The engine's form: each rank's O / down GEMV adds its output into the zeroed partial and pushes every value to its
+// peers' inboxes (peer_push.h), and the sum only waits. Sizes and row counts vary and plain sums come between, so the
+// rounds the GEMV reads must be those the sum's blocks run. The partials are what the same GEMV makes without pushing.
+TEST_F(OneShotCuda, SumsOfPartialsTheGemvPushedItself) {
+  namespace ops = flashlite::engine::cuda_ops;
+  const int R = int(ranks_.size());
+  const int k = 520;  // not a multiple of the GEMV's chunk batches
+  std::mt19937 rng(13);
+  std::normal_distribution<float> g;
+  auto bf16 = [&](size_t n) {  // random bf16 (the top half of a float)
+    std::vector<uint16_t> v(n);
+    for (uint16_t& b : v) {
+      const float f = g(rng);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      b = uint16_t(u >> 16);
+    }
+    return v;
+  };
+  std::vector<void*> w(R), a(R);
+  std::vector<float*> made(R);
+  for (int r = 0; r < R; ++r) {
+    ok(cudaSetDevice(r));
+    ok(cudaMalloc(&w[r], size_t(kMax) * k * 2 / 4));  // out <= 4096 rows of k
+    ok(cudaMalloc(&a[r], size_t(4) * k * 2));
+    ok(cudaMalloc(&made[r], kMax * sizeof(float)));
+  }
+  const struct { int rows, out; } shapes[] = {{1, 4096}, {4, 4096}, {1, 1028}, {3, 2044}, {2, 4096}, {1, 4096}, {4, 12}};
+  int plain = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (const auto& sh : shapes) {
+      const size_t n = size_t(sh.rows) * sh.out;
+      std::vector<std::vector<float>> part(R, std::vector<float>(n));
+      auto params = [&](int r, float* y, bool push) {
+        ops::GemvParams p;
+        p.w = w[r];
+        p.out = sh.out;
+        p.k = k;
+        p.rows = sh.rows;
+        p.x = a[r];
+        p.epi = ops::GemvOut::add_f32;
+        p.y = y;
+        p.split = ops::gemv_auto_split(sh.out, k);
+        if (push) p.push = sum_->push_target(r);
+        return p;
+      };
+      for (int r = 0; r < R; ++r) {  // each rank's partial, made without pushing
+        ok(cudaSetDevice(r));
+        const std::vector<uint16_t> wh = bf16(size_t(sh.out) * k), ah = bf16(size_t(sh.rows) * k);
+        ok(cudaMemcpy(w[r], wh.data(), wh.size() * 2, cudaMemcpyHostToDevice));
+        ok(cudaMemcpy(a[r], ah.data(), ah.size() * 2, cudaMemcpyHostToDevice));
+        ok(cudaMemset(made[r], 0, n * 4));
+        ops::gemv(params(r, made[r], false), ranks_[r].stream);
+        ok(cudaStreamSynchronize(ranks_[r].stream));
+        ok(cudaMemcpy(part[r].data(), made[r], n * 4, cudaMemcpyDeviceToHost));
+      }
+      std::vector<float> x(n), want(n);
+      for (float& v : x) v = g(rng);
+      for (size_t i = 0; i < n; ++i) {
+        float s = 0.f;
+        for (int r = 0; r < R; ++r) s += part[r][i];
+        want[i] = x[i] + s;
+      }
+      for (int r = 0; r < R; ++r) {
+        ok(cudaSetDevice(r));
+        ok(cudaMemcpy(ranks_[r].x, x.data(), n * 4, cudaMemcpyHostToDevice));
+        ok(cudaMemset(ranks_[r].partial, 0, n * 4));
+      }
+      for (int r = 0; r < R; ++r) {  // every rank queued before any is waited for
+        ok(cudaSetDevice(r));
+        ops::gemv(params(r, ranks_[r].partial, true), ranks_[r].stream);
+        sum_->sum_into(r, ranks_[r].x, ranks_[r].partial, n, ranks_[r].stream, true);
+      }
+      expect(n, want);
+      if (HasFatalFailure()) break;
+      if (++plain % 2 == 0) round(4 * (1 + rng() % (kMax / 4)), rng);  // a plain sum between
+      if (HasFatalFailure()) break;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    cudaSetDevice(r);
+    cudaFree(w[r]);
+    cudaFree(a[r]);
+    cudaFree(made[r]);
   }
 }
 
