@@ -217,12 +217,18 @@ void gemv(const GemvParams& p, void* stream) {
     }
   }
   if (p.epi == GemvOut::f32_argmax && !p.argmax_keys) fail("gemv with the argmax epilogue needs argmax_keys");
-  if (const PeerPush& q = p.push; q.ranks > 1) {
-    bool inboxes = q.ranks <= PeerPush::kMaxRanks;
+  if (const PeerSum& q = p.sum; p.epi == GemvOut::sum_f32) {
+    bool inboxes = q.ranks <= PeerSum::kMaxRanks;
     for (int r = 0; inboxes && r < q.ranks; ++r) inboxes = q.inbox[r] != nullptr;
-    if (p.epi != GemvOut::add_f32 || !inboxes || q.rank < 0 || q.rank >= q.ranks || !q.round || q.round_span <= 0) {
-      fail("gemv pushing to its peers needs the add_f32 epilogue, 2.." + std::to_string(PeerPush::kMaxRanks) +
-           " ranks with an inbox each, its rank among them and the round counters");
+    // One resident wave (grid_blocks 0): a block waiting for its peers' values never keeps another block of its grid,
+    // whose values some peer awaits, from starting.
+    // A multiple of 4 elements: the one-shot kernel, which shares the round counters, moves them 4 at a time.
+    const size_t n = size_t(p.rows) * size_t(std::max(p.out, 0));
+    if (q.ranks < 2 || p.grid_blocks != 0 || !inboxes || q.rank < 0 || q.rank >= q.ranks || !q.round ||
+        !q.error || !q.abort || n > q.rank_words || n % 4 != 0) {
+      fail("gemv summing over ranks needs one resident wave, 2.." + std::to_string(PeerSum::kMaxRanks) +
+           " ranks with an inbox each, its rank among them, the round counters, the error and abort words, and rows "
+           "x out a multiple of 4 within the inbox (" + std::to_string(q.rank_words) + " values)");
     }
   }
   if (p.out <= 0) return;
@@ -234,6 +240,7 @@ void gemv(const GemvParams& p, void* stream) {
   else if (p.in == GemvIn::rmsnorm && p.epi == GemvOut::rope_bf16) launch_rows<GemvIn::rmsnorm, GemvOut::rope_bf16>(p, s);
   else if (p.in == GemvIn::rmsnorm && p.epi == GemvOut::f32_argmax) launch_rows<GemvIn::rmsnorm, GemvOut::f32_argmax>(p, s);
   else if (p.in == GemvIn::bf16 && p.epi == GemvOut::add_f32) launch_rows<GemvIn::bf16, GemvOut::add_f32>(p, s);
+  else if (p.in == GemvIn::bf16 && p.epi == GemvOut::sum_f32) launch_rows<GemvIn::bf16, GemvOut::sum_f32>(p, s);
   else fail("gemv: this prologue/epilogue combination is not instantiated");
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) fail_runtime(std::string("CUDA launch of gemv failed: ") + cudaGetErrorString(e));

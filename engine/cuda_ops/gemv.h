@@ -10,8 +10,9 @@
 //                      k and v to the flashlite KV cache, no separate append_kv launch: a block owns 8 rows of one
 //                      head that form 4 rotation pairs; the values are rounded to bf16 before the rotation exactly as
 //                      the unfused path stores them and append_kv reloads them;
-//   add_f32 + push     a tensor-parallel rank's partial O / down output also stored into its peers' one-shot inboxes
-//                      (engine/parallel/peer_push.h) by the warp that finished it;
+//   sum_f32            add_f32 under tensor parallelism: each value is this rank's partial of a row-parallel projection (O,
+//                      down): the warp that finished it sends it to the peers, waits for theirs and adds the sum
+//                      over ranks (engine/parallel/peer_sum.h): the all-reduce without a kernel of its own;
 //   f32_argmax         the LM-head epilogue also folds each row's argmax key (select.h's) into argmax_keys with one
 //                      64-bit atomicMax per block and row (order-independent: deterministic); keys zeroed beforehand.
 // A warp owns one weight row (SwiGLU: a gate row and its up row) over the whole reduction, 4 KB of loads in flight, or
@@ -24,7 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "engine/parallel/peer_push.h"
+#include "engine/parallel/peer_sum.h"
 
 namespace flashlite::engine::cuda_ops {
 
@@ -32,7 +33,7 @@ constexpr int kGemvMaxRows = 8;
 constexpr int kGemvBlockPerTile = 1 << 30;  // GemvParams::grid_blocks: one block per tile
 
 enum class GemvIn { bf16, rmsnorm };
-enum class GemvOut { bf16, f32, add_f32, swiglu_bf16, rope_bf16, f32_argmax };
+enum class GemvOut { bf16, f32, add_f32, sum_f32, swiglu_bf16, rope_bf16, f32_argmax };
 
 // rope_bf16: where the QKV row's parts go. y receives the rotated q heads only (the k and v columns of y are not
 // written); k (rotated) and v go to row cache_row[r] of the caches, seen as rows of kv_heads * head_dim: a
@@ -62,15 +63,15 @@ struct GemvParams {
   const int32_t* row_index = nullptr;  // rmsnorm: stream row of each activation row; nullptr = row r
   float eps = 0;
   GemvOut epi = GemvOut::bf16;
-  void* y = nullptr;  // (rows, out): bf16 | fp32 | fp32 added to | bf16
-  int split = 1;      // warps per output row (1, 2, 4, 8; bf16 / f32 / add_f32 / f32_argmax epilogues only)
+  void* y = nullptr;  // (rows, out): bf16 | fp32 | fp32 added to (add_f32, sum_f32) | bf16
+  int split = 1;      // warps per output row (1, 2, 4, 8; bf16 / f32 / add_f32 / sum_f32 / f32_argmax only)
   // Blocks launched: 0 (default) one resident wave (each block loops over its tiles); > 0 that many, at most one per
   // tile (kGemvBlockPerTile: a block per tile, so the hardware hands tiles to the SMs as blocks finish).
   int grid_blocks = 0;
   bool pdl = true;                  // launched as a programmatic dependent where the device and the kernel have it
   GemvRope rope;                    // rope_bf16
   uint64_t* argmax_keys = nullptr;  // f32_argmax: (rows), zeroed before the launch
-  PeerPush push;  // add_f32 under tensor parallelism: each sum y[e] + v also sent to the peers (peer_push.h)
+  PeerSum sum;  // sum_f32: the ranks' inboxes and rounds (peer_sum.h)
 };
 
 // The split-K the engine uses: the largest power of two <= 8 that keeps every warp at two or more batches of loads

@@ -8,6 +8,7 @@
 
 #include "engine/cuda_ops/gemv.h"
 #include "engine/cuda_ops/select_keys.cuh"
+#include "engine/parallel/peer_sum.cuh"
 #include "flashlite/cuda/rope.cuh"
 
 namespace flashlite::engine::cuda_ops::gemv_device {
@@ -234,18 +235,6 @@ __device__ __forceinline__ void warp_sum(float (&acc)[NW][R]) {
       for (int o = 16; o > 0; o >>= 1) acc[j][r] += __shfl_xor_sync(0xffffffffu, acc[j][r], o);
 }
 
-// Element e of a rank's partial sent to every peer as an LL word {value, round} (engine/parallel/peer_push.h): one
-// 8-byte store each, which arrives whole, so the value and the news of it cross NVLink together.
-__device__ __forceinline__ void push_to_peers(const PeerPush& q, size_t e, float v) {
-  const unsigned round = q.round[e / size_t(q.round_span)] + 1;
-  const size_t word = size_t(round & 1u) * q.half_words + size_t(q.rank) * q.rank_words + e;
-  for (int r = 0; r < q.ranks; ++r) {
-    if (r == q.rank) continue;
-    uint2* to = static_cast<uint2*>(q.inbox[r]) + word;
-    asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(to), "r"(__float_as_uint(v)), "r"(round) : "memory");
-  }
-}
-
 // Output column j of the warp (element `at` of y) for activation row r: stored (bf16 / fp32), added to the fp32
 // residual stream, or SwiGLU of the gate (column j) and its up row (column j + NW / 2).
 template <GemvOut OUT, int NW, int R>
@@ -256,10 +245,9 @@ __device__ __forceinline__ void store_column(const GemvParams& p, const float (&
   } else if constexpr (OUT == GemvOut::f32 || OUT == GemvOut::f32_argmax) {
     static_cast<float*>(p.y)[at] = v;
   } else if constexpr (OUT == GemvOut::add_f32) {
-    float* y = static_cast<float*>(p.y) + at;
-    const float sum = *y + v;
-    *y = sum;
-    if (p.push.ranks > 1) push_to_peers(p.push, at, sum);
+    static_cast<float*>(p.y)[at] += v;
+  } else if constexpr (OUT == GemvOut::sum_f32) {
+    static_cast<float*>(p.y)[at] += peer_sum::sum_over_ranks(p.sum, at, v);
   } else {
     const float up = acc[j + NW / 2][r];
     static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v / (1.f + __expf(-v)) * up);

@@ -32,11 +32,11 @@ GemvParams added(const StepGemvs& s, const void* w, int k, const void* in) {
   p.rows = s.rows;
   p.in = GemvIn::bf16;
   p.x = in;
-  p.epi = GemvOut::add_f32;
-  p.y = s.sum_into ? s.sum_into : s.x;
+  p.epi = s.sum ? GemvOut::sum_f32 : GemvOut::add_f32;
+  p.y = s.sum_into && !s.sum ? s.sum_into : s.x;
   p.split = gemv_auto_split(p.out, k);
   p.pdl = s.pdl;
-  if (s.push) p.push = *s.push;
+  if (s.sum) p.sum = *s.sum;
   return p;
 }
 

@@ -4,7 +4,8 @@
 // and the step's rows alone:
 //   QKV       RMSNorm prologue; RoPE + KV-cache append fused into its epilogue where head_dim % 8 == 0 (else a bf16
 //             store, then flashlite::append_kv);
-//   O, down   residual-adding epilogue, split-K by gemv_auto_split (2 warps per row for Llama-3.2-1B's down);
+//   O, down   residual-adding epilogue, split-K by gemv_auto_split (2 warps per row for Llama-3.2-1B's down); under
+//             tensor parallelism the epilogue that sums over the ranks itself (sum_f32);
 //   gate/up   RMSNorm prologue, SwiGLU epilogue; a block per tile in one-row steps (tiles are handed to the SMs as
 //             blocks finish: 918-924 against 885-909 tok/s at batch 1), one resident wave otherwise;
 //   LM head   RMSNorm prologue over the logit rows; the greedy argmax folded into its epilogue when asked for (no
@@ -29,8 +30,8 @@ struct StepGemvs {
   int rows;
   bool pdl;  // CudaEngineOptions::pdl
   void* stream;
-  float* sum_into = nullptr;  // where O and down add (rows, dim) fp32; null: x (a tensor-parallel rank's partial sums)
-  const PeerPush* push = nullptr;  // tensor parallelism: O and down also send their sums to the peers (gemv.h)
+  float* sum_into = nullptr;  // where O and down add (rows, dim) fp32; null (or `sum`): x
+  const PeerSum* sum = nullptr;  // tensor parallelism: O and down sum over the ranks themselves and add to x (gemv.h)
 
   // qkv = rmsnorm(x) Wqkv^T into qkv (rows, q_dim + 2 kv_dim) bf16; with `rope` (gemv_fuses_rope) only q lands
   // there, rotated, and k (rotated) and v go to the KV cache.

@@ -589,23 +589,24 @@ void LlamaCuda::restore(const Step& st, const std::vector<SequenceInput>& inputs
 void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, const LogitsRequest& request) {
   const int dim = c_.dim, qd = c_.q_dim(), hid = c_.hidden_dim, qkv_w = qd + 2 * c_.kv_dim(), rows = st.rows;
   void* s = stream_;
-  // Under tensor parallelism the O and down GEMVs add into partial_, which is summed over the ranks and then added
-  // to x; alone they add into x itself. partial_ is zeroed once per step (below) and again by each sum (the one-shot
-  // kernel zeroes it as it reads it; after NCCL, a memset), so no memset stands between a sum and the next GEMV.
+  // Under tensor parallelism, where the one-shot sum takes the step's size, the O and down GEMVs sum their outputs
+  // over the ranks themselves and add them to x (peer_sum.h). Otherwise (more rows, no peer access, and in --profile,
+  // which times the all-reduce as its own group) they add into partial_, which is summed over the ranks and then
+  // added to x; alone they add into x itself. partial_ is zeroed once per step (below) and again by each sum (the
+  // one-shot kernel zeroes it as it reads it; after NCCL, a memset), so no memset stands between a sum and the next
+  // GEMV.
   const size_t n_residual = size_t(rows) * dim;
-  // Where the one-shot sum takes the step's size, the O and down GEMVs send their outputs to the peers themselves
-  // (peer_push.h) and the sum only waits for them.
-  PeerPush push;
-  const bool pushed =
-      collective_ && st.gemv && collective_->peer_push(x_.as<float>(), partial_.as<float>(), n_residual, &push);
+  PeerSum sum;
+  const bool profiling = profile_ && profile_->active();
+  const bool fused = collective_ && st.gemv && !profiling && collective_->fused_sum(x_.as<float>(), n_residual, &sum);
   const cuda_ops::StepGemvs gemvs{c_, x_.as<float>(), rows, opt_.cuda.pdl, s,
-                                  collective_ ? partial_.as<float>() : nullptr, pushed ? &push : nullptr};
+                                  collective_ ? partial_.as<float>() : nullptr, fused ? &sum : nullptr};
   // The all-reduce is its own group in --profile (the time per step it reports).
   auto gemv_added = [&](auto&& add, const char* name) {  // O or down through the GEMVs
     add();
     mark(name);
-    if (collective_) {
-      if (!collective_->sum_into(x_.as<float>(), partial_.as<float>(), n_residual, s, pushed)) {  // one-shot: sum + add
+    if (collective_ && !fused) {
+      if (!collective_->sum_into(x_.as<float>(), partial_.as<float>(), n_residual, s)) {  // one-shot: sum and add
         collective_->all_reduce_sum(partial_.ptr, n_residual, DType::f32, s);
         cuda_ops::residual_add(x_.as<float>(), partial_.ptr, n_residual, Elem::f32, s);
         cuda_check(cudaMemsetAsync(partial_.ptr, 0, n_residual * 4, stream_), "memset");
@@ -628,7 +629,7 @@ void LlamaCuda::queue(const Step& st, const std::vector<SequenceInput>& inputs, 
   const bool fused_rope = st.gemv && cuda_ops::gemv_fuses_rope(c_);
   uint64_t* keys = keys_dev_.as<uint64_t>();
   mark("start");
-  if (collective_ && st.gemv) cuda_check(cudaMemsetAsync(partial_.ptr, 0, n_residual * 4, stream_), "memset");
+  if (collective_ && st.gemv && !fused) cuda_check(cudaMemsetAsync(partial_.ptr, 0, n_residual * 4, stream_), "memset");
   cuda_ops::embed(x_.as<float>(), embedding_.ptr, step_in(0), rows, dim, elem_, s, st.fused_argmax ? keys : nullptr,
                   st.fused_argmax ? st.lrows : 0);
   mark("embed");

@@ -30,6 +30,7 @@ class StepProfile {
   void run(const std::function<void()>& step);
   // Inside run: an event after the kernels queued so far, closing the group `name`. Elsewhere nothing.
   void mark(const char* name);
+  bool active() const { return active_; }  // inside run
   // After the profiled step's stream synchronized: adds its group times; prints every 16 steps of this batch size.
   void collect(int rows);
 

@@ -6,7 +6,7 @@
 #include <functional>
 #include <string>
 
-#include "engine/parallel/peer_push.h"
+#include "engine/parallel/peer_sum.h"
 #include "flashlite/errors.h"
 #include "flashlite/tensor.h"
 
@@ -30,15 +30,10 @@ class Collective {
   // x[0, n) += the sum over ranks of partial[0, n) (fp32), then partial[0, n) = 0, in one fused step where the
   // implementation has one for this size (returns true); false: nothing was done, the caller all-reduces and adds
   // itself.
-  // `pushed`: the GEMV that made the partial pushed it to the peers itself, at the target peer_push gave.
-  virtual bool sum_into(float* /*x*/, float* /*partial*/, size_t /*n*/, void* /*stream*/, bool /*pushed*/ = false) {
-    return false;
-  }
-  // Whether the GEMV that makes partial[0, n) may send it to the peers itself (fills `push`: peer_push.h), so that
-  // sum_into(x, partial, n, stream, true) only waits; the same answer on every rank. False: a plain sum_into.
-  virtual bool peer_push(const float* /*x*/, const float* /*partial*/, size_t /*n*/, PeerPush* /*push*/) {
-    return false;
-  }
+  virtual bool sum_into(float* /*x*/, float* /*partial*/, size_t /*n*/, void* /*stream*/) { return false; }
+  // Whether the GEMV that makes this rank's partial of x[0, n) may sum it over the ranks and add it to x itself
+  // (fills `sum`: peer_sum.h), with no partial array and no collective call after it; the same answer on every rank.
+  virtual bool fused_sum(const float* /*x*/, size_t /*n*/, PeerSum* /*sum*/) { return false; }
   // After the rank's step synchronized: throws Error when a collective of the step failed on the device.
   virtual void check() {}
   // Runs `launch`, which queues device work holding this group's collectives (a CUDA graph of a step), unless the

@@ -89,16 +89,16 @@ class NcclGroup final : public CollectiveGroup {
       nccl_check(ncclAllReduce(data, data, n, nccl_type(dtype), ncclSum, g_.comms_[rank_], cudaStream_t(stream)),
                  "all-reduce");
     }
-    bool sum_into(float* x, float* partial, size_t n, void* stream, bool pushed) override {
+    bool sum_into(float* x, float* partial, size_t n, void* stream) override {
       if (!g_.one_shot_ || !OneShotSum::takes(x, partial, n)) return false;  // (the same answer on every rank)
       std::shared_lock<std::shared_mutex> lock(g_.mu_);
       if (g_.aborted_) throw CollectiveAborted();
-      g_.one_shot_->sum_into(rank_, x, partial, n, stream, pushed);
+      g_.one_shot_->sum_into(rank_, x, partial, n, stream);
       return true;
     }
-    bool peer_push(const float* x, const float* partial, size_t n, PeerPush* push) override {
-      if (!g_.one_shot_ || !OneShotSum::takes(x, partial, n)) return false;
-      *push = g_.one_shot_->push_target(rank_);
+    bool fused_sum(const float* x, size_t n, PeerSum* sum) override {
+      if (!g_.one_shot_ || !OneShotSum::takes(x, x, n)) return false;
+      *sum = g_.one_shot_->fused_target(rank_);
       return true;
     }
     void check() override {

@@ -9,6 +9,7 @@
 #include "engine/cuda_ops/pdl.cuh"
 #include "engine/errors.h"
 #include "engine/parallel/collective.h"  // CollectiveAborted
+#include "engine/parallel/peer_sum.cuh"
 
 namespace flashlite::engine {
 
@@ -18,22 +19,10 @@ using cuda_ops::cuda_check;
 using cuda_ops::pdl_launch_dependents;
 using cuda_ops::pdl_wait;
 
-// About 20 s: far past any step (first launches load modules; a peer's host may be capturing a graph), short of the
-// host's own step deadline. The group's abort word (host memory) is read 50 us into a wait, then every millisecond.
-constexpr unsigned long long kTimeoutNs = 20'000'000'000ULL;
-constexpr unsigned long long kAbortPollNs = 1'000'000ULL;
-constexpr unsigned long long kFirstAbortPollNs = 50'000ULL;  // an aborted group's queued sums drain in 50 us each
+using peer_sum::Wait;
 constexpr int kThreads = OneShotSum::kThreads;
 
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-// A line of the LL protocol (NCCL's "low latency" one): two floats, each beside the round's flag, stored and loaded
-// as one 16-byte access. Each 8-byte half {value, flag} arrives whole, so a reader that sees the round's flag in both
-// halves has both values: no fence, no separate flag write, one NVLink crossing.
+// An LL line: two {value, flag} words (peer_sum.cuh) stored and loaded as one 16-byte access.
 __device__ __forceinline__ void store_line(uint4* at, float a, float b, unsigned flag) {
   asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(__float_as_uint(a)), "r"(flag),
                "r"(__float_as_uint(b)), "r"(flag)
@@ -55,82 +44,62 @@ struct OneShotParams {
   float* x;
   float* partial;
   uint4* inbox[OneShotSum::kMaxRanks];  // every rank's inbox (peer memory but this rank's own)
-  unsigned* round;                      // this rank's round counters, one per block
+  unsigned* round;                      // this rank's round counter of each element
   int* error;
   int* abort;  // the group's abort word (mapped host memory)
-  bool pushed;  // the peers' lines were stored by the GEMV before (peer_push.h): only wait for them
 };
 
 // Waits until `line` holds round `flag` in both halves; false when the wait was given up (a peer that never came
-// within kTimeoutNs, or the group aborted: the step fails, its sums do not matter).
-__device__ __forceinline__ bool await_line(const OneShotParams& p, const uint4* line, unsigned flag, uint4& v,
-                                           unsigned long long& t0, unsigned long long& poll) {
+// within the timeout, or the group aborted: the step fails, its sums do not matter).
+__device__ __forceinline__ bool await_line(const OneShotParams& p, const uint4* line, unsigned flag, uint4& v, Wait& w) {
   for (;;) {
     v = load_line(line);
     if (v.y == flag && v.w == flag) return true;
-    const unsigned long long now = global_ns();
-    if (t0 == 0) {  // the first miss: the clock starts (most calls never read it)
-      t0 = now;
-      poll = now + kFirstAbortPollNs;
-      continue;
-    }
-    if (now - t0 > kTimeoutNs) {  // this rank reports it; every rank stops waiting
-      *reinterpret_cast<volatile int*>(p.error) = 1;
-      *reinterpret_cast<volatile int*>(p.abort) = 1;
-      return false;
-    }
-    if (now > poll) {  // the abort word is host memory: read only while waiting, never on the fast path
-      poll = now + kAbortPollNs;
-      if (*reinterpret_cast<volatile int*>(p.abort)) return false;
-    }
+    if (!w.go_on(p.error, p.abort)) return false;
   }
 }
 
-// Block b owns float4 vectors [b * kThreads, (b + 1) * kThreads) of the sum, one a thread, on every rank, and keeps
-// its own round counter: every rank launches the same grids in the same order, so block b's rounds match across
-// ranks. A rank pushes its partial to each peer's inbox as LL lines tagged with the round, then reads the peers'
-// lines from its own inbox (local memory), adds the sum over ranks in rank order (the same bits on every rank) to x,
-// and zeroes its partial for the next GEMV that accumulates into it. Two inbox halves by round parity suffice: a peer
-// pushes round k + 2 only after its round k + 1 completed, which needed this rank's round k + 1 push, which comes
-// after this rank read round k.
+// Thread i owns float4 vector i of the sum (elements 4i .. 4i + 3, whose round counters always agree: every sum's
+// size is a multiple of 4). It pushes its partial to each peer's inbox as LL lines tagged with the elements' round,
+// reads the peers' lines from its own inbox (local memory), adds the sum over ranks in rank order (the same bits on
+// every rank) to x, and zeroes its partial for the next GEMV that accumulates into it. The rounds and inbox halves
+// are those of the fused GEMV sum (peer_sum.h), so the two may follow each other.
 __global__ void __launch_bounds__(kThreads) one_shot_sum_kernel(const __grid_constant__ OneShotParams p) {
   pdl_launch_dependents();  // the next GEMV may start loading its weights; it waits for this grid's end to read x
   pdl_wait();               // the partial sums (the previous GEMV) and the previous round (the previous sum)
   const int i = int(blockIdx.x) * kThreads + int(threadIdx.x);
-  const unsigned round = p.round[blockIdx.x] + 1;  // one round per block and call
+  if (i >= p.n4) return;
+  uint4* counters = reinterpret_cast<uint4*>(p.round) + i;
+  const unsigned round = counters->x + 1;
+  *counters = make_uint4(round, round, round, round);
   const size_t half = size_t(round & 1u) * OneShotSum::kInboxLines;
   const size_t mine = size_t(p.rank) * (OneShotSum::kMaxFloats / 2);  // this rank's lines in a peer's inbox half
-  float4 own = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (i < p.n4) {
-    float4* part = reinterpret_cast<float4*>(p.partial) + i;
-    own = *part;
-    *part = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int q = 0; q < p.ranks && !p.pushed; ++q) {
-      if (q == p.rank) continue;
-      uint4* to = p.inbox[q] + half + mine + 2 * size_t(i);
-      store_line(to, own.x, own.y, round);
-      store_line(to + 1, own.z, own.w, round);
-    }
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-    unsigned long long t0 = 0, poll = 0;
-    bool ok = true;
-    for (int q = 0; q < p.ranks; ++q) {  // rank order: the same bits on every rank
-      float4 v = own;
-      if (q != p.rank && ok) {
-        const uint4* from = p.inbox[p.rank] + half + size_t(q) * (OneShotSum::kMaxFloats / 2) + 2 * size_t(i);
-        uint4 a{}, b{};
-        ok = await_line(p, from, round, a, t0, poll) && await_line(p, from + 1, round, b, t0, poll);
-        v = make_float4(__uint_as_float(a.x), __uint_as_float(a.z), __uint_as_float(b.x), __uint_as_float(b.z));
-      }
-      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
-    }
-    float4* xi = reinterpret_cast<float4*>(p.x) + i;
-    float4 r = *xi;
-    r.x += sum.x, r.y += sum.y, r.z += sum.z, r.w += sum.w;
-    *xi = r;
+  float4* part = reinterpret_cast<float4*>(p.partial) + i;
+  const float4 own = *part;
+  *part = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int q = 0; q < p.ranks; ++q) {
+    if (q == p.rank) continue;
+    uint4* to = p.inbox[q] + half + mine + 2 * size_t(i);
+    store_line(to, own.x, own.y, round);
+    store_line(to + 1, own.z, own.w, round);
   }
-  __syncthreads();  // every thread read the counter before it moves on
-  if (threadIdx.x == 0) p.round[blockIdx.x] = round;
+  float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+  Wait wait;
+  bool ok = true;
+  for (int q = 0; q < p.ranks; ++q) {  // rank order: the same bits on every rank
+    float4 v = own;
+    if (q != p.rank && ok) {
+      const uint4* from = p.inbox[p.rank] + half + size_t(q) * (OneShotSum::kMaxFloats / 2) + 2 * size_t(i);
+      uint4 a{}, b{};
+      ok = await_line(p, from, round, a, wait) && await_line(p, from + 1, round, b, wait);
+      v = make_float4(__uint_as_float(a.x), __uint_as_float(a.z), __uint_as_float(b.x), __uint_as_float(b.z));
+    }
+    sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+  }
+  float4* xi = reinterpret_cast<float4*>(p.x) + i;
+  float4 r = *xi;
+  r.x += sum.x, r.y += sum.y, r.z += sum.z, r.w += sum.w;
+  *xi = r;
 }
 
 }  // namespace
@@ -178,9 +147,9 @@ std::unique_ptr<OneShotSum> OneShotSum::create(const std::vector<int>& devices, 
     // all ones, half 1 (odd rounds) zeros.
     const size_t half_bytes = kInboxLines * sizeof(uint4);
     made = made && ok(cudaMalloc(&k.inbox, 2 * half_bytes)) &&
-           ok(cudaMalloc(&k.round, kMaxBlocks * sizeof(unsigned))) && ok(cudaMemset(k.inbox, 0xff, half_bytes)) &&
+           ok(cudaMalloc(&k.round, kMaxFloats * sizeof(unsigned))) && ok(cudaMemset(k.inbox, 0xff, half_bytes)) &&
            ok(cudaMemset(static_cast<char*>(k.inbox) + half_bytes, 0, half_bytes)) &&
-           ok(cudaMemset(k.round, 0, kMaxBlocks * sizeof(unsigned))) &&
+           ok(cudaMemset(k.round, 0, kMaxFloats * sizeof(unsigned))) &&
            ok(cudaHostAlloc(&k.error, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
     if (made) {
       *k.error = 0;
@@ -213,19 +182,20 @@ bool OneShotSum::takes(const float* x, const float* partial, size_t n) {
          reinterpret_cast<uintptr_t>(partial) % 16 == 0;
 }
 
-PeerPush OneShotSum::push_target(int rank) const {
-  PeerPush q;
+PeerSum OneShotSum::fused_target(int rank) const {
+  PeerSum q;
   q.rank = rank;
   q.ranks = int(ranks_.size());
   for (int r = 0; r < q.ranks; ++r) q.inbox[r] = ranks_[r].inbox;
   q.round = ranks_[rank].round;
-  q.round_span = 4 * kThreads;           // a block of the sum owns kThreads float4 vectors
-  q.half_words = 2 * kInboxLines;        // an LL line is two {value, flag} words
-  q.rank_words = kMaxFloats;             // a rank's region: kMaxFloats / 2 lines
+  q.half_words = 2 * kInboxLines;  // an LL line is two {value, flag} words
+  q.rank_words = kMaxFloats;       // a rank's region: kMaxFloats / 2 lines
+  q.error = ranks_[rank].error_dev;
+  q.abort = abort_;
   return q;
 }
 
-void OneShotSum::sum_into(int rank, float* x, float* partial, size_t n, void* stream, bool pushed) {
+void OneShotSum::sum_into(int rank, float* x, float* partial, size_t n, void* stream) {
   if (!takes(x, partial, n)) {
     fail("one-shot all-reduce of " + std::to_string(n) + " floats; at most " + std::to_string(kMaxFloats) +
          ", a multiple of 4, 16-byte aligned arrays");
@@ -239,7 +209,6 @@ void OneShotSum::sum_into(int rank, float* x, float* partial, size_t n, void* st
   for (int q = 0; q < p.ranks; ++q) p.inbox[q] = static_cast<uint4*>(ranks_[q].inbox);
   p.round = ranks_[rank].round;
   p.error = ranks_[rank].error_dev;
-  p.pushed = pushed;
   p.abort = abort_;  // portable mapped memory: the host address is the device address on every GPU (UVA)
   const int blocks = (p.n4 + kThreads - 1) / kThreads;
   if (blocks == 0) return;  // nothing to sum (every rank agrees: the same n)

@@ -12,16 +12,15 @@
 #include <memory>
 #include <vector>
 
-#include "engine/parallel/peer_push.h"
+#include "engine/parallel/peer_sum.h"
 
 namespace flashlite::engine {
 
 class OneShotSum {
  public:
   static constexpr size_t kMaxFloats = 16384;  // 64 KB: a decode step of up to 4 rows at hidden size 4096
-  static constexpr int kMaxRanks = PeerPush::kMaxRanks;
+  static constexpr int kMaxRanks = PeerSum::kMaxRanks;
   static constexpr int kThreads = 256;                              // a block sums 256 float4 vectors
-  static constexpr int kMaxBlocks = int(kMaxFloats / 4 / kThreads);  // each with its own round counter
   static constexpr size_t kInboxLines = kMaxRanks * kMaxFloats / 2;  // an inbox half: 2 floats a 16-byte line
   // One rank per device of `devices`; null when some pair of them lacks peer access, there are too many, or the
   // setup fails (peer access refused, no memory): then NCCL does everything. Leaves the current device as it was.
@@ -36,11 +35,10 @@ class OneShotSum {
   // Queued on rank `rank`'s stream (its device current): x[0, n) += sum over ranks of their partial[0, n), then
   // partial[0, n) = 0; fp32 device arrays that takes() accepts. Every rank must make the same calls in the same order
   // (as for any collective).
-  // `pushed`: the GEMV that made the partial already stored it into the peers' inboxes (push_target); the kernel only
-  // reads its own partial, waits for the peers' values and sums.
-  void sum_into(int rank, float* x, float* partial, size_t n, void* stream, bool pushed = false);
-  // Where rank `rank`'s GEMV pushes its partial for a sum_into(..., pushed = true) (peer_push.h).
-  PeerPush push_target(int rank) const;
+  void sum_into(int rank, float* x, float* partial, size_t n, void* stream);
+  // What rank `rank`'s GEMV needs to do the sum itself (peer_sum.h), on arrays that takes() accepts: the same
+  // inboxes, rounds and abort word, so fused sums and sum_into may follow each other.
+  PeerSum fused_target(int rank) const;
   // After rank `rank`'s stream synchronized: throws Error when one of its kernels gave up waiting for a peer (a peer
   // that never came within about 20 s) or the group was aborted; the round counters are then out of step and the
   // group must not be reused.
@@ -55,7 +53,7 @@ class OneShotSum {
     int device = 0;
     void* inbox = nullptr;       // 2 round halves x kInboxLines LL lines (16 bytes), on the rank's device; rank q
                                  //   writes lines [q * kMaxFloats / 2, (q + 1) * kMaxFloats / 2) of each half
-    unsigned* round = nullptr;   // kMaxBlocks: this rank's round counter of each block (its kernels only)
+    unsigned* round = nullptr;   // kMaxFloats: this rank's round counter of each element (its kernels only)
     int* error = nullptr;        // mapped pinned host memory: set by a kernel that gave up
     int* error_dev = nullptr;    // the same, as the kernels address it
   };

@@ -1,6 +1,6 @@
 // The one-shot all-reduce (engine/parallel/one_shot.cu) on its own, on every GPU of the machine (2 or more with peer
-// access; skipped otherwise): many rounds of random sizes, so that its blocks' round counters and inbox halves drift
-// apart, eagerly and replayed from CUDA graphs, and sums whose partials the engine's GEMV pushed to the peers itself.
+// access; skipped otherwise): many rounds of random sizes, so that the elements' round counters and inbox halves drift
+// apart, eagerly and replayed from CUDA graphs, and sums that the engine's GEMV does itself (peer_sum.h).
 // Each rank's x must end as x + the sum over ranks of the partials added in rank order (computed here in fp32 in the
 // same order: the same bits), and every partial must be zeroed.
 #include <cuda_runtime.h>
@@ -159,10 +159,10 @@ TEST_F(OneShotCuda, GraphReplaysMatchEagerRounds) {
   }
 }
 
-// The engine's form: each rank's O / down GEMV adds its output into the zeroed partial and pushes every value to its
-// peers' inboxes (peer_push.h), and the sum only waits. Sizes and row counts vary and plain sums come between, so the
-// rounds the GEMV reads must be those the sum's blocks run. The partials are what the same GEMV makes without pushing.
-TEST_F(OneShotCuda, SumsOfPartialsTheGemvPushedItself) {
+// The engine's form: each rank's O / down GEMV sums its outputs over the ranks and adds them to x itself (peer_sum.h).
+// Sizes and row counts vary and one-shot kernel sums come between, which share the inboxes and round counters. The
+// partials are what the same GEMV makes alone.
+TEST_F(OneShotCuda, GemvSumsOverTheRanksItself) {
   namespace ops = flashlite::engine::cuda_ops;
   const int R = int(ranks_.size());
   const int k = 520;  // not a multiple of the GEMV's chunk batches
@@ -192,20 +192,20 @@ TEST_F(OneShotCuda, SumsOfPartialsTheGemvPushedItself) {
     for (const auto& sh : shapes) {
       const size_t n = size_t(sh.rows) * sh.out;
       std::vector<std::vector<float>> part(R, std::vector<float>(n));
-      auto params = [&](int r, float* y, bool push) {
+      auto params = [&](int r, float* y, bool fused) {
         ops::GemvParams p;
         p.w = w[r];
         p.out = sh.out;
         p.k = k;
         p.rows = sh.rows;
         p.x = a[r];
-        p.epi = ops::GemvOut::add_f32;
+        p.epi = fused ? ops::GemvOut::sum_f32 : ops::GemvOut::add_f32;
         p.y = y;
         p.split = ops::gemv_auto_split(sh.out, k);
-        if (push) p.push = sum_->push_target(r);
+        if (fused) p.sum = sum_->fused_target(r);
         return p;
       };
-      for (int r = 0; r < R; ++r) {  // each rank's partial, made without pushing
+      for (int r = 0; r < R; ++r) {  // each rank's partial, made alone
         ok(cudaSetDevice(r));
         const std::vector<uint16_t> wh = bf16(size_t(sh.out) * k), ah = bf16(size_t(sh.rows) * k);
         ok(cudaMemcpy(w[r], wh.data(), wh.size() * 2, cudaMemcpyHostToDevice));
@@ -229,12 +229,11 @@ TEST_F(OneShotCuda, SumsOfPartialsTheGemvPushedItself) {
       }
       for (int r = 0; r < R; ++r) {  // every rank queued before any is waited for
         ok(cudaSetDevice(r));
-        ops::gemv(params(r, ranks_[r].partial, true), ranks_[r].stream);
-        sum_->sum_into(r, ranks_[r].x, ranks_[r].partial, n, ranks_[r].stream, true);
+        ops::gemv(params(r, ranks_[r].x, true), ranks_[r].stream);
       }
       expect(n, want);
       if (HasFatalFailure()) break;
-      if (++plain % 2 == 0) round(4 * (1 + rng() % (kMax / 4)), rng);  // a plain sum between
+      if (++plain % 2 == 0) round(4 * (1 + rng() % (kMax / 4)), rng);  // a one-shot kernel sum between
       if (HasFatalFailure()) break;
     }
   }

@@ -1,0 +1,84 @@
+#pragma once
+// Device side of the LL protocol (NCCL's "low latency" one) that the one-shot all-reduce and the fused GEMV sum
+// (peer_sum.h) share: a value travels beside its round's flag in one 8-byte word, which arrives whole, so a reader
+// that sees the flag has the value (no fence, no separate flag write, one NVLink crossing).
+#include <cstdint>
+
+#include "engine/parallel/peer_sum.h"
+
+namespace flashlite::engine::peer_sum {
+
+// About 20 s: far past any step (first launches load modules; a peer's host may be capturing a graph), short of the
+// host's own step deadline. The group's abort word (host memory) is read 50 us into a wait, then every millisecond.
+constexpr unsigned long long kTimeoutNs = 20'000'000'000ULL;
+constexpr unsigned long long kAbortPollNs = 1'000'000ULL;
+constexpr unsigned long long kFirstAbortPollNs = 50'000ULL;  // an aborted group's queued sums drain in 50 us each
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// The clock of one thread's waits: started at its first miss (most waits never read it).
+struct Wait {
+  unsigned long long t0 = 0, poll = 0;
+  // After a miss: false when the wait is given up (timed out: reported in `error` and the group aborted; or the
+  // group was aborted).
+  __device__ __forceinline__ bool go_on(int* error, int* abort) {
+    const unsigned long long now = global_ns();
+    if (t0 == 0) {
+      t0 = now;
+      poll = now + kFirstAbortPollNs;
+      return true;
+    }
+    if (now - t0 > kTimeoutNs) {  // this rank reports it; every rank stops waiting
+      *reinterpret_cast<volatile int*>(error) = 1;
+      *reinterpret_cast<volatile int*>(abort) = 1;
+      return false;
+    }
+    if (now > poll) {  // host memory: read only while waiting, never on the fast path
+      poll = now + kAbortPollNs;
+      if (*reinterpret_cast<volatile int*>(abort)) return false;
+    }
+    return true;
+  }
+};
+
+__device__ __forceinline__ void store_word(void* at, float v, unsigned flag) {
+  asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(at), "r"(__float_as_uint(v)), "r"(flag) : "memory");
+}
+
+__device__ __forceinline__ uint2 load_word(const void* at) {
+  uint2 w;
+  asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(w.x), "=r"(w.y) : "l"(at) : "memory");
+  return w;
+}
+
+// Element e of every rank's partial, summed in rank order, `v` being this rank's: stored to the peers, their words
+// awaited in this rank's inbox. On a wait given up the sum is not complete (the step fails: Collective::check).
+__device__ __forceinline__ float sum_over_ranks(const PeerSum& q, size_t e, float v) {
+  unsigned* counter = q.round + e;
+  const unsigned round = *counter + 1;
+  *counter = round;
+  const size_t half = size_t(round & 1u) * q.half_words;
+  for (int r = 0; r < q.ranks; ++r) {
+    if (r != q.rank) store_word(static_cast<uint2*>(q.inbox[r]) + half + size_t(q.rank) * q.rank_words + e, v, round);
+  }
+  const uint2* mine = static_cast<const uint2*>(q.inbox[q.rank]) + half + e;
+  float sum = 0.f;
+  Wait wait;
+  bool ok = true;
+  for (int r = 0; r < q.ranks; ++r) {
+    float x = v;
+    if (r != q.rank && ok) {
+      uint2 w = load_word(mine + size_t(r) * q.rank_words);
+      while (w.y != round && (ok = wait.go_on(q.error, q.abort))) w = load_word(mine + size_t(r) * q.rank_words);
+      x = __uint_as_float(w.x);
+    }
+    sum += x;
+  }
+  return sum;
+}
+
+}  // namespace flashlite::engine::peer_sum
