@@ -176,6 +176,7 @@ json stats_json(const eng::GenerationStats& st, eng::LlamaModel& model) {
           {"prefill_tokens_per_s", st.prefill_tokens_per_s()},
           {"mean_tbt_ms", st.mean_tbt_ms()},
           {"median_tbt_ms", st.median_tbt_ms()},
+          {"step_ms", st.step_ms},  // each decode step's time: stalls show here, not in the median
           {"decode_tokens_per_s", st.decode_tokens_per_s()},
           {"total_ms", st.total_ms},
           {"peak_rss_bytes", eng::peak_rss_bytes()},

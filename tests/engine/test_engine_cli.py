@@ -26,6 +26,9 @@ def test_generate_json_greedy(flashlite_bin, models_dir):
     assert all(c.isprintable() or c == "\n" for c in o["text"]), o["text"]
     for key in ("ttft_ms", "mean_tbt_ms", "median_tbt_ms", "decode_tokens_per_s", "peak_rss_bytes", "prefill_tokens_per_s"):
         assert out["stats"][key] > 0, key
+    steps = out["stats"]["step_ms"]  # one per decode step (the first token comes from the prefill)
+    assert len(steps) == len(o["ids"]) - 1 and min(steps) > 0, steps
+    assert abs(sum(steps) / len(steps) - out["stats"]["mean_tbt_ms"]) < 1e-6 * max(steps)
     again = json.loads(run_cli(flashlite_bin, args).stdout)["outputs"][0]
     assert again["ids"] == o["ids"], "greedy generation must be deterministic"
 
