@@ -1,13 +1,14 @@
 #pragma once
-// The small all-reduce of a tensor-parallel decode step in one kernel per rank over NVLink peer memory (the
-// "one-shot" all-reduce that vLLM, SGLang and TensorRT-LLM use for small messages, where NCCL's latency dominates):
-// each rank writes its partial sum straight into every peer's inbox in NCCL's LL format (each value beside the
-// round's flag, so a value and the news that it arrived cross NVLink together, with no fence), reads the peers' sums
-// from its own inbox, and adds the sum over ranks (in rank order, so that every rank gets the same bits) to its
-// residual stream: the all-reduce and the residual add in one launch, which also zeroes the partial for the next GEMV
-// that accumulates into it. Launched as a programmatic dependent (sm_90), so it starts while the GEMV before it drains
-// and the GEMV after it starts loading weights while it waits. Built with NCCL (engine/parallel/nccl_group.cpp owns
-// one); NCCL stays the path for larger messages and where two GPUs lack peer access.
+// The small all-reduce of a tensor-parallel decode step over NVLink peer memory (the "one-shot" all-reduce that vLLM,
+// SGLang and TensorRT-LLM use for small messages, where NCCL's latency dominates). OneShotSum owns each rank's inbox,
+// round counters and the group's abort word, which the engine's O / down GEMVs use to do the sum themselves
+// (fused_target, peer_sum.h). sum_into is the same sum as one kernel per rank after a GEMV that wrote a partial (what
+// --profile times, and the all-reduce benchmark): each rank writes its partial straight into every peer's inbox in
+// NCCL's LL format (each value beside the round's flag, so a value and the news that it arrived cross NVLink together,
+// with no fence), reads the peers' values from its own inbox, adds the sum over ranks (in rank order, so that every rank
+// gets the same bits) to its residual stream and zeroes the partial. Launched as a programmatic dependent (sm_90).
+// Built with NCCL (engine/parallel/nccl_group.cpp owns one); NCCL stays the path for larger messages and where two
+// GPUs lack peer access.
 #include <cstddef>
 #include <memory>
 #include <vector>
