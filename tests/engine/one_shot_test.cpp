@@ -69,20 +69,28 @@ class OneShotCuda : public ::testing::Test {
     expect(n, want);
   }
 
+  // x + the sum over ranks of part[r], added in rank order in fp32 (the bits every rank must get).
+  static std::vector<float> plus_rank_order_sum(const std::vector<float>& x,
+                                                const std::vector<std::vector<float>>& part) {
+    std::vector<float> want(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      float s = 0.f;
+      for (const auto& p : part) s += p[i];
+      want[i] = x[i] + s;
+    }
+    return want;
+  }
+
   // Random x (the same on every rank) and partials queued on the ranks' streams; returns x + the rank-order sum.
   std::vector<float> upload(size_t n, std::mt19937& rng) {
     const int R = int(ranks_.size());
     std::normal_distribution<float> g;
     std::vector<std::vector<float>> part(R, std::vector<float>(n));
-    std::vector<float> x(n), want(n);
+    std::vector<float> x(n);
     for (float& v : x) v = g(rng);
     for (auto& p : part)
       for (float& v : p) v = g(rng);
-    for (size_t i = 0; i < n; ++i) {
-      float s = 0.f;
-      for (int r = 0; r < R; ++r) s += part[r][i];
-      want[i] = x[i] + s;
-    }
+    const std::vector<float> want = plus_rank_order_sum(x, part);
     for (int r = 0; r < R; ++r) {
       ok(cudaSetDevice(r));
       ok(cudaMemcpyAsync(ranks_[r].x, x.data(), n * 4, cudaMemcpyHostToDevice, ranks_[r].stream));
@@ -186,7 +194,9 @@ TEST_F(OneShotCuda, GemvSumsOverTheRanksItself) {
     ok(cudaMalloc(&a[r], size_t(4) * k * 2));
     ok(cudaMalloc(&made[r], kMax * sizeof(float)));
   }
-  const struct { int rows, out; } shapes[] = {{1, 4096}, {4, 4096}, {1, 1028}, {3, 2044}, {2, 4096}, {1, 4096}, {4, 12}};
+  const struct {
+    int rows, out;
+  } shapes[] = {{1, 4096}, {4, 4096}, {1, 1028}, {3, 2044}, {2, 4096}, {1, 4096}, {4, 12}};
   int plain = 0;
   for (int pass = 0; pass < 3; ++pass) {
     for (const auto& sh : shapes) {
@@ -215,13 +225,9 @@ TEST_F(OneShotCuda, GemvSumsOverTheRanksItself) {
         ok(cudaStreamSynchronize(ranks_[r].stream));
         ok(cudaMemcpy(part[r].data(), made[r], n * 4, cudaMemcpyDeviceToHost));
       }
-      std::vector<float> x(n), want(n);
+      std::vector<float> x(n);
       for (float& v : x) v = g(rng);
-      for (size_t i = 0; i < n; ++i) {
-        float s = 0.f;
-        for (int r = 0; r < R; ++r) s += part[r][i];
-        want[i] = x[i] + s;
-      }
+      const std::vector<float> want = plus_rank_order_sum(x, part);
       for (int r = 0; r < R; ++r) {
         ok(cudaSetDevice(r));
         ok(cudaMemcpy(ranks_[r].x, x.data(), n * 4, cudaMemcpyHostToDevice));
