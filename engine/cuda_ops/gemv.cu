@@ -221,14 +221,18 @@ void gemv(const GemvParams& p, void* stream) {
     bool inboxes = q.ranks <= PeerSum::kMaxRanks;
     for (int r = 0; inboxes && r < q.ranks; ++r) inboxes = q.inbox[r] != nullptr;
     // One resident wave (grid_blocks 0): a block waiting for its peers' values never keeps another block of its grid,
-    // whose values some peer awaits, from starting.
+    // whose values some peer awaits, from starting. (Assumed: the occupancy the launch sizes the grid by is the
+    // device's own; a GPU shared with other work, e.g. under MPS limits, still progresses as long as blocks start
+    // in index order, as the hardware does them.)
     // A multiple of 4 elements: the one-shot kernel, which shares the round counters, moves them 4 at a time.
     const size_t n = size_t(p.rows) * size_t(std::max(p.out, 0));
     if (q.ranks < 2 || p.grid_blocks != 0 || !inboxes || q.rank < 0 || q.rank >= q.ranks || !q.round ||
-        !q.error || !q.abort || n > q.rank_words || n % 4 != 0) {
+        !q.error || !q.abort || !q.gave_up || n > q.rank_words || n % 4 != 0 ||
+        size_t(q.ranks) * q.rank_words > q.half_words) {
       fail("gemv summing over ranks needs one resident wave, 2.." + std::to_string(PeerSum::kMaxRanks) +
-           " ranks with an inbox each, its rank among them, the round counters, the error and abort words, and rows "
-           "x out a multiple of 4 within the inbox (" + std::to_string(q.rank_words) + " values)");
+           " ranks with an inbox each, its rank among them, the round counters, the error, abort and gave-up words, "
+           "an inbox half that holds every rank's values, and rows x out a multiple of 4 within a rank's (" +
+           std::to_string(q.rank_words) + " values)");
     }
   }
   if (p.out <= 0) return;

@@ -246,8 +246,6 @@ __device__ __forceinline__ void store_column(const GemvParams& p, const float (&
     static_cast<float*>(p.y)[at] = v;
   } else if constexpr (OUT == GemvOut::add_f32) {
     static_cast<float*>(p.y)[at] += v;
-  } else if constexpr (OUT == GemvOut::sum_f32) {
-    static_cast<float*>(p.y)[at] += peer_sum::sum_over_ranks(p.sum, at, v);
   } else {
     const float up = acc[j + NW / 2][r];
     static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v / (1.f + __expf(-v)) * up);
@@ -255,18 +253,40 @@ __device__ __forceinline__ void store_column(const GemvParams& p, const float (&
 }
 
 // The warp's U output columns from u0 for every activation row, stored (lane 0 of the warp); each(j, r, u) runs
-// after column j of row r is stored (the argmax epilogue keeps its best key there).
+// after column j of row r is stored (the argmax epilogue keeps its best key there). sum_f32 sends every value to the
+// peers first and then waits for theirs, so a step's rows cost one NVLink crossing, not one each.
 template <GemvOut OUT, int U, int NW, int R, class Each>
 __device__ __forceinline__ void store_group(const GemvParams& p, const float (&acc)[NW][R], int u0, Each each) {
+  if constexpr (OUT == GemvOut::sum_f32) {
+    unsigned round[R][U];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (r >= p.rows) break;
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const int u = u0 + j;
-      if (u >= p.out) break;
-      store_column<OUT>(p, acc, j, r, size_t(r) * p.out + u);
-      each(j, r, u);
+      for (int j = 0; j < U; ++j)
+        if (r < p.rows && u0 + j < p.out) {
+          round[r][j] = peer_sum::send_to_peers(p.sum, size_t(r) * p.out + u0 + j, acc[j][r]);
+        }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int j = 0; j < U; ++j) {
+        const int u = u0 + j;
+        if (r >= p.rows || u >= p.out) continue;
+        const size_t at = size_t(r) * p.out + u;
+        static_cast<float*>(p.y)[at] += peer_sum::sum_from_peers(p.sum, at, acc[j][r], round[r][j]);
+        each(j, r, u);
+      }
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r >= p.rows) break;
+#pragma unroll
+      for (int j = 0; j < U; ++j) {
+        const int u = u0 + j;
+        if (u >= p.out) break;
+        store_column<OUT>(p, acc, j, r, size_t(r) * p.out + u);
+        each(j, r, u);
+      }
     }
   }
 }

@@ -36,7 +36,8 @@ struct StepGemvs {
   // qkv = rmsnorm(x) Wqkv^T into qkv (rows, q_dim + 2 kv_dim) bf16; with `rope` (gemv_fuses_rope) only q lands
   // there, rotated, and k (rotated) and v go to the KV cache.
   void qkv(const void* w, const void* norm, void* qkv, const GemvRope* rope) const;
-  void o(const void* w, const void* att) const;                     // x (or sum_into) += att Wo^T, att (rows, q_dim) bf16
+  // x (or sum_into) += att Wo^T, att (rows, q_dim) bf16; with `sum`, x += the sum over the ranks of att Wo^T
+  void o(const void* w, const void* att) const;
   void gate_up(const void* w, const void* norm, void* h) const;     // h = swiglu(rmsnorm(x) W13^T), (rows, hidden)
   void down(const void* w, const void* h) const;                    // x += h W2^T
   // logits (lrows, vocab) fp32 = rmsnorm(x[row_index]) W^T; with argmax_keys each row's argmax key folded in

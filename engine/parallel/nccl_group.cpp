@@ -98,6 +98,7 @@ class NcclGroup final : public CollectiveGroup {
     }
     bool fused_sum(const float* x, size_t n, PeerSum* sum) override {
       if (!g_.one_shot_ || !OneShotSum::takes(x, x, n)) return false;
+      if (g_.aborted_) throw CollectiveAborted();  // nothing queued that would only wait for the abort poll
       *sum = g_.one_shot_->fused_target(rank_);
       return true;
     }

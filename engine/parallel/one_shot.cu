@@ -46,7 +46,8 @@ struct OneShotParams {
   uint4* inbox[OneShotSum::kMaxRanks];  // every rank's inbox (peer memory but this rank's own)
   unsigned* round;                      // this rank's round counter of each element
   int* error;
-  int* abort;  // the group's abort word (mapped host memory)
+  int* abort;    // the group's abort word (mapped host memory)
+  int* gave_up;  // this rank's gave-up word (peer_sum.h)
 };
 
 // Waits until `line` holds round `flag` in both halves; false when the wait was given up (a peer that never came
@@ -55,7 +56,7 @@ __device__ __forceinline__ bool await_line(const OneShotParams& p, const uint4* 
   for (;;) {
     v = load_line(line);
     if (v.y == flag && v.w == flag) return true;
-    if (!w.go_on(p.error, p.abort)) return false;
+    if (!w.go_on(p.error, p.abort, p.gave_up)) return false;
   }
 }
 
@@ -146,10 +147,12 @@ std::unique_ptr<OneShotSum> OneShotSum::create(const std::vector<int>& devices, 
     // The halves start with flags that their rounds never carry, even after the counters wrap: half 0 (even rounds)
     // all ones, half 1 (odd rounds) zeros.
     const size_t half_bytes = kInboxLines * sizeof(uint4);
-    made = made && ok(cudaMalloc(&k.inbox, 2 * half_bytes)) &&
-           ok(cudaMalloc(&k.round, kMaxFloats * sizeof(unsigned))) && ok(cudaMemset(k.inbox, 0xff, half_bytes)) &&
+    // The counters and, after them, the gave-up word: zeros.
+    const size_t counter_bytes = (kMaxFloats + 4) * sizeof(unsigned);
+    made = made && ok(cudaMalloc(&k.inbox, 2 * half_bytes)) && ok(cudaMalloc(&k.round, counter_bytes)) &&
+           ok(cudaMemset(k.inbox, 0xff, half_bytes)) &&
            ok(cudaMemset(static_cast<char*>(k.inbox) + half_bytes, 0, half_bytes)) &&
-           ok(cudaMemset(k.round, 0, kMaxFloats * sizeof(unsigned))) &&
+           ok(cudaMemset(k.round, 0, counter_bytes)) &&
            ok(cudaHostAlloc(&k.error, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
     if (made) {
       *k.error = 0;
@@ -192,6 +195,7 @@ PeerSum OneShotSum::fused_target(int rank) const {
   q.rank_words = kMaxFloats;       // a rank's region: kMaxFloats / 2 lines
   q.error = ranks_[rank].error_dev;
   q.abort = abort_;
+  q.gave_up = ranks_[rank].gave_up();
   return q;
 }
 
@@ -210,6 +214,7 @@ void OneShotSum::sum_into(int rank, float* x, float* partial, size_t n, void* st
   p.round = ranks_[rank].round;
   p.error = ranks_[rank].error_dev;
   p.abort = abort_;  // portable mapped memory: the host address is the device address on every GPU (UVA)
+  p.gave_up = ranks_[rank].gave_up();
   const int blocks = (p.n4 + kThreads - 1) / kThreads;
   if (blocks == 0) return;  // nothing to sum (every rank agrees: the same n)
   cuda_check(cuda_ops::launch_pdl(pdl_, one_shot_sum_kernel, dim3(blocks), dim3(kThreads), 0,

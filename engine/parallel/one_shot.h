@@ -54,9 +54,11 @@ class OneShotSum {
     int device = 0;
     void* inbox = nullptr;       // 2 round halves x kInboxLines LL lines (16 bytes), on the rank's device; rank q
                                  //   writes lines [q * kMaxFloats / 2, (q + 1) * kMaxFloats / 2) of each half
-    unsigned* round = nullptr;   // kMaxFloats: this rank's round counter of each element (its kernels only)
+    unsigned* round = nullptr;   // kMaxFloats: this rank's round counter of each element (its kernels only), then
+                                 //   the rank's gave-up word (peer_sum.h)
     int* error = nullptr;        // mapped pinned host memory: set by a kernel that gave up
     int* error_dev = nullptr;    // the same, as the kernels address it
+    int* gave_up() const { return reinterpret_cast<int*>(round + kMaxFloats); }
   };
   std::vector<Rank> ranks_;
   bool pdl_ = true;

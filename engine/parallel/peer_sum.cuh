@@ -10,9 +10,11 @@ namespace flashlite::engine::peer_sum {
 
 // About 20 s: far past any step (first launches load modules; a peer's host may be capturing a graph), short of the
 // host's own step deadline. The group's abort word (host memory) is read every millisecond of a wait, the first time
-// 1 ms in (an aborted step's queued sums drain in about 1 ms each). A wait past 2 us (a peer that is late, not one
-// whose word is in flight) polls every quarter microsecond instead of back to back. Both matter where thousands of
-// warps wait at once (the fused GEMV sum: a waiting lane per output value): polling the host word from 50 us and
+// 1 ms in; the first wait on a rank that gives up says so in the rank's `gave_up` word (device memory), which every
+// wait past 2 us reads, so an aborted step drains in about a millisecond. A wait past 2 us (a peer that is late, not
+// one whose word is in flight) polls every quarter microsecond instead of back to back. Both matter where thousands of
+// warps wait at once (the fused GEMV sum: lane 0 of every warp, for each of its values): polling the host word from
+// 50 us and
 // back-to-back loads there stalled one decode step in 30 to 60 for 220-260 ms on 2 and 4 H100s; the two together
 // remove the stalls with the median step unchanged (which of the two it takes was not isolated). A fence after the
 // stores removed them too, at 4-10% of the step.
@@ -31,23 +33,30 @@ __device__ __forceinline__ unsigned long long global_ns() {
 struct Wait {
   unsigned long long t0 = 0, poll = 0;
   // After a miss: false when the wait is given up (timed out: reported in `error` and the group aborted; or the
-  // group was aborted).
-  __device__ __forceinline__ bool go_on(int* error, int* abort) {
+  // group was aborted; or an earlier wait of this rank gave up).
+  __device__ __forceinline__ bool go_on(int* error, int* abort, int* gave_up) {
     const unsigned long long now = global_ns();
     if (t0 == 0) {
       t0 = now;
       poll = now + kAbortPollNs;
       return true;
     }
-    if (now - t0 > kBackoffAfterNs) __nanosleep(kBackoffNs);
+    if (now - t0 > kBackoffAfterNs) {
+      __nanosleep(kBackoffNs);
+      if (*reinterpret_cast<volatile int*>(gave_up)) return false;
+    }
     if (now - t0 > kTimeoutNs) {  // this rank reports it; every rank stops waiting
       *reinterpret_cast<volatile int*>(error) = 1;
       *reinterpret_cast<volatile int*>(abort) = 1;
+      *reinterpret_cast<volatile int*>(gave_up) = 1;
       return false;
     }
     if (now > poll) {  // host memory: read only while waiting, never on the fast path
       poll = now + kAbortPollNs;
-      if (*reinterpret_cast<volatile int*>(abort)) return false;
+      if (*reinterpret_cast<volatile int*>(abort)) {
+        *reinterpret_cast<volatile int*>(gave_up) = 1;
+        return false;
+      }
     }
     return true;
   }
@@ -63,25 +72,32 @@ __device__ __forceinline__ uint2 load_word(const void* at) {
   return w;
 }
 
-// Element e of every rank's partial, summed in rank order, `v` being this rank's: stored to the peers, their words
-// awaited in this rank's inbox. On a wait given up the sum is not complete (the step fails: Collective::check).
-__device__ __forceinline__ float sum_over_ranks(const PeerSum& q, size_t e, float v) {
+// Element e of this rank's partial, `v`, stored into every peer's inbox under the element's next round (returned).
+__device__ __forceinline__ unsigned send_to_peers(const PeerSum& q, size_t e, float v) {
   unsigned* counter = q.round + e;
   const unsigned round = *counter + 1;
   *counter = round;
-  const size_t half = size_t(round & 1u) * q.half_words;
+  const size_t at = size_t(round & 1u) * q.half_words + size_t(q.rank) * q.rank_words + e;
   for (int r = 0; r < q.ranks; ++r) {
-    if (r != q.rank) store_word(static_cast<uint2*>(q.inbox[r]) + half + size_t(q.rank) * q.rank_words + e, v, round);
+    if (r != q.rank) store_word(static_cast<uint2*>(q.inbox[r]) + at, v, round);
   }
-  const uint2* mine = static_cast<const uint2*>(q.inbox[q.rank]) + half + e;
+  return round;
+}
+
+// Element e summed over the ranks in rank order, `v` being this rank's and `round` what send_to_peers returned: the
+// peers' words awaited in this rank's inbox. On a wait given up the sum is not complete (the step fails:
+// Collective::check).
+__device__ __forceinline__ float sum_from_peers(const PeerSum& q, size_t e, float v, unsigned round) {
+  const uint2* mine = static_cast<const uint2*>(q.inbox[q.rank]) + size_t(round & 1u) * q.half_words + e;
   float sum = 0.f;
   Wait wait;
   bool ok = true;
   for (int r = 0; r < q.ranks; ++r) {
     float x = v;
     if (r != q.rank && ok) {
-      uint2 w = load_word(mine + size_t(r) * q.rank_words);
-      while (w.y != round && (ok = wait.go_on(q.error, q.abort))) w = load_word(mine + size_t(r) * q.rank_words);
+      const uint2* from = mine + size_t(r) * q.rank_words;
+      uint2 w = load_word(from);
+      while (w.y != round && (ok = wait.go_on(q.error, q.abort, q.gave_up))) w = load_word(from);
       x = __uint_as_float(w.x);
     }
     sum += x;

@@ -21,6 +21,8 @@ struct PeerSum {
   size_t rank_words = 0;        // words of one rank's region in a half: word e of it holds element e
   int* error = nullptr;         // set when a wait gave up (about 20 s): the step fails
   int* abort = nullptr;         // the group's abort word: waits stop (the step fails, its sums do not matter)
+  int* gave_up = nullptr;       // this rank's device word, set by the first of its waits that gives up: the others
+                                //   (thousands, queued one after another) stop within microseconds, not 1 ms each
 };
 
 }  // namespace flashlite::engine

@@ -168,8 +168,9 @@ TEST_F(OneShotCuda, GraphReplaysMatchEagerRounds) {
 }
 
 // The engine's form: each rank's O / down GEMV sums its outputs over the ranks and adds them to x itself (peer_sum.h).
-// Sizes and row counts vary and one-shot kernel sums come between, which share the inboxes and round counters. The
-// partials are what the same GEMV makes alone.
+// Sizes and row counts vary and one-shot kernel sums come between, which share the inboxes and round counters; in the
+// second pass the odd ranks take the kernel (a GEMV into the partial, then sum_into) in the very rounds where the even
+// ones sum in their GEMVs (--profile's form against the graphs'). The partials are what the same GEMV makes alone.
 TEST_F(OneShotCuda, GemvSumsOverTheRanksItself) {
   namespace ops = flashlite::engine::cuda_ops;
   const int R = int(ranks_.size());
@@ -235,7 +236,12 @@ TEST_F(OneShotCuda, GemvSumsOverTheRanksItself) {
       }
       for (int r = 0; r < R; ++r) {  // every rank queued before any is waited for
         ok(cudaSetDevice(r));
-        ops::gemv(params(r, ranks_[r].x, true), ranks_[r].stream);
+        if (pass == 1 && r % 2 == 1) {
+          ops::gemv(params(r, ranks_[r].partial, false), ranks_[r].stream);
+          sum_->sum_into(r, ranks_[r].x, ranks_[r].partial, n, ranks_[r].stream);
+        } else {
+          ops::gemv(params(r, ranks_[r].x, true), ranks_[r].stream);
+        }
       }
       expect(n, want);
       if (HasFatalFailure()) break;
@@ -251,8 +257,8 @@ TEST_F(OneShotCuda, GemvSumsOverTheRanksItself) {
   }
 }
 
-// A rank whose peers never come (they failed before their sum): abort() releases its kernel within milliseconds,
-// not the 20 s timeout, and check() reports the abort.
+// A rank whose peers never come (they failed before their sum): abort() releases its kernel, or its GEMV waiting in
+// every warp, within milliseconds, not the 20 s timeout, and check() reports the abort.
 TEST_F(OneShotCuda, AbortReleasesARankWhosePeersNeverCame) {
   ok(cudaSetDevice(0));
   const auto t0 = std::chrono::steady_clock::now();
@@ -263,6 +269,38 @@ TEST_F(OneShotCuda, AbortReleasesARankWhosePeersNeverCame) {
   ok(cudaStreamSynchronize(ranks_[0].stream));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
   EXPECT_THROW(sum_->check(0), eng::CollectiveAborted);
+}
+
+TEST_F(OneShotCuda, AbortReleasesAGemvWhosePeersNeverCame) {
+  namespace ops = flashlite::engine::cuda_ops;
+  ok(cudaSetDevice(0));
+  const int out = 4096, k = 512, rows = 2;
+  void* w = nullptr;
+  void* a = nullptr;
+  ok(cudaMalloc(&w, size_t(out) * k * 2));
+  ok(cudaMalloc(&a, size_t(rows) * k * 2));
+  ok(cudaMemset(w, 0, size_t(out) * k * 2));
+  ok(cudaMemset(a, 0, size_t(rows) * k * 2));
+  ops::GemvParams p;
+  p.w = w;
+  p.out = out;
+  p.k = k;
+  p.rows = rows;
+  p.x = a;
+  p.epi = ops::GemvOut::sum_f32;
+  p.y = ranks_[0].x;
+  p.split = ops::gemv_auto_split(out, k);
+  p.sum = sum_->fused_target(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ops::gemv(p, ranks_[0].stream);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(cudaStreamQuery(ranks_[0].stream), cudaErrorNotReady);  // every warp waits for its peers
+  sum_->abort();
+  ok(cudaStreamSynchronize(ranks_[0].stream));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_THROW(sum_->check(0), eng::CollectiveAborted);
+  cudaFree(w);
+  cudaFree(a);
 }
 
 }  // namespace
