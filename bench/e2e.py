@@ -130,7 +130,10 @@ def run_engine(args, model_dir, batch, prompt, new, tp=1, extra=()):
         runs.append(json.loads(proc.stdout)["stats"])
     runs.sort(key=lambda s: s["decode_tokens_per_s"])
     s = runs[len(runs) // 2]
+    steps = s.get("step_ms") or [0.0]
     return {"ttft_ms": s["ttft_ms"], "tbt_ms": s["mean_tbt_ms"], "median_tbt_ms": s["median_tbt_ms"],
+            # a stall shows in the slowest step and the count of steps over twice the median, not in the median
+            "max_tbt_ms": max(steps), "steps_over_2x_median": sum(v > 2 * s["median_tbt_ms"] for v in steps),
             "decode_tok_s": s["decode_tokens_per_s"], "prefill_tok_s": s["prefill_tokens_per_s"],
             "peak_device_bytes": s.get("device_bytes", 0), "attention_kernel": s.get("attention_kernel"),
             "device": s.get("device")}
