@@ -71,7 +71,8 @@ void add_model_options(CLI::App* cmd, ModelSettings& m) {
   cmd->add_flag("--nccl-only", m.nccl_only, "CUDA --tp: every all-reduce through NCCL, none through the one-shot "
                                             "kernel over NVLink peer memory (comparison, debugging)");
   cmd->add_flag("--profile", m.profile, "CUDA: print per-kernel-group times of decode steps on stderr every 16 steps "
-                                        "(those steps run eagerly, without graphs)");
+                                        "(those steps run eagerly, without graphs; under --tp their sums run as kernels "
+                                        "of their own, the group all-reduce)");
   cmd->add_flag("--verbose", m.verbose, "CUDA: print how the model runs (device, GEMVs or cuBLASLt, graphs, PDL, "
                                         "attention kernel) on stderr");
 }
