@@ -22,41 +22,20 @@ using cuda_ops::pdl_wait;
 using peer_sum::Wait;
 constexpr int kThreads = OneShotSum::kThreads;
 
-// An LL line: two {value, flag} words (peer_sum.cuh) stored and loaded as one 16-byte access.
-__device__ __forceinline__ void store_line(uint4* at, float a, float b, unsigned flag) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(__float_as_uint(a)), "r"(flag),
-               "r"(__float_as_uint(b)), "r"(flag)
-               : "memory");
-}
-
-__device__ __forceinline__ uint4 load_line(const uint4* at) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(at)
-               : "memory");
-  return v;
-}
-
 struct OneShotParams {
-  int rank, ranks;
-  int n4;  // float4 vectors of the sum
+  PeerSum q;  // the inboxes, rounds and stop words (fused_target's)
+  int n4;     // float4 vectors of the sum
   float* x;
   float* partial;
-  uint4* inbox[OneShotSum::kMaxRanks];  // every rank's inbox (peer memory but this rank's own)
-  unsigned* round;                      // this rank's round counter of each element
-  int* error;
-  int* abort;    // the group's abort word (mapped host memory)
-  int* gave_up;  // this rank's gave-up word (peer_sum.h)
 };
 
-// Waits until `line` holds round `flag` in both halves; false when the wait was given up (a peer that never came
+// Waits until `line` holds round `flag` in both words; false when the wait was given up (a peer that never came
 // within the timeout, or the group aborted: the step fails, its sums do not matter).
-__device__ __forceinline__ bool await_line(const OneShotParams& p, const uint4* line, unsigned flag, uint4& v, Wait& w) {
+__device__ __forceinline__ bool await_line(const void* line, unsigned flag, uint4& v, Wait& w, const PeerSum& q) {
   for (;;) {
-    v = load_line(line);
+    v = peer_sum::load_line(line);
     if (v.y == flag && v.w == flag) return true;
-    if (!w.go_on(p.error, p.abort, p.gave_up)) return false;
+    if (!w.go_on(q.error, q.abort, q.gave_up)) return false;
   }
 }
 
@@ -70,29 +49,29 @@ __global__ void __launch_bounds__(kThreads) one_shot_sum_kernel(const __grid_con
   pdl_wait();               // the partial sums (the previous GEMV) and the previous round (the previous sum)
   const int i = int(blockIdx.x) * kThreads + int(threadIdx.x);
   if (i >= p.n4) return;
-  uint4* counters = reinterpret_cast<uint4*>(p.round) + i;
+  const PeerSum& q = p.q;
+  uint4* counters = reinterpret_cast<uint4*>(q.round) + i;
   const unsigned round = counters->x + 1;
   *counters = make_uint4(round, round, round, round);
-  const size_t half = size_t(round & 1u) * OneShotSum::kInboxLines;
-  const size_t mine = size_t(p.rank) * (OneShotSum::kMaxFloats / 2);  // this rank's lines in a peer's inbox half
   float4* part = reinterpret_cast<float4*>(p.partial) + i;
   const float4 own = *part;
   *part = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int q = 0; q < p.ranks; ++q) {
-    if (q == p.rank) continue;
-    uint4* to = p.inbox[q] + half + mine + 2 * size_t(i);
-    store_line(to, own.x, own.y, round);
-    store_line(to + 1, own.z, own.w, round);
+  const size_t to = peer_sum::word_at(q, round, q.rank, 4 * size_t(i));  // elements 4i .. 4i + 3: two lines
+  for (int r = 0; r < q.ranks; ++r) {
+    if (r == q.rank) continue;
+    uint2* at = static_cast<uint2*>(q.inbox[r]) + to;
+    peer_sum::store_line(at, own.x, own.y, round);
+    peer_sum::store_line(at + 2, own.z, own.w, round);
   }
   float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
   Wait wait;
   bool ok = true;
-  for (int q = 0; q < p.ranks; ++q) {  // rank order: the same bits on every rank
+  for (int r = 0; r < q.ranks; ++r) {  // rank order: the same bits on every rank
     float4 v = own;
-    if (q != p.rank && ok) {
-      const uint4* from = p.inbox[p.rank] + half + size_t(q) * (OneShotSum::kMaxFloats / 2) + 2 * size_t(i);
+    if (r != q.rank && ok) {
+      const uint2* from = static_cast<const uint2*>(q.inbox[q.rank]) + peer_sum::word_at(q, round, r, 4 * size_t(i));
       uint4 a{}, b{};
-      ok = await_line(p, from, round, a, wait) && await_line(p, from + 1, round, b, wait);
+      ok = await_line(from, round, a, wait, q) && await_line(from + 2, round, b, wait, q);
       v = make_float4(__uint_as_float(a.x), __uint_as_float(a.z), __uint_as_float(b.x), __uint_as_float(b.z));
     }
     sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
@@ -194,7 +173,7 @@ PeerSum OneShotSum::fused_target(int rank) const {
   q.half_words = 2 * kInboxLines;  // an LL line is two {value, flag} words
   q.rank_words = kMaxFloats;       // a rank's region: kMaxFloats / 2 lines
   q.error = ranks_[rank].error_dev;
-  q.abort = abort_;
+  q.abort = abort_;  // portable mapped memory: the host address is the device address on every GPU (UVA)
   q.gave_up = ranks_[rank].gave_up();
   return q;
 }
@@ -205,16 +184,10 @@ void OneShotSum::sum_into(int rank, float* x, float* partial, size_t n, void* st
          ", a multiple of 4, 16-byte aligned arrays");
   }
   OneShotParams p{};
-  p.rank = rank;
-  p.ranks = int(ranks_.size());
+  p.q = fused_target(rank);
   p.n4 = int(n / 4);
   p.x = x;
   p.partial = partial;
-  for (int q = 0; q < p.ranks; ++q) p.inbox[q] = static_cast<uint4*>(ranks_[q].inbox);
-  p.round = ranks_[rank].round;
-  p.error = ranks_[rank].error_dev;
-  p.abort = abort_;  // portable mapped memory: the host address is the device address on every GPU (UVA)
-  p.gave_up = ranks_[rank].gave_up();
   const int blocks = (p.n4 + kThreads - 1) / kThreads;
   if (blocks == 0) return;  // nothing to sum (every rank agrees: the same n)
   cuda_check(cuda_ops::launch_pdl(pdl_, one_shot_sum_kernel, dim3(blocks), dim3(kThreads), 0,

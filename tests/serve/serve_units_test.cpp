@@ -31,6 +31,19 @@ eng::ModelWeights tiny_weights(const synth::Spec& spec, int seed) {
   return eng::load_checkpoint(dir.string());
 }
 
+// Runtime options for the tiny model: `slots` slots of its whole context (96), on a paged cache of `pages` pages of
+// 16 tokens when pages > 0.
+eng::RuntimeOptions tiny_options(int slots, int pages = 0) {
+  eng::RuntimeOptions ro;
+  ro.slots = slots;
+  ro.context = 96;
+  if (pages > 0) {
+    ro.kv_page_size = 16;
+    ro.kv_pages = pages;
+  }
+  return ro;
+}
+
 TEST(PageAllocator, TakesLowestFirstAndRefusesWhatIsNotFree) {
   eng::PageAllocator a(4);
   std::vector<int32_t> got;
@@ -116,13 +129,8 @@ TEST(PagedKvBook, PositionTableHoldsEachPositionsPrefix) {
 TEST(PagedLlamaCpu, LogitsEqualTheContiguousCache) {
   const synth::Spec spec = tiny_spec("serve_paged");
   const eng::ModelWeights w = tiny_weights(spec, 7);
-  eng::RuntimeOptions ro;
-  ro.slots = 3;
-  ro.context = 96;
-  eng::LlamaCpu contiguous(w, ro);
-  ro.kv_page_size = 16;
-  ro.kv_pages = 9;
-  eng::LlamaCpu paged(w, ro);
+  eng::LlamaCpu contiguous(w, tiny_options(3));
+  eng::LlamaCpu paged(w, tiny_options(3, 9));
   std::vector<int> long_prompt;
   for (int i = 0; i < 37; ++i) long_prompt.push_back((i * 13 + 5) % 70);
   auto same = [&](const std::vector<eng::SequenceInput>& step) {
@@ -210,12 +218,7 @@ double metric(srv::Scheduler& s, const std::string& name) {
 TEST(Scheduler, StopStringEndsOneStreamWhileTheOthersGoOn) {
   const synth::Spec spec = tiny_spec("serve_sched");
   const eng::ModelWeights w = tiny_weights(spec, 11);
-  eng::RuntimeOptions ro;
-  ro.slots = 4;
-  ro.context = 96;
-  ro.kv_page_size = 16;
-  ro.kv_pages = 24;
-  eng::LlamaCpu model(w, ro);
+  eng::LlamaCpu model(w, tiny_options(4, 24));
   const PieceTokenizer tok(id_pieces(spec.vocab));
   srv::Scheduler sched(model, {&tok, -1, {}}, {});
   auto request = [](std::vector<int> prompt, int max_tokens, std::vector<std::string> stop = {}) {
@@ -274,10 +277,7 @@ TEST(Scheduler, StopStringEndsOneStreamWhileTheOthersGoOn) {
 TEST(Scheduler, StopEndsEveryStreamWithAnError) {
   const synth::Spec spec = tiny_spec("serve_sched_stop");
   const eng::ModelWeights w = tiny_weights(spec, 12);
-  eng::RuntimeOptions ro;
-  ro.slots = 1;
-  ro.context = 96;
-  eng::LlamaCpu model(w, ro);
+  eng::LlamaCpu model(w, tiny_options(1));
   const PieceTokenizer tok(id_pieces(spec.vocab));
   auto sched = std::make_unique<srv::Scheduler>(model, srv::ModelText{&tok, -1, {}}, srv::SchedulerOptions{});
   std::vector<std::shared_ptr<srv::RequestStream>> streams;
