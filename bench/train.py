@@ -57,7 +57,9 @@ BASELINE = {"llama": "eager"}
 
 
 def train(model, impl, data, device, dtype, lr):
-    model = copy.deepcopy(model).to(device=device, dtype=dtype)
+    """dtype "amp": float32 weights and optimizer, the forward under torch.autocast to bf16 (mixed precision)."""
+    amp = dtype == "amp"
+    model = copy.deepcopy(model).to(device=device, dtype=torch.float32 if amp else dtype)
     model.set_attn_implementation(impl)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -70,7 +72,8 @@ def train(model, impl, data, device, dtype, lr):
                 torch.cuda.synchronize()
             t_start = time.perf_counter()
         b = b.to(device)
-        loss = _loss(model, b)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+            loss = _loss(model, b)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -100,7 +103,7 @@ def run(arch, args):
             for layer in model.model.layers:
                 layer.self_attn.sinks.normal_(0.0, 1.0)
     data = batches(corpus(), args.steps, args.batch, args.seq, args.seed)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "amp": "amp"}[args.dtype]
     runs = [train(model, impl, data, args.device, dtype, args.lr) for impl in (flhf.NAME, ref_impl)]
     if args.baseline and arch in BASELINE:  # another exact implementation against the reference: the noise floor of the comparison
         runs.append(train(model, BASELINE[arch], data, args.device, dtype, args.lr))
@@ -118,7 +121,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", choices=["llama", "gpt_oss", "both"], default="both")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="bf16")
+    ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16", "amp"], default="bf16",
+                    help="the weights' dtype; amp: float32 weights, bf16 autocast (mixed precision)")
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=512)

@@ -322,6 +322,53 @@ _lib.impl("attention_backward", _autograd_kernel(attention_backward_op, _attenti
                                                  range(8)), "Autograd", with_keyset=True)
 
 
+# --- autocast ---------------------------------------------------------------------------------------------------------
+# Under torch.autocast, flashlite.attention runs in the autocast dtype, as SDPA does (torch's "lower precision" list):
+# q, k and v in float32 (or the other 16-bit type) are cast to it, so mixed inputs -- a Llama's rotated q and k in
+# float32 beside its bfloat16 v under mixed-precision training -- work, and the gradients flow back through the casts.
+# sink_logits stay float32 (the kernels take them so) and cu_seqlens are integers. Eager calls cast in
+# flashlite.attention itself (they skip the dispatcher); the ops get it from an Autocast kernel.
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
+    lambda: torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"))
+
+
+def _autocast_cast(t, dtype):
+    """t in the autocast dtype when autocast would cast it: floating, not float64 (as torch's cast policy)."""
+    if t.dtype != dtype and t.is_floating_point() and t.dtype != torch.float64:
+        return t.to(dtype)
+    return t
+
+
+def autocast_inputs(q, k, v):
+    """(q, k, v) as an eager call under torch.autocast for their device runs them: in the autocast dtype."""
+    if _any_autocast():
+        device_type = q.device.type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            return _autocast_cast(q, dtype), _autocast_cast(k, dtype), _autocast_cast(v, dtype)
+    return q, k, v
+
+
+def _autocast_kernel(op, device_type):
+    """The op's Autocast kernel for `device_type`: q, k, v (its first three arguments) cast to the autocast dtype,
+    then the op with autocast excluded (what torch.library.register_autocast does, with the dtype autocast was
+    entered with instead of one fixed at registration)."""
+    key = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, "Autocast" + device_type.upper()))
+
+    def autocast_kernel(keyset, q, k, v, *rest):
+        dtype = torch.get_autocast_dtype(device_type)
+        with torch._C._ExcludeDispatchKeyGuard(key):
+            return op(_autocast_cast(q, dtype), _autocast_cast(k, dtype), _autocast_cast(v, dtype), *rest)
+    return autocast_kernel
+
+
+for _device_type in ("cpu", "cuda"):
+    _lib.impl("attention", _autocast_kernel(attention_op, _device_type), "Autocast" + _device_type.upper(),
+              with_keyset=True)
+    _lib.impl("attention_out", _autocast_kernel(attention_out_op, _device_type), "Autocast" + _device_type.upper(),
+              with_keyset=True)
+
+
 # --- flashlite.attention for torch tensors ---------------------------------------------------------------------------
 # flashlite.decode / prefill and attention(out=...) stay forward-only.
 BACKWARD_ERROR = ("is forward-only: gradients cannot flow through it. Run it under torch.no_grad() / "
@@ -420,6 +467,7 @@ def _attention_checked(q, k, v, out, sink_logits, cu_seqlens_q, cu_seqlens_k, op
         raise RuntimeError("flashlite.attention(out=...) does not support automatic differentiation, but an input "
                            "requires grad: flashlite.attention(out=...) " + BACKWARD_ERROR)
     if eager_plain(q, k, v):
+        q, k, v = autocast_inputs(q, k, v)
         if needs_grad(q, k, v, sink_logits):
             return _Attention.apply(q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k, options)
         lse = _new_lse(q) if want_lse else None  # the kernels skip the LSE when given none

@@ -64,6 +64,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if _torch_ops.eager_plain(query, key, value) and not _torch_ops.needs_grad(query, key, value):
             # Eager and nothing for autograd to record (flashlite.attention's eager branch): the kernel reads the
             # [B, H, S, D] tensors in place and writes a [B, H, S, D] view of a [B, S, H, D] out.
+            query, key, value = _torch_ops.autocast_inputs(query, key, value)
             out = _torch_ops._new_heads_first(query)
             _torch_ops._run(query, key, value, out, None, None, None, None, *options, heads_first=True)
             return out

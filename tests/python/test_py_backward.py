@@ -161,6 +161,44 @@ def test_sdpa_dropin_backward_matches_torch(device):
         assert (a.double() - b).abs().max().item() <= tol * max(1.0, b.abs().max().item())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", ["eager", "op", "sdpa_dropin", "compiled"])
+def test_autocast_runs_in_the_autocast_dtype(path, device):
+    """Under torch.autocast, mixed float32 / bf16 inputs run in bf16, as SDPA does: the output and the gradients are
+    bitwise those of the same call on inputs cast by hand, and the float32 inputs get float32 gradients."""
+    q, k, v, sink = _inputs(2, 24, 24, 4, 2, 64, device=device, seed=11, sinks=True)
+    k = k.to(torch.bfloat16)  # q and v stay float32
+
+    def call(q, k, v, s):
+        if path == "eager":
+            return flashlite.attention(q, k, v, causal=True, sink_logits=s)
+        if path == "op":
+            return fltorch.attention_op(q, k, v, s, None, None, True, None, -1, -1, 0, 0.0, "auto")[0]
+        if path == "sdpa_dropin":  # no sink logits in SDPA's signature
+            return fltorch.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                        is_causal=True, enable_gqa=True).transpose(1, 2)
+        return torch.compile(lambda *a: flashlite.attention(*a, causal=True, sink_logits=s), fullgraph=True,
+                             backend="aot_eager")(q, k, v)
+
+    def run(inputs, autocast):
+        ts = [t.detach().clone().requires_grad_() for t in inputs]
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            out = call(*ts)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(device)
+        grads = torch.autograd.grad((out.float() * w).sum(), ts, allow_unused=path == "sdpa_dropin")
+        return out, grads
+
+    out, grads = run((q, k, v, sink), True)
+    want_out, want_grads = run((q.to(torch.bfloat16), k, v.to(torch.bfloat16), sink), False)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, want_out)
+    for name, g, t, want in zip(("dq", "dk", "dv", "dsink"), grads, (q, k, v, sink), want_grads):
+        if path == "sdpa_dropin" and name == "dsink":
+            continue
+        assert g.dtype == t.dtype, name
+        assert torch.equal(g, want.to(t.dtype)), name
+
+
 def test_only_some_inputs_require_grad():
     q, k, v, sink = _inputs(1, 16, 16, 4, 2, 32, seed=5, sinks=True)
     k.requires_grad_()

@@ -30,3 +30,15 @@ def test_short_training_run_matches_reference(arch):
     for step, (a, b) in enumerate(zip(flite, ref)):
         assert abs(a - b) <= 1e-4 * b, f"step {step}: loss {a} on flite, {b} on {r['reference']}"
     assert flite[-1] < flite[0] - 0.2, f"the loss did not go down: {flite}"
+
+
+def test_short_mixed_precision_run_matches_reference():
+    """--dtype amp (float32 weights, bf16 autocast): the run works on flite and its losses follow sdpa's within bf16
+    noise."""
+    out = _train_module().main(["--arch", "llama", "--device", "cpu", "--dtype", "amp", "--steps", "8", "--tiny",
+                                "--batch", "2", "--seq", "64", "--average", "2"])
+    (r,) = out["results"]
+    flite, ref = (x["losses"] for x in r["runs"])
+    for step, (a, b) in enumerate(zip(flite, ref)):
+        assert abs(a - b) <= 2e-2 * b, f"step {step}: loss {a} on flite, {b} on {r['reference']}"
+    assert flite[-1] < flite[0] - 0.2, f"the loss did not go down: {flite}"
