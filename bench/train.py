@@ -94,14 +94,20 @@ def _loss(model, b):
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), b[:, 1:].reshape(-1))
 
 
-def run(arch, args):
-    cfg, cls, ref_impl = config(arch, args.tiny)
-    torch.manual_seed(args.seed)
+def build_model(arch, tiny, seed):
+    """(the float32 model of `arch` made from `seed`, its reference attention implementation)."""
+    cfg, cls, ref_impl = config(arch, tiny)
+    torch.manual_seed(seed)
     model = cls(cfg)
     if arch == "gpt_oss":  # sinks away from zero so that they matter from the first step
         with torch.no_grad():
             for layer in model.model.layers:
                 layer.self_attn.sinks.normal_(0.0, 1.0)
+    return model, ref_impl
+
+
+def run(arch, args):
+    model, ref_impl = build_model(arch, args.tiny, args.seed)
     data = batches(corpus(), args.steps, args.batch, args.seq, args.seed)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "amp": "amp"}[args.dtype]
     runs = [train(model, impl, data, args.device, dtype, args.lr) for impl in (flhf.NAME, ref_impl)]
