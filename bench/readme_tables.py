@@ -22,7 +22,11 @@ SOURCES = {
     "engine": "h200/e2e.json",
     "cpu": "cpu/bench_cpu.json",
     "bwd": "h100/bwd_side_by_side.json",
-    "train": ("h100/train.json", ("h100/train_seeds/llama_seed1.json", "h100/train_seeds/llama_seed2.json")),
+    "train": ("h100/train.json", ("h100/train_seeds/llama_seed1.json", "h100/train_seeds/llama_seed2.json"),
+              "h100/train_curves.png"),
+    "train_amp": ("h200/train_amp/train_amp.json", ("h200/train_amp/llama_amp_seed1.json",
+                                                    "h200/train_amp/llama_amp_seed2.json"),
+                  "h200/train_amp/train_amp_curves.png"),
     "tp": ("h100-x4/e2e_tp.json", "h100-x4/e2e_tp_prompt4096.json"),
     "serve": ("h100/serve_load.json", "h100/serve_engine_baseline.json"),
     "serve_steady": "h100-x4/serve_c64_145c63d.json",
@@ -198,12 +202,13 @@ def table_bwd():
     return lines
 
 
-def table_train():
-    rel, more_seeds = SOURCES["train"]
+def table_train(name="train"):
+    rel, more_seeds, curves = SOURCES[name]
     d = load(rel)
-    lines = [source_line(rel, d, d["device"]) + f" {d['steps']} steps, {d['dtype']}, batch {d['batch']} x {d['seq']} "
+    dtype = "mixed precision (float32 weights, bf16 autocast)" if d["dtype"] == "amp" else d["dtype"]
+    lines = [source_line(rel, d, d["device"]) + f" {d['steps']} steps, {dtype}, batch {d['batch']} x {d['seq']} "
              f"bytes of {d['data'].split(' (')[0]}, same seed and data order; final loss: the mean of the last 50 "
-             "steps; curves: `bench/results/h100/train_curves.png`.", "",
+             f"steps; curves: `bench/results/{curves}`.", "",
              "| model | final loss: flashlite / reference | noise floor | tokens/s: flashlite / reference | peak MiB |",
              "|---|---:|---:|---:|---:|"]
     for r in d["results"]:
@@ -293,7 +298,7 @@ def table_serve_steady():
 
 
 RENDERERS = {"fwd": table_fwd, "decode": table_decode, "engine": table_engine, "cpu": table_cpu, "bwd": table_bwd,
-             "train": table_train, "tp": table_tp, "serve": table_serve, "serve_steady": table_serve_steady,
+             "train": table_train, "train_amp": lambda: table_train("train_amp"), "tp": table_tp, "serve": table_serve, "serve_steady": table_serve_steady,
              "roofline": table_roofline}
 
 # Each table's first line starts with its title and the benchmark that measured it.
@@ -304,6 +309,7 @@ TITLES = {
     "engine": "**Engine, CUDA** (bench/e2e.py):",
     "bwd": "**Backward** (bench/bwd/side_by_side.py):",
     "train": "**Training** (bench/train.py):",
+    "train_amp": "**Training, mixed precision** (bench/train.py --dtype amp):",
     "tp": "**Tensor parallelism** (bench/e2e.py --tp):",
     "serve": "**Server under load** (bench/serve/load.py):",
     "serve_steady": "**Server in steady state** (bench/serve/load.py --concurrency 64 --requests 1024):",
@@ -311,7 +317,7 @@ TITLES = {
 }
 
 # Tables rendered into a document other than README.md (relative to the repository root).
-TARGETS = {"train": "docs/backward.md", "roofline": "docs/performance.md"}
+TARGETS = {"train": "docs/backward.md", "train_amp": "docs/backward.md", "roofline": "docs/performance.md"}
 
 
 def render(text, names, doc="README.md"):
