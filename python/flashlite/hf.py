@@ -17,11 +17,13 @@ sink_logits) pass through. Differentiable: a model on "flite" trains (the sinks 
 
 Masks. No mask means SDPA's is_causal semantics (when there are more keys than queries, which only happens for a
 prefill into an empty StaticCache, the keys past the queries are slots not yet written and are dropped). A 4-D mask
-is accepted when it is exactly "the first L keys are valid, causal aligned bottom-right, optional sliding window" with
-one L per batch row -- a StaticCache pads K/V to its maximum length and masks the tail, and this is that mask; K/V
-are then sliced to L (rows with different L run one at a time). Reading the mask costs one host sync per forward
-(the result is kept for the other layers, which receive the same mask tensor). Any other mask (left padding in a
-batch, a custom or additive bias) runs torch's SDPA with the mask instead, and `fallbacks` counts those calls;
+(boolean, or additive 0 / -inf) is accepted when each batch row's valid keys are one run and each query sees those up
+to its causal position (optionally within the sliding window): the masks transformers builds for a StaticCache's
+unwritten tail, for left padding (batched generation) and for right padding (training batches). K/V are sliced to
+the run; rows with different runs take one call each. Reading the mask costs one host sync per forward (the result is
+kept for the other layers, which receive the same mask tensor). Any other mask (a custom pattern, a real bias, right
+padding longer than the window) runs torch's SDPA with the mask instead -- or, for softcap and sinks, which SDPA
+lacks, the attention written out as transformers' eager does -- and `fallbacks` counts those calls;
 register(strict=True) raises ValueError instead.
 """
 from __future__ import annotations
@@ -34,7 +36,7 @@ from . import _args, _check
 from ._torch_ops import attention as _attention
 
 NAME = "flite"
-fallbacks = 0  # calls that ran torch SDPA because the mask was not one flashlite expresses
+fallbacks = 0  # calls that ran the fallback (SDPA or eager) because the mask was not one flashlite expresses
 _strict = False
 _mask_memo = (None, None)  # (weakref to the last mask tensor, its analysis): layers share one mask per forward
 
@@ -77,49 +79,78 @@ def _visible(mask: torch.Tensor) -> torch.Tensor | None:
 
 
 def _analyse(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, window_left: int):
-    """The valid key count per batch row if the mask is "first L keys, causal bottom-right, window_left", else None."""
+    """Per batch row, the flashlite call that the mask is, or None when it is not one.
+
+    The masks flashlite expresses: row b's valid keys are one run start..end-1, and query i sees key j in it iff
+    j <= i + off (optionally j >= i + off - window_left too). transformers' padded masks are all of this form: a static
+    cache's unwritten tail (off = L - q_len), left padding (start > 0) and right padding (end < q_len, off = 0). Keys
+    start..end-1 become flashlite's keys, so its bottom-right position is p = i + (end - start) - q_len and query i
+    sees local keys up to p + right, right = off + q_len - end: causal when right is 0, else the window (left, right).
+    Returns [(start, end, right), ...] (one per batch row) or None."""
     vis = _visible(mask)
     if vis is None or vis.shape[-2:] != (q_len, kv_len) or vis.shape[0] not in (1, batch):
         return None
-    lengths = vis[:, -1, :].sum(-1)  # (b,): the last query sees every valid key (or its window)
-    if window_left >= 0:
-        # with a window the last row does not show L; the last visible key of the last row does
-        idx = torch.arange(kv_len, device=vis.device)
-        lengths = torch.where(vis[:, -1, :], idx + 1, 0).amax(-1)
+    idx = torch.arange(kv_len, device=vis.device)
     i = torch.arange(q_len, device=vis.device)[:, None]
-    j = torch.arange(kv_len, device=vis.device)[None, :]
-    pos = i + (lengths[:, None, None] - q_len)  # the key index of query i
-    expect = (j <= pos) & (pos >= 0)
+    seen = vis.any(dim=1)  # [b, kv]: keys some query sees
+    start = torch.where(seen, idx, kv_len).amin(-1)
+    end = torch.where(seen, idx + 1, 0).amax(-1)
+    last = torch.where(vis, idx, -1).amax(-1)  # [b, q]: each query's last visible key (-1: none)
+    # off from a query whose last key is not the run's end (any such query gives it; the check below holds them all
+    # to it), else the alignment of a static cache's prefix and of decode, end - q_len
+    free = (last >= 0) & (last < end[:, None] - 1)
+    off = torch.where(free.any(-1), torch.where(free, last - i[:, 0], -(2**31)).amax(-1), end - q_len)
+    pos = i + off[:, None, None]  # [b, q, 1]
+    j = idx[None, None, :]
+    expect = (j >= start[:, None, None]) & (j < end[:, None, None]) & (j <= pos)
     if window_left >= 0:
         expect &= j >= pos - window_left
     if not bool(torch.equal(expect, vis)):
         return None
-    return [int(x) for x in lengths.tolist()] * (batch if vis.shape[0] == 1 else 1)
+    rows = []
+    for s, e, o in zip(start.tolist(), end.tolist(), off.tolist()):
+        right = o + q_len - e
+        if e <= s or right < 0 or (window_left >= 0 and window_left < right):
+            return None  # a row without keys, or a window flashlite's (left >= 0, right >= 0) cannot say
+        rows.append((s, e, right))
+    return rows * (batch if vis.shape[0] == 1 else 1)
 
 
-def _lengths_for(mask, batch, q_len, kv_len, window_left):
+def _rows_for(mask, batch, q_len, kv_len, window_left):
     global _mask_memo
     ref, result = _mask_memo
     if ref is not None and ref() is mask and result[0] == (batch, q_len, kv_len, window_left):
         return result[1]
-    lengths = _analyse(mask, batch, q_len, kv_len, window_left)
-    _mask_memo = (weakref.ref(mask), ((batch, q_len, kv_len, window_left), lengths))
-    return lengths
+    rows = _analyse(mask, batch, q_len, kv_len, window_left)
+    _mask_memo = (weakref.ref(mask), ((batch, q_len, kv_len, window_left), rows))
+    return rows
 
 
-def _sdpa_fallback(module, query, key, value, mask, scaling, softcap, sink_logits):
+def _fallback(module, query, key, value, mask, scaling, softcap, sink_logits):
+    """A mask flashlite cannot express: torch's SDPA with the mask, or, where the model has softcap or attention
+    sinks (which SDPA lacks), the attention written out as transformers' eager runs it (float32 softmax)."""
     global fallbacks
     if _strict:
-        raise ValueError(f"attention_mask of shape {tuple(mask.shape)} is not a causal mask over a prefix of the keys "
-                         "(e.g. left padding or an additive bias); flashlite cannot express it (strict=True)")
-    if softcap:
-        raise ValueError(f"softcap={softcap} with an attention mask flashlite cannot express: no fallback has softcap")
-    if sink_logits is not None:
-        raise ValueError("attention sinks (s_aux) with an attention mask flashlite cannot express: the SDPA fallback "
-                         "has no sink logits")
+        raise ValueError(f"attention_mask of shape {tuple(mask.shape)} is not a causal mask over a run of keys "
+                         "flashlite expresses (e.g. a custom pattern or an additive bias); strict=True")
     fallbacks += 1
-    return torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]).transpose(1, 2)
+    if not softcap and sink_logits is None:
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]).transpose(1, 2)
+    group = query.shape[1] // key.shape[1]
+    k, v = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    s = (query @ k.transpose(-1, -2)).float() * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.float()
+    if sink_logits is not None:  # one more logit per head in the denominator, no value
+        s = torch.cat([s, sink_logits.float().reshape(1, -1, 1, 1).expand(*s.shape[:-1], 1)], dim=-1)
+    p = torch.softmax(s, dim=-1)
+    if sink_logits is not None:
+        p = p[..., :-1]
+    p = p.nan_to_num(0.0)  # a row without a visible key (and no sink): zeros, as flashlite's kernels give
+    return (p.to(value.dtype) @ v).transpose(1, 2)
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
@@ -161,16 +192,17 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         return _attention(q, k, v, causal=is_causal, scale=scaling, window=window, softcap=softcap,
                           sink_logits=sinks), None
     if not is_causal:
-        return _sdpa_fallback(module, query, key, value, attention_mask, scaling, softcap, sinks), None
+        return _fallback(module, query, key, value, attention_mask, scaling, softcap, sinks), None
 
-    lengths = _lengths_for(attention_mask, batch, q_len, kv_len, window_left)
-    if lengths is None or min(lengths) < q_len:
-        return _sdpa_fallback(module, query, key, value, attention_mask, scaling, softcap, sinks), None
-    opts = dict(causal=True, scale=scaling, window=window, softcap=softcap, sink_logits=sinks)
-    if all(n == lengths[0] for n in lengths):
-        n = lengths[0]
-        return _attention(q, k[:, :n], v[:, :n], **opts), None
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (batch, q_len, q_heads, head_dim)
-    for b, n in enumerate(lengths):
-        out[b:b + 1] = _attention(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], **opts)
-    return out, None
+    rows = _rows_for(attention_mask, batch, q_len, kv_len, window_left)
+    if rows is None:
+        return _fallback(module, query, key, value, attention_mask, scaling, softcap, sinks), None
+
+    def run(q, k, v, start, end, right):
+        window = (window_left - right if window_left >= 0 else -1, right if right else -1)
+        return _attention(q, k[:, start:end], v[:, start:end], causal=not right, scale=scaling, window=window,
+                          softcap=softcap, sink_logits=sinks)
+    if all(r == rows[0] for r in rows):
+        return run(q, k, v, *rows[0]), None
+    # rows with different valid keys (padding, a static cache's lengths) run one at a time
+    return torch.cat([run(q[b:b + 1], k[b:b + 1], v[b:b + 1], *r) for b, r in enumerate(rows)]), None

@@ -273,6 +273,60 @@ def test_arch_generate_matches_eager(arch, cache, calls, device):
         _assert_logits_close(a.float(), b.float(), f"{arch} {cache} step {step}")
 
 
+def _padding(batch, seq, pads, side, device):
+    """A 2-D attention_mask: row b has pads[b] padding tokens on `side`."""
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    for b, n in enumerate(pads):
+        if n:
+            mask[b, :n] = 0 if side == "left" else 1
+            mask[b, seq - n:] = 0 if side == "right" else mask[b, seq - n:]
+    return mask.to(device)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gpt_oss"])
+def test_padded_batch_runs_flashlite(arch, side, calls, device):
+    """A padded batch (the masks transformers builds from a 2-D attention_mask, left or right padding, windows and
+    sinks too) runs flashlite -- no SDPA fallback -- and every real token's logits equal eager's. Padding shorter than
+    the window (8) here; the pad tokens' own rows are not compared (implementations differ there)."""
+    model, ids = _arch_model(arch, device), _ids(3, 21, device=device, vocab=256)
+    attn = _padding(3, 21, [0, 3, 7], side, device)
+
+    def logits(impl):
+        _set_impl(model, impl)
+        with torch.no_grad():
+            return model(ids, attention_mask=attn).logits.float()
+
+    ref = logits("eager")
+    fallbacks = flhf.fallbacks
+    got = logits(flhf.NAME)
+    assert calls[0] >= 2 and flhf.fallbacks == fallbacks  # rows of different padding run one call each
+    real = attn.bool()
+    _assert_logits_close(got[real], ref[real], f"{arch} {side}")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_oss"])
+def test_left_padded_generate_matches_eager(arch, calls, device):
+    """Batched generate() with left padding (how a batch of prompts of different lengths is generated): the prefill
+    and every decode step run flashlite, and the tokens equal eager's."""
+    model, ids = _arch_model(arch, device), _ids(2, 15, device=device, vocab=256)
+    attn = _padding(2, 15, [0, 5], "left", device)
+    steps = 5
+    kw = dict(attention_mask=attn, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0,
+              return_dict_in_generate=True, output_logits=True)
+    _set_impl(model, "eager")
+    with torch.no_grad():
+        ref = model.generate(ids, **kw)
+    _set_impl(model, flhf.NAME)
+    fallbacks = flhf.fallbacks
+    with torch.no_grad():
+        got = model.generate(ids, **kw)
+    assert calls[0] >= 2 * steps and flhf.fallbacks == fallbacks
+    assert torch.equal(got.sequences, ref.sequences)
+    for step, (a, b) in enumerate(zip(got.logits, ref.logits)):
+        _assert_logits_close(a.float(), b.float(), f"{arch} step {step}")
+
+
 def _hf_eager_f64(q, k, v, scaling, sliding_window=None, softcap=None, sinks=None):
     """HF's eager attention in float64, written out: query i (at key position i + kv_len - q_len) sees keys
     pos - sliding_window < j <= pos; softcap on the scaled scores; sinks join the softmax as one extra logit."""
@@ -311,14 +365,47 @@ def test_attention_forward_without_mask_matches_eager_semantics(q_len, kv_len, e
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
 
 
-def test_sinks_with_a_mask_flashlite_cannot_express_raise(device):
-    """gpt-oss with left padding: the SDPA fallback has no sinks, so it refuses instead of dropping them."""
+@pytest.mark.parametrize("extra", ["sinks", "softcap"])
+def test_fallback_keeps_sinks_and_softcap(extra, calls, device):
+    """A mask flashlite cannot express (older transformers' un-masked key 0 for left padding's empty rows) on a model
+    with sinks or softcap, which SDPA lacks: the fallback writes the attention out with them, not without."""
     q, k, v = _qkv(2, 5, 5, device=device)
     mask = _prefix_causal_mask([5, 5], 5, 5, device=device)
     mask[1, :, :, :2] = False
     mask[1, :, :2, 0] = True
-    with pytest.raises(ValueError, match="sinks"):
-        flhf.attention_forward(_Module(), q, k, v, mask, s_aux=torch.zeros(4, device=device))
+    opts = {"s_aux": torch.tensor([1.5, -0.5, 3.0, 0.0], device=device)} if extra == "sinks" else {"softcap": 1.5}
+    fallbacks = flhf.fallbacks
+    out, _ = flhf.attention_forward(_Module(), q, k, v, mask, scaling=0.2, **opts)
+    assert flhf.fallbacks == fallbacks + 1 and calls[0] == 0
+    qd, kd, vd = (t.double().repeat_interleave(2, 1) if t is not q else t.double() for t in (q, k, v))
+    sc = qd @ kd.transpose(-1, -2) * 0.2
+    if extra == "softcap":
+        sc = 1.5 * torch.tanh(sc / 1.5)
+    sc = sc.masked_fill(~mask, float("-inf"))
+    if extra == "sinks":
+        sc = torch.cat([sc, opts["s_aux"].double().reshape(1, -1, 1, 1).expand(*sc.shape[:-1], 1)], dim=-1)
+    want = (torch.softmax(sc, -1)[..., :5] @ vd).transpose(1, 2)
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gpt_oss"])
+def test_right_padding_past_the_window_falls_back_exactly(arch, calls, device):
+    """Right padding longer than the window: the pad rows' band (window keys before them, clipped at the last real
+    key) is not a flashlite window, so the batch falls back (with gpt-oss's sinks); the real tokens still equal eager."""
+    model, ids = _arch_model(arch, device), _ids(2, 21, device=device, vocab=256)
+    attn = _padding(2, 21, [0, 12], "right", device)
+
+    def logits(impl):
+        _set_impl(model, impl)
+        with torch.no_grad():
+            return model(ids, attention_mask=attn).logits.float()
+
+    ref = logits("eager")
+    fallbacks = flhf.fallbacks
+    got = logits(flhf.NAME)
+    assert flhf.fallbacks > fallbacks
+    real = attn.bool()
+    _assert_logits_close(got[real], ref[real], arch)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt_oss"])
