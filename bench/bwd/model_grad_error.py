@@ -6,8 +6,8 @@ The model (--arch: train.py's Llama or GPT-OSS) starts from train.py's seed and,
 N steps with --warm-impl (attention grows peaked as training goes on, so step 0 alone may not show what step 300
 does). Its weights, rounded to bf16, are then copied exactly into a float64 model with transformers' eager attention
 (the reference) and into a model per implementation (flite, sdpa, eager; GPT-OSS: flite, eager, the implementations
-with its sinks) in bf16, or with --amp in float32 under bf16 autocast (mixed precision, warm-up included). On --batches fresh batches, each gives its loss and every parameter's
-gradient; per implementation, against float64:
+with its sinks) in bf16, or with --amp in float32 under bf16 autocast (mixed precision, warm-up included). On
+--batches fresh batches, each gives its loss and every parameter's gradient; per implementation, against float64:
   - loss_diff: its loss minus the reference's;
   - rel_err: |g - g64| / |g64| over all parameters, and per group (attention projections, MLP, the rest);
   - cos: the cosine between g and g64;
@@ -126,8 +126,8 @@ def main(argv=None):
     impls = [flhf.NAME, "sdpa", "eager"] if args.arch == "llama" else [flhf.NAME, "eager"]  # sdpa has no sinks
     res = {"benchmark": "whole-model gradient error against float64 (bench/bwd/model_grad_error.py)",
            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "commit": tree_commit(),
-           "torch": torch.__version__, "arch": args.arch, "amp": args.amp, "tiny": args.tiny, "seed": args.seed, "warm_steps": args.warm_steps,
-           "warm_impl": args.warm_impl, "batch": args.batch, "seq": args.seq, "rows": []}
+           "torch": torch.__version__, "arch": args.arch, "amp": args.amp, "tiny": args.tiny, "seed": args.seed,
+           "warm_steps": args.warm_steps, "warm_impl": args.warm_impl, "batch": args.batch, "seq": args.seq, "rows": []}
     for i, b in enumerate(data[args.warm_steps:]):
         ref_loss, ref = loss_and_grads(model, "eager", b, args.device, torch.float64, tm._loss)
         for impl in impls:
