@@ -21,10 +21,9 @@ prefill into an empty StaticCache, the keys past the queries are slots not yet w
 to its causal position (optionally within the sliding window): the masks transformers builds for a StaticCache's
 unwritten tail, for left padding (batched generation) and for right padding (training batches). K/V are sliced to
 the run; rows with different runs take one call each. Reading the mask costs one host sync per forward (the result is
-kept for the other layers, which receive the same mask tensor). Any other mask (a custom pattern, a real bias, right
-padding longer than the window) runs torch's SDPA with the mask instead -- or, for softcap and sinks, which SDPA
-lacks, the attention written out as transformers' eager does -- and `fallbacks` counts those calls;
-register(strict=True) raises ValueError instead.
+kept for the other layers, which receive the same mask tensor). Any other mask (a custom pattern, a real bias) runs
+torch's SDPA with the mask instead -- or, for softcap and sinks, which SDPA lacks, the attention written out as
+transformers' eager does -- and `fallbacks` counts those calls; register(strict=True) raises ValueError instead.
 """
 from __future__ import annotations
 
@@ -110,8 +109,8 @@ def _analyse(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, window_lef
     rows = []
     for s, e, o in zip(start.tolist(), end.tolist(), off.tolist()):
         right = o + q_len - e
-        if e <= s or right < 0 or (window_left >= 0 and window_left < right):
-            return None  # a row without keys, or a window flashlite's (left >= 0, right >= 0) cannot say
+        if e <= s or right < 0 or (0 <= window_left < right and right >= q_len):
+            return None  # a row without keys, queries that stop short of the run's end, or all past it
         rows.append((s, e, right))
     return rows * (batch if vis.shape[0] == 1 else 1)
 
@@ -198,10 +197,21 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     if rows is None:
         return _fallback(module, query, key, value, attention_mask, scaling, softcap, sinks), None
 
+    def call(q, k, v, causal, window):
+        return _attention(q, k, v, causal=causal, scale=scaling, window=window, softcap=softcap, sink_logits=sinks)
+
     def run(q, k, v, start, end, right):
-        window = (window_left - right if window_left >= 0 else -1, right if right else -1)
-        return _attention(q, k[:, start:end], v[:, start:end], causal=not right, scale=scaling, window=window,
-                          softcap=softcap, sink_logits=sinks)
+        k, v = k[:, start:end], v[:, start:end]
+        if window_left < 0 or right <= window_left:  # one window: (left, right) around the bottom-right position
+            return call(q, k, v, not right, (window_left - right if window_left >= 0 else -1, right if right else -1))
+        # Right padding longer than the window: the first q_len - right queries are causal over the run, the next
+        # window_left see the band that ends at the run's last key (a window left of their position: their own
+        # call), the rest see no key (zeros, as every kernel gives a row without keys).
+        inside, band = q.shape[1] - right, window_left
+        parts = [call(q[:, :inside], k, v, True, (window_left, -1)),
+                 call(q[:, inside:inside + band], k, v, False, (0, band))]
+        parts.append(parts[0].new_zeros((q.shape[0], right - band) + tuple(parts[0].shape[2:])))
+        return torch.cat(parts, dim=1)
     if all(r == rows[0] for r in rows):
         return run(q, k, v, *rows[0]), None
     # rows with different valid keys (padding, a static cache's lengths) run one at a time
