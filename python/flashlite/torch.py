@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch as _torch
 
-from . import _args, _check, _torch_ops
+from . import _args, _check, _masks, _torch_ops
 from ._torch_ops import attention
 
 attention_op = _torch_ops.attention_op
@@ -26,17 +26,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  enable_gqa=False, *, backend="auto"):
     """torch.nn.functional.scaled_dot_product_attention's signature and semantics on flashlite's kernels.
 
-    Supported: 4-D inputs, is_causal (top-left aligned, as SDPA: query i sees keys j <= i), scale, enable_gqa.
-    Not supported (ValueError): attn_mask (use flashlite.attention's window / sink options for the masks it knows),
-    dropout_p > 0, is_causal with fewer queries than keys (SDPA's top-left alignment hides keys past the query index,
-    which flashlite's bottom-right causal mask cannot express; flashlite.attention(causal=True) gives bottom-right).
+    Supported: 4-D inputs, is_causal (top-left aligned, as SDPA: query i sees keys j <= i), scale, enable_gqa, and an
+    attn_mask (boolean, or additive 0 / -inf; broadcast as SDPA's) that is padding: each batch row's visible keys one
+    run, seen by every query or up to its causal position -- the padding masks of batches of different lengths, which
+    run one flashlite call per distinct row. Not supported (ValueError): other masks and biases (flashlite.attention's
+    window / sink options give the masks it knows), dropout_p > 0, is_causal with fewer queries than keys (SDPA's
+    top-left alignment hides keys past the query index, which flashlite's bottom-right causal mask cannot express;
+    flashlite.attention(causal=True) gives bottom-right).
     """
     if not (isinstance(query, _torch.Tensor) and isinstance(key, _torch.Tensor) and isinstance(value, _torch.Tensor)
             and query.dim() == 4 and key.dim() == 4 and value.dim() == 4):
         _refuse(query, key, value)
-    if attn_mask is not None:
-        raise ValueError("attn_mask is not supported by flashlite.torch.scaled_dot_product_attention; use is_causal, "
-                         "or flashlite.attention(window=..., sink_tokens=..., sink_logits=...) for those masks")
     if type(dropout_p) is not float or dropout_p != 0.0:
         if _args.real_value(dropout_p, "dropout_p") != 0.0:
             raise ValueError(f"dropout_p is {_args.show(dropout_p)}; flashlite has no dropout (expected 0.0)")
@@ -49,6 +49,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if hq != hkv and not enable_gqa:
         raise ValueError(f"query has {hq} heads but key has {hkv}; pass enable_gqa=True for grouped-query attention")
     sq, sk = q_shape[2], k_shape[2]
+    if attn_mask is not None:
+        return _masked(query, key, value, attn_mask, is_causal, scale, backend)
     causal, window = False, (-1, -1)
     if is_causal:
         if sq == sk:
@@ -77,6 +79,36 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                        [(n, t, False, _check.FLOATS) for n, t in (("query", query), ("key", key), ("value", value))])
         raise
     return out.transpose(1, 2)
+
+
+def _masked(query, key, value, attn_mask, is_causal, scale, backend):
+    """scaled_dot_product_attention with a padding attn_mask (see its docstring); ValueError for other masks."""
+    if is_causal:
+        raise ValueError("attn_mask and is_causal=True together: pass one of them (as torch SDPA requires)")
+    if not isinstance(attn_mask, _torch.Tensor):
+        raise TypeError(f"attn_mask is a {_check.typename(attn_mask)}; expected a torch.Tensor (boolean, or additive "
+                        "0 / -inf)")
+    batch, sq, sk = query.shape[0], query.shape[2], key.shape[2]
+    mask, rows = attn_mask, None
+    if mask.dim() <= 4 and (mask.dtype == _torch.bool or mask.is_floating_point()):
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        try:
+            mask = mask.expand(mask.shape[0], mask.shape[1], sq, sk)
+        except RuntimeError:
+            mask = None
+        if mask is not None and mask.shape[0] in (1, batch):
+            rows = _masks.analyse(mask, batch, sq, sk, -1)
+    if rows is None:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} and dtype {attn_mask.dtype} is not a padding "
+                         f"mask for {sq} queries and {sk} keys: flashlite.torch.scaled_dot_product_attention takes "
+                         "masks whose every batch row sees one run of keys, from every query or up to its causal "
+                         "position (boolean, or additive 0 / -inf, the same for every head); use torch SDPA for "
+                         "others, or flashlite.attention(window=..., sink_tokens=...) for the masks it knows")
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+
+    def call(q, k, v, causal, window):
+        return attention(q, k, v, causal=causal, scale=scale, window=window, backend=backend)
+    return _masks.attend_rows(q, k, v, rows, -1, call).transpose(1, 2)
 
 
 def _refuse(query, key, value):

@@ -190,11 +190,47 @@ def test_sdpa_heads_first_cpu(monkeypatch, layout, sq, sk, hq, hkv, causal):
     assert len(calls) == 2
 
 
+def _padding_mask(kind, lengths, s):
+    """SDPA attn_masks for a batch of sequences of `lengths` (padded to s): boolean or additive, causal or not."""
+    j = torch.arange(s)
+    valid = torch.stack([(j < n) if kind != "left" else (j >= s - n) for n in lengths])  # [B, S] keys
+    if kind == "keys":  # key padding alone, broadcast over heads and queries: [B, 1, 1, S]
+        return valid[:, None, None, :]
+    causal = j[None, :] <= j[:, None]
+    mask = (causal[None] & valid[:, None, :])[:, None]  # [B, 1, S, S]
+    if kind == "additive":
+        return torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    return mask
+
+
+@pytest.mark.parametrize("kind", ["right", "left", "keys", "additive", "all"])
+def test_sdpa_padding_masks_match_torch(kind):
+    """attn_mask that is padding (right or left, causal or key padding alone, boolean or additive, or every key)
+    runs on flashlite and equals torch SDPA on every row, gradients included."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(3, h, 13, 32, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    lengths = [13, 9, 4]
+    mask = torch.ones(13, 13, dtype=torch.bool) if kind == "all" else _padding_mask(kind, lengths, 13)
+
+    def grads(fn):
+        ts = [t.clone().float().requires_grad_() for t in (q, k, v)]
+        out = fn(*ts, attn_mask=mask, enable_gqa=True)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(6))
+        return (out,) + torch.autograd.grad((out * w).sum(), ts)
+
+    got = grads(fltorch.scaled_dot_product_attention)
+    want = grads(torch.nn.functional.scaled_dot_product_attention)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a, b.nan_to_num(0.0), atol=2e-5, rtol=1e-4, msg=name)
+
+
 def test_sdpa_errors():
     q = torch.randn(1, 4, 8, 64)
     k = torch.randn(1, 2, 8, 64)
-    with pytest.raises(ValueError, match="attn_mask is not supported"):
-        fltorch.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attn_mask of shape \\(8, 8\\) and dtype torch.bool is not a padding mask"):
+        fltorch.scaled_dot_product_attention(q, q, q, attn_mask=torch.eye(8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attn_mask and is_causal=True together"):
+        fltorch.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool), is_causal=True)
     with pytest.raises(ValueError, match="dropout_p is 0.1"):
         fltorch.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
     with pytest.raises(ValueError, match="enable_gqa=True"):
