@@ -43,30 +43,41 @@ def analyse(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, window_left
     start = torch.where(seen, idx, kv_len).amin(-1)
     end = torch.where(seen, idx + 1, 0).amax(-1)
     last = torch.where(vis, idx, -1).amax(-1)  # [b, q]: each query's last visible key (-1: none)
-    # off from a query whose last key is not the run's end (any such query gives it; the check below holds them all
-    # to it), else the alignment of a static cache's prefix and of decode, end - q_len
-    free = (last >= 0) & (last < end[:, None] - 1)
-    any_free = free.any(-1)
-    off = torch.where(any_free, torch.where(free, last - i[:, 0], -(2**31)).amax(-1), end - q_len)
-    j = idx[None, None, :]
+    first = torch.where(vis, idx, kv_len).amin(-1)  # [b, q]: its first (kv_len: none)
+    j, qi, never = idx[None, None, :], i[:, 0], -(2**31)
 
-    def matches(off):
+    def fits(off):  # [b]: whether the row is the form with this offset
         pos = i + off[:, None, None]  # [b, q, 1]
         expect = (j >= start[:, None, None]) & (j < end[:, None, None]) & (j <= pos)
         if window_left >= 0:
             expect &= j >= pos - window_left
-        return bool(torch.equal(expect, vis))
-    if not matches(off):
-        # without a window, a row whose every query sees the whole run is not causal at all (key padding alone,
-        # or no mask): each query's position at or past the run's end
-        off = torch.where(any_free, off, end - 1)
-        if window_left >= 0 or not matches(off):
-            return None
+        return (expect == vis).flatten(1).all(-1)
+
+    # Offsets the row would have, each read off where it shows (the check holds every query to it): a query whose
+    # last key is not the run's end; with a window, a query whose first key is past the run's start, and the last
+    # query that sees a key; the first query that does; a static cache's prefix and decode (end - q_len); key padding
+    # alone (every query sees the run).
+    free = (last >= 0) & (last < end[:, None] - 1)
+    candidates = [(torch.where(free, last - qi, never).amax(-1), free.any(-1))]
+    sees = last >= 0
+    if window_left >= 0:
+        late = (first < kv_len) & (first > start[:, None])
+        candidates += [(torch.where(late, first + window_left - qi, never).amax(-1), late.any(-1)),
+                       (end - 1 + window_left - torch.where(sees, qi, -1).amax(-1), sees.any(-1))]
+    candidates += [(start - torch.where(sees, qi, q_len).amin(-1), sees.any(-1)), (end - q_len, None), (end - 1, None)]
+    off, found = torch.full_like(start, never), torch.zeros_like(start, dtype=torch.bool)
+    for cand, valid in candidates:
+        take = ~found & fits(cand) & (True if valid is None else valid)
+        off, found = torch.where(take, cand, off), found | take
+        if bool(found.all()):
+            break
+    else:
+        return None
     rows = []
     for s, e, o in zip(start.tolist(), end.tolist(), off.tolist()):
         right = o + q_len - e
-        if e <= s or right < 0 or (0 <= window_left < right and right >= q_len):
-            return None  # a row without keys, queries that stop short of the run's end, or all past it
+        if e <= s or right < 0:
+            return None  # a row without keys, or queries that stop short of the run's end
         rows.append((s, e, right))
     return rows * (batch if vis.shape[0] == 1 else 1)
 
@@ -78,13 +89,18 @@ def attend_rows(q, k, v, rows, window_left, call):
         k, v = k[:, start:end], v[:, start:end]
         if window_left < 0 or right <= window_left:  # one window: (left, right) around the bottom-right position
             return call(q, k, v, not right, (window_left - right if window_left >= 0 else -1, right if right else -1))
-        # Right padding longer than the window: the first q_len - right queries are causal over the run, the next
-        # window_left see the band that ends at the run's last key (a window left of their position: their own
-        # call), the rest see no key (zeros, as every kernel gives a row without keys).
-        inside, band = q.shape[1] - right, window_left
-        parts = [call(q[:, :inside], k, v, True, (window_left, -1)),
-                 call(q[:, inside:inside + band], k, v, False, (0, band))]
-        parts.append(parts[0].new_zeros((q.shape[0], right - band) + tuple(parts[0].shape[2:])))
+        # Right padding longer than the window: the queries whose causal position is inside the run (the first
+        # q_len - right) are causal over it, the next window_left see a band that ends at the run's last key (a
+        # window left of their position: a call of its own), the rest see no key (zeros, as every kernel gives a row
+        # without keys).
+        q_len = q.shape[1]
+        inside = q_len - right
+        a, b = max(0, inside), min(q_len, inside + window_left)
+        parts = [call(q[:, :inside], k, v, True, (window_left, -1))] if inside > 0 else []
+        if b > a:
+            parts.append(call(q[:, a:b], k, v, False, (inside - a + window_left - (b - a), b - a)))
+        if q_len > b:
+            parts.append(parts[0].new_zeros((q.shape[0], q_len - max(a, b)) + tuple(parts[0].shape[2:])))
         return torch.cat(parts, dim=1)
     if all(r == rows[0] for r in rows):
         return run(q, k, v, *rows[0])

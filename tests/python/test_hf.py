@@ -464,3 +464,38 @@ def test_training_gradients_match_eager(arch, calls, device):
     for name in ref:
         err = (got[name] - base[name]).abs().max().item()
         assert err <= max(slack[name], 1e-9), f"{arch} {name}: max gradient error {err:.3g} (allowed {slack[name]:.3g})"
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_masks_run_exactly_or_fall_back(seed, device):
+    """Random masks near the expressible forms (runs of keys, offsets, windows, q_len != kv_len), some with one entry
+    flipped: whatever the mask reader accepts runs flashlite and equals float64 on every row; the rest falls back
+    (and is exact too)."""
+    g = torch.Generator().manual_seed(seed)
+    ran = {"flashlite": 0, "fallback": 0}
+    for case in range(12):
+        batch = int(torch.randint(1, 4, (1,), generator=g))
+        kv_len = int(torch.randint(2, 30, (1,), generator=g))
+        q_len = int(torch.randint(1, kv_len + 1, (1,), generator=g))
+        window = int(torch.randint(1, 12, (1,), generator=g)) if case % 2 else None
+        q, k, v = _qkv(batch, q_len, kv_len, seed=seed * 100 + case, device=device)
+        i, j = torch.arange(q_len)[:, None], torch.arange(kv_len)[None, :]
+        rows = []
+        for _ in range(batch):
+            start = int(torch.randint(0, kv_len, (1,), generator=g))
+            end = int(torch.randint(start + 1, kv_len + 1, (1,), generator=g))
+            off = start - q_len + 1 + int(torch.randint(0, kv_len + 2, (1,), generator=g))  # the last query sees start
+            vis = (j >= start) & (j < end) & (j <= i + off)
+            if window:
+                vis &= j > i + off - window
+            rows.append(vis)
+        vis = torch.stack(rows)[:, None]
+        if case % 3 == 2:  # one entry flipped: mostly not expressible any more
+            b, r, c = (int(torch.randint(0, n, (1,), generator=g)) for n in (batch, q_len, kv_len))
+            vis[b, 0, r, c] = ~vis[b, 0, r, c]
+        vis = vis.to(device)
+        fallbacks = flhf.fallbacks
+        out, _ = flhf.attention_forward(_Module(), q, k, v, vis, scaling=0.2, sliding_window=window)
+        ran["fallback" if flhf.fallbacks > fallbacks else "flashlite"] += 1
+        torch.testing.assert_close(out.double(), _masked_f64(q, k, v, vis, 0.2), atol=2e-5, rtol=1e-4,
+                                   msg=f"case {case}: batch {batch}, q {q_len}, kv {kv_len}, window {window}")
+    assert ran["flashlite"] >= 4, ran
