@@ -342,8 +342,8 @@ def _autocast_cast(t, dtype):
 def autocast_inputs(q, k, v):
     """(q, k, v) as an eager call under torch.autocast for their device runs them: in the autocast dtype."""
     if _any_autocast():
-        device_type = q.device.type
-        if torch.is_autocast_enabled(device_type):
+        device_type = q.device.type  # flashlite's devices (autocast refuses to be asked about e.g. "meta")
+        if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
             dtype = torch.get_autocast_dtype(device_type)
             return _autocast_cast(q, dtype), _autocast_cast(k, dtype), _autocast_cast(v, dtype)
     return q, k, v

@@ -199,6 +199,14 @@ def test_autocast_runs_in_the_autocast_dtype(path, device):
         assert torch.equal(g, want.to(t.dtype)), name
 
 
+def test_autocast_leaves_other_devices_to_the_usual_error():
+    """Under autocast, a tensor on a device flashlite does not run (meta) still gets the error that names it, not
+    autocast's complaint about the device type."""
+    q = torch.empty(1, 4, 2, 8, device="meta")
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="q is on meta"):
+        flashlite.attention(q, q, q)
+
+
 def test_only_some_inputs_require_grad():
     q, k, v, sink = _inputs(1, 16, 16, 4, 2, 32, seed=5, sinks=True)
     k.requires_grad_()
