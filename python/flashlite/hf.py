@@ -18,9 +18,9 @@ sink_logits) pass through. Differentiable: a model on "flite" trains (the sinks 
 Masks. No mask means SDPA's is_causal semantics (when there are more keys than queries, which only happens for a
 prefill into an empty StaticCache, the keys past the queries are slots not yet written and are dropped). A 4-D mask
 (boolean, or additive 0 / -inf) is accepted when each batch row's valid keys are one run and each query sees those up
-to its causal position (optionally within the sliding window): the masks transformers builds for a StaticCache's
-unwritten tail, for left padding (batched generation) and for right padding (training batches). K/V are sliced to
-the run; rows with different runs take one call each. Reading the mask costs one host sync per forward (the result is
+to its causal position (optionally within the sliding window) or all of them: the masks transformers builds for a
+StaticCache's unwritten tail, for left padding (batched generation), right padding (training batches) and an
+encoder's key padding. K/V are sliced to the run; rows with different runs take one call each. Reading the mask costs one host sync per forward (the result is
 kept for the other layers, which receive the same mask tensor). Any other mask (a custom pattern, a real bias) runs
 torch's SDPA with the mask instead -- or, for softcap and sinks, which SDPA lacks, the attention written out as
 transformers' eager does -- and `fallbacks` counts those calls; register(strict=True) raises ValueError instead.
@@ -135,9 +135,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
             k, v = k[:, :q_len], v[:, :q_len]
         return _attention(q, k, v, causal=is_causal, scale=scaling, window=window, softcap=softcap,
                           sink_logits=sinks), None
-    if not is_causal:
-        return _fallback(module, query, key, value, attention_mask, scaling, softcap, sinks), None
-
+    # With a mask, the mask alone says who sees what (is_causal included): an encoder's key padding is a run of keys
+    # that every query sees.
     rows = _rows_for(attention_mask, batch, q_len, kv_len, window_left)
     if rows is None:
         return _fallback(module, query, key, value, attention_mask, scaling, softcap, sinks), None

@@ -399,6 +399,28 @@ def test_fallback_keeps_sinks_and_softcap(extra, calls, device):
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
 
 
+def test_encoder_key_padding_runs_flashlite(calls, device):
+    """An encoder (BERT: not causal) with a padded batch: its key-padding mask is a run of keys every query sees,
+    so it runs flashlite, and every real token's hidden state equals eager's."""
+    cfg = transformers.BertConfig(vocab_size=256, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=256)
+    torch.manual_seed(0)
+    model = transformers.BertModel(cfg).to(device).eval()
+    ids, attn = _ids(3, 19, device=device, vocab=256), _padding(3, 19, [0, 7, 14], "right", device)
+
+    def hidden(impl):
+        _set_impl(model, impl)
+        with torch.no_grad():
+            return model(ids, attention_mask=attn).last_hidden_state
+
+    ref = hidden("eager")
+    fallbacks = flhf.fallbacks
+    got = hidden(flhf.NAME)
+    assert calls[0] >= 2 and flhf.fallbacks == fallbacks
+    real = attn.bool()
+    _assert_logits_close(got[real], ref[real], "bert")
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt_oss"])
 def test_mixed_precision_training_matches_eager(arch, calls, device):
     """Mixed-precision training (float32 weights under torch.autocast to bf16), the usual way to train: the hook gets
