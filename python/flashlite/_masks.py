@@ -7,17 +7,25 @@ from __future__ import annotations
 import torch
 
 
+# An additive mask entry at or below this hides its key: exp(-32752 + any score difference below ~32000) is 0 in
+# float32, so float16's lowest (transformers' eager masks of an fp16 model) hides as -inf does, in a mask of any dtype.
+_HIDDEN = torch.finfo(torch.float16).min / 2
+
+
 def visible(mask: torch.Tensor) -> torch.Tensor | None:
-    """A boolean [B, q, kv] view of a 4-D mask (True = attend), or None when the mask is not a pure 0/-inf pattern
-    or differs between heads."""
+    """A boolean [B, q, kv] view of a 4-D mask (True = attend), or None when the mask is not a pure 0 / -inf pattern,
+    differs between heads, or hides every key of a query with a finite value (SDPA then averages over all the keys,
+    where flashlite's row without keys gives zeros)."""
     if mask.dim() != 4:
         return None
     if mask.dtype == torch.bool:
         vis = mask
     else:
-        lowest = torch.finfo(mask.dtype).min
         vis = mask == 0
-        if not bool(torch.all(vis | (mask <= lowest / 2))):  # a real additive bias (e.g. ALiBi)
+        hidden = mask <= _HIDDEN
+        if not bool(torch.all(vis | hidden)):  # a real additive bias (e.g. ALiBi)
+            return None
+        if not bool(torch.all(vis | (mask == float("-inf")))) and not bool(vis.any(-1).all()):
             return None
     if vis.shape[1] != 1 and not bool(torch.all(vis == vis[:, :1])):
         return None
@@ -33,17 +41,23 @@ def analyse(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, window_left
     key padding alone, without a causal order (off >= end - 1: every query sees the whole run). Keys
     start..end-1 become flashlite's keys, so its bottom-right position is p = i + (end - start) - q_len and query i
     sees local keys up to p + right, right = off + q_len - end: causal when right is 0, else the window (left, right).
-    Returns [(start, end, right), ...] (one per batch row) or None."""
+    Returns [(start, end, right) or None (a row without keys), ...] (one per batch row) or None."""
     vis = visible(mask)
     if vis is None or vis.shape[-2:] != (q_len, kv_len) or vis.shape[0] not in (1, batch):
+        return None
+    if q_len == 0 or kv_len == 0:
         return None
     idx = torch.arange(kv_len, device=vis.device)
     i = torch.arange(q_len, device=vis.device)[:, None]
     seen = vis.any(dim=1)  # [b, kv]: keys some query sees
     start = torch.where(seen, idx, kv_len).amin(-1)
     end = torch.where(seen, idx + 1, 0).amax(-1)
-    last = torch.where(vis, idx, -1).amax(-1)  # [b, q]: each query's last visible key (-1: none)
-    first = torch.where(vis, idx, kv_len).amin(-1)  # [b, q]: its first (kv_len: none)
+    # each query's first and last visible key (kv_len and -1: none), by argmax over bytes: no [b, q, kv] of int64
+    sees = vis.any(-1)  # [b, q]
+    byte = vis.to(torch.uint8)
+    first = torch.where(sees, byte.argmax(-1), kv_len)
+    last = torch.where(sees, kv_len - 1 - byte.flip(-1).argmax(-1), -1)
+    del byte
     j, qi, never = idx[None, None, :], i[:, 0], -(2**31)
 
     def fits(off):  # [b]: whether the row is the form with this offset
@@ -59,7 +73,6 @@ def analyse(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, window_left
     # alone (every query sees the run).
     free = (last >= 0) & (last < end[:, None] - 1)
     candidates = [(torch.where(free, last - qi, never).amax(-1), free.any(-1))]
-    sees = last >= 0
     if window_left >= 0:
         late = (first < kv_len) & (first > start[:, None])
         candidates += [(torch.where(late, first + window_left - qi, never).amax(-1), late.any(-1)),
@@ -76,9 +89,12 @@ def analyse(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, window_left
     rows = []
     for s, e, o in zip(start.tolist(), end.tolist(), off.tolist()):
         right = o + q_len - e
-        if e <= s or right < 0:
-            return None  # a row without keys, or queries that stop short of the run's end
-        rows.append((s, e, right))
+        if e <= s:
+            rows.append(None)  # no query of the row sees a key: zeros
+        elif right < 0:
+            return None  # queries that stop short of the run's end
+        else:
+            rows.append((s, e, right))
     return rows * (batch if vis.shape[0] == 1 else 1)
 
 
@@ -102,7 +118,9 @@ def attend_rows(q, k, v, rows, window_left, call):
         if q_len > b:
             parts.append(parts[0].new_zeros((q.shape[0], q_len - max(a, b)) + tuple(parts[0].shape[2:])))
         return torch.cat(parts, dim=1)
-    if all(r == rows[0] for r in rows):
+    if rows[0] is not None and all(r == rows[0] for r in rows):
         return run(q, k, v, *rows[0])
-    # rows with different valid keys (padding, a static cache's lengths) run one at a time
-    return torch.cat([run(q[b:b + 1], k[b:b + 1], v[b:b + 1], *r) for b, r in enumerate(rows)])
+    # rows with different valid keys (padding, a static cache's lengths) run one at a time; rows without keys are zeros
+    outs = [None if r is None else run(q[b:b + 1], k[b:b + 1], v[b:b + 1], *r) for b, r in enumerate(rows)]
+    like = next((o for o in outs if o is not None), q[:1])
+    return torch.cat([like.new_zeros((1,) + tuple(like.shape[1:])) if o is None else o for o in outs])

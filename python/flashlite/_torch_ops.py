@@ -327,7 +327,8 @@ _lib.impl("attention_backward", _autograd_kernel(attention_backward_op, _attenti
 # q, k and v in float32 (or the other 16-bit type) are cast to it, so mixed inputs -- a Llama's rotated q and k in
 # float32 beside its bfloat16 v under mixed-precision training -- work, and the gradients flow back through the casts.
 # sink_logits stay float32 (the kernels take them so) and cu_seqlens are integers. Eager calls cast in
-# flashlite.attention itself (they skip the dispatcher); the ops get it from an Autocast kernel.
+# flashlite.attention itself (they skip the dispatcher); the op gets it from an Autocast kernel. A call with out= runs
+# as given, as torch's out= functions do.
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
     lambda: torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"))
 
@@ -362,10 +363,8 @@ def _autocast_kernel(op, device_type):
     return autocast_kernel
 
 
-for _device_type in ("cpu", "cuda"):
+for _device_type in ("cpu", "cuda"):  # attention_out runs as given, as torch's out= functions do under autocast
     _lib.impl("attention", _autocast_kernel(attention_op, _device_type), "Autocast" + _device_type.upper(),
-              with_keyset=True)
-    _lib.impl("attention_out", _autocast_kernel(attention_out_op, _device_type), "Autocast" + _device_type.upper(),
               with_keyset=True)
 
 
@@ -467,7 +466,8 @@ def _attention_checked(q, k, v, out, sink_logits, cu_seqlens_q, cu_seqlens_k, op
         raise RuntimeError("flashlite.attention(out=...) does not support automatic differentiation, but an input "
                            "requires grad: flashlite.attention(out=...) " + BACKWARD_ERROR)
     if eager_plain(q, k, v):
-        q, k, v = autocast_inputs(q, k, v)
+        if out is None:  # with out= the call runs as given (torch's out= functions are not autocast either)
+            q, k, v = autocast_inputs(q, k, v)
         if needs_grad(q, k, v, sink_logits):
             return _Attention.apply(q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k, options)
         lse = _new_lse(q) if want_lse else None  # the kernels skip the LSE when given none

@@ -19,11 +19,12 @@ Masks. No mask means SDPA's is_causal semantics (when there are more keys than q
 prefill into an empty StaticCache, the keys past the queries are slots not yet written and are dropped). A 4-D mask
 (boolean, or additive 0 / -inf) is accepted when each batch row's valid keys are one run and each query sees those up
 to its causal position (optionally within the sliding window) or all of them: the masks transformers builds for a
-StaticCache's unwritten tail, for left padding (batched generation), right padding (training batches) and an
-encoder's key padding. K/V are sliced to the run; rows with different runs take one call each. Reading the mask costs one host sync per forward (the result is
-kept for the other layers, which receive the same mask tensor). Any other mask (a custom pattern, a real bias) runs
-torch's SDPA with the mask instead -- or, for softcap and sinks, which SDPA lacks, the attention written out as
-transformers' eager does -- and `fallbacks` counts those calls; register(strict=True) raises ValueError instead.
+StaticCache's unwritten tail, for left padding (batched generation), right padding (training batches) and an encoder's
+key padding. K/V are sliced to the run; rows with different runs take one call each. Reading the mask costs one host
+sync per forward (the result is kept for the other layers, which receive the same mask tensor). Any other mask (a
+custom pattern, a real bias) runs torch's SDPA with the mask instead -- or, for softcap and sinks, which SDPA lacks,
+the attention written out as transformers' eager does -- and `fallbacks` counts those calls; register(strict=True)
+raises ValueError instead.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ from ._torch_ops import attention as _attention
 NAME = "flite"
 fallbacks = 0  # calls that ran the fallback (SDPA or eager) because the mask was not one flashlite expresses
 _strict = False
-_mask_memo = (None, None)  # (weakref to the last mask tensor, its analysis): layers share one mask per forward
+_mask_memo = []  # [(weakref to a mask tensor, its key, its rows)], the last two: layers share a mask per forward, and
+# models alternating sliding and full layers (gpt-oss, Gemma 2) share one of each
 
 
 def register(name: str = NAME, strict: bool = False) -> str:
@@ -62,11 +64,12 @@ def register(name: str = NAME, strict: bool = False) -> str:
 
 def _rows_for(mask, batch, q_len, kv_len, window_left):
     global _mask_memo
-    ref, result = _mask_memo
-    if ref is not None and ref() is mask and result[0] == (batch, q_len, kv_len, window_left):
-        return result[1]
+    key = (batch, q_len, kv_len, window_left)
+    for ref, k, rows in _mask_memo:
+        if ref() is mask and k == key:
+            return rows
     rows = _masks.analyse(mask, batch, q_len, kv_len, window_left)
-    _mask_memo = (weakref.ref(mask), ((batch, q_len, kv_len, window_left), rows))
+    _mask_memo = [(weakref.ref(mask), key, rows)] + _mask_memo[:1]
     return rows
 
 
@@ -90,10 +93,11 @@ def _fallback(module, query, key, value, mask, scaling, softcap, sink_logits):
     s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.float()
     if sink_logits is not None:  # one more logit per head in the denominator, no value
         s = torch.cat([s, sink_logits.float().reshape(1, -1, 1, 1).expand(*s.shape[:-1], 1)], dim=-1)
-    p = torch.softmax(s, dim=-1)
+    # a row without a visible key (and no sink): zeros, as flashlite's kernels give, and no NaN in its gradient
+    empty = torch.isneginf(s).all(dim=-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
     if sink_logits is not None:
         p = p[..., :-1]
-    p = p.nan_to_num(0.0)  # a row without a visible key (and no sink): zeros, as flashlite's kernels give
     return (p.to(value.dtype) @ v).transpose(1, 2)
 
 

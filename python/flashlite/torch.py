@@ -31,9 +31,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     run, seen by every query or up to its causal position -- the padding masks of batches of different lengths, which
     run one flashlite call per distinct row (reading the mask syncs with the host, so torch.compile(fullgraph=True)
     cannot trace a masked call; it breaks the graph there). Not supported (ValueError): other masks and biases
-    (flashlite.attention's window / sink options give the masks it knows), dropout_p > 0, is_causal with fewer queries than keys (SDPA's
-    top-left alignment hides keys past the query index, which flashlite's bottom-right causal mask cannot express;
-    flashlite.attention(causal=True) gives bottom-right).
+    (flashlite.attention's window / sink options give the masks it knows), dropout_p > 0, is_causal with fewer
+    queries than keys (SDPA's top-left alignment hides keys past the query index, which flashlite's bottom-right
+    causal mask cannot express; flashlite.attention(causal=True) gives bottom-right).
     """
     if not (isinstance(query, _torch.Tensor) and isinstance(key, _torch.Tensor) and isinstance(value, _torch.Tensor)
             and query.dim() == 4 and key.dim() == 4 and value.dim() == 4):
@@ -89,7 +89,13 @@ def _masked(query, key, value, attn_mask, is_causal, scale, backend):
     if not isinstance(attn_mask, _torch.Tensor):
         raise TypeError(f"attn_mask is a {_check.typename(attn_mask)}; expected a torch.Tensor (boolean, or additive "
                         "0 / -inf)")
-    batch, sq, sk = query.shape[0], query.shape[2], key.shape[2]
+    if attn_mask.requires_grad and _torch.is_grad_enabled():
+        raise ValueError("attn_mask requires grad: a learned bias has a gradient, which flashlite's masks do not; "
+                         "use torch SDPA")
+    batch, heads, sq, sk = query.shape[0], query.shape[1], query.shape[2], key.shape[2]
+    if sq == 0 or sk == 0:  # nothing for a mask to choose: the unmasked call (zeros, or an empty result)
+        return scaled_dot_product_attention(query, key, value, scale=scale, enable_gqa=heads != key.shape[1],
+                                            backend=backend)
     mask, rows = attn_mask, None
     if mask.dim() <= 4 and (mask.dtype == _torch.bool or mask.is_floating_point()):
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
@@ -97,7 +103,7 @@ def _masked(query, key, value, attn_mask, is_causal, scale, backend):
             mask = mask.expand(mask.shape[0], mask.shape[1], sq, sk)
         except RuntimeError:
             mask = None
-        if mask is not None and mask.shape[0] in (1, batch):
+        if mask is not None and mask.shape[0] in (1, batch) and mask.shape[1] in (1, heads):
             rows = _masks.analyse(mask, batch, sq, sk, -1)
     if rows is None:
         raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} and dtype {attn_mask.dtype} is not a padding "

@@ -383,6 +383,22 @@ def test_padding_masks_every_row(side, pads, window, sinks, calls, device):
     torch.testing.assert_close(out.double(), _masked_f64(q, k, v, vis, 0.2, None, s_aux), atol=2e-5, rtol=1e-4)
 
 
+def test_fallback_rows_without_keys_have_no_nan(device):
+    """The written-out fallback (softcap here) on an additive -inf mask in which a query sees no key: that row is
+    zeros, and the gradients of the rows that count are finite."""
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 4, 4, device=device))
+    i, j = torch.arange(4)[:, None], torch.arange(4)[None, :]
+    vis = (j <= i) & (j >= 1)
+    vis[3, 1] = False  # not a form flashlite runs: the fallback
+    mask = torch.zeros(4, 4).masked_fill(~vis, float("-inf"))[None, None].to(device)
+    fallbacks = flhf.fallbacks
+    out, _ = flhf.attention_forward(_Module(), q, k, v, mask, scaling=0.2, softcap=5.0)
+    assert flhf.fallbacks == fallbacks + 1
+    assert torch.equal(out[:, 0], torch.zeros_like(out[:, 0]))
+    out[:, 1:].sum().backward()
+    assert all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
+
+
 @pytest.mark.parametrize("extra", ["sinks", "softcap"])
 def test_fallback_keeps_sinks_and_softcap(extra, calls, device):
     """A mask flashlite cannot express (older transformers' un-masked key 0 for left padding's empty rows) on a model

@@ -224,6 +224,46 @@ def test_sdpa_padding_masks_match_torch(kind):
         torch.testing.assert_close(a, b.nan_to_num(0.0), atol=2e-5, rtol=1e-4, msg=name)
 
 
+def test_sdpa_mask_edges():
+    """The drop-in's masks at their edges: a batch row without any key is zeros (as torch's); fp16's lowest in a
+    float32 mask hides keys as -inf does; a finite "minus infinity" that hides a query's every key is refused (torch
+    would average over all keys there); masks that do not broadcast over the heads, or that require grad, are refused;
+    empty queries give an empty result."""
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(2, 4, 6, 16, generator=g)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    empty_row = torch.ones(2, 1, 6, 6, dtype=torch.bool)
+    empty_row[1] = False
+    got = fltorch.scaled_dot_product_attention(q, q, q, attn_mask=empty_row)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    torch.testing.assert_close(got, sdpa(q, q, q, attn_mask=empty_row).nan_to_num(0.0), atol=2e-5, rtol=1e-4)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    fp16_min = torch.zeros(6, 6).masked_fill(~causal, torch.finfo(torch.float16).min)
+    torch.testing.assert_close(fltorch.scaled_dot_product_attention(q, q, q, attn_mask=fp16_min),
+                               sdpa(q, q, q, attn_mask=causal), atol=2e-5, rtol=1e-4)
+    hides_a_query = fp16_min.clone()
+    hides_a_query[0, 0] = torch.finfo(torch.float32).min
+    with pytest.raises(ValueError, match="is not a padding mask"):
+        fltorch.scaled_dot_product_attention(q, q, q, attn_mask=hides_a_query)
+    with pytest.raises(ValueError, match="is not a padding mask"):
+        fltorch.scaled_dot_product_attention(q, q, q, attn_mask=causal.expand(1, 3, 6, 6))
+    with pytest.raises(ValueError, match="requires grad"):
+        fltorch.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(6, 6, requires_grad=True))
+    assert fltorch.scaled_dot_product_attention(q[:, :, :0], q, q, attn_mask=causal[:0]).shape == (2, 4, 0, 16)
+
+
+def test_out_runs_as_given_under_autocast():
+    """flashlite.attention(out=...) under autocast runs in the dtype it is given (torch's out= functions are not
+    autocast): float32 in, float32 out, the same values as outside autocast."""
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(1, 9, h, 16, generator=g) for h in (4, 2, 2))
+    want = flashlite.attention(q, k, v, causal=True)
+    out = torch.empty_like(q)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        flashlite.attention(q, k, v, causal=True, out=out)
+    assert torch.equal(out, want)
+
+
 def test_sdpa_errors():
     q = torch.randn(1, 4, 8, 64)
     k = torch.randn(1, 2, 8, 64)
