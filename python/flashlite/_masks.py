@@ -118,9 +118,16 @@ def attend_rows(q, k, v, rows, window_left, call):
         if q_len > b:
             parts.append(parts[0].new_zeros((q.shape[0], q_len - max(a, b)) + tuple(parts[0].shape[2:])))
         return torch.cat(parts, dim=1)
-    if rows[0] is not None and all(r == rows[0] for r in rows):
+    # Batch rows with different valid keys (padding, a static cache's lengths) run apart: one call per stretch of
+    # neighbouring rows alike (views, no copies); rows without keys are zeros.
+    stretches, b0 = [], 0
+    for b in range(1, len(rows) + 1):
+        if b == len(rows) or rows[b] != rows[b0]:
+            stretches.append((b0, b, rows[b0]))
+            b0 = b
+    if len(stretches) == 1 and rows[0] is not None:
         return run(q, k, v, *rows[0])
-    # rows with different valid keys (padding, a static cache's lengths) run one at a time; rows without keys are zeros
-    outs = [None if r is None else run(q[b:b + 1], k[b:b + 1], v[b:b + 1], *r) for b, r in enumerate(rows)]
+    outs = [None if r is None else run(q[a:b], k[a:b], v[a:b], *r) for a, b, r in stretches]
     like = next((o for o in outs if o is not None), q[:1])
-    return torch.cat([like.new_zeros((1,) + tuple(like.shape[1:])) if o is None else o for o in outs])
+    return torch.cat([like.new_zeros((b - a,) + tuple(like.shape[1:])) if o is None else o
+                      for (a, b, _), o in zip(stretches, outs)])

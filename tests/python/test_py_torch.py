@@ -208,8 +208,8 @@ def test_sdpa_padding_masks_match_torch(kind):
     """attn_mask that is padding (right or left, causal or key padding alone, boolean or additive, or every key)
     runs on flashlite and equals torch SDPA on every row, gradients included."""
     g = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(3, h, 13, 32, generator=g, dtype=torch.float64) for h in (4, 2, 2))
-    lengths = [13, 9, 4]
+    q, k, v = (torch.randn(5, h, 13, 32, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    lengths = [13, 13, 9, 4, 4]  # neighbours alike share a call
     mask = torch.ones(13, 13, dtype=torch.bool) if kind == "all" else _padding_mask(kind, lengths, 13)
 
     def grads(fn):
