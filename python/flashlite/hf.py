@@ -20,8 +20,8 @@ prefill into an empty StaticCache, the keys past the queries are slots not yet w
 (boolean, or additive 0 / -inf) is accepted when each batch row's valid keys are one run and each query sees those up
 to its causal position (optionally within the sliding window) or all of them: the masks transformers builds for a
 StaticCache's unwritten tail, for left padding (batched generation), right padding (training batches) and an encoder's
-key padding. K/V are sliced to the run; rows with different runs take one call each. Reading the mask costs one host
-sync per forward (the result is kept for the other layers, which receive the same mask tensor). Any other mask (a
+key padding. K/V are sliced to the run; neighbouring rows with the same run share a call. Reading the mask costs one
+host sync per forward (the result is kept for the other layers, which receive the same mask tensor). Any other mask (a
 custom pattern, a real bias) runs torch's SDPA with the mask instead -- or, for softcap and sinks, which SDPA lacks,
 the attention written out as transformers' eager does -- and `fallbacks` counts those calls; register(strict=True)
 raises ValueError instead.
