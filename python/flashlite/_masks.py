@@ -1,6 +1,7 @@
-"""Attention masks that are flashlite calls: a boolean or additive (0 / -inf) mask whose batch rows each see one run
-of keys up to a causal position, optionally within a window (the masks transformers builds for padding and static
-caches), read into per-row (start, end, right) and run as flashlite calls. Used by the Hugging Face hook and the SDPA
+"""Attention masks that are flashlite calls, read from a boolean or additive (0 / -inf) mask and run as flashlite
+calls: batch rows that each see one run of keys up to a causal position, optionally within a window (the masks
+transformers builds for padding and static caches), and rows that pack several causal sequences (block-diagonal: the
+masks of packed training batches), which run as one variable-length call. Used by the Hugging Face hook and the SDPA
 drop-in."""
 from __future__ import annotations
 
@@ -96,6 +97,35 @@ def analyse(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, window_left
         else:
             rows.append((s, e, right))
     return rows * (batch if vis.shape[0] == 1 else 1)
+
+
+def packed(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, window_left: int):
+    """Per batch row, the cumulative lengths of the causal sequences packed in it ([0, ..., q_len]), when the mask is
+    block-diagonal causal (each query sees the keys of its own sequence up to itself, optionally within the window),
+    else None."""
+    vis = visible(mask)
+    if vis is None or q_len != kv_len or q_len == 0 or vis.shape[-2:] != (q_len, kv_len) or \
+            vis.shape[0] not in (1, batch):
+        return None
+    i = torch.arange(q_len, device=vis.device)
+    first = vis.to(torch.uint8).argmax(-1)  # [b, q]; a query that sees nothing fails the check below
+    begins = first == i  # a sequence begins at a query that sees no key before itself
+    start = torch.cummax(torch.where(begins, i, 0), dim=-1).values  # [b, q]: where each query's sequence begins
+    j, pos = i[None, None, :], i[None, :, None]
+    expect = (j >= start[:, :, None]) & (j <= pos)
+    if window_left >= 0:
+        expect &= j >= pos - window_left
+    if not bool(torch.equal(expect, vis)):
+        return None
+    bounds = [[int(x) for x in torch.nonzero(row).flatten().tolist()] + [q_len] for row in begins]
+    return bounds * (batch if vis.shape[0] == 1 else 1)
+
+
+def attend_packed(q, k, v, bounds, window_left, call):
+    """The attention of q, k, v ([B, S, H, D]) under the mask that packed() read into `bounds`: one variable-length
+    call per batch row, through call(q, k, v, causal, window, cu_seqlens)."""
+    outs = [call(q[b:b + 1], k[b:b + 1], v[b:b + 1], True, (window_left, -1), cu) for b, cu in enumerate(bounds)]
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def attend_rows(q, k, v, rows, window_left, call):

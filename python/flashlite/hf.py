@@ -20,11 +20,12 @@ prefill into an empty StaticCache, the keys past the queries are slots not yet w
 (boolean, or additive 0 / -inf) is accepted when each batch row's valid keys are one run and each query sees those up
 to its causal position (optionally within the sliding window) or all of them: the masks transformers builds for a
 StaticCache's unwritten tail, for left padding (batched generation), right padding (training batches) and an encoder's
-key padding. K/V are sliced to the run; neighbouring rows with the same run share a call. Reading the mask costs one
-host sync per forward (the result is kept for the other layers, which receive the same mask tensor). Any other mask (a
-custom pattern, a real bias) runs torch's SDPA with the mask instead -- or, for softcap and sinks, which SDPA lacks,
-the attention written out as transformers' eager does -- and `fallbacks` counts those calls; register(strict=True)
-raises ValueError instead.
+key padding. K/V are sliced to the run; neighbouring rows with the same run share a call. A row that packs several
+causal sequences (the block-diagonal mask transformers builds for a packed training batch from position_ids) runs as
+one variable-length call. Reading the mask costs one host sync per forward (the result is kept for the other layers,
+which receive the same mask tensor). Any other mask (a custom pattern, a real bias) runs torch's SDPA with the mask
+instead -- or, for softcap and sinks, which SDPA lacks, the attention written out as transformers' eager does -- and
+`fallbacks` counts those calls; register(strict=True) raises ValueError instead.
 """
 from __future__ import annotations
 
@@ -62,15 +63,18 @@ def register(name: str = NAME, strict: bool = False) -> str:
     return name
 
 
-def _rows_for(mask, batch, q_len, kv_len, window_left):
+def _plan_for(mask, batch, q_len, kv_len, window_left):
+    """("rows", per-row runs) or ("packed", per-row sequence bounds) for the mask, or None (see flashlite._masks)."""
     global _mask_memo
     key = (batch, q_len, kv_len, window_left)
-    for ref, k, rows in _mask_memo:
+    for ref, k, plan in _mask_memo:
         if ref() is mask and k == key:
-            return rows
+            return plan
     rows = _masks.analyse(mask, batch, q_len, kv_len, window_left)
-    _mask_memo = [(weakref.ref(mask), key, rows)] + _mask_memo[:1]
-    return rows
+    bounds = None if rows is not None else _masks.packed(mask, batch, q_len, kv_len, window_left)
+    plan = ("rows", rows) if rows is not None else ("packed", bounds) if bounds is not None else None
+    _mask_memo = [(weakref.ref(mask), key, plan)] + _mask_memo[:1]
+    return plan
 
 
 def _fallback(module, query, key, value, mask, scaling, softcap, sink_logits):
@@ -141,10 +145,12 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
                           sink_logits=sinks), None
     # With a mask, the mask alone says who sees what (is_causal included): an encoder's key padding is a run of keys
     # that every query sees.
-    rows = _rows_for(attention_mask, batch, q_len, kv_len, window_left)
-    if rows is None:
+    plan = _plan_for(attention_mask, batch, q_len, kv_len, window_left)
+    if plan is None:
         return _fallback(module, query, key, value, attention_mask, scaling, softcap, sinks), None
 
-    def call(q, k, v, causal, window):
-        return _attention(q, k, v, causal=causal, scale=scaling, window=window, softcap=softcap, sink_logits=sinks)
-    return _masks.attend_rows(q, k, v, rows, window_left, call), None
+    def call(q, k, v, causal, window, cu_seqlens=None):
+        return _attention(q, k, v, causal=causal, scale=scaling, window=window, softcap=softcap, sink_logits=sinks,
+                          cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens)
+    attend = _masks.attend_rows if plan[0] == "rows" else _masks.attend_packed
+    return attend(q, k, v, plan[1], window_left, call), None

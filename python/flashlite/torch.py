@@ -27,10 +27,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """torch.nn.functional.scaled_dot_product_attention's signature and semantics on flashlite's kernels.
 
     Supported: 4-D inputs, is_causal (top-left aligned, as SDPA: query i sees keys j <= i), scale, enable_gqa, and an
-    attn_mask (boolean, or additive 0 / -inf; broadcast as SDPA's) that is padding: each batch row's visible keys one
-    run, seen by every query or up to its causal position -- the padding masks of batches of different lengths, which
-    run one flashlite call per stretch of rows alike (reading the mask syncs with the host, so
-    torch.compile(fullgraph=True) cannot trace a masked call; it breaks the graph there). Not supported (ValueError): other masks and biases
+    attn_mask (boolean, or additive 0 / -inf; broadcast as SDPA's) that is padding -- each batch row's visible keys one
+    run, seen by every query or up to its causal position: the padding masks of batches of different lengths, which
+    run one flashlite call per stretch of rows alike -- or packing (causal sequences packed in a row, block-diagonal:
+    one variable-length call per row). Reading the mask syncs with the host, so torch.compile(fullgraph=True) cannot
+    trace a masked call (it breaks the graph there). Not supported (ValueError): other masks and biases
     (flashlite.attention's window / sink options give the masks it knows), dropout_p > 0, is_causal with fewer
     queries than keys (SDPA's top-left alignment hides keys past the query index, which flashlite's bottom-right
     causal mask cannot express; flashlite.attention(causal=True) gives bottom-right).
@@ -96,7 +97,7 @@ def _masked(query, key, value, attn_mask, is_causal, scale, backend):
     if sq == 0 or sk == 0:  # nothing for a mask to choose: the unmasked call (zeros, or an empty result)
         return scaled_dot_product_attention(query, key, value, scale=scale, enable_gqa=heads != key.shape[1],
                                             backend=backend)
-    mask, rows = attn_mask, None
+    mask, rows, bounds = attn_mask, None, None
     if mask.dim() <= 4 and (mask.dtype == _torch.bool or mask.is_floating_point()):
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
         try:
@@ -105,17 +106,22 @@ def _masked(query, key, value, attn_mask, is_causal, scale, backend):
             mask = None
         if mask is not None and mask.shape[0] in (1, batch) and mask.shape[1] in (1, heads):
             rows = _masks.analyse(mask, batch, sq, sk, -1)
-    if rows is None:
+            bounds = None if rows is not None else _masks.packed(mask, batch, sq, sk, -1)
+    if rows is None and bounds is None:
         raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} and dtype {attn_mask.dtype} is not a padding "
-                         f"mask for {sq} queries and {sk} keys: flashlite.torch.scaled_dot_product_attention takes "
-                         "masks whose every batch row sees one run of keys, from every query or up to its causal "
-                         "position (boolean, or additive 0 / -inf, the same for every head); use torch SDPA for "
+                         f"or packing mask for {sq} queries and {sk} keys: "
+                         "flashlite.torch.scaled_dot_product_attention takes masks whose every batch row sees one "
+                         "run of keys, from every query or up to its causal position, or packs causal sequences "
+                         "(block-diagonal); boolean, or additive 0 / -inf, the same for every head. Use torch SDPA for "
                          "others, or flashlite.attention(window=..., sink_tokens=...) for the masks it knows")
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
 
-    def call(q, k, v, causal, window):
-        return attention(q, k, v, causal=causal, scale=scale, window=window, backend=backend)
-    return _masks.attend_rows(q, k, v, rows, -1, call).transpose(1, 2)
+    def call(q, k, v, causal, window, cu_seqlens=None):
+        return attention(q, k, v, causal=causal, scale=scale, window=window, backend=backend,
+                         cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens)
+    if rows is not None:
+        return _masks.attend_rows(q, k, v, rows, -1, call).transpose(1, 2)
+    return _masks.attend_packed(q, k, v, bounds, -1, call).transpose(1, 2)
 
 
 def _refuse(query, key, value):

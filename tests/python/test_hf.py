@@ -415,6 +415,32 @@ def test_fallback_keeps_sinks_and_softcap(extra, calls, device):
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["llama", "mistral"])  # (transformers' gpt-oss builds no packed masks)
+def test_packed_sequences_run_one_varlen_call(arch, calls, device):
+    """Packed training batches (several sequences in a row, position_ids restarting at each; transformers builds a
+    block-diagonal causal mask from them): one variable-length flashlite call per layer, logits and gradients equal to
+    eager's (float32)."""
+    model, ids = _arch_model(arch, device), _ids(1, 29, device=device, vocab=256)
+    position_ids = torch.cat([torch.arange(n) for n in (11, 4, 14)])[None].to(device)  # three sequences, one > window
+    model.train()
+
+    def run(impl):
+        _set_impl(model, impl)
+        model.zero_grad(set_to_none=True)
+        logits = model(ids, position_ids=position_ids, use_cache=False).logits.float()
+        logits.square().mean().backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref, ref_grads = run("eager")
+    fallbacks = flhf.fallbacks
+    got, got_grads = run(flhf.NAME)
+    assert calls[0] == 2 and flhf.fallbacks == fallbacks  # one call per layer
+    _assert_logits_close(got, ref, arch)
+    for name in ref_grads:
+        err = (got_grads[name] - ref_grads[name]).abs().max().item()
+        assert err <= 1e-3 * ref_grads[name].abs().max().item() + 1e-9, f"{arch} {name}: {err:.3g}"
+
+
 def test_encoder_key_padding_runs_flashlite(calls, device):
     """An encoder (BERT: not causal) with a padded batch: its key-padding mask is a run of keys every query sees,
     so it runs flashlite, and every real token's hidden state equals eager's."""
@@ -537,3 +563,34 @@ def test_random_masks_run_exactly_or_fall_back(seed, device):
         torch.testing.assert_close(out.double(), _masked_f64(q, k, v, vis, 0.2), atol=2e-5, rtol=1e-4,
                                    msg=f"case {case}: batch {batch}, q {q_len}, kv {kv_len}, window {window}")
     assert ran["flashlite"] >= 4, ran
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_packed_masks_run_exactly_or_fall_back(seed, device):
+    """Random block-diagonal causal masks (sequences of random lengths packed in each row, optional window), some
+    with one entry flipped: exact on every row against float64, run as variable-length calls or fallen back."""
+    g = torch.Generator().manual_seed(seed)
+    ran = 0
+    for case in range(8):
+        batch, seq = int(torch.randint(1, 3, (1,), generator=g)), int(torch.randint(2, 30, (1,), generator=g))
+        window = int(torch.randint(1, 12, (1,), generator=g)) if case % 2 else None
+        q, k, v = _qkv(batch, seq, seq, seed=seed * 100 + case, device=device)
+        i = torch.arange(seq)
+        rows = []
+        for _ in range(batch):
+            ids = (torch.rand(seq, generator=g) < 0.2).long().cumsum(0)  # sequence id of each position
+            vis = (i[None, :] <= i[:, None]) & (ids[:, None] == ids[None, :])
+            if window:
+                vis &= i[None, :] > i[:, None] - window
+            rows.append(vis)
+        vis = torch.stack(rows)[:, None]
+        if case % 3 == 2:
+            b, r, c = (int(torch.randint(0, n, (1,), generator=g)) for n in (batch, seq, seq))
+            vis[b, 0, r, c] = ~vis[b, 0, r, c]
+        vis = vis.to(device)
+        fallbacks = flhf.fallbacks
+        out, _ = flhf.attention_forward(_Module(), q, k, v, vis, scaling=0.2, sliding_window=window)
+        ran += flhf.fallbacks == fallbacks
+        torch.testing.assert_close(out.double(), _masked_f64(q, k, v, vis, 0.2), atol=2e-5, rtol=1e-4,
+                                   msg=f"case {case}: batch {batch}, seq {seq}, window {window}")
+    assert ran >= 4

@@ -196,6 +196,11 @@ def _padding_mask(kind, lengths, s):
     valid = torch.stack([(j < n) if kind != "left" else (j >= s - n) for n in lengths])  # [B, S] keys
     if kind == "keys":  # key padding alone, broadcast over heads and queries: [B, 1, 1, S]
         return valid[:, None, None, :]
+    if kind == "packed":  # each row packs sequences of these lengths and the rest of the row: block-diagonal causal
+        seq = torch.stack([torch.cat([torch.zeros(n, dtype=torch.long), torch.ones(s - n, dtype=torch.long)])
+                           for n in lengths])
+        causal = j[None, :] <= j[:, None]
+        return (causal[None] & (seq[:, :, None] == seq[:, None, :]))[:, None]
     causal = j[None, :] <= j[:, None]
     mask = (causal[None] & valid[:, None, :])[:, None]  # [B, 1, S, S]
     if kind == "additive":
@@ -203,10 +208,11 @@ def _padding_mask(kind, lengths, s):
     return mask
 
 
-@pytest.mark.parametrize("kind", ["right", "left", "keys", "additive", "all"])
+@pytest.mark.parametrize("kind", ["right", "left", "keys", "additive", "all", "packed"])
 def test_sdpa_padding_masks_match_torch(kind):
-    """attn_mask that is padding (right or left, causal or key padding alone, boolean or additive, or every key)
-    runs on flashlite and equals torch SDPA on every row, gradients included."""
+    """attn_mask that is padding (right or left, causal or key padding alone, boolean or additive, or every key) or
+    packing (two causal sequences per row, block-diagonal) runs on flashlite and equals torch SDPA on every row,
+    gradients included."""
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(5, h, 13, 32, generator=g, dtype=torch.float64) for h in (4, 2, 2))
     lengths = [13, 13, 9, 4, 4]  # neighbours alike share a call
@@ -243,9 +249,9 @@ def test_sdpa_mask_edges():
                                sdpa(q, q, q, attn_mask=causal), atol=2e-5, rtol=1e-4)
     hides_a_query = fp16_min.clone()
     hides_a_query[0, 0] = torch.finfo(torch.float32).min
-    with pytest.raises(ValueError, match="is not a padding mask"):
+    with pytest.raises(ValueError, match="is not a padding or packing mask"):
         fltorch.scaled_dot_product_attention(q, q, q, attn_mask=hides_a_query)
-    with pytest.raises(ValueError, match="is not a padding mask"):
+    with pytest.raises(ValueError, match="is not a padding or packing mask"):
         fltorch.scaled_dot_product_attention(q, q, q, attn_mask=causal.expand(1, 3, 6, 6))
     with pytest.raises(ValueError, match="requires grad"):
         fltorch.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(6, 6, requires_grad=True))
@@ -267,8 +273,8 @@ def test_out_runs_as_given_under_autocast():
 def test_sdpa_errors():
     q = torch.randn(1, 4, 8, 64)
     k = torch.randn(1, 2, 8, 64)
-    with pytest.raises(ValueError, match="attn_mask of shape \\(8, 8\\) and dtype torch.bool is not a padding mask"):
-        fltorch.scaled_dot_product_attention(q, q, q, attn_mask=torch.eye(8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="shape \\(8, 8\\) and dtype torch.bool is not a padding or packing"):
+        fltorch.scaled_dot_product_attention(q, q, q, attn_mask=torch.eye(8, dtype=torch.bool).flip(-1))
     with pytest.raises(ValueError, match="attn_mask and is_causal=True together"):
         fltorch.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool), is_causal=True)
     with pytest.raises(ValueError, match="dropout_p is 0.1"):
