@@ -5,6 +5,8 @@ masks of packed training batches), which run as one variable-length call. Used b
 drop-in."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 
@@ -161,3 +163,38 @@ def attend_rows(q, k, v, rows, window_left, call):
     like = next((o for o in outs if o is not None), q[:1])
     return torch.cat([like.new_zeros((b - a,) + tuple(like.shape[1:])) if o is None else o
                       for (a, b, _), o in zip(stretches, outs)])
+
+
+_memo = []  # [(weakref to a mask, its key, its plan)], the last two: a forward's layers share a mask, and models that
+# alternate sliding and full layers (gpt-oss, Gemma 2) share one of each
+
+
+def plan(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, window_left: int):
+    """("rows", analyse()'s rows) or ("packed", packed()'s bounds) for a mask of up to 4 dimensions broadcast to
+    [batch, heads, q_len, kv_len], or None when it is neither. Reading a mask syncs with the host, so the last two
+    plans are remembered (by tensor and version: a mask written in place is read again)."""
+    global _memo
+    key = (mask._version, batch, q_len, kv_len, window_left)
+    for ref, k, p in _memo:
+        if ref() is mask and k == key:
+            return p
+    p = None
+    if mask.dim() <= 4 and (mask.dtype == torch.bool or mask.is_floating_point()):
+        full = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        try:
+            full = full.expand(full.shape[0], full.shape[1], q_len, kv_len)
+        except RuntimeError:  # does not broadcast to the call's queries and keys
+            full = None
+        if full is not None:
+            rows = analyse(full, batch, q_len, kv_len, window_left)
+            bounds = None if rows is not None else packed(full, batch, q_len, kv_len, window_left)
+            p = ("rows", rows) if rows is not None else ("packed", bounds) if bounds is not None else None
+    _memo = [(weakref.ref(mask), key, p)] + _memo[:1]
+    return p
+
+
+def attend(q, k, v, plan, window_left, call):
+    """The attention of q, k, v ([B, S, H, D]) under a mask's plan(), through call(q, k, v, causal, window,
+    cu_seqlens=None) (a flashlite.attention call with the caller's other options)."""
+    kind, how = plan
+    return (attend_rows if kind == "rows" else attend_packed)(q, k, v, how, window_left, call)

@@ -29,8 +29,6 @@ instead -- or, for softcap and sinks, which SDPA lacks, the attention written ou
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from . import _args, _check, _masks
@@ -39,8 +37,6 @@ from ._torch_ops import attention as _attention
 NAME = "flite"
 fallbacks = 0  # calls that ran the fallback (SDPA or eager) because the mask was not one flashlite expresses
 _strict = False
-_mask_memo = []  # [(weakref to a mask tensor, its key, its rows)], the last two: layers share a mask per forward, and
-# models alternating sliding and full layers (gpt-oss, Gemma 2) share one of each
 
 
 def register(name: str = NAME, strict: bool = False) -> str:
@@ -61,20 +57,6 @@ def register(name: str = NAME, strict: bool = False) -> str:
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, sdpa_mask)
     return name
-
-
-def _plan_for(mask, batch, q_len, kv_len, window_left):
-    """("rows", per-row runs) or ("packed", per-row sequence bounds) for the mask, or None (see flashlite._masks)."""
-    global _mask_memo
-    key = (batch, q_len, kv_len, window_left)
-    for ref, k, plan in _mask_memo:
-        if ref() is mask and k == key:
-            return plan
-    rows = _masks.analyse(mask, batch, q_len, kv_len, window_left)
-    bounds = None if rows is not None else _masks.packed(mask, batch, q_len, kv_len, window_left)
-    plan = ("rows", rows) if rows is not None else ("packed", bounds) if bounds is not None else None
-    _mask_memo = [(weakref.ref(mask), key, plan)] + _mask_memo[:1]
-    return plan
 
 
 def _fallback(module, query, key, value, mask, scaling, softcap, sink_logits):
@@ -145,12 +127,11 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
                           sink_logits=sinks), None
     # With a mask, the mask alone says who sees what (is_causal included): an encoder's key padding is a run of keys
     # that every query sees.
-    plan = _plan_for(attention_mask, batch, q_len, kv_len, window_left)
+    plan = _masks.plan(attention_mask, batch, q_len, kv_len, window_left)
     if plan is None:
         return _fallback(module, query, key, value, attention_mask, scaling, softcap, sinks), None
 
     def call(q, k, v, causal, window, cu_seqlens=None):
         return _attention(q, k, v, causal=causal, scale=scaling, window=window, softcap=softcap, sink_logits=sinks,
                           cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens)
-    attend = _masks.attend_rows if plan[0] == "rows" else _masks.attend_packed
-    return attend(q, k, v, plan[1], window_left, call), None
+    return _masks.attend(q, k, v, plan, window_left, call), None

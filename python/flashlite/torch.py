@@ -97,17 +97,10 @@ def _masked(query, key, value, attn_mask, is_causal, scale, backend):
     if sq == 0 or sk == 0:  # nothing for a mask to choose: the unmasked call (zeros, or an empty result)
         return scaled_dot_product_attention(query, key, value, scale=scale, enable_gqa=heads != key.shape[1],
                                             backend=backend)
-    mask, rows, bounds = attn_mask, None, None
-    if mask.dim() <= 4 and (mask.dtype == _torch.bool or mask.is_floating_point()):
-        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-        try:
-            mask = mask.expand(mask.shape[0], mask.shape[1], sq, sk)
-        except RuntimeError:
-            mask = None
-        if mask is not None and mask.shape[0] in (1, batch) and mask.shape[1] in (1, heads):
-            rows = _masks.analyse(mask, batch, sq, sk, -1)
-            bounds = None if rows is not None else _masks.packed(mask, batch, sq, sk, -1)
-    if rows is None and bounds is None:
+    # torch refuses a mask whose heads do not broadcast; the reader would take one alike over fewer heads
+    plan = _masks.plan(attn_mask, batch, sq, sk, -1) if attn_mask.dim() < 3 or attn_mask.shape[-3] in (1, heads) \
+        else None
+    if plan is None:
         raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} and dtype {attn_mask.dtype} is not a padding "
                          f"or packing mask for {sq} queries and {sk} keys: "
                          "flashlite.torch.scaled_dot_product_attention takes masks whose every batch row sees one "
@@ -119,9 +112,7 @@ def _masked(query, key, value, attn_mask, is_causal, scale, backend):
     def call(q, k, v, causal, window, cu_seqlens=None):
         return attention(q, k, v, causal=causal, scale=scale, window=window, backend=backend,
                          cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens)
-    if rows is not None:
-        return _masks.attend_rows(q, k, v, rows, -1, call).transpose(1, 2)
-    return _masks.attend_packed(q, k, v, bounds, -1, call).transpose(1, 2)
+    return _masks.attend(q, k, v, plan, -1, call).transpose(1, 2)
 
 
 def _refuse(query, key, value):

@@ -258,6 +258,18 @@ def test_sdpa_mask_edges():
     assert fltorch.scaled_dot_product_attention(q[:, :, :0], q, q, attn_mask=causal[:0]).shape == (2, 4, 0, 16)
 
 
+def test_sdpa_mask_written_in_place_is_read_again():
+    """The mask reader remembers its last masks; one written in place between calls is read again, not reused."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 4, 7, 16, generator=g)
+    mask = _padding_mask("right", [7, 5], 7)
+    for lengths in ([7, 5], [3, 6]):
+        mask.copy_(_padding_mask("right", lengths, 7))
+        torch.testing.assert_close(fltorch.scaled_dot_product_attention(q, q, q, attn_mask=mask),
+                                   torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask),
+                                   atol=2e-5, rtol=1e-4)
+
+
 def test_out_runs_as_given_under_autocast():
     """flashlite.attention(out=...) under autocast runs in the dtype it is given (torch's out= functions are not
     autocast): float32 in, float32 out, the same values as outside autocast."""
