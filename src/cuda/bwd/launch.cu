@@ -104,7 +104,8 @@ std::string cuda_backward_unsupported_reason(const BackwardProblem& bp) {
   const AttentionProblem& p = bp.fwd;
   if (p.dtype != DType::f16 && p.dtype != DType::bf16) {
     return std::string("dtype ") + dtype_name(p.dtype) +
-           " is unsupported by the CUDA backward; expected float16 or bfloat16 (float32 gradients: use CPU tensors)";
+           " is unsupported by the CUDA backward; expected float16 or bfloat16 (on CUDA train a float32 model "
+           "under torch.autocast, or in bf16; float32 gradients run on CPU tensors)";
   }
   if (p.head_dim > INT_MAX || !cuda_bwd::head_dim_supported(int(p.head_dim))) {
     return "head_dim " + std::to_string(p.head_dim) + " is unsupported by the CUDA backward; expected 64, 96 or 128";
