@@ -125,14 +125,19 @@ def packed(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, window_left:
 
 def attend_packed(q, k, v, bounds, window_left, call):
     """The attention of q, k, v ([B, S, H, D]) under the mask that packed() read into `bounds`: one variable-length
-    call per batch row, through call(q, k, v, causal, window, cu_seqlens)."""
-    outs = [call(q[b:b + 1], k[b:b + 1], v[b:b + 1], True, (window_left, -1), cu) for b, cu in enumerate(bounds)]
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
+    call over every row's sequences (the rows copied into one run when there are several), through
+    call(q, k, v, causal, window, cu_seqlens_q, cu_seqlens_k)."""
+    batch, seq = q.shape[:2]
+    cu = [b * seq + x for b, row in enumerate(bounds) for x in row[:-1]] + [batch * seq]
+    run = lambda t: t.reshape((1, batch * seq) + tuple(t.shape[2:]))  # noqa: E731  (a view for one row)
+    out = call(run(q), run(k), run(v), True, (window_left, -1), cu, cu)
+    return out.view(q.shape[:3] + out.shape[3:])
 
 
 def attend_rows(q, k, v, rows, window_left, call):
     """The attention of q, k, v ([B, S, H, D]) under the mask that analyse() read into `rows`, through
-    call(q, k, v, causal, window) (a flashlite.attention call with the caller's other options)."""
+    call(q, k, v, causal, window, cu_seqlens_q=None, cu_seqlens_k=None) (a flashlite.attention call with the caller's
+    other options)."""
     def run(q, k, v, start, end, right):
         k, v = k[:, start:end], v[:, start:end]
         if window_left < 0 or right <= window_left:  # one window: (left, right) around the bottom-right position
@@ -150,8 +155,13 @@ def attend_rows(q, k, v, rows, window_left, call):
         if q_len > b:
             parts.append(parts[0].new_zeros((q.shape[0], q_len - max(a, b)) + tuple(parts[0].shape[2:])))
         return torch.cat(parts, dim=1)
-    # Batch rows with different valid keys (padding, a static cache's lengths) run apart: one call per stretch of
-    # neighbouring rows alike (views, no copies); rows without keys are zeros.
+    # Batch rows with different valid keys (padding, a static cache's lengths): one or two variable-length calls
+    # where they express the rows, else one call per stretch of neighbouring rows alike (views, no copies); rows
+    # without keys are zeros.
+    if len(set(rows)) > 1:
+        out = _varlen_rows(q, k, v, rows, window_left, call)
+        if out is not None:
+            return out
     stretches, b0 = [], 0
     for b in range(1, len(rows) + 1):
         if b == len(rows) or rows[b] != rows[b0]:
@@ -159,10 +169,57 @@ def attend_rows(q, k, v, rows, window_left, call):
             b0 = b
     if len(stretches) == 1 and rows[0] is not None:
         return run(q, k, v, *rows[0])
-    outs = [None if r is None else run(q[a:b], k[a:b], v[a:b], *r) for a, b, r in stretches]
+    # (split, not a slice per stretch: split's backward is one concatenation, where each slice's backward makes a
+    # zero tensor of the whole batch that autograd then adds up)
+    pieces = zip(*(t.split([b - a for a, b, _ in stretches]) for t in (q, k, v)))
+    outs = [None if r is None else run(*qkv, *r) for (_, _, r), qkv in zip(stretches, pieces)]
     like = next((o for o in outs if o is not None), q[:1])
     return torch.cat([like.new_zeros((b - a,) + tuple(like.shape[1:])) if o is None else o
                       for (a, b, _), o in zip(stretches, outs)])
+
+
+# Fewer queries per row (decode steps) keep one call per stretch: a memory-bound call would read K and V three times
+# with the gather.
+VARLEN_MIN_QUERIES = 64
+
+
+def _varlen_rows(q, k, v, rows, window_left, call):
+    """analyse()'s rows, when they differ, as variable-length calls over the batch's real keys (gathered: one copy of
+    K and V), or None where they do not express them. One call per row would leave the GPU idle on short rows (a
+    row's K / V blocks per kv head are few), and autograd would add up a full-size gradient per row.
+    - Every row with the same `right` (left padding, a static cache's lengths, an encoder's key padding): one call,
+      sequence b the row's q_len queries (q copied into one run) over its keys start..end-1.
+    - Right padding (start 0, off 0, no window): the rows up to the run's end are causal over it, the rest (pads) see
+      all of it: one causal call over the real rows and one over the pad rows, both gathered; their outputs
+      interleaved back."""
+    batch, q_len = q.shape[:2]
+    if q_len < VARLEN_MIN_QUERIES or any(r is None for r in rows):
+        return None
+    starts, ends, rights = zip(*rows)
+    keys = [e - s for s, e in zip(starts, ends)]
+    cu_k = _cumulative(keys)
+    gather = lambda t, lo, hi: torch.cat([x[a:b] for x, a, b in zip(t.unbind(0), lo, hi)])[None]  # noqa: E731
+    kr, vr = gather(k, starts, ends), gather(v, starts, ends)
+    right = rights[0]
+    if all(r == right for r in rights) and (window_left < 0 or right <= window_left):
+        window = (window_left - right if window_left >= 0 else -1, right if right else -1)
+        out = call(q.reshape((1, batch * q_len) + tuple(q.shape[2:])), kr, vr, not right, window,
+                   _cumulative([q_len] * batch), cu_k)
+        return out.view(q.shape[:3] + out.shape[3:])
+    if window_left < 0 and q_len == k.shape[1] and all(s == 0 and r == q_len - e for s, e, r in rows):
+        pads = [q_len - e for e in ends]
+        real = call(gather(q, [0] * batch, ends), kr, vr, True, (-1, -1), cu_k, cu_k)[0].split(keys)
+        pad = call(gather(q, ends, [q_len] * batch), kr, vr, False, (-1, -1), _cumulative(pads), cu_k)[0].split(pads)
+        out = torch.cat([x for pair in zip(real, pad) for x in pair])
+        return out.view(q.shape[:3] + out.shape[2:])
+    return None
+
+
+def _cumulative(lengths):
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
 
 
 _memo = []  # [(weakref to a mask, its key, its plan)], the last two: a forward's layers share a mask, and models that
@@ -195,6 +252,6 @@ def plan(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, window_left: i
 
 def attend(q, k, v, plan, window_left, call):
     """The attention of q, k, v ([B, S, H, D]) under a mask's plan(), through call(q, k, v, causal, window,
-    cu_seqlens=None) (a flashlite.attention call with the caller's other options)."""
+    cu_seqlens_q=None, cu_seqlens_k=None) (a flashlite.attention call with the caller's other options)."""
     kind, how = plan
     return (attend_rows if kind == "rows" else attend_packed)(q, k, v, how, window_left, call)

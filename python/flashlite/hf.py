@@ -131,7 +131,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     if plan is None:
         return _fallback(module, query, key, value, attention_mask, scaling, softcap, sinks), None
 
-    def call(q, k, v, causal, window, cu_seqlens=None):
+    def call(q, k, v, causal, window, cu_seqlens_q=None, cu_seqlens_k=None):
         return _attention(q, k, v, causal=causal, scale=scaling, window=window, softcap=softcap, sink_logits=sinks,
-                          cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens)
+                          cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     return _masks.attend(q, k, v, plan, window_left, call), None

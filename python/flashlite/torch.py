@@ -109,9 +109,9 @@ def _masked(query, key, value, attn_mask, is_causal, scale, backend):
                          "others, or flashlite.attention(window=..., sink_tokens=...) for the masks it knows")
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
 
-    def call(q, k, v, causal, window, cu_seqlens=None):
+    def call(q, k, v, causal, window, cu_seqlens_q=None, cu_seqlens_k=None):
         return attention(q, k, v, causal=causal, scale=scale, window=window, backend=backend,
-                         cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens)
+                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     return _masks.attend(q, k, v, plan, -1, call).transpose(1, 2)
 
 

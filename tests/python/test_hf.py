@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 import flashlite  # noqa: E402
 import flashlite.hf as flhf  # noqa: E402
+from flashlite import _masks  # noqa: E402
 
 flhf.register()
 
@@ -381,6 +382,45 @@ def test_padding_masks_every_row(side, pads, window, sinks, calls, device):
     out, _ = flhf.attention_forward(_Module(), q, k, v, vis, scaling=0.2, sliding_window=window, s_aux=s_aux)
     assert flhf.fallbacks == fallbacks and calls[0] >= 1
     torch.testing.assert_close(out.double(), _masked_f64(q, k, v, vis, 0.2, None, s_aux), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind,window,calls_made", [("right", None, 2), ("left", None, 1), ("left", 8, 1),
+                                                     ("keys", None, 1), ("cache", None, 1), ("cache", 6, 1),
+                                                     ("right", 8, 6)])  # (rows padded past the window: 2)
+@pytest.mark.parametrize("extra", [None, "sinks", "softcap"])
+def test_padded_rows_run_as_varlen_calls(kind, window, calls_made, extra, calls, monkeypatch, device):
+    """Rows that differ (padding of four lengths, one row unpadded; a static cache's lengths; an encoder's key
+    padding) run as one variable-length call over the gathered keys, right padding as two (its real rows and its pad
+    rows), not one per row; right padding under a window keeps a call per row. Out against float64 on every row, pad
+    rows included, and on the CPU every gradient against float64's."""
+    monkeypatch.setattr(_masks, "VARLEN_MIN_QUERIES", 1)  # (the real threshold, 64 queries, makes slow tests)
+    lengths, kv_len = [21, 15, 9, 4], 21
+    q_len = 5 if kind == "cache" else kv_len
+    q, k, v = _qkv(4, q_len, kv_len, seed=11, device=device)
+    if kind == "cache":
+        vis = _prefix_causal_mask(lengths, q_len, kv_len, window, device)
+    else:
+        i, j = torch.arange(kv_len)[:, None], torch.arange(kv_len)[None, :]
+        pad = _padding(4, kv_len, [kv_len - n for n in lengths], "left" if kind == "left" else "right", "cpu").bool()
+        vis = pad[:, None, :] & ((j <= i) if kind != "keys" else True)
+        if window:
+            vis &= j > i - window
+        vis = vis[:, None].to(device)
+    opts = {"s_aux": torch.tensor([1.5, -0.5, 3.0, 0.0], device=device)} if extra == "sinks" else \
+        {"softcap": 1.5} if extra == "softcap" else {}
+    grad = device == "cpu"  # (the CUDA backward takes fp16 / bf16)
+    q, k, v = (t.requires_grad_(grad) for t in (q, k, v))
+    fallbacks = flhf.fallbacks
+    out, _ = flhf.attention_forward(_Module(), q, k, v, vis, scaling=0.2, sliding_window=window, **opts)
+    assert flhf.fallbacks == fallbacks and calls[0] == calls_made
+    want = _masked_f64(q, k, v, vis, 0.2, opts.get("softcap"), opts.get("s_aux"))
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
+    if grad:
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+        got = torch.autograd.grad((out.double() * w).sum(), (q, k, v))
+        ref = torch.autograd.grad((want * w).sum(), (q, k, v))
+        for name, a, b in zip("qkv", got, ref):
+            torch.testing.assert_close(a, b.float(), atol=1e-4, rtol=1e-4, msg=f"d{name}")
 
 
 def test_fallback_rows_without_keys_have_no_nan(device):

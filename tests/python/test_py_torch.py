@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import flashlite  # noqa: E402
 import flashlite.torch as fltorch  # noqa: E402
+from flashlite import _masks  # noqa: E402
 from pyattn_util import assert_close, assert_lse_close  # noqa: E402
 
 
@@ -208,14 +209,18 @@ def _padding_mask(kind, lengths, s):
     return mask
 
 
+@pytest.mark.parametrize("varlen", [False, True])
 @pytest.mark.parametrize("kind", ["right", "left", "keys", "additive", "all", "packed"])
-def test_sdpa_padding_masks_match_torch(kind):
+def test_sdpa_padding_masks_match_torch(kind, varlen, monkeypatch):
     """attn_mask that is padding (right or left, causal or key padding alone, boolean or additive, or every key) or
     packing (two causal sequences per row, block-diagonal) runs on flashlite and equals torch SDPA on every row,
-    gradients included."""
+    gradients included; rows that differ run one call per row, or (varlen: from 1 query instead of 64) as
+    variable-length calls."""
+    if varlen:
+        monkeypatch.setattr(_masks, "VARLEN_MIN_QUERIES", 1)
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(5, h, 13, 32, generator=g, dtype=torch.float64) for h in (4, 2, 2))
-    lengths = [13, 13, 9, 4, 4]  # neighbours alike share a call
+    lengths = [13, 13, 9, 4, 4]
     mask = torch.ones(13, 13, dtype=torch.bool) if kind == "all" else _padding_mask(kind, lengths, 13)
 
     def grads(fn):
