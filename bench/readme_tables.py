@@ -199,6 +199,17 @@ def table_bwd():
             f = r["flashlite"]["bwd_tflops"]
             cells.append(f"{f:.0f}, {f / r['flash']['bwd_tflops']:.2f}x / {f / r['cudnn']['bwd_tflops']:.2f}x")
         lines.append(f"| {dim}, {'causal' if causal else 'full'} | " + " | ".join(cells) + " |")
+    # forward + backward and the peak memory of one call, at the longest S where every peer has them
+    s = max(x for x in seqs if all("fwd_bwd_ms" in by[k][p] for k in by if k[2] == x for p in ("flashlite", "flash",
+                                                                                               "cudnn")))
+    lines += ["", f"Forward + backward at S {s}, ms, and the peak memory a call adds, MiB (flashlite / SDPA flash / "
+              "cuDNN):", "", "| D, mask | forward + backward ms | peak MiB |", "|---|---:|---:|"]
+    for dim, causal in sorted({(r["head_dim"], r["causal"]) for r in rows}):
+        r = by[(dim, causal, s)]
+        ms = " / ".join(f"{r[p]['fwd_bwd_ms']:.2f}" for p in ("flashlite", "flash", "cudnn"))
+        mib = " / ".join(f"{r[p]['peak_mib']:,.0f}" for p in ("flashlite", "flash", "cudnn"))
+        lines.append(f"| {dim}, {'causal' if causal else 'full'} | {ms} | {mib} |")
+    lines += ["", f"![backward TFLOP/s](bench/results/{rel.rsplit('.', 1)[0]}.png)"]
     return lines
 
 
