@@ -125,13 +125,23 @@ def packed(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, window_left:
 
 def attend_packed(q, k, v, bounds, window_left, call):
     """The attention of q, k, v ([B, S, H, D]) under the mask that packed() read into `bounds`: one variable-length
-    call over every row's sequences (the rows copied into one run when there are several), through
-    call(q, k, v, causal, window, cu_seqlens_q, cu_seqlens_k)."""
+    call over every row's sequences (the rows copied into one run when there are several; one call per row under CUDA
+    graph capture), through call(q, k, v, causal, window, cu_seqlens_q, cu_seqlens_k)."""
     batch, seq = q.shape[:2]
+    if batch > 1 and _capturing(q):
+        return torch.cat([call(*qkv, True, (window_left, -1), cu, cu)
+                          for *qkv, cu in zip(q.split(1), k.split(1), v.split(1), bounds)])
     cu = [b * seq + x for b, row in enumerate(bounds) for x in row[:-1]] + [batch * seq]
     run = lambda t: t.reshape((1, batch * seq) + tuple(t.shape[2:]))  # noqa: E731  (a view for one row)
     out = call(run(q), run(k), run(v), True, (window_left, -1), cu, cu)
     return out.view(q.shape[:3] + out.shape[3:])
+
+
+def _capturing(t):
+    """Whether t's stream is being captured into a CUDA graph. Variable-length calls copy their offsets from the host
+    (the backward always, the forward past 128 sequences), which a graph cannot capture, so there the batch keeps one
+    call per row, as before it was merged."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def attend_rows(q, k, v, rows, window_left, call):
@@ -193,7 +203,7 @@ def _varlen_rows(q, k, v, rows, window_left, call):
       all of it: one causal call over the real rows and one over the pad rows, both gathered; their outputs
       interleaved back."""
     batch, q_len = q.shape[:2]
-    if q_len < VARLEN_MIN_QUERIES or any(r is None for r in rows):
+    if q_len < VARLEN_MIN_QUERIES or any(r is None for r in rows) or _capturing(q):
         return None
     starts, ends, rights = zip(*rows)
     keys = [e - s for s, e in zip(starts, ends)]

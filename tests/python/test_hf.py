@@ -384,6 +384,28 @@ def test_padding_masks_every_row(side, pads, window, sinks, calls, device):
     torch.testing.assert_close(out.double(), _masked_f64(q, k, v, vis, 0.2, None, s_aux), atol=2e-5, rtol=1e-4)
 
 
+def test_padded_and_packed_rows_keep_a_call_per_row_under_capture(calls, monkeypatch, device):
+    """Under CUDA graph capture (faked here) rows that differ, and packed rows, run one call per row, as graphs can
+    capture them (variable-length calls copy their offsets from the host), with the same result."""
+    monkeypatch.setattr(_masks, "VARLEN_MIN_QUERIES", 1)
+    q, k, v = _qkv(3, 13, 13, seed=4, device=device)
+    i, j = torch.arange(13)[:, None], torch.arange(13)[None, :]
+    pad = _padding(3, 13, [0, 4, 9], "right", "cpu").bool()
+    seq = torch.tensor([[0] * 13, [0] * 5 + [1] * 8, [0] * 9 + [1] * 4])  # packed: sequences per row
+    masks = {"padded": (pad[:, None, :] & (j <= i))[:, None],
+             "packed": ((j <= i) & (seq[:, :, None] == seq[:, None, :]))[:, None]}
+    for name, vis in masks.items():
+        vis = vis.to(device)
+        outs = []
+        for capturing in (False, True):
+            monkeypatch.setattr(_masks, "_capturing", lambda t: capturing)
+            calls[0] = 0
+            outs.append(flhf.attention_forward(_Module(), q, k, v, vis, scaling=0.2)[0])
+            assert calls[0] == (3 if capturing else 1 if name == "packed" else 2), (name, capturing)
+        torch.testing.assert_close(outs[1], outs[0], atol=2e-6, rtol=1e-5, msg=name)
+        torch.testing.assert_close(outs[1].double(), _masked_f64(q, k, v, vis, 0.2), atol=2e-5, rtol=1e-4, msg=name)
+
+
 @pytest.mark.parametrize("kind,window,calls_made", [("right", None, 2), ("left", None, 1), ("left", 8, 1),
                                                      ("keys", None, 1), ("cache", None, 1), ("cache", 6, 1),
                                                      ("right", 8, 6)])  # (rows padded past the window: 2)
