@@ -10,7 +10,8 @@ same batches, in one process:
           attention_mask, so transformers builds a block-diagonal causal mask from them).
 
 Per batch kind: a training step (forward + backward of the loss) and a forward alone (no_grad), median ms of --repeats
-after a warm-up, and whether the hook ran flashlite on every layer (flashlite.hf.fallbacks unchanged).
+after a warm-up, the memory a training step adds at its peak (CUDA), and whether the hook ran flashlite on every
+layer (flashlite.hf.fallbacks unchanged).
 
   PYTHONPATH=<flashlite install> python3 bench/hf_batches.py --out bench/results/h100/hf_batches.json
   python3 bench/hf_batches.py --tiny --device cpu   (a smoke run)
@@ -92,6 +93,14 @@ def measure(model, impl, kwargs, repeats, device):
             model(**kwargs, use_cache=False)
 
     res = {"train_step_ms": timed(train_step, repeats, device), "forward_ms": timed(forward, repeats, device)}
+    if device == "cuda":  # the memory a training step adds over the model and its gradients
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        train_step()
+        torch.cuda.synchronize()
+        res["train_step_peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
     if impl == flashlite.hf.NAME:
         res["fallback_calls"] = flashlite.hf.fallbacks - fallbacks
     return res
