@@ -90,9 +90,10 @@ def measure(model, impl, kwargs, repeats, device):
 
     def forward():
         with torch.no_grad():
-            model(**kwargs, use_cache=False)
+            return model(**kwargs, use_cache=False).loss.item()
 
-    res = {"train_step_ms": timed(train_step, repeats, device), "forward_ms": timed(forward, repeats, device)}
+    res = {"loss": forward(), "train_step_ms": timed(train_step, repeats, device),
+           "forward_ms": timed(forward, repeats, device)}
     if device == "cuda":  # the memory a training step adds over the model and its gradients
         model.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
@@ -106,7 +107,7 @@ def measure(model, impl, kwargs, repeats, device):
     return res
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -116,7 +117,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="a width-256 model (CPU smoke run)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     flashlite.hf.register()
     model = build_model(args.layers, args.tiny, args.device, args.seed).train()
@@ -139,6 +140,7 @@ def main():
         out = pathlib.Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
 
 
 if __name__ == "__main__":

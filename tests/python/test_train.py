@@ -42,3 +42,16 @@ def test_short_mixed_precision_run_matches_reference():
     for step, (a, b) in enumerate(zip(flite, ref)):
         assert abs(a - b) <= 2e-2 * b, f"step {step}: loss {a} on flite, {b} on {r['reference']}"
     assert flite[-1] < flite[0] - 0.2, f"the loss did not go down: {flite}"
+
+
+def test_hf_batches_bench_runs_flashlite_on_each_batch_kind():
+    """bench/hf_batches.py, tiny and on the CPU: the unpadded, right-padded and packed batches run flashlite on every
+    layer (no fallback), with the same loss as sdpa (float32)."""
+    spec = importlib.util.spec_from_file_location("flashlite_bench_hf_batches", ROOT / "bench" / "hf_batches.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--tiny", "--device", "cpu", "--batch", "3", "--seq", "96", "--layers", "2", "--repeats", "1"])
+    assert [r["kind"] for r in out["rows"]] == ["full", "padded", "packed"]
+    for r in out["rows"]:
+        assert r["flite"]["fallback_calls"] == 0, r["kind"]
+        assert abs(r["flite"]["loss"] - r["sdpa"]["loss"]) <= 1e-4 * r["sdpa"]["loss"], r
