@@ -5,6 +5,7 @@ masks of packed training batches), which run as one variable-length call. Used b
 drop-in."""
 from __future__ import annotations
 
+import itertools
 import weakref
 
 import torch
@@ -132,9 +133,17 @@ def attend_packed(q, k, v, bounds, window_left, call):
         return torch.cat([call(*qkv, True, (window_left, -1), cu, cu)
                           for *qkv, cu in zip(q.split(1), k.split(1), v.split(1), bounds)])
     cu = [b * seq + x for b, row in enumerate(bounds) for x in row[:-1]] + [batch * seq]
-    run = lambda t: t.reshape((1, batch * seq) + tuple(t.shape[2:]))  # noqa: E731  (a view for one row)
-    out = call(run(q), run(k), run(v), True, (window_left, -1), cu, cu)
-    return out.view(q.shape[:3] + out.shape[3:])
+    return _as_batch(call(_one_run(q), _one_run(k), _one_run(v), True, (window_left, -1), cu, cu), q)
+
+
+def _one_run(t):
+    """[B, S, ...] as the one run [1, B * S, ...] of a variable-length call (a view for one row, else a copy)."""
+    return t.reshape((1, t.shape[0] * t.shape[1]) + tuple(t.shape[2:]))
+
+
+def _as_batch(out, q):
+    """A variable-length call's output over all of q's rows in order, back in q's [B, S, H, D] shape (a view)."""
+    return out.view(q.shape[:3] + out.shape[-1:])
 
 
 def _capturing(t):
@@ -206,30 +215,27 @@ def _varlen_rows(q, k, v, rows, window_left, call):
     if q_len < VARLEN_MIN_QUERIES or any(r is None for r in rows) or _capturing(q):
         return None
     starts, ends, rights = zip(*rows)
+    right = rights[0]
+    same_right = all(r == right for r in rights) and (window_left < 0 or right <= window_left)
+    right_padded = window_left < 0 and q_len == k.shape[1] and all(s == 0 and r == q_len - e for s, e, r in rows)
+    if not (same_right or right_padded):
+        return None
     keys = [e - s for s, e in zip(starts, ends)]
     cu_k = _cumulative(keys)
     gather = lambda t, lo, hi: torch.cat([x[a:b] for x, a, b in zip(t.unbind(0), lo, hi)])[None]  # noqa: E731
     kr, vr = gather(k, starts, ends), gather(v, starts, ends)
-    right = rights[0]
-    if all(r == right for r in rights) and (window_left < 0 or right <= window_left):
+    if same_right:
         window = (window_left - right if window_left >= 0 else -1, right if right else -1)
-        out = call(q.reshape((1, batch * q_len) + tuple(q.shape[2:])), kr, vr, not right, window,
-                   _cumulative([q_len] * batch), cu_k)
-        return out.view(q.shape[:3] + out.shape[3:])
-    if window_left < 0 and q_len == k.shape[1] and all(s == 0 and r == q_len - e for s, e, r in rows):
-        pads = [q_len - e for e in ends]
-        real = call(gather(q, [0] * batch, ends), kr, vr, True, (-1, -1), cu_k, cu_k)[0].split(keys)
-        pad = call(gather(q, ends, [q_len] * batch), kr, vr, False, (-1, -1), _cumulative(pads), cu_k)[0].split(pads)
-        out = torch.cat([x for pair in zip(real, pad) for x in pair])
-        return out.view(q.shape[:3] + out.shape[2:])
-    return None
+        return _as_batch(call(_one_run(q), kr, vr, not right, window, _cumulative([q_len] * batch), cu_k), q)
+    pads = [q_len - e for e in ends]
+    real = call(gather(q, [0] * batch, ends), kr, vr, True, (-1, -1), cu_k, cu_k)[0].split(keys)
+    pad = call(gather(q, ends, [q_len] * batch), kr, vr, False, (-1, -1), _cumulative(pads), cu_k)[0].split(pads)
+    return _as_batch(torch.cat([x for pair in zip(real, pad) for x in pair]), q)
 
 
 def _cumulative(lengths):
-    out = [0]
-    for n in lengths:
-        out.append(out[-1] + n)
-    return out
+    """cu_seqlens of these lengths: [0, l0, l0 + l1, ...]."""
+    return list(itertools.accumulate(lengths, initial=0))
 
 
 _memo = []  # [(weakref to a mask, its key, its plan)], the last two: a forward's layers share a mask, and models that

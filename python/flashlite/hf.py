@@ -20,12 +20,13 @@ prefill into an empty StaticCache, the keys past the queries are slots not yet w
 (boolean, or additive 0 / -inf) is accepted when each batch row's valid keys are one run and each query sees those up
 to its causal position (optionally within the sliding window) or all of them: the masks transformers builds for a
 StaticCache's unwritten tail, for left padding (batched generation), right padding (training batches) and an encoder's
-key padding. K/V are sliced to the run; neighbouring rows with the same run share a call. A row that packs several
-causal sequences (the block-diagonal mask transformers builds for a packed training batch from position_ids) runs as
-one variable-length call. Reading the mask costs one host sync per forward (the result is kept for the other layers,
-which receive the same mask tensor). Any other mask (a custom pattern, a real bias) runs torch's SDPA with the mask
-instead -- or, for softcap and sinks, which SDPA lacks, the attention written out as transformers' eager does -- and
-`fallbacks` counts those calls; register(strict=True) raises ValueError instead.
+key padding. Rows alike run as one call with K/V sliced to the run; rows that differ (from 64 queries a row) as
+variable-length calls over their gathered keys, else one call per stretch of rows alike. Rows that pack several causal
+sequences (the block-diagonal mask transformers builds for a packed training batch from position_ids) run as one
+variable-length call (flashlite/_masks.py). Reading the mask costs one host sync per forward (the result is kept for
+the other layers, which receive the same mask tensor). Any other mask (a custom pattern, a real bias) runs torch's
+SDPA with the mask instead -- or, for softcap and sinks, which SDPA lacks, the attention written out as transformers'
+eager does -- and `fallbacks` counts those calls; register(strict=True) raises ValueError instead.
 """
 from __future__ import annotations
 

@@ -28,10 +28,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     Supported: 4-D inputs, is_causal (top-left aligned, as SDPA: query i sees keys j <= i), scale, enable_gqa, and an
     attn_mask (boolean, or additive 0 / -inf; broadcast as SDPA's) that is padding -- each batch row's visible keys one
-    run, seen by every query or up to its causal position: the padding masks of batches of different lengths, which
-    run one flashlite call per stretch of rows alike -- or packing (causal sequences packed in a row, block-diagonal:
-    one variable-length call per row). Reading the mask syncs with the host, so torch.compile(fullgraph=True) cannot
-    trace a masked call (it breaks the graph there). Not supported (ValueError): other masks and biases
+    run, seen by every query or up to its causal position: the padding masks of batches of different lengths -- or
+    packing (causal sequences packed in a row, block-diagonal); both run as the HF hook runs them (flashlite/_masks.py:
+    rows alike in one call, rows that differ and packed rows as variable-length calls). Reading the mask syncs with
+    the host, so torch.compile(fullgraph=True) cannot trace a masked call (it breaks the graph there). Not supported
+    (ValueError): other masks and biases
     (flashlite.attention's window / sink options give the masks it knows), dropout_p > 0, is_causal with fewer
     queries than keys (SDPA's top-left alignment hides keys past the query index, which flashlite's bottom-right
     causal mask cannot express; flashlite.attention(causal=True) gives bottom-right).
