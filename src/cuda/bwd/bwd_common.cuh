@@ -142,6 +142,25 @@ __device__ __forceinline__ void grads_tile(uint32_t (&dsk)[NB][2], const RowTerm
   full ? grads_tile_as<T, NB, false>(dsk, rt, x, dp) : grads_tile_as<T, NB, true>(dsk, rt, x, dp);
 }
 
+// The visibility of keys key0 and key0 + 8 to the two q columns col, col + 1 of a transposed tile, from the columns'
+// visible intervals (lo, hi, sink end) at `it` (BM ints each): vis[r] = {column col, column col + 1} for key0 + 8 r.
+template <int BM, bool MASKED>
+struct ColumnVisibility {
+  bool vis[2][2] = {{true, true}, {true, true}};
+  __device__ __forceinline__ ColumnVisibility(const int* it, int col, int key0) {
+    if constexpr (MASKED) {
+      const int2 lo = *reinterpret_cast<const int2*>(it + col);
+      const int2 hi = *reinterpret_cast<const int2*>(it + BM + col);
+      const int2 se = *reinterpret_cast<const int2*>(it + 2 * BM + col);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        vis[r][0] = key_visible(key0 + 8 * r, lo.x, hi.x, se.x);
+        vis[r][1] = key_visible(key0 + 8 * r, lo.y, hi.y, se.y);
+      }
+    }
+  }
+};
+
 // Transposed tile (dK / dV kernels; key rows key0, key0 + 8; block nb's q columns nb * 8 + t2 + {0, 1}, whose terms
 // lie at `terms` as both dK / dV kernels keep them in shared memory: BM floats each of L log2e and D, then BM ints
 // each of the visible interval's lo and hi and the sink end), first pass: P^T packed as A fragments, x becomes
@@ -154,19 +173,11 @@ __device__ __forceinline__ void probs_transposed_tile_as(uint32_t (&pk)[NB][2], 
   for (int nb = 0; nb < NB; ++nb) {
     const int col = nb * 8 + t2;
     const float2 l2 = *reinterpret_cast<const float2*>(terms + col);
-    int2 lo{}, hi{}, se{};
-    if constexpr (MASKED) {
-      lo = *reinterpret_cast<const int2*>(it + col);
-      hi = *reinterpret_cast<const int2*>(it + BM + col);
-      se = *reinterpret_cast<const int2*>(it + 2 * BM + col);
-    }
+    const ColumnVisibility<BM, MASKED> cv(it, col, key0);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int key = key0 + 8 * r;
-      const bool v0 = !MASKED || key_visible(key, lo.x, hi.x, se.x);
-      const bool v1 = !MASKED || key_visible(key, lo.y, hi.y, se.y);
-      const float p0 = prob_in_place<SOFTCAP>(p, x[nb * 4 + 2 * r], l2.x, v0);
-      const float p1 = prob_in_place<SOFTCAP>(p, x[nb * 4 + 2 * r + 1], l2.y, v1);
+      const float p0 = prob_in_place<SOFTCAP>(p, x[nb * 4 + 2 * r], l2.x, cv.vis[r][0]);
+      const float p1 = prob_in_place<SOFTCAP>(p, x[nb * 4 + 2 * r + 1], l2.y, cv.vis[r][1]);
       pk[nb][r] = cuda_fwd::pack2<T>(p0, p1);
     }
   }
@@ -201,6 +212,72 @@ __device__ __forceinline__ void grads_transposed_tile(uint32_t (&dsk)[NB][2], co
                                                       const float* x, const float* dp) {
   full ? grads_transposed_tile_as<T, BM, NB, false>(dsk, terms, t2, x, dp)
        : grads_transposed_tile_as<T, BM, NB, true>(dsk, terms, t2, x, dp);
+}
+
+// Row-major, both passes at once, element by element: dS packed as the A fragment, a thread's S and dP registers
+// spent as it fills.
+template <class T, int NB, bool SOFTCAP, bool MASKED>
+__device__ __forceinline__ void probs_grads_tile_as(uint32_t (&dsk)[NB][2], const BwdParams& p, const RowTerms rt[2],
+                                                    int key0, float* x, const float* dp) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = nb * 4 + 2 * r;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool vis = !MASKED || key_visible(key0 + nb * 8 + e, rt[r].lo, rt[r].hi, rt[r].se);
+        prob_in_place<SOFTCAP>(p, x[i + e], rt[r].l2, vis);
+      }
+      dsk[nb][r] = cuda_fwd::pack2<T>(grad_of<MASKED>(x[i], dp[i], rt[r].d), grad_of<MASKED>(x[i + 1], dp[i + 1], rt[r].d));
+    }
+}
+template <class T, int NB>
+__device__ __forceinline__ void probs_grads_tile(uint32_t (&dsk)[NB][2], const BwdParams& p, const RowTerms rt[2],
+                                                 int key0, bool full, float* x, const float* dp) {
+  if (p.softcap > 0.f) {
+    full ? probs_grads_tile_as<T, NB, true, false>(dsk, p, rt, key0, x, dp)
+         : probs_grads_tile_as<T, NB, true, true>(dsk, p, rt, key0, x, dp);
+  } else {
+    full ? probs_grads_tile_as<T, NB, false, false>(dsk, p, rt, key0, x, dp)
+         : probs_grads_tile_as<T, NB, false, true>(dsk, p, rt, key0, x, dp);
+  }
+}
+
+// Both passes at once, element by element (P^T and dS^T packed as A fragments): a thread's S^T and dP^T registers are
+// spent as the fragments fill, for tiles whose two accumulators and both fragments would not fit side by side.
+template <class T, int BM, int NB, bool SOFTCAP, bool MASKED>
+__device__ __forceinline__ void probs_grads_transposed_tile_as(uint32_t (&pk)[NB][2], uint32_t (&dsk)[NB][2],
+                                                               const BwdParams& p, const float* terms, int key0,
+                                                               int t2, float* x, const float* dp) {
+  const int* it = reinterpret_cast<const int*>(terms + 2 * BM);
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+    const int col = nb * 8 + t2;
+    const float2 l2 = *reinterpret_cast<const float2*>(terms + col);
+    const float2 d = *reinterpret_cast<const float2*>(terms + BM + col);
+    const ColumnVisibility<BM, MASKED> cv(it, col, key0);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = nb * 4 + 2 * r;
+      const float p0 = prob_in_place<SOFTCAP>(p, x[i], l2.x, cv.vis[r][0]);
+      const float p1 = prob_in_place<SOFTCAP>(p, x[i + 1], l2.y, cv.vis[r][1]);
+      pk[nb][r] = cuda_fwd::pack2<T>(p0, p1);
+      dsk[nb][r] = cuda_fwd::pack2<T>(grad_of<MASKED>(x[i], dp[i], d.x), grad_of<MASKED>(x[i + 1], dp[i + 1], d.y));
+    }
+  }
+}
+template <class T, int BM, int NB>
+__device__ __forceinline__ void probs_grads_transposed_tile(uint32_t (&pk)[NB][2], uint32_t (&dsk)[NB][2],
+                                                            const BwdParams& p, const float* terms, int key0, int t2,
+                                                            bool full, float* x, const float* dp) {
+  if (p.softcap > 0.f) {
+    full ? probs_grads_transposed_tile_as<T, BM, NB, true, false>(pk, dsk, p, terms, key0, t2, x, dp)
+         : probs_grads_transposed_tile_as<T, BM, NB, true, true>(pk, dsk, p, terms, key0, t2, x, dp);
+  } else {
+    full ? probs_grads_transposed_tile_as<T, BM, NB, false, false>(pk, dsk, p, terms, key0, t2, x, dp)
+         : probs_grads_transposed_tile_as<T, BM, NB, false, true>(pk, dsk, p, terms, key0, t2, x, dp);
+  }
 }
 
 }  // namespace flashlite::cuda_bwd

@@ -54,6 +54,7 @@ using cuda_fwd_hopper::wgmma_commit;
 using cuda_fwd_hopper::wgmma_fence;
 using cuda_fwd_hopper::wgmma_rs_n128;
 using cuda_fwd_hopper::wgmma_rs_n64;
+using cuda_fwd_hopper::wgmma_ss_n128;
 using cuda_fwd_hopper::wgmma_ss_n64;
 using cuda_fwd_hopper::wgmma_wait;
 
@@ -70,7 +71,7 @@ struct BwdHopperTile {
   static constexpr int D = D_, DB = D / 64, THREADS = 384, STAGES = 3;
   static constexpr int BOX = 64;  // rows of one TMA box (the tensor maps'), 64 columns (one 128-byte swizzle row)
   // dK/dV kernel: BN keys per CTA, q blocks of BM rows. Tiles are DB blocks of 64 columns, each `rows` x 128 bytes.
-  static constexpr int BN = 128, BM = 64;
+  static constexpr int BN = 128, BM = D == 64 ? 128 : 64;
   static constexpr uint32_t KV_BLOCK = BN * 128, KV_BYTES = DB * KV_BLOCK;  // K or V: one 64-column block, all
   static constexpr uint32_t QM_BLOCK = BM * 128, QM_BYTES = DB * QM_BLOCK;  // Q or dO of one q block
   static constexpr uint32_t ROW_BYTES = 5 * BM * 4;  // per q row: L log2e, D, then lo, hi, sink end (ints)
@@ -83,7 +84,7 @@ struct BwdHopperTile {
   static constexpr uint32_t KV_OFF_BAR = KV_OFF_ROWS + ROW_SLOTS * ROW_BYTES;
   static constexpr uint32_t DKDV_SMEM = KV_OFF_BAR + BAR_BYTES + 1024;  // and slack to align the base to 1024
   // dQ kernel: BR query rows per CTA, key tiles of BC keys.
-  static constexpr int BR = 128, BC = 64;
+  static constexpr int BR = 128, BC = D == 64 ? 128 : 64;
   static constexpr uint32_t QR_BLOCK = BR * 128, QR_BYTES = DB * QR_BLOCK;  // Q or dO of the CTA's rows
   static constexpr uint32_t KC_BLOCK = BC * 128, KC_BYTES = DB * KC_BLOCK;  // K or V of one key tile
   static constexpr uint32_t Q_OFF_O = QR_BYTES;
@@ -130,8 +131,8 @@ __device__ __forceinline__ void load_pair(uint32_t bar, uint32_t a, const CUtens
 
 // acc (+)= A B^T over head_dim for this warpgroup's 64 rows of A: A and B K-major tiles (DB blocks of a_block /
 // b_block bytes), issued (not committed). The score products: S^T = K Q^T, dP^T = V dO^T, S = Q K^T, dP = dO V^T.
-template <class T, int D>
-__device__ __forceinline__ void issue_scores(float (&acc)[32], uint32_t a, uint32_t a_block, uint32_t b,
+template <class T, int D, int N = 64>
+__device__ __forceinline__ void issue_scores(float (&acc)[N / 2], uint32_t a, uint32_t a_block, uint32_t b,
                                              uint32_t b_block) {
   // The descriptors of the k steps differ only in their address field (bits 0-13, the address / 16): offsets are
   // added to the first one (no carry: shared memory ends below 2^18 bytes), not rebuilt per step.
@@ -139,8 +140,13 @@ __device__ __forceinline__ void issue_scores(float (&acc)[32], uint32_t a, uint3
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t col = uint32_t(kk % 4) * 32u;  // 16 columns = 32 bytes into the 128-byte row
-    wgmma_ss_n64(acc, da + ((uint32_t(kk / 4) * a_block + col) >> 4), db + ((uint32_t(kk / 4) * b_block + col) >> 4),
-                 kk > 0 ? 1 : 0, T{});
+    const uint64_t a_desc = da + ((uint32_t(kk / 4) * a_block + col) >> 4);
+    const uint64_t b_desc = db + ((uint32_t(kk / 4) * b_block + col) >> 4);
+    if constexpr (N == 128) {
+      wgmma_ss_n128(acc, a_desc, b_desc, kk > 0 ? 1 : 0, T{});
+    } else {
+      wgmma_ss_n64(acc, a_desc, b_desc, kk > 0 ? 1 : 0, T{});
+    }
   }
 }
 
@@ -355,7 +361,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
 
     // Varlen, except the last sequence (past the map's end TMA zero-fills): q blocks crossing the sequence's end.
     const bool q_tails = p.cu_q != nullptr && b + 1 < p.batch;
-    float sct[32], dpt[32];  // S^T and dP^T: this warp's 16 keys x the block's 64 q rows
+    float sct[BM / 2], dpt[BM / 2];  // S^T and dP^T: this warp's 16 keys x the block's BM q rows
     uint32_t pk[NB][2], dsk[NB][2];  // P^T and dS^T packed to 16 bits as A fragments (rows: keys; columns: q rows)
 
     // Per item n, overlapped within the warpgroup: S^T and dP^T are issued as two commit groups (they complete in
@@ -383,27 +389,38 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
       const float* terms = rows(cw, n & 1);
 
       wgmma_fence();
-      issue_scores<T, D>(sct, k_wg, Cfg::KV_BLOCK, sQ(st), Cfg::QM_BLOCK);
+      issue_scores<T, D, BM>(sct, k_wg, Cfg::KV_BLOCK, sQ(st), Cfg::QM_BLOCK);
       wgmma_commit();
-      issue_scores<T, D>(dpt, v_wg, Cfg::KV_BLOCK, sO(st), Cfg::QM_BLOCK);
+      issue_scores<T, D, BM>(dpt, v_wg, Cfg::KV_BLOCK, sO(st), Cfg::QM_BLOCK);
       wgmma_commit();
       if (n + 1 < items) write_rows(n + 1, raw_next, (n + 1) & 1);  // while the products run
       raw_next = load_raw(n + 2);
 
-      wgmma_wait<1>();  // S^T
-      pin_regs(sct);
       const bool full = i1 - i0 == BM && j1 - j0 == BN && tile_fully_visible(p.mask, i0, i1, j0, j1, s.sq, s.sk);
-      cuda_bwd::probs_transposed_tile<T, BM, NB>(pk, p, terms, j0 + kw + g, 2 * t, full, sct);
-      wgmma_fence();
-      issue_frag_product<T, D, BM>(dv, pk, sO(st), Cfg::QM_BLOCK);  // dV += P^T dO
-      wgmma_commit();
+      if constexpr (BM == 64) {
+        wgmma_wait<1>();  // S^T
+        pin_regs(sct);
+        cuda_bwd::probs_transposed_tile<T, BM, NB>(pk, p, terms, j0 + kw + g, 2 * t, full, sct);
+        wgmma_fence();
+        issue_frag_product<T, D, BM>(dv, pk, sO(st), Cfg::QM_BLOCK);  // dV += P^T dO
+        wgmma_commit();
 
-      wgmma_wait<1>();  // dP^T
-      pin_regs(dpt);
-      cuda_bwd::grads_transposed_tile<T, BM, NB>(dsk, terms, 2 * t, full, sct, dpt);
-      wgmma_fence();
-      issue_frag_product<T, D, BM>(dk, dsk, sQ(st), Cfg::QM_BLOCK);  // dK += dS^T Q
-      wgmma_commit();
+        wgmma_wait<1>();  // dP^T
+        pin_regs(dpt);
+        cuda_bwd::grads_transposed_tile<T, BM, NB>(dsk, terms, 2 * t, full, sct, dpt);
+        wgmma_fence();
+        issue_frag_product<T, D, BM>(dk, dsk, sQ(st), Cfg::QM_BLOCK);  // dK += dS^T Q
+        wgmma_commit();
+      } else {  // 128 q rows: S^T and dP^T (64 registers each) are spent before dV and dK run, as 240 registers hold
+        wgmma_wait<0>();
+        pin_regs(sct);
+        pin_regs(dpt);
+        cuda_bwd::probs_grads_transposed_tile<T, BM, NB>(pk, dsk, p, terms, j0 + kw + g, 2 * t, full, sct, dpt);
+        wgmma_fence();
+        issue_frag_product<T, D, BM>(dv, pk, sO(st), Cfg::QM_BLOCK);  // dV += P^T dO
+        issue_frag_product<T, D, BM>(dk, dsk, sQ(st), Cfg::QM_BLOCK);  // dK += dS^T Q
+        wgmma_commit();
+      }
       wgmma_wait<0>();
       pin_regs(dv);
       pin_regs(dk);
@@ -462,6 +479,10 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
         const int st = bars.claim(n);
         load_pair<DB, BC>(bars.full(st), sK(st), &hp.tk, sV(st), &hp.tv, krow, kvh, tb);
       }
+      // The last tiles' releases (idle time): a consumer stuck on one of them traps here instead of hanging.
+      for (int k = ktl.count > STAGES ? ktl.count - STAGES : 0; k < ktl.count; ++k) {
+        cuda::mbar_wait_or_trap(bars.empty(k % STAGES), uint32_t((k / STAGES) & 1));
+      }
     });
   } else {
     // ---------------------------------------------------------------- consumer warpgroups
@@ -484,7 +505,7 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
 
-    float sc[32], dp[32];  // S and dP: this warp's 16 rows x the tile's 64 keys
+    float sc[BC / 2], dp[BC / 2];  // S and dP: this warp's 16 rows x the tile's BC keys
     uint32_t dsk[NB][2];   // dS packed to 16 bits as the A fragment (rows: this warp's q rows; columns: keys)
 
     // Per key tile, overlapped within the warpgroup: S and dP are issued as two commit groups (they complete in
@@ -495,23 +516,33 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
     for (int n = 0; n < ktl.count; ++n) {
       const int st = n % STAGES;
       const int j0 = ktl.tile(n) * BC, j1 = min(j0 + BC, s.sk);
-      cuda::mbar_wait_or_trap(bars.full(st), uint32_t((n / STAGES) & 1));
+      // (the plain wait, as in the dK / dV kernel: the trapping one's exit path, which the producer shares, keeps
+      // ptxas from giving this loop the consumers' 240 registers at 128 keys; a hang here still traps in the
+      // producer, which waits for every tile's release)
+      cuda_fwd_hopper::mbar_wait(bars.full(st), uint32_t((n / STAGES) & 1));
       if (__builtin_expect(ktl.tile(n) == k_tail, 0)) {  // both warpgroups visit the same tiles: both reach the barrier
         zero_tail<DB, BC>(sK(st), s.sk - j0, ct);
         named_sync(1, 256);
       }
       wgmma_fence();
-      issue_scores<T, D>(sc, q_wg, Cfg::QR_BLOCK, sK(st), Cfg::KC_BLOCK);
+      issue_scores<T, D, BC>(sc, q_wg, Cfg::QR_BLOCK, sK(st), Cfg::KC_BLOCK);
       wgmma_commit();
-      issue_scores<T, D>(dp, o_wg, Cfg::QR_BLOCK, sV(st), Cfg::KC_BLOCK);
+      issue_scores<T, D, BC>(dp, o_wg, Cfg::QR_BLOCK, sV(st), Cfg::KC_BLOCK);
       wgmma_commit();
-      wgmma_wait<1>();  // S
-      pin_regs(sc);
       const bool full = wr1 - wr0 == 16 && j1 - j0 == BC && tile_fully_visible(p.mask, wr0, wr1, j0, j1, s.sq, s.sk);
-      cuda_bwd::probs_tile<NB>(p, rt, j0 + 2 * t, full, sc);
-      wgmma_wait<0>();  // dP
-      pin_regs(dp);
-      cuda_bwd::grads_tile<T, NB>(dsk, rt, full, sc, dp);
+      if constexpr (BC == 64) {
+        wgmma_wait<1>();  // S
+        pin_regs(sc);
+        cuda_bwd::probs_tile<NB>(p, rt, j0 + 2 * t, full, sc);
+        wgmma_wait<0>();  // dP
+        pin_regs(dp);
+        cuda_bwd::grads_tile<T, NB>(dsk, rt, full, sc, dp);
+      } else {  // 128 keys: S and dP (64 registers each) are spent as dS fills, after both have landed
+        wgmma_wait<0>();
+        pin_regs(sc);
+        pin_regs(dp);
+        cuda_bwd::probs_grads_tile<T, NB>(dsk, p, rt, j0 + 2 * t, full, sc, dp);
+      }
       wgmma_fence();
       issue_frag_product<T, D, BC>(dq, dsk, sK(st), Cfg::KC_BLOCK);  // dQ += dS K
       wgmma_commit();

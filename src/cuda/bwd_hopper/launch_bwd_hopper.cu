@@ -24,7 +24,8 @@ void launch_bwd_hopper(const BackwardProblem& bp, const cuda_bwd::BwdParams& b, 
   constexpr int box = BwdHopperTile<64>::BOX;
   HopperBwdParams hp;
   hp.b = b;
-  hp.b.sink_block_first = sink_block_leads(p.mask, p.seq_q, p.seq_k, BwdHopperTile<64>::BM, kKeysPerBlock);
+  const int q_block = p.head_dim == 64 ? BwdHopperTile<64>::BM : BwdHopperTile<128>::BM;  // dK/dV items' q rows
+  hp.b.sink_block_first = sink_block_leads(p.mask, p.seq_q, p.seq_k, q_block, kKeysPerBlock);
   hp.key_blocks = int((p.seq_k + kKeysPerBlock - 1) / kKeysPerBlock);
   hp.row_blocks = int((p.seq_q + kRowsPerBlock - 1) / kRowsPerBlock);
   // The kernels zero the next varlen sequence's rows in tiles that cross a sequence's end (map_rows).
