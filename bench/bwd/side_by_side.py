@@ -3,7 +3,9 @@ FLASH_ATTENTION and CUDNN_ATTENTION backends and FlexAttention (window + sink to
 tensors: bf16, batch*seq = 16384 tokens, heads*head_dim = 2048, GQA off.
 
 Each backend runs its forward once with autograd, then its backward alone is timed with CUDA events:
-torch.autograd.grad(out, (q, k, v), dout, retain_graph=True). Backends are interleaved in rounds (--rounds, --reps
+torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), queued behind a 2 ms GPU sleep so that the time is the
+GPU's, not the host's launch latency (autograd's own host time grows to ~0.6 ms a call at S 16k, for every
+backend alike, which a training step hides behind the previous layer's work). Backends are interleaved in rounds (--rounds, --reps
 calls each); the result is the median over all calls. Useful FLOPs: 2.5 x the forward's 4 * B * H * Sq * Sk * D,
 halved for causal, window counted by its visible pairs. Gradients are compared with SDPA flash's before timing.
 Also the forward + backward time and the peak memory of one forward + backward per backend. With --lib (the
@@ -30,6 +32,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # bench/
 from tree_commit import tree_commit  # noqa: E402
+
+
+GPU_CYCLES_PER_US = 1980  # the H100's boost clock; the sleep need only outlast the host's queueing
 
 
 def sdpa(backend, causal):
@@ -60,13 +65,20 @@ def flex(window, sink_tokens):
     return fwd
 
 
+def start_event():
+    """A recorded CUDA event behind a 2 ms GPU sleep: the host queues the timed call while the GPU sleeps."""
+    torch.cuda._sleep(2000 * GPU_CYCLES_PER_US)  # 2 ms
+    a = torch.cuda.Event(enable_timing=True)
+    a.record()
+    return a
+
+
 def time_backward(fn, q, k, v, dout, reps):
     out = fn(q, k, v)
     grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # warm-up (and compile)
     times = []
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
+        a, b = start_event(), torch.cuda.Event(enable_timing=True)
         torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
         b.record()
         b.synchronize()
@@ -102,8 +114,7 @@ def capi_backward(lib, kernel, causal, window, sink_tokens):
         call()  # warm-up
         times = []
         for _ in range(reps):
-            a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
+            a, e = start_event(), torch.cuda.Event(enable_timing=True)
             call()
             e.record()
             e.synchronize()
