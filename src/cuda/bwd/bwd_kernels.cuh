@@ -2,8 +2,8 @@
 // The CUDA backward on tensor cores (FlashAttention-2's backward), fp16 / bf16, sm_80 and newer (mma.sync m16n8k16,
 // fp32 accumulation). Four steps on one stream, no atomics anywhere, so every run gives the same bits:
 //
-//   bwd_delta_kernel  D_i = dout_i . out_i (fp32; less dlse_i when given), one warp per (tensor row, q head), into
-//                     the workspace
+//   bwd_delta_kernel  D_i = dout_i . out_i (fp32; less dlse_i when given), 8 to 32 threads per (tensor row, q head)
+//                     reading 16-byte chunks, into the workspace
 //   bwd_dkdv_kernel   one block per (sequence, kv head, key block of kBlockN keys): K and V of the block in shared
 //                     memory; for every q head of the GQA group and every q block that can see the keys (q blocks the
 //                     mask hides are skipped), Q, dO, L and D of the q block into shared memory (two stages: the
@@ -19,6 +19,8 @@
 // Masked entries (and rows / keys past a sequence, which are zero-filled in shared memory and never read from
 // global memory) get P = 0 and dS = 0; a row with LSE -inf (no visible key, no sink) gets P = 0.
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include "cuda/bwd/bwd_common.cuh"
 #include "cuda/bwd/bwd_params.h"
@@ -148,22 +150,49 @@ __device__ __forceinline__ int lane_b(int lane, int ld) { return ((lane / 16) * 
 
 // ------------------------------------------------------------------ D = dout . out
 
+// Eight 2-byte elements of a and b (one 16-byte load each) multiplied and summed in fp32.
+__device__ __forceinline__ float2 pair_as_float2(__half2 x) { return __half22float2(x); }
+__device__ __forceinline__ float2 pair_as_float2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
 template <class T>
-__global__ void bwd_delta_kernel(const __grid_constant__ BwdParams p) {
-  const int64_t item = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+__device__ __forceinline__ float dot8(uint4 a, uint4 b) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  const T2* x = reinterpret_cast<const T2*>(&a);
+  const T2* y = reinterpret_cast<const T2*>(&b);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 u = pair_as_float2(x[i]), w = pair_as_float2(y[i]);
+    s += u.x * w.x + u.y * w.y;
+  }
+  return s;
+}
+
+// `lanes` threads (a power of two, at most 32) per (tensor row, q head). kVec: every row of out and dout is 16-byte
+// aligned, and each thread reads 16-byte chunks (a warp's loads then cover whole rows; one element per lane left the
+// kernel latency-bound at 5x its bytes' time on the H100 at head_dim 64).
+template <class T, bool kVec>
+__global__ void bwd_delta_kernel(const __grid_constant__ BwdParams p, int lanes) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t item = t / lanes;
+  const int sub = int(t % lanes);
   const int64_t total = int64_t(p.tensor_batch) * p.rows_q * p.q_heads;
-  if (item >= total) return;
-  const int lane = int(threadIdx.x) % 32;
   const int h = int(item % p.q_heads);
   const int64_t r = (item / p.q_heads) % p.rows_q;
   const int64_t tb = item / (int64_t(p.q_heads) * p.rows_q);
-  const T* o = static_cast<const T*>(p.out) + p.out_stride.offset(tb, r, h);
-  const T* g = static_cast<const T*>(p.dout) + p.dout_stride.offset(tb, r, h);
   float acc = 0.f;
-  for (int c = lane; c < p.head_dim; c += 32) acc += cuda::to_float(o[c]) * cuda::to_float(g[c]);
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) {
+  if (item < total) {  // no early return: every lane takes part in the shuffles below
+    const T* o = static_cast<const T*>(p.out) + p.out_stride.offset(tb, r, h);
+    const T* g = static_cast<const T*>(p.dout) + p.dout_stride.offset(tb, r, h);
+    if constexpr (kVec) {
+      for (int c = 8 * sub; c < p.head_dim; c += 8 * lanes) {
+        acc += dot8<T>(*reinterpret_cast<const uint4*>(o + c), *reinterpret_cast<const uint4*>(g + c));
+      }
+    } else {
+      for (int c = sub; c < p.head_dim; c += lanes) acc += cuda::to_float(o[c]) * cuda::to_float(g[c]);
+    }
+  }
+  for (int off = lanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (item < total && sub == 0) {
     if (p.dlse) acc -= p.dlse[p.dlse_stride.offset(tb, h, r)];  // the loss's dependence on lse
     p.delta[(tb * p.q_heads + h) * p.rows_q + r] = acc;
   }

@@ -31,11 +31,22 @@ void launch_backward_d(const BwdParams& p, cudaStream_t stream) {
 template <class T>
 void launch_delta(const BwdParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.tensor_batch) * p.rows_q * p.q_heads;
-  if (rows > 0) {
-    constexpr int kWarpsPerBlock = 8;
-    bwd_delta_kernel<T><<<unsigned((rows + kWarpsPerBlock - 1) / kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(p);
-    FL_CUDA_CHECK_LAUNCH("bwd_delta_kernel");
+  if (rows <= 0) return;
+  const bool vec = p.head_dim % 8 == 0 && rows_16byte_aligned(p.out, p.out_stride, p.tensor_batch, p.q_heads) &&
+                   rows_16byte_aligned(p.dout, p.dout_stride, p.tensor_batch, p.q_heads);
+  int lanes = 32;
+  if (vec) {
+    lanes = 1;
+    while (lanes < 32 && 8 * lanes < p.head_dim) lanes *= 2;  // the chunks of a row, rounded up to a power of two
   }
+  constexpr int kThreads = 256;
+  const unsigned blocks = unsigned((rows * lanes + kThreads - 1) / kThreads);
+  if (vec) {
+    bwd_delta_kernel<T, true><<<blocks, kThreads, 0, stream>>>(p, lanes);
+  } else {
+    bwd_delta_kernel<T, false><<<blocks, kThreads, 0, stream>>>(p, lanes);
+  }
+  FL_CUDA_CHECK_LAUNCH("bwd_delta_kernel");
 }
 
 template <class T>
