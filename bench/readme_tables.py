@@ -188,7 +188,8 @@ def table_bwd():
                     f"{r['flashlite']['bwd_tflops']:.0f} against FlexAttention's {r['flex']['bwd_tflops']:.0f}."
                     for r in win)
     lines = [source_line(rel, d, d["device"]) + f" torch {d.get('torch', '?')}; bf16, batch x seq = 16384, heads x "
-             "head_dim = 2048; the backward alone through each one's autograd. Each cell: flashlite's TFLOP/s of "
+             "head_dim = 2048; the backward alone through each one's autograd, its GPU time "
+             "(queued behind a GPU sleep, so host latency does not count). Each cell: flashlite's TFLOP/s of "
              "useful work (2.5x the forward's), then its speed relative to SDPA's flash and cuDNN backends." + extra, "",
              "| D, mask | " + " | ".join(f"S {s}" for s in seqs) + " |", "|---|" + "---:|" * len(seqs)]
     by = {(r["head_dim"], r["causal"], r["seq"]): r for r in rows}

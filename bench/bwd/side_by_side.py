@@ -5,9 +5,9 @@ tensors: bf16, batch*seq = 16384 tokens, heads*head_dim = 2048, GQA off.
 Each backend runs its forward once with autograd, then its backward alone is timed with CUDA events:
 torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), queued behind a 2 ms GPU sleep so that the time is the
 GPU's, not the host's launch latency (autograd's own host time grows to ~0.6 ms a call at S 16k, for every
-backend alike, which a training step hides behind the previous layer's work). Backends are interleaved in rounds (--rounds, --reps
-calls each); the result is the median over all calls. Useful FLOPs: 2.5 x the forward's 4 * B * H * Sq * Sk * D,
-halved for causal, window counted by its visible pairs. Gradients are compared with SDPA flash's before timing.
+backend alike, which a training step hides behind the previous layer's work). Backends are interleaved in rounds
+(--rounds, --reps calls each); the result is the median over all calls. Useful FLOPs: 2.5 x the forward's
+4 * B * H * Sq * Sk * D, halved for causal, window counted by its visible pairs. Gradients are compared with SDPA flash's before timing.
 Also the forward + backward time and the peak memory of one forward + backward per backend. With --lib (the
 flashlite_bwd_capi library, a ctypes C entry point) each CUDA backward family also runs forced ("flashlite_mma",
 "flashlite_hopper": the C API's backward alone on flashlite's own out and lse), whichever the planner would pick.

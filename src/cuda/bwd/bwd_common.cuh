@@ -229,7 +229,8 @@ __device__ __forceinline__ void probs_grads_tile_as(uint32_t (&dsk)[NB][2], cons
         const bool vis = !MASKED || key_visible(key0 + nb * 8 + e, rt[r].lo, rt[r].hi, rt[r].se);
         prob_in_place<SOFTCAP>(p, x[i + e], rt[r].l2, vis);
       }
-      dsk[nb][r] = cuda_fwd::pack2<T>(grad_of<MASKED>(x[i], dp[i], rt[r].d), grad_of<MASKED>(x[i + 1], dp[i + 1], rt[r].d));
+      dsk[nb][r] = cuda_fwd::pack2<T>(grad_of<MASKED>(x[i], dp[i], rt[r].d),
+                                      grad_of<MASKED>(x[i + 1], dp[i + 1], rt[r].d));
     }
 }
 template <class T, int NB>
