@@ -10,6 +10,7 @@ title line included.
 import json
 import pathlib
 import re
+import statistics
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -22,7 +23,7 @@ SOURCES = {
     "engine": "h200/e2e.json",
     "cpu": "cpu/bench_cpu.json",
     "bwd": "h100/bwd_side_by_side.json",
-    "train": ("h100/train.json", ("h100/train_seeds/llama_seed1.json", "h100/train_seeds/llama_seed2.json"),
+    "train": ("h100/train.json", tuple(f"h100/train_seeds/llama_seed{s}.json" for s in range(1, 6)),
               "h100/train_curves.png"),
     "train_amp": ("h200/train_amp/train_amp.json", ("h200/train_amp/llama_amp_seed1.json",
                                                     "h200/train_amp/llama_amp_seed2.json"),
@@ -238,9 +239,12 @@ def table_train(name="train"):
         per = [(s["seed"], s["commit"], r) for s in seeds for r in s["results"] if r["arch"] == arch]
         if len(per) < 2:
             continue
-        rel_pct = lambda r, key: f"{100 * (r[key] / r['final_loss_reference'] - 1):+.2f}%"  # noqa: E731
-        flite = " / ".join(rel_pct(r, "final_loss_flite") for _, _, r in per)
-        base = " / ".join(rel_pct(r, "final_loss_baseline") for _, _, r in per if "final_loss_baseline" in r)
+        def rel_pcts(key):
+            pct = [100 * (r[key] / r["final_loss_reference"] - 1) for _, _, r in per if key in r]
+            spread = (f" (mean {statistics.mean(pct):+.2f}%, standard deviation {statistics.stdev(pct):.2f}%)"
+                      if len(pct) > 3 else "")
+            return " / ".join(f"{x:+.2f}%" for x in pct) + spread if pct else ""
+        flite, base = rel_pcts("final_loss_flite"), rel_pcts("final_loss_baseline")
         lines += ["", f"{arch}, seeds {' / '.join(str(s) for s, _, _ in per)} (commits "
                   f"{' / '.join(short(c) for _, c, _ in per)}; `{rel}` and `{'`, `'.join(more_seeds)}`): final loss "
                   f"against {per[0][2]['reference']}, flashlite {flite}" + (f"; {per[0][2]['runs'][2]['impl']} {base}"
