@@ -361,6 +361,11 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
 
     // Varlen, except the last sequence (past the map's end TMA zero-fills): q blocks crossing the sequence's end.
     const bool q_tails = p.cu_q != nullptr && b + 1 < p.batch;
+    // The q blocks that see this warpgroup's 64 keys, a sub-range of qr: under sink tokens key block 0's first half
+    // (the sinks) is seen by every q block and its second half only by the window's, so on the other items the
+    // second warpgroup has nothing to add and leaves the tensor cores to the first.
+    const int jw0 = min(j0 + 64 * cw, j1), jw1 = min(j0 + 64 * cw + 64, j1);
+    const BlockRange mine = jw0 < jw1 ? q_blocks_seeing_keys(p.mask, jw0, jw1, s.sq, s.sk, BM) : BlockRange{0, 0};
     float sct[BM / 2], dpt[BM / 2];  // S^T and dP^T: this warp's 16 keys x the block's BM q rows
     uint32_t pk[NB][2], dsk[NB][2];  // P^T and dS^T packed to 16 bits as A fragments (rows: keys; columns: q rows)
 
@@ -387,6 +392,12 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dkdv_kernel(const __grid_co
       // is done with the previous item's, whose slot is rewritten below.
       named_sync(2 + cw, 128);
       const float* terms = rows(cw, n & 1);
+      if (i0 / BM < mine.begin || i0 / BM >= mine.end) {  // none of this warpgroup's keys visible (uniform over it)
+        if (n + 1 < items) write_rows(n + 1, raw_next, (n + 1) & 1);
+        raw_next = load_raw(n + 2);
+        if (lane == 0) mbar_arrive(bars.empty(st));
+        continue;
+      }
 
       wgmma_fence();
       issue_scores<T, D, BM>(sct, k_wg, Cfg::KV_BLOCK, sQ(st), Cfg::QM_BLOCK);
