@@ -1,19 +1,25 @@
 // The CPU backward (backend 'cpu'): FlashAttention-2's backward with P recomputed from the forward's LSE and
-// D_i = dout_i . out_i (less dlse_i), in two passes over OpenMP threads, each task owning what it writes, so nothing
-// races and the result does not depend on the thread count or the schedule:
-//   key blocks (one kv head):   for each q head of the group and each q block that sees the keys:
-//                               S = Q K^T, P = exp(scale S - L), dP = dO V^T, dS = P (dP - D) [softcap'] scale,
-//                               dV += P^T dO, dK += dS^T Q;
-//   query blocks (one q head):  the same S, P, dP, dS over the key blocks it sees, dQ += dS K, and the block's share
-//                               of dsink = -sum_i exp(sink - L_i) D_i (summed per head in task order).
-// The five products run on the forward's SIMD GEMM (src/cpu/tiled_kernels.h: the build the planner's cpu_simd_default
-// picks), and so does the element-wise step between them (bwd_row: exp and tanh by the forward's polynomials).
+// D_i = dout_i . out_i (less dlse_i) over OpenMP threads, each task owning what it writes, so nothing races. Per tile
+// of (q block, key block): S = Q K^T, P = exp(scale S - L), dP = dO V^T, dS = P (dP - D) [softcap'] scale; then
+//   dV += P^T dO, dK += dS^T Q  (per key block, over the q heads of its kv head and the q blocks that see it),
+//   dQ += dS K                  (per q block, over the key blocks it sees, in key order),
+// and per q block its share of dsink = -sum_i exp(sink - L_i) D_i (summed per head in task order). Two schedules:
+//   one pass:   a task is one (sequence, kv head) whole, each tile formed once, dQ of its q heads accumulated in the
+//               task's fp32 buffer: 5 products a tile. Taken when there are tasks for every thread twice over and the
+//               buffer is small (kOnePassBufferBytes);
+//   two passes: tasks are key blocks (dK, dV) and then q blocks (dQ), each tile formed in both: 7 products a tile,
+//               but as many tasks as blocks.
+// Both add every sum in the same order, so the bits are the same whichever runs and for any thread count. The products
+// run on the forward's SIMD GEMM (src/cpu/tiled_kernels.h: the build the planner's cpu_simd_default picks), and so
+// does the element-wise step between them (bwd_row: exp and tanh by the forward's polynomials).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <tuple>
 #include <vector>
+
+#include <omp.h>
 
 #include "backends.h"
 #include "cpu/tiled_kernels.h"
@@ -25,6 +31,7 @@ using cpu_tiled::GemmArgs;
 using cpu_tiled::TiledKernels;
 
 constexpr int64_t kTile = 64;  // query rows and keys per tile (a multiple of every SIMD width)
+constexpr int64_t kOnePassBufferBytes = int64_t(64) << 20;  // a one-pass task's dQ buffer, at most
 
 // L (the forward's LSE) and D = dout . out - dlse of every row, one float per (tensor batch, q head, q tensor row).
 struct RowTerms {
@@ -110,16 +117,19 @@ struct Pass {
     }
   }
 
-  void dkdv(int64_t b, int64_t kvh, int64_t kb, Scratch& w) const {
-    const SequenceSlice s = sequence_slice(p, b);
+  // dK and dV of key block kb of kv head kvh (K, V loaded into w), and, with dq_acc, dQ += dS K of every tile into
+  // dq_acc (the group's q heads one after another, rows of each padded to whole tiles, dp columns).
+  void key_block(const SequenceSlice& s, int64_t b, int64_t kvh, int64_t kb, Scratch& w, float* dq_acc) const {
     const int64_t j0 = kb * kTile, bk = std::min(kTile, s.seq_k - j0);
+    const int64_t q_rows = (s.seq_q + kTile - 1) / kTile * kTile;
     load_rows(p.k, p.k_stride, s, s.k_row0 + j0, kvh, bk, w.k.data());
     load_rows(p.v, p.v_stride, s, s.k_row0 + j0, kvh, bk, w.v.data());
     transpose(w.k.data(), dp, d, w.kt.data());
     transpose(w.v.data(), dp, d, w.vt.data());
     std::fill(w.acc1.begin(), w.acc1.end(), 0.f);  // dK
     std::fill(w.acc2.begin(), w.acc2.end(), 0.f);  // dV
-    for (int64_t h = kvh * p.group_size(); h < (kvh + 1) * p.group_size(); ++h) {
+    const int64_t h0 = kvh * p.group_size();
+    for (int64_t h = h0; h < h0 + p.group_size(); ++h) {
       for (int64_t i0 = 0; i0 < s.seq_q; i0 += kTile) {
         const int64_t bq = std::min(kTile, s.seq_q - i0);
         if (!block_sees(s, i0, i0 + bq, j0, j0 + bk)) continue;
@@ -128,6 +138,10 @@ struct Pass {
         probs_and_ds(s, b, h, i0, bq, j0, bk, w);
         gemm(w.s.data(), 1, kTile, w.dout.data(), dp, w.acc2.data(), dp, bk, dp, bq, true);  // dV += P^T dO
         gemm(w.ds.data(), 1, kTile, w.q.data(), dp, w.acc1.data(), dp, bk, dp, bq, true);    // dK += dS^T Q
+        if (dq_acc) {  // dQ += dS K
+          float* dq = dq_acc + ((h - h0) * q_rows + i0) * dp;
+          gemm(w.ds.data(), kTile, 1, w.k.data(), dp, dq, dp, bq, dp, bk, true);
+        }
       }
     }
     for (int64_t j = 0; j < bk; ++j) {
@@ -139,6 +153,32 @@ struct Pass {
         store_from_float(bp.dv, p.dtype, vo + c, w.acc2[size_t(j * dp + c)]);
       }
     }
+  }
+
+  void dkdv(int64_t b, int64_t kvh, int64_t kb, Scratch& w) const {
+    key_block(sequence_slice(p, b), b, kvh, kb, w, nullptr);
+  }
+
+  // Rows [i0, i0 + bq) of dQ of head h from acc (bq x dp).
+  void store_dq(const SequenceSlice& s, int64_t h, int64_t i0, int64_t bq, const float* acc) const {
+    for (int64_t i = 0; i < bq; ++i) {
+      const int64_t row = s.q_row0 + i0 + i;
+      const int64_t o = s.batch_index * bp.dq_stride.batch + row * bp.dq_stride.seq + h * bp.dq_stride.head;
+      for (int64_t c = 0; c < d; ++c) store_from_float(bp.dq, p.dtype, o + c, acc[size_t(i * dp + c)]);
+    }
+  }
+
+  // Rows [i0, i0 + bq)'s share of dsink of head h, in float64.
+  double dsink_share(const SequenceSlice& s, int64_t h, int64_t i0, int64_t bq) const {
+    double dsink = 0;
+    const double sink = p.sink_logits ? double(p.sink_logits[h]) : -std::numeric_limits<double>::infinity();
+    if (sink != -std::numeric_limits<double>::infinity()) {
+      const int64_t t0 = terms.index(s.batch_index, h, s.q_row0 + i0);
+      for (int64_t i = 0; i < bq; ++i) {
+        dsink -= std::exp(sink - double(terms.lse[size_t(t0 + i)])) * double(terms.delta[size_t(t0 + i)]);
+      }
+    }
+    return dsink;
   }
 
   double dq(int64_t b, int64_t h, int64_t qb, Scratch& w) const {
@@ -157,21 +197,25 @@ struct Pass {
       probs_and_ds(s, b, h, i0, bq, j0, bk, w);
       gemm(w.ds.data(), kTile, 1, w.k.data(), dp, w.acc1.data(), dp, bq, dp, bk, true);  // dQ += dS K
     }
-    for (int64_t i = 0; i < bq; ++i) {
-      const int64_t row = s.q_row0 + i0 + i;
-      const int64_t o = s.batch_index * bp.dq_stride.batch + row * bp.dq_stride.seq + h * bp.dq_stride.head;
-      for (int64_t c = 0; c < d; ++c) store_from_float(bp.dq, p.dtype, o + c, w.acc1[size_t(i * dp + c)]);
-    }
-    // This block's share of dsink, in float64.
-    double dsink = 0;
-    const double sink = p.sink_logits ? double(p.sink_logits[h]) : -std::numeric_limits<double>::infinity();
-    if (sink != -std::numeric_limits<double>::infinity()) {
-      const int64_t t0 = terms.index(s.batch_index, h, s.q_row0 + i0);
-      for (int64_t i = 0; i < bq; ++i) {
-        dsink -= std::exp(sink - double(terms.lse[size_t(t0 + i)])) * double(terms.delta[size_t(t0 + i)]);
+    store_dq(s, h, i0, bq, w.acc1.data());
+    return dsink_share(s, h, i0, bq);
+  }
+
+  // One pass over (sequence b, kv head kvh): every key block in order, dQ of the group's q heads into dq_acc, then
+  // stored; the q blocks' dsink shares into dsink_parts[first_part + (h - h0) * q_blocks + qb].
+  void one_pass(int64_t b, int64_t kvh, Scratch& w, std::vector<float>& dq_acc, double* dsink_parts) const {
+    const SequenceSlice s = sequence_slice(p, b);
+    const int64_t q_blocks = (s.seq_q + kTile - 1) / kTile, q_rows = q_blocks * kTile;
+    dq_acc.assign(size_t(p.group_size() * q_rows * dp), 0.f);
+    for (int64_t kb = 0; kb * kTile < s.seq_k; ++kb) key_block(s, b, kvh, kb, w, dq_acc.data());
+    const int64_t h0 = kvh * p.group_size();
+    for (int64_t h = h0; h < h0 + p.group_size(); ++h) {
+      for (int64_t qb = 0; qb < q_blocks; ++qb) {
+        const int64_t i0 = qb * kTile, bq = std::min(kTile, s.seq_q - i0);
+        store_dq(s, h, i0, bq, dq_acc.data() + ((h - h0) * q_rows + i0) * dp);
+        dsink_parts[(h - h0) * q_blocks + qb] = dsink_share(s, h, i0, bq);
       }
     }
-    return dsink;
   }
 };
 
@@ -219,8 +263,12 @@ void run_backward_cpu(const BackwardProblem& bp) {
   }
 
   std::vector<std::tuple<int64_t, int64_t, int64_t>> kv_tasks, q_tasks;
+  std::vector<size_t> first_q_task(size_t(p.batch));  // sequence b's q tasks start here (head-major, then q block)
+  int64_t max_q_rows = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
     const SequenceSlice s = sequence_slice(p, b);
+    first_q_task[size_t(b)] = q_tasks.size();
+    max_q_rows = std::max(max_q_rows, (s.seq_q + kTile - 1) / kTile * kTile);
     for (int64_t g = 0; g < p.kv_heads; ++g)
       for (int64_t kb = 0; kb * kTile < s.seq_k; ++kb) kv_tasks.emplace_back(b, g, kb);
     for (int64_t h = 0; h < hq; ++h)
@@ -228,19 +276,37 @@ void run_backward_cpu(const BackwardProblem& bp) {
   }
   const Pass pass{bp, p, kern, terms, d, dp};
   std::vector<double> dsink_parts(q_tasks.size(), 0.0);
-  // Both passes in one parallel region, one scratch per thread (the passes write disjoint outputs).
+  const int64_t whole_tasks = p.batch * p.kv_heads;
+  const bool one_pass = whole_tasks >= 2 * int64_t(omp_get_max_threads()) &&
+                        p.group_size() * max_q_rows * dp * int64_t(sizeof(float)) <= kOnePassBufferBytes;
+  if (one_pass) {
 #pragma omp parallel
-  {
-    Scratch w(dp);
-#pragma omp for schedule(dynamic) nowait
-    for (size_t t = 0; t < kv_tasks.size(); ++t) {
-      const auto [b, g, kb] = kv_tasks[t];
-      pass.dkdv(b, g, kb, w);
-    }
+    {
+      Scratch w(dp);
+      std::vector<float> dq_acc;
 #pragma omp for schedule(dynamic)
-    for (size_t t = 0; t < q_tasks.size(); ++t) {
-      const auto [b, h, qb] = q_tasks[t];
-      dsink_parts[t] = pass.dq(b, h, qb, w);
+      for (int64_t t = 0; t < whole_tasks; ++t) {
+        const int64_t b = t / p.kv_heads, g = t % p.kv_heads;
+        const int64_t q_blocks = (sequence_slice(p, b).seq_q + kTile - 1) / kTile;
+        double* parts = dsink_parts.data() + first_q_task[size_t(b)] + g * p.group_size() * q_blocks;
+        pass.one_pass(b, g, w, dq_acc, parts);
+      }
+    }
+  } else {
+    // Both passes in one parallel region, one scratch per thread (the passes write disjoint outputs).
+#pragma omp parallel
+    {
+      Scratch w(dp);
+#pragma omp for schedule(dynamic) nowait
+      for (size_t t = 0; t < kv_tasks.size(); ++t) {
+        const auto [b, g, kb] = kv_tasks[t];
+        pass.dkdv(b, g, kb, w);
+      }
+#pragma omp for schedule(dynamic)
+      for (size_t t = 0; t < q_tasks.size(); ++t) {
+        const auto [b, h, qb] = q_tasks[t];
+        dsink_parts[t] = pass.dq(b, h, qb, w);
+      }
     }
   }
   if (bp.dsink) {

@@ -4,7 +4,8 @@
 //   2. the cpu backend against the reference over a grid (sequence lengths around the 64-row tile, head dims, GQA
 //      1/2/4/8 and 6/2, every mask and their combinations, rows without keys, strided layouts, varlen with empty and
 //      length-1 sequences; fp32 / fp16 / bf16), gradients poisoned before the call (padding must stay NaN);
-//   3. determinism (bitwise, across thread counts) and argument validation (named errors, nothing written).
+//   3. determinism (bitwise, across thread counts and both schedules) and argument validation (named errors, nothing
+//      written).
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -13,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backward_util.h"
@@ -322,25 +324,37 @@ TEST(ReferenceBackward, WritesTheFloat64Gradients) {
 
 // ---------------------------------------------------------------- 3. determinism and validation
 
-TEST(CpuBackward, BitwiseEqualAcrossRunsAndThreadCounts) {
-  Spec s;
-  s.seq_q = s.seq_k = 300, s.hq = 4, s.hkv = 2, s.d = 64, s.mask.causal = true, s.sink_logits = true;
-  Grad g(s, "determinism");
-  g.args.backend = Backend::cpu;
-  g.args.deterministic = true;
-  const auto run = [&](int threads) {
-    const int before = omp_get_max_threads();
-    omp_set_num_threads(threads);
-    flashlite::backward(g.args);
-    omp_set_num_threads(before);
-    std::vector<uint8_t> all;
-    for (Buffer* b : {&g.dq, &g.dk, &g.dv, &g.dsink}) all.insert(all.end(), b->bytes.begin(), b->bytes.end());
-    return all;
-  };
-  const auto first = run(2);
-  EXPECT_EQ(first, run(2));
-  EXPECT_EQ(first, run(1));
-  EXPECT_EQ(first, run(3));
+// The same bits for any thread count and from either schedule: one pass (a task per sequence and kv head, taken when
+// there are at least twice as many such tasks as threads) and two passes add every sum in the same order.
+TEST(CpuBackward, BitwiseEqualAcrossRunsThreadCountsAndSchedules) {
+  Spec causal;
+  causal.seq_q = causal.seq_k = 300, causal.hq = 4, causal.hkv = 2, causal.d = 64, causal.mask.causal = true;
+  causal.sink_logits = true;  // 2 (sequence, kv head) tasks: one pass with 1 thread, two passes with 2 and 3
+  Spec varlen;
+  varlen.hq = 6, varlen.hkv = 2, varlen.d = 40;
+  varlen.varlen_q = {70, 0, 130, 1, 65};
+  varlen.varlen_k = {90, 5, 130, 64, 0};
+  varlen.extra_rows = 2;
+  varlen.mask = {true, 50, -1, 3};
+  varlen.softcap = 5.0, varlen.input_std = 3.0;
+  varlen.sink_logits = true;  // 10 tasks: one pass up to 5 threads, two passes with 8
+  for (const auto& [spec, name, dlse] : {std::tuple{causal, "causal", false}, std::tuple{varlen, "varlen", true}}) {
+    Grad g(spec, std::string("determinism ") + name, dlse);
+    g.args.backend = Backend::cpu;
+    g.args.deterministic = true;
+    const auto run = [&](int threads) {
+      const int before = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      flashlite::backward(g.args);
+      omp_set_num_threads(before);
+      std::vector<uint8_t> all;
+      for (Buffer* b : {&g.dq, &g.dk, &g.dv, &g.dsink}) all.insert(all.end(), b->bytes.begin(), b->bytes.end());
+      return all;
+    };
+    const auto first = run(2);
+    EXPECT_EQ(first, run(2)) << name;
+    for (int threads : {1, 3, 8}) EXPECT_EQ(first, run(threads)) << name << ", " << threads << " threads";
+  }
 }
 
 // Each bad call throws an Error naming the argument and leaves every gradient buffer as it was.
