@@ -33,13 +33,13 @@ def best_ms(fn, reps):
     return best * 1e3
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="1024:0,1024:1,2048:1", help="S:causal,...")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--out", default="bwd_cpu.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     b, h, d = 1, 8, 64
     res = {"benchmark": "cpu backward side by side", "device": platform.processor() or platform.machine(),
            "threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
@@ -72,12 +72,14 @@ def main():
         for _ in range(args.rounds):
             for n, fn in paths.items():
                 times[n] = min(times[n], best_ms(fn, args.reps))
-        row = {"seq": s, "causal": causal, "max_abs_grad_diff": diff} | {n: {"ms": round(t, 2)} for n, t in times.items()}
+        row = {"seq": s, "causal": causal, "max_abs_grad_diff": diff}
+        row |= {n: {"ms": round(t, 2)} for n, t in times.items()}
         res["rows"].append(row)
         print(f"S {s:5d} {'causal' if causal else 'full  '}  " + "  ".join(f"{n} {t:7.1f} ms" for n, t in times.items())
               + f"  grad diff {diff:.1e}", flush=True)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
+    return res
 
 
 if __name__ == "__main__":

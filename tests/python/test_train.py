@@ -55,3 +55,17 @@ def test_hf_batches_bench_runs_flashlite_on_each_batch_kind():
     for r in out["rows"]:
         assert r["flite"]["fallback_calls"] == 0, r["kind"]
         assert abs(r["flite"]["loss"] - r["sdpa"]["loss"]) <= 1e-4 * r["sdpa"]["loss"], r
+
+
+def test_cpu_backward_bench_matches_torch(tmp_path):
+    """bench/bwd/cpu_side_by_side.py on short shapes: flashlite's CPU gradients (through autograd) equal torch SDPA's
+    in float32, and every path is timed."""
+    path = ROOT / "bench" / "bwd" / "cpu_side_by_side.py"
+    spec = importlib.util.spec_from_file_location("flashlite_bench_bwd_cpu", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--shapes", "130:0,96:1", "--rounds", "1", "--reps", "1", "--out", str(tmp_path / "bwd_cpu.json")])
+    assert [(r["seq"], r["causal"]) for r in out["rows"]] == [(130, False), (96, True)]
+    for r in out["rows"]:
+        assert r["max_abs_grad_diff"] < 1e-4, r
+        assert all(r[p]["ms"] > 0 for p in ("flashlite_fwd_bwd", "sdpa_fwd_bwd", "flashlite_bwd")), r
