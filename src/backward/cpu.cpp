@@ -5,8 +5,8 @@
 //   dQ += dS K                  (per q block, over the key blocks it sees, in key order),
 // and per q block its share of dsink = -sum_i exp(sink - L_i) D_i (summed per head in task order). Two schedules:
 //   one pass:   a task is one (sequence, kv head) whole, each tile formed once, dQ of its q heads accumulated in the
-//               task's fp32 buffer: 5 products a tile. Taken when there are tasks for every thread twice over and the
-//               buffer is small (kOnePassBufferBytes);
+//               thread's fp32 buffer: 5 products a tile. Taken when there are tasks for every thread twice over and the
+//               threads' buffers are small (kOnePassBufferBytes);
 //   two passes: tasks are key blocks (dK, dV) and then q blocks (dQ), each tile formed in both: 7 products a tile,
 //               but as many tasks as blocks.
 // Both add every sum in the same order, so the bits are the same whichever runs and for any thread count. The products
@@ -31,7 +31,7 @@ using cpu_tiled::GemmArgs;
 using cpu_tiled::TiledKernels;
 
 constexpr int64_t kTile = 64;  // query rows and keys per tile (a multiple of every SIMD width)
-constexpr int64_t kOnePassBufferBytes = int64_t(64) << 20;  // a one-pass task's dQ buffer, at most
+constexpr int64_t kOnePassBufferBytes = int64_t(256) << 20;  // the threads' one-pass dQ buffers together, at most
 
 // L (the forward's LSE) and D = dout . out - dlse of every row, one float per (tensor batch, q head, q tensor row).
 struct RowTerms {
@@ -276,9 +276,9 @@ void run_backward_cpu(const BackwardProblem& bp) {
   }
   const Pass pass{bp, p, kern, terms, d, dp};
   std::vector<double> dsink_parts(q_tasks.size(), 0.0);
-  const int64_t whole_tasks = p.batch * p.kv_heads;
-  const bool one_pass = whole_tasks >= 2 * int64_t(omp_get_max_threads()) &&
-                        p.group_size() * max_q_rows * dp * int64_t(sizeof(float)) <= kOnePassBufferBytes;
+  const int64_t whole_tasks = p.batch * p.kv_heads, threads = omp_get_max_threads();
+  const bool one_pass = whole_tasks >= 2 * threads &&
+                        threads * p.group_size() * max_q_rows * dp * int64_t(sizeof(float)) <= kOnePassBufferBytes;
   if (one_pass) {
 #pragma omp parallel
     {
