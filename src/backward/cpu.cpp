@@ -5,8 +5,8 @@
 //   dQ += dS K                  (per q block, over the key blocks it sees, in key order),
 // and per q block its share of dsink = -sum_i exp(sink - L_i) D_i (summed per head in task order). Two schedules:
 //   one pass:   a task is one (sequence, kv head) whole, each tile formed once, dQ of its q heads accumulated in the
-//               thread's fp32 buffer: 5 products a tile. Taken when there are tasks for every thread twice over and the
-//               threads' buffers are small (kOnePassBufferBytes);
+//               thread's fp32 buffer: 5 products a tile. Taken when the tasks spread over the threads well enough
+//               to keep that saving and the threads' buffers are small (kOnePassBufferBytes);
 //   two passes: tasks are key blocks (dK, dV) and then q blocks (dQ), each tile formed in both: 7 products a tile,
 //               but as many tasks as blocks.
 // Both add every sum in the same order, so the bits are the same whichever runs and for any thread count. The products
@@ -276,9 +276,14 @@ void run_backward_cpu(const BackwardProblem& bp) {
   }
   const Pass pass{bp, p, kern, terms, d, dp};
   std::vector<double> dsink_parts(q_tasks.size(), 0.0);
+  // One pass does 5/7 of the two passes' work, in whole (sequence, kv head) tasks: taken when its waves of them
+  // (ceil(tasks / threads), the tasks of a padded batch being equal) cost no more than the two passes' 7/5 as much
+  // work spread evenly over the threads. Varlen tasks differ in size: there, twice as many tasks as threads.
   const int64_t whole_tasks = p.batch * p.kv_heads, threads = omp_get_max_threads();
-  const bool one_pass = whole_tasks >= 2 * threads &&
-                        threads * p.group_size() * max_q_rows * dp * int64_t(sizeof(float)) <= kOnePassBufferBytes;
+  const int64_t waves = (whole_tasks + threads - 1) / threads;
+  const bool balanced = p.varlen() ? whole_tasks >= 2 * threads : 5 * waves * threads <= 7 * whole_tasks;
+  const bool one_pass =
+      balanced && threads * p.group_size() * max_q_rows * dp * int64_t(sizeof(float)) <= kOnePassBufferBytes;
   if (one_pass) {
 #pragma omp parallel
     {

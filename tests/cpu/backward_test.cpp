@@ -325,11 +325,11 @@ TEST(ReferenceBackward, WritesTheFloat64Gradients) {
 // ---------------------------------------------------------------- 3. determinism and validation
 
 // The same bits for any thread count and from either schedule: one pass (a task per sequence and kv head, taken when
-// there are at least twice as many such tasks as threads) and two passes add every sum in the same order.
+// such tasks spread well over the threads) and two passes add every sum in the same order.
 TEST(CpuBackward, BitwiseEqualAcrossRunsThreadCountsAndSchedules) {
   Spec causal;
   causal.seq_q = causal.seq_k = 300, causal.hq = 4, causal.hkv = 2, causal.d = 64, causal.mask.causal = true;
-  causal.sink_logits = true;  // 2 (sequence, kv head) tasks: one pass with 1 thread, two passes with 2 and 3
+  causal.sink_logits = true;  // 2 (sequence, kv head) tasks: one pass with 1 and 2 threads, two passes with 3 and 8
   Spec varlen;
   varlen.hq = 6, varlen.hkv = 2, varlen.d = 40;
   varlen.varlen_q = {70, 0, 130, 1, 65};
@@ -337,7 +337,7 @@ TEST(CpuBackward, BitwiseEqualAcrossRunsThreadCountsAndSchedules) {
   varlen.extra_rows = 2;
   varlen.mask = {true, 50, -1, 3};
   varlen.softcap = 5.0, varlen.input_std = 3.0;
-  varlen.sink_logits = true;  // 10 tasks: one pass up to 5 threads, two passes with 8
+  varlen.sink_logits = true;  // 10 tasks of varlen: one pass up to 5 threads, two passes with 8
   for (const auto& [spec, name, dlse] : {std::tuple{causal, "causal", false}, std::tuple{varlen, "varlen", true}}) {
     Grad g(spec, std::string("determinism ") + name, dlse);
     g.args.backend = Backend::cpu;
