@@ -202,7 +202,8 @@ struct Pass {
   }
 
   // One pass over (sequence b, kv head kvh): every key block in order, dQ of the group's q heads into dq_acc, then
-  // stored; the q blocks' dsink shares into dsink_parts[first_part + (h - h0) * q_blocks + qb].
+  // stored; the q blocks' dsink shares into dsink_parts[(h - h0) * q_blocks + qb] (the caller points it at the
+  // group's first q task).
   void one_pass(int64_t b, int64_t kvh, Scratch& w, std::vector<float>& dq_acc, double* dsink_parts) const {
     const SequenceSlice s = sequence_slice(p, b);
     const int64_t q_blocks = (s.seq_q + kTile - 1) / kTile, q_rows = q_blocks * kTile;
