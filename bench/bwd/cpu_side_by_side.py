@@ -1,5 +1,5 @@
 """The CPU backward side by side: flashlite's backend 'cpu' against torch SDPA's CPU path, in one process on the same
-tensors: fp32, B 1, H 8, D 64, torch with the process's threads (OMP_NUM_THREADS).
+tensors: fp32 (or --dtype bfloat16), B 1, H 8, D 64, torch with the process's threads (OMP_NUM_THREADS).
 
 Per shape: forward + backward through autograd (flashlite.attention and torch SDPA on tensors that require grad, then
 torch.autograd.grad), and flashlite's backward alone (flashlite.attention_backward on the forward's out and LSE).
@@ -38,17 +38,19 @@ def main(argv=None):
     ap.add_argument("--shapes", default="1024:0,1024:1,2048:1", help="S:causal,...")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--out", default="bwd_cpu.json")
     args = ap.parse_args(argv)
     b, h, d = 1, 8, 64
     res = {"benchmark": "cpu backward side by side", "device": platform.processor() or platform.machine(),
            "threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-           "torch": torch.__version__, "commit": tree_commit(), "dtype": "float32", "batch": b, "heads": h,
+           "torch": torch.__version__, "commit": tree_commit(), "dtype": args.dtype, "batch": b, "heads": h,
            "head_dim": d, "protocol": __doc__.strip().split("\n\n")[1], "rows": []}
     for shape in args.shapes.split(","):
         s, causal = int(shape.split(":")[0]), shape.split(":")[1] == "1"
         g = torch.Generator().manual_seed(0)
-        q, k, v, dout = (torch.randn(b, s, h, d, generator=g) for _ in range(4))
+        dtype = getattr(torch, args.dtype)
+        q, k, v, dout = (torch.randn(b, s, h, d, generator=g).to(dtype) for _ in range(4))
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
         with torch.no_grad():
             out, lse = flashlite.attention(q, k, v, causal=causal, return_lse=True, backend="cpu")
@@ -67,7 +69,8 @@ def main(argv=None):
 
         paths = {"flashlite_fwd_bwd": flite_fwd_bwd, "sdpa_fwd_bwd": sdpa_fwd_bwd, "flashlite_bwd": flite_bwd}
         grads = {n: fn() for n, fn in paths.items() if n.endswith("fwd_bwd")}  # warm-up, and the check below
-        diff = max((a - r).abs().max().item() for a, r in zip(grads["flashlite_fwd_bwd"], grads["sdpa_fwd_bwd"]))
+        diff = max((a.float() - r.float()).abs().max().item()
+                   for a, r in zip(grads["flashlite_fwd_bwd"], grads["sdpa_fwd_bwd"]))
         times = {n: float("inf") for n in paths}
         for _ in range(args.rounds):
             for n, fn in paths.items():

@@ -4,9 +4,10 @@
 //   dV += P^T dO, dK += dS^T Q  (per key block, over the q heads of its kv head and the q blocks that see it),
 //   dQ += dS K                  (per q block, over the key blocks it sees, in key order),
 // and per q block its share of dsink = -sum_i exp(sink - L_i) D_i (summed per head in task order). Two schedules:
-//   one pass:   a task is one (sequence, kv head) whole, each tile formed once, dQ of its q heads accumulated in the
-//               thread's fp32 buffer: 5 products a tile. Taken when the tasks spread over the threads well enough
-//               to keep that saving and the threads' buffers are small (kOnePassBufferBytes);
+//   one pass:   a task is one (sequence, kv head) whole: its q heads' Q and dO converted to fp32 once, each tile
+//               formed once, dQ accumulated in the thread's fp32 buffer: 5 products a tile. Taken when the tasks
+//               spread over the threads well enough to keep that saving and the threads' buffers are small
+//               (kOnePassBufferBytes);
 //   two passes: tasks are key blocks (dK, dV) and then q blocks (dQ), each tile formed in both: 7 products a tile,
 //               but as many tasks as blocks.
 // Both add every sum in the same order, so the bits are the same whichever runs and for any thread count. The products
@@ -31,7 +32,7 @@ using cpu_tiled::GemmArgs;
 using cpu_tiled::TiledKernels;
 
 constexpr int64_t kTile = 64;  // query rows and keys per tile (a multiple of every SIMD width)
-constexpr int64_t kOnePassBufferBytes = int64_t(256) << 20;  // the threads' one-pass dQ buffers together, at most
+constexpr int64_t kOnePassBufferBytes = int64_t(256) << 20;  // the threads' one-pass buffers together, at most
 
 // L (the forward's LSE) and D = dout . out - dlse of every row, one float per (tensor batch, q head, q tensor row).
 struct RowTerms {
@@ -58,21 +59,16 @@ struct Pass {
   const RowTerms& terms;
   int64_t d, dp;
 
-  // Rows [row0, row0 + n) of head h of sequence s into dst (kTile x dp, fp32); other rows and columns zero.
+  // Rows [row0, row0 + n) of head h of sequence s into dst (kTile x dp, fp32; converted by the forward's SIMD
+  // kernel); other rows and columns zero.
   void load_rows(const void* base, const RowStrides& st, const SequenceSlice& s, int64_t row0, int64_t h, int64_t n,
                  float* dst) const {
-    for (int64_t r = 0; r < kTile; ++r) {
-      float* out = dst + r * dp;
-      std::fill(out, out + dp, 0.f);
-      if (r >= n) continue;
-      const int64_t off = s.batch_index * st.batch + (row0 + r) * st.seq + h * st.head;
-      if (p.dtype == DType::f32) {
-        const float* src = static_cast<const float*>(base) + off;
-        std::copy(src, src + d, out);
-      } else {
-        for (int64_t c = 0; c < d; ++c) out[c] = load_as_float(base, p.dtype, off + c);
-      }
+    if (n > 0) {
+      const size_t elem = p.dtype == DType::f32 ? 4 : 2;
+      const int64_t off = s.batch_index * st.batch + row0 * st.seq + h * st.head;
+      kern.convert({static_cast<const char*>(base) + off * int64_t(elem), p.dtype, st.seq, dst, dp, n, d, dp});
     }
+    std::fill(dst + std::max<int64_t>(n, 0) * dp, dst + kTile * dp, 0.f);
   }
 
   static void transpose(const float* src, int64_t ld, int64_t cols, float* dst) {  // kTile x cols -> cols x kTile
@@ -93,11 +89,11 @@ struct Pass {
   }
 
   // One (q block, key block) tile: w.s = P, w.ds = dS (scale included); masked and out-of-range entries 0.
-  // Needs w.q, w.dout (rows i0..), w.kt, w.vt (keys j0.., transposed).
+  // Needs q, dout (rows i0.., kTile x dp), w.kt, w.vt (keys j0.., transposed).
   void probs_and_ds(const SequenceSlice& s, int64_t b, int64_t h, int64_t i0, int64_t bq, int64_t j0, int64_t bk,
-                    Scratch& w) const {
-    gemm(w.q.data(), dp, 1, w.kt.data(), kTile, w.s.data(), kTile, bq, kTile, d, false);
-    gemm(w.dout.data(), dp, 1, w.vt.data(), kTile, w.ds.data(), kTile, bq, kTile, d, false);
+                    const float* q, const float* dout, Scratch& w) const {
+    gemm(q, dp, 1, w.kt.data(), kTile, w.s.data(), kTile, bq, kTile, d, false);
+    gemm(dout, dp, 1, w.vt.data(), kTile, w.ds.data(), kTile, bq, kTile, d, false);
     const float scale = float(p.scale), cap = float(p.softcap), inf = std::numeric_limits<float>::infinity();
     const bool full = tile_fully_visible(p.mask, i0, i0 + bq, j0, j0 + bk, s.seq_q, s.seq_k);
     const int64_t t0 = terms.index(s.batch_index, h, s.q_row0 + i0);
@@ -117,9 +113,14 @@ struct Pass {
     }
   }
 
-  // dK and dV of key block kb of kv head kvh (K, V loaded into w), and, with dq_acc, dQ += dS K of every tile into
-  // dq_acc (the group's q heads one after another, rows of each padded to whole tiles, dp columns).
-  void key_block(const SequenceSlice& s, int64_t b, int64_t kvh, int64_t kb, Scratch& w, float* dq_acc) const {
+  // dK and dV of key block kb of kv head kvh (K, V loaded into w). With a one-pass task's buffers (each the group's
+  // q heads one after another, rows of each padded to whole tiles, dp columns): Q and dO read from them instead of
+  // loaded per tile, and dQ += dS K of every tile into dq_acc.
+  struct GroupRows {
+    const float *q = nullptr, *dout = nullptr;
+    float* dq_acc = nullptr;
+  };
+  void key_block(const SequenceSlice& s, int64_t b, int64_t kvh, int64_t kb, Scratch& w, const GroupRows& g) const {
     const int64_t j0 = kb * kTile, bk = std::min(kTile, s.seq_k - j0);
     const int64_t q_rows = (s.seq_q + kTile - 1) / kTile * kTile;
     load_rows(p.k, p.k_stride, s, s.k_row0 + j0, kvh, bk, w.k.data());
@@ -133,14 +134,18 @@ struct Pass {
       for (int64_t i0 = 0; i0 < s.seq_q; i0 += kTile) {
         const int64_t bq = std::min(kTile, s.seq_q - i0);
         if (!block_sees(s, i0, i0 + bq, j0, j0 + bk)) continue;
-        load_rows(p.q, p.q_stride, s, s.q_row0 + i0, h, bq, w.q.data());
-        load_rows(bp.dout, bp.dout_stride, s, s.q_row0 + i0, h, bq, w.dout.data());
-        probs_and_ds(s, b, h, i0, bq, j0, bk, w);
-        gemm(w.s.data(), 1, kTile, w.dout.data(), dp, w.acc2.data(), dp, bk, dp, bq, true);  // dV += P^T dO
-        gemm(w.ds.data(), 1, kTile, w.q.data(), dp, w.acc1.data(), dp, bk, dp, bq, true);    // dK += dS^T Q
-        if (dq_acc) {  // dQ += dS K
-          float* dq = dq_acc + ((h - h0) * q_rows + i0) * dp;
-          gemm(w.ds.data(), kTile, 1, w.k.data(), dp, dq, dp, bq, dp, bk, true);
+        const int64_t at = ((h - h0) * q_rows + i0) * dp;  // the tile's place in a one-pass task's buffers
+        const float* q = g.q ? g.q + at : w.q.data();
+        const float* dout = g.dout ? g.dout + at : w.dout.data();
+        if (!g.q) {
+          load_rows(p.q, p.q_stride, s, s.q_row0 + i0, h, bq, w.q.data());
+          load_rows(bp.dout, bp.dout_stride, s, s.q_row0 + i0, h, bq, w.dout.data());
+        }
+        probs_and_ds(s, b, h, i0, bq, j0, bk, q, dout, w);
+        gemm(w.s.data(), 1, kTile, dout, dp, w.acc2.data(), dp, bk, dp, bq, true);  // dV += P^T dO
+        gemm(w.ds.data(), 1, kTile, q, dp, w.acc1.data(), dp, bk, dp, bq, true);    // dK += dS^T Q
+        if (g.dq_acc) {  // dQ += dS K
+          gemm(w.ds.data(), kTile, 1, w.k.data(), dp, g.dq_acc + at, dp, bq, dp, bk, true);
         }
       }
     }
@@ -156,7 +161,7 @@ struct Pass {
   }
 
   void dkdv(int64_t b, int64_t kvh, int64_t kb, Scratch& w) const {
-    key_block(sequence_slice(p, b), b, kvh, kb, w, nullptr);
+    key_block(sequence_slice(p, b), b, kvh, kb, w, GroupRows{});
   }
 
   // Rows [i0, i0 + bq) of dQ of head h from acc (bq x dp).
@@ -194,26 +199,41 @@ struct Pass {
       load_rows(p.v, p.v_stride, s, s.k_row0 + j0, kvh, bk, w.v.data());
       transpose(w.k.data(), dp, d, w.kt.data());
       transpose(w.v.data(), dp, d, w.vt.data());
-      probs_and_ds(s, b, h, i0, bq, j0, bk, w);
+      probs_and_ds(s, b, h, i0, bq, j0, bk, w.q.data(), w.dout.data(), w);
       gemm(w.ds.data(), kTile, 1, w.k.data(), dp, w.acc1.data(), dp, bq, dp, bk, true);  // dQ += dS K
     }
     store_dq(s, h, i0, bq, w.acc1.data());
     return dsink_share(s, h, i0, bq);
   }
 
-  // One pass over (sequence b, kv head kvh): every key block in order, dQ of the group's q heads into dq_acc, then
-  // stored; the q blocks' dsink shares into dsink_parts[(h - h0) * q_blocks + qb] (the caller points it at the
-  // group's first q task).
-  void one_pass(int64_t b, int64_t kvh, Scratch& w, std::vector<float>& dq_acc, double* dsink_parts) const {
+  // A one-pass task's buffers: Q and dO of the group's q heads (fp32, loaded once), dQ's accumulator.
+  struct GroupBuffers {
+    std::vector<float> q, dout, dq_acc;
+  };
+
+  // One pass over (sequence b, kv head kvh): the group's Q and dO rows loaded once, every key block in order, dQ of
+  // the group's q heads accumulated, then stored; the q blocks' dsink shares into dsink_parts[(h - h0) * q_blocks +
+  // qb] (the caller points it at the group's first q task).
+  void one_pass(int64_t b, int64_t kvh, Scratch& w, GroupBuffers& gb, double* dsink_parts) const {
     const SequenceSlice s = sequence_slice(p, b);
     const int64_t q_blocks = (s.seq_q + kTile - 1) / kTile, q_rows = q_blocks * kTile;
-    dq_acc.assign(size_t(p.group_size() * q_rows * dp), 0.f);
-    for (int64_t kb = 0; kb * kTile < s.seq_k; ++kb) key_block(s, b, kvh, kb, w, dq_acc.data());
     const int64_t h0 = kvh * p.group_size();
+    const size_t n = size_t(p.group_size() * q_rows * dp);
+    gb.q.resize(n), gb.dout.resize(n);
+    gb.dq_acc.assign(n, 0.f);
+    for (int64_t h = h0; h < h0 + p.group_size(); ++h) {
+      for (int64_t i0 = 0; i0 < s.seq_q; i0 += kTile) {
+        const int64_t bq = std::min(kTile, s.seq_q - i0), at = ((h - h0) * q_rows + i0) * dp;
+        load_rows(p.q, p.q_stride, s, s.q_row0 + i0, h, bq, gb.q.data() + at);
+        load_rows(bp.dout, bp.dout_stride, s, s.q_row0 + i0, h, bq, gb.dout.data() + at);
+      }
+    }
+    const GroupRows g{gb.q.data(), gb.dout.data(), gb.dq_acc.data()};
+    for (int64_t kb = 0; kb * kTile < s.seq_k; ++kb) key_block(s, b, kvh, kb, w, g);
     for (int64_t h = h0; h < h0 + p.group_size(); ++h) {
       for (int64_t qb = 0; qb < q_blocks; ++qb) {
         const int64_t i0 = qb * kTile, bq = std::min(kTile, s.seq_q - i0);
-        store_dq(s, h, i0, bq, dq_acc.data() + ((h - h0) * q_rows + i0) * dp);
+        store_dq(s, h, i0, bq, gb.dq_acc.data() + ((h - h0) * q_rows + i0) * dp);
         dsink_parts[(h - h0) * q_blocks + qb] = dsink_share(s, h, i0, bq);
       }
     }
@@ -284,18 +304,18 @@ void run_backward_cpu(const BackwardProblem& bp) {
   const int64_t waves = (whole_tasks + threads - 1) / threads;
   const bool balanced = p.varlen() ? whole_tasks >= 2 * threads : 5 * waves * threads <= 7 * whole_tasks;
   const bool one_pass =
-      balanced && threads * p.group_size() * max_q_rows * dp * int64_t(sizeof(float)) <= kOnePassBufferBytes;
+      balanced && threads * 3 * p.group_size() * max_q_rows * dp * int64_t(sizeof(float)) <= kOnePassBufferBytes;
   if (one_pass) {
 #pragma omp parallel
     {
       Scratch w(dp);
-      std::vector<float> dq_acc;
+      Pass::GroupBuffers gb;
 #pragma omp for schedule(dynamic)
       for (int64_t t = 0; t < whole_tasks; ++t) {
         const int64_t b = t / p.kv_heads, g = t % p.kv_heads;
         const int64_t q_blocks = (sequence_slice(p, b).seq_q + kTile - 1) / kTile;
         double* parts = dsink_parts.data() + first_q_task[size_t(b)] + g * p.group_size() * q_blocks;
-        pass.one_pass(b, g, w, dq_acc, parts);
+        pass.one_pass(b, g, w, gb, parts);
       }
     }
   } else {
