@@ -2,7 +2,9 @@
 tensors: fp32 (or --dtype bfloat16), B 1, H 8, D 64, torch with the process's threads (OMP_NUM_THREADS).
 
 Per shape: forward + backward through autograd (flashlite.attention and torch SDPA on tensors that require grad, then
-torch.autograd.grad), and flashlite's backward alone (flashlite.attention_backward on the forward's out and LSE).
+torch.autograd.grad), and flashlite's backward alone (flashlite.attention_backward on the forward's out and LSE). Each
+one's gradients (dq, dk, dv) are compared with torch SDPA's in float64 on the same inputs: the relative error
+|g - g64| / |g64|, the largest of the three.
 Paths are interleaved in rounds; each reports its best time over all rounds (the CPU's noise only ever adds).
 
     OMP_NUM_THREADS=2 python3 bench/bwd/cpu_side_by_side.py --out bench/results/cpu/bwd_cpu.json
@@ -71,15 +73,23 @@ def main(argv=None):
         grads = {n: fn() for n, fn in paths.items() if n.endswith("fwd_bwd")}  # warm-up, and the check below
         diff = max((a.float() - r.float()).abs().max().item()
                    for a, r in zip(grads["flashlite_fwd_bwd"], grads["sdpa_fwd_bwd"]))
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        o64 = F.scaled_dot_product_attention(q64.transpose(1, 2), k64.transpose(1, 2), v64.transpose(1, 2),
+                                             is_causal=causal).transpose(1, 2)
+        ref = torch.autograd.grad(o64, (q64, k64, v64), dout.double())
+        rel_err = {n: max(((a.double() - r).norm() / r.norm()).item() for a, r in zip(gr, ref))
+                   for n, gr in grads.items()}
         times = {n: float("inf") for n in paths}
         for _ in range(args.rounds):
             for n, fn in paths.items():
                 times[n] = min(times[n], best_ms(fn, args.reps))
-        row = {"seq": s, "causal": causal, "max_abs_grad_diff": diff}
+        row = {"seq": s, "causal": causal, "max_abs_grad_diff": diff,
+               "grad_rel_err_vs_float64": {n.removesuffix("_fwd_bwd"): e for n, e in rel_err.items()}}
         row |= {n: {"ms": round(t, 2)} for n, t in times.items()}
         res["rows"].append(row)
         print(f"S {s:5d} {'causal' if causal else 'full  '}  " + "  ".join(f"{n} {t:7.1f} ms" for n, t in times.items())
-              + f"  grad diff {diff:.1e}", flush=True)
+              + f"  grad diff {diff:.1e}  rel err vs float64 "
+              + " ".join(f"{n} {e:.1e}" for n, e in row["grad_rel_err_vs_float64"].items()), flush=True)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     return res

@@ -68,4 +68,5 @@ def test_cpu_backward_bench_matches_torch(tmp_path):
     assert [(r["seq"], r["causal"]) for r in out["rows"]] == [(130, False), (96, True)]
     for r in out["rows"]:
         assert r["max_abs_grad_diff"] < 1e-4, r
+        assert r["grad_rel_err_vs_float64"]["flashlite"] < 1e-5, r
         assert all(r[p]["ms"] > 0 for p in ("flashlite_fwd_bwd", "sdpa_fwd_bwd", "flashlite_bwd")), r
