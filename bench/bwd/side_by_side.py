@@ -65,25 +65,25 @@ def flex(window, sink_tokens):
     return fwd
 
 
-def start_event():
-    """A recorded CUDA event behind a 2 ms GPU sleep: the host queues the timed call while the GPU sleeps."""
-    torch.cuda._sleep(2000 * GPU_CYCLES_PER_US)  # 2 ms
-    a = torch.cuda.Event(enable_timing=True)
-    a.record()
-    return a
+def gpu_times_ms(call, reps):
+    """GPU milliseconds of each of `reps` calls, each queued behind a 2 ms GPU sleep (the host queues the call while
+    the GPU sleeps, so its launch latency is not counted)."""
+    times = []
+    for _ in range(reps):
+        torch.cuda._sleep(2000 * GPU_CYCLES_PER_US)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        call()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return times
 
 
 def time_backward(fn, q, k, v, dout, reps):
     out = fn(q, k, v)
     grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # warm-up (and compile)
-    times = []
-    for _ in range(reps):
-        a, b = start_event(), torch.cuda.Event(enable_timing=True)
-        torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return times, grads
+    return gpu_times_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), reps), grads
 
 
 def load_capi(path):
@@ -112,14 +112,7 @@ def capi_backward(lib, kernel, causal, window, sink_tokens):
             if rc != 0:
                 raise RuntimeError(lib.fl_last_error().decode())
         call()  # warm-up
-        times = []
-        for _ in range(reps):
-            a, e = start_event(), torch.cuda.Event(enable_timing=True)
-            call()
-            e.record()
-            e.synchronize()
-            times.append(a.elapsed_time(e))
-        return times, (dq.clone(), dk.clone(), dv.clone())
+        return gpu_times_ms(call, reps), (dq.clone(), dk.clone(), dv.clone())
     return run
 
 

@@ -214,37 +214,6 @@ __device__ __forceinline__ void grads_transposed_tile(uint32_t (&dsk)[NB][2], co
        : grads_transposed_tile_as<T, BM, NB, true>(dsk, terms, t2, x, dp);
 }
 
-// Row-major, both passes at once, element by element: dS packed as the A fragment, a thread's S and dP registers
-// spent as it fills.
-template <class T, int NB, bool SOFTCAP, bool MASKED>
-__device__ __forceinline__ void probs_grads_tile_as(uint32_t (&dsk)[NB][2], const BwdParams& p, const RowTerms rt[2],
-                                                    int key0, float* x, const float* dp) {
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = nb * 4 + 2 * r;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const bool vis = !MASKED || key_visible(key0 + nb * 8 + e, rt[r].lo, rt[r].hi, rt[r].se);
-        prob_in_place<SOFTCAP>(p, x[i + e], rt[r].l2, vis);
-      }
-      dsk[nb][r] = cuda_fwd::pack2<T>(grad_of<MASKED>(x[i], dp[i], rt[r].d),
-                                      grad_of<MASKED>(x[i + 1], dp[i + 1], rt[r].d));
-    }
-}
-template <class T, int NB>
-__device__ __forceinline__ void probs_grads_tile(uint32_t (&dsk)[NB][2], const BwdParams& p, const RowTerms rt[2],
-                                                 int key0, bool full, float* x, const float* dp) {
-  if (p.softcap > 0.f) {
-    full ? probs_grads_tile_as<T, NB, true, false>(dsk, p, rt, key0, x, dp)
-         : probs_grads_tile_as<T, NB, true, true>(dsk, p, rt, key0, x, dp);
-  } else {
-    full ? probs_grads_tile_as<T, NB, false, false>(dsk, p, rt, key0, x, dp)
-         : probs_grads_tile_as<T, NB, false, true>(dsk, p, rt, key0, x, dp);
-  }
-}
-
 // Both passes at once, element by element (P^T and dS^T packed as A fragments): a thread's S^T and dP^T registers are
 // spent as the fragments fill, for tiles whose two accumulators and both fragments would not fit side by side.
 template <class T, int BM, int NB, bool SOFTCAP, bool MASKED>

@@ -548,11 +548,12 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
         wgmma_wait<0>();  // dP
         pin_regs(dp);
         cuda_bwd::grads_tile<T, NB>(dsk, rt, full, sc, dp);
-      } else {  // 128 keys: S and dP (64 registers each) are spent as dS fills, after both have landed
+      } else {  // 128 keys: both products land before P and dS are formed (dS fills as S and dP are spent)
         wgmma_wait<0>();
         pin_regs(sc);
         pin_regs(dp);
-        cuda_bwd::probs_grads_tile<T, NB>(dsk, p, rt, j0 + 2 * t, full, sc, dp);
+        cuda_bwd::probs_tile<NB>(p, rt, j0 + 2 * t, full, sc);
+        cuda_bwd::grads_tile<T, NB>(dsk, rt, full, sc, dp);
       }
       wgmma_fence();
       issue_frag_product<T, D, BC>(dq, dsk, sK(st), Cfg::KC_BLOCK);  // dQ += dS K
