@@ -421,6 +421,20 @@ std::vector<GridCase> grid_cases() {
     s.sink_logits = false;
     add("varlen_window_sinks_block0_leads_d128", s);
   }
+  // Grids of several waves (the cases above fit in one on an H100's 132 SMs): dK / dV 160 CTAs and dQ 640 here;
+  // varlen, 480 each, most of them past a sequence's end.
+  {
+    Spec s = shape(520, 520, 32, 8, 64);
+    s.batch = 4;
+    s.mask.causal = true;
+    add("waves_gqa4_causal", s);
+    s = shape(0, 0, 8, 8, 128);
+    s.varlen_q = {520, 0, 1, 390, 260, 130, 700, 520, 64, 333};
+    s.varlen_k = s.varlen_q;
+    s.mask = {true, 200, -1, 4};
+    s.sink_logits = true;
+    add("waves_varlen_window_sinks_d128", s);
+  }
   return cs;
 }
 
