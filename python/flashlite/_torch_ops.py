@@ -4,8 +4,10 @@ tensors (its eager calls skip the ops' dispatch).
 
 The ops are defined with torch.library.Library, not torch.library.custom_op: custom_op wraps every call in Python
 layers (an autograd wrapper that redispatches, a backend wrapper that checks aliasing) which cost more host time than
-the kernel of a small call. Here the Autograd-key kernel is ours: on plain CPU / CUDA tensors with nothing for
-autograd to record it runs the kernel at once; fake and functional tensors and dispatch modes (torch.compile's
+the kernel of a small call. The kernels of flashlite::attention and flashlite::attention_backward, and their
+Autograd-key kernels, are C++ (flashlite/_torch_C, python/src/torch_ops.cpp) when the build found the torch that runs
+(NATIVE_OPS); otherwise the Python kernels below serve, with the same behaviour: on plain CPU / CUDA tensors with
+nothing for autograd to record the kernel runs at once; fake and functional tensors and dispatch modes (torch.compile's
 tracing) get the op below autograd, as custom_op does; recorded calls get the autograd formula.
 
 CUDA-graph safety: the ops run on torch's current stream, allocate through torch (outputs and the workspace
@@ -16,6 +18,8 @@ synchronise with the host. Varlen batches read cu_seqlens from CPU tensors; the 
 sequences in its launch parameters (capturable), the naive backend copies them to the device with cudaMemcpyAsync
 (not capturable).
 """
+
+import pathlib
 
 import torch
 from torch.utils import dlpack as _dlpack
@@ -173,9 +177,28 @@ _lib.define(f"attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tenso
 attention_op = torch.ops.flashlite.attention.default  # out [B, Sq, Hq, D] (q's dtype), lse [B, Hq, Sq] fp32
 attention_out_op = torch.ops.flashlite.attention_out.default  # writes out; returns lse
 attention_backward_op = torch.ops.flashlite.attention_backward.default  # (dq, dk, dv, dsink_logits or empty)
-_lib.impl("attention", _forward, "CompositeExplicitAutograd")
+
+
+def _load_native_ops():
+    """Loads flashlite/_torch_C (the C++ kernels and autograd of attention and attention_backward) when the build
+    made it for this torch (its version in _torch_C.version); True when loaded. A library built for another torch is
+    never loaded (its ABI may differ): the Python kernels serve instead."""
+    here = pathlib.Path(__file__).parent
+    try:
+        built_for = (here / "_torch_C.version").read_text().strip()
+    except OSError:
+        return False
+    if built_for != torch.__version__:
+        return False
+    torch.ops.load_library(str(here / "_torch_C.so"))
+    return True
+
+
+NATIVE_OPS = _load_native_ops()
+if not NATIVE_OPS:
+    _lib.impl("attention", _forward, "CompositeExplicitAutograd")
+    _lib.impl("attention_backward", _attention_backward, "CompositeExplicitAutograd")
 _lib.impl("attention_out", _attention_out, "CompositeExplicitAutograd")
-_lib.impl("attention_backward", _attention_backward, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("flashlite::attention", lib=_lib)
@@ -314,12 +337,13 @@ def _autograd_kernel(op, kernel, recorded, grad_inputs):
     return autograd_kernel
 
 
-_lib.impl("attention", _autograd_kernel(attention_op, _forward, _record_attention, (0, 1, 2, 3)), "Autograd",
-          with_keyset=True)
+if not NATIVE_OPS:
+    _lib.impl("attention", _autograd_kernel(attention_op, _forward, _record_attention, (0, 1, 2, 3)), "Autograd",
+              with_keyset=True)
+    _lib.impl("attention_backward", _autograd_kernel(attention_backward_op, _attention_backward,
+                                                     _NoDoubleBackward.apply, range(8)), "Autograd", with_keyset=True)
 _lib.impl("attention_out", _autograd_kernel(attention_out_op, _attention_out, _refuse_out_grad, (0, 1, 2, 3, 4)),
           "Autograd", with_keyset=True)
-_lib.impl("attention_backward", _autograd_kernel(attention_backward_op, _attention_backward, _NoDoubleBackward.apply,
-                                                 range(8)), "Autograd", with_keyset=True)
 
 
 # --- autocast ---------------------------------------------------------------------------------------------------------
@@ -457,6 +481,14 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), sink_tokens
     return (out, lse) if return_lse else out
 
 
+def _on_cpu_or_cuda(*tensors):
+    """Whether every tensor given (None entries allowed) is in CPU or CUDA memory."""
+    for t in tensors:
+        if t is not None and not (t.is_cuda or t.is_cpu):
+            return False
+    return True
+
+
 def _attention_checked(q, k, v, out, sink_logits, cu_seqlens_q, cu_seqlens_k, options, want_lse):
     """(out, lse) for checked arguments (options: _args.options's tuple); lse may be None when not wanted.
     flashlite.attention's and the SDPA drop-in's common path."""
@@ -468,6 +500,10 @@ def _attention_checked(q, k, v, out, sink_logits, cu_seqlens_q, cu_seqlens_k, op
     if eager_plain(q, k, v):
         if out is None:  # with out= the call runs as given (torch's out= functions are not autocast either)
             q, k, v = autocast_inputs(q, k, v)
+            # The op's C++ kernels and autograd: less host time than either path below. (A meta tensor would take
+            # the op's fake and pass; the paths below name its device.)
+            if NATIVE_OPS and _on_cpu_or_cuda(q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k):
+                return attention_op(q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k, *options)
         if needs_grad(q, k, v, sink_logits):
             return _Attention.apply(q, k, v, sink_logits, cu_seqlens_q, cu_seqlens_k, options)
         lse = _new_lse(q) if want_lse else None  # the kernels skip the LSE when given none

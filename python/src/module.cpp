@@ -17,17 +17,15 @@
 #include "flashlite/errors.h"
 #include "flashlite/tensor.h"
 #include "flashlite/version.h"
+#include "scratch.h"
 #include "views.h"
-
-#if FLASHLITE_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace nb = nanobind;
 using namespace flashlite;
 
 namespace {
 
+using py::backend_allocates;
 using py::InArray;
 using py::OutArray;
 using py::opt_view;
@@ -94,26 +92,6 @@ void swap_seq_and_heads(TensorView& t) {
   if (t.rank != 4) return;  // validation names the rank
   std::swap(t.shape[1], t.shape[2]);
   std::swap(t.strides[1], t.strides[2]);
-}
-
-// Whether a scratch of `bytes` for a call on `stream` can be left to the backend's own stream-ordered allocation: a
-// few bytes (the Hopper kernel's tile counter) outside a CUDA graph capture. That costs no host time beside a torch
-// allocation through Python (4 us a call on the H100 machine); under capture `allocate` serves, so that the graph
-// holds no memory node.
-bool backend_allocates(size_t bytes, Device dev, void* stream) {
-#if FLASHLITE_WITH_CUDA
-  constexpr size_t kSmallScratch = 4096;
-  if (bytes > kSmallScratch || dev.type != DeviceType::cuda) return false;
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
-    (void)cudaGetLastError();  // not left for the launch's error check to report; torch's allocation serves instead
-    return false;
-  }
-  return status == cudaStreamCaptureStatusNone;
-#else
-  (void)bytes, (void)dev, (void)stream;
-  return false;
-#endif
 }
 
 // Runs the attention. Scratch memory (the CUDA naive backend's; the fused kernels' for rows past 32768 keys; the

@@ -3,6 +3,9 @@ torch.compile tracing (aot_eager, and inductor with fullgraph=True), SDPA semant
 flashlite.torch.scaled_dot_product_attention and its errors, and where autograd cannot go: decode and prefill are
 forward-only (their backward raises NotImplementedError naming them), out= with inputs that require grad raises at
 once, and nothing comes back silently detached. The gradients themselves: test_py_backward.py."""
+import os
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -378,3 +381,56 @@ def test_kv_functions_say_forward_only(fn):
         got.sum().backward()
     with pytest.raises(RuntimeError, match=r"out=...\) does not support automatic differentiation"):
         call(q.requires_grad_(), cache, out=torch.empty_like(q))
+
+
+# --- the ops' C++ kernels (flashlite/_torch_C) and the Python ones -----------------------------------------------
+
+def test_native_ops_loaded_when_built_for_this_torch():
+    """A build that made flashlite/_torch_C for this torch (_torch_C.version beside it) loads it, so every other test
+    here runs the ops' C++ kernels and autograd; a build without it runs the Python kernels (next test)."""
+    from flashlite import _torch_ops
+    pkg = pathlib.Path(_torch_ops.__file__).parent
+    version = pkg / "_torch_C.version"
+    built = version.exists() and version.read_text().strip() == torch.__version__
+    assert _torch_ops.NATIVE_OPS == built
+
+
+_FALLBACK_SCRIPT = r"""
+import torch, flashlite
+from flashlite import _torch_ops
+assert not _torch_ops.NATIVE_OPS
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(2, 19, h, 32, generator=g) for h in (4, 2, 2))
+sink = torch.randn(4)
+ts = [t.clone().requires_grad_() for t in (q, k, v, sink)]
+out = flashlite.attention(*ts[:3], sink_logits=ts[3], causal=True, window=(6, -1), sink_tokens=1)
+dout = torch.randn(out.shape, generator=g)
+eager = torch.autograd.grad((out * dout).sum(), ts)
+out2, _ = torch.ops.flashlite.attention(*ts, None, None, True, None, 6, -1, 1, 0.0, "auto")
+via_op = torch.autograd.grad((out2 * dout).sum(), ts)
+ref = flashlite.reference(q, k, v, sink_logits=sink, causal=True, window=(6, -1), sink_tokens=1)[0]
+torch.testing.assert_close(out.detach().double(), torch.from_numpy(ref), rtol=1e-5, atol=1e-5)
+for a, b in zip(eager, via_op):
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+compiled = torch.compile(lambda *t: flashlite.attention(*t, causal=True), backend="aot_eager", fullgraph=True)
+torch.testing.assert_close(compiled(q, k, v), flashlite.attention(q, k, v, causal=True), rtol=0, atol=0)
+print("fallback ok")
+"""
+
+
+def test_python_kernels_serve_without_native_ops(tmp_path):
+    """The package without flashlite/_torch_C (a build without torch, or for another torch): the Python kernels and
+    autograd give the same results, eager, through the op, and under torch.compile."""
+    import shutil
+    import subprocess
+    import sys
+    from flashlite import _torch_ops
+    pkg = pathlib.Path(_torch_ops.__file__).parent
+    dst = tmp_path / "flashlite"
+    dst.mkdir()
+    for f in pkg.iterdir():
+        if f.is_file() and not f.name.startswith("_torch_C"):
+            shutil.copy(f.resolve(), dst / f.name)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", _FALLBACK_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "fallback ok" in r.stdout, r.stdout + r.stderr
