@@ -169,14 +169,24 @@ void attach_scratch(Args& a, size_t bytes, const Tensor& like, Tensor& hold, boo
 
 // ---------------------------------------------------------------------------------------------------------- kernels
 
+// What both ops' arguments share: q, k, v, the options, the stream.
+template <class Args>
+void set_inputs(Args& a, const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& sink_logits,
+                const OptTensor& cu_q, const OptTensor& cu_k, const Options& o) {
+  a.q = view(q, "q");
+  a.k = view(k, "k");
+  a.v = view(v, "v");
+  a.options = attention_options(o, sink_logits, cu_q, cu_k);
+  a.backend = flashlite::parse_backend(o.backend);
+  a.stream = current_stream(q);
+}
+
 std::tuple<Tensor, Tensor> attention_kernel(const Tensor& q, const Tensor& k, const Tensor& v,
                                             const OptTensor& sink_logits, const OptTensor& cu_q, const OptTensor& cu_k,
                                             const Options& o) {
   try {
     flashlite::ForwardArgs a;
-    a.q = view(q, "q");
-    a.k = view(k, "k");
-    a.v = view(v, "v");
+    set_inputs(a, q, k, v, sink_logits, cu_q, cu_k, o);
     // out like q, contiguous; lse [batch, q_heads, seq_q] (varlen: [1, q_heads, total_q]), empty for other ranks
     // (validation then names q's rank)
     Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
@@ -184,9 +194,6 @@ std::tuple<Tensor, Tensor> attention_kernel(const Tensor& q, const Tensor& k, co
                               : at::empty({0}, q.options().dtype(at::kFloat));
     a.out = view(out, "out");
     a.lse = view(lse, "lse");
-    a.options = attention_options(o, sink_logits, cu_q, cu_k);
-    a.backend = flashlite::parse_backend(o.backend);
-    a.stream = current_stream(q);
     Tensor scratch;
     attach_scratch(a, flashlite::forward_workspace_bytes(a), q, scratch, true);
     flashlite::forward(a);
@@ -196,16 +203,13 @@ std::tuple<Tensor, Tensor> attention_kernel(const Tensor& q, const Tensor& k, co
   }
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_kernel(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                                     const Tensor& out, const Tensor& lse,
-                                                                     const Tensor& dout, const OptTensor& dlse,
-                                                                     const OptTensor& sink_logits, const OptTensor& cu_q,
-                                                                     const OptTensor& cu_k, const Options& o) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_kernel(
+    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& dout,
+    const OptTensor& dlse, const OptTensor& sink_logits, const OptTensor& cu_q, const OptTensor& cu_k,
+    const Options& o) {
   try {
     flashlite::BackwardArgs a;
-    a.q = view(q, "q");
-    a.k = view(k, "k");
-    a.v = view(v, "v");
+    set_inputs(a, q, k, v, sink_logits, cu_q, cu_k, o);
     a.out = view(out, "out");
     a.lse = view(lse, "lse");
     const Tensor dout_c = dout.contiguous();
@@ -221,9 +225,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_kernel(const Tenso
     a.dk = view(dk, "dk");
     a.dv = view(dv, "dv");
     if (sinks) a.dsink_logits = view(dsink, "dsink_logits");
-    a.options = attention_options(o, sink_logits, cu_q, cu_k);
-    a.backend = flashlite::parse_backend(o.backend);
-    a.stream = current_stream(q);
     Tensor scratch;
     attach_scratch(a, flashlite::backward_workspace_bytes(a), q, scratch, false);
     flashlite::backward(a);
@@ -234,9 +235,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_kernel(const Tenso
 }
 
 // The schemas' trailing options (SymInt: concrete in every kernel here; fake tensors take the Python fakes).
-#define FL_OPTION_PARAMS                                                                                            \
-  bool causal, std::optional<double> scale, c10::SymInt window_left, c10::SymInt window_right, c10::SymInt sink_tokens, \
-      double softcap, c10::string_view backend
+#define FL_OPTION_PARAMS                                                                                 \
+  bool causal, std::optional<double> scale, c10::SymInt window_left, c10::SymInt window_right,               \
+      c10::SymInt sink_tokens, double softcap, c10::string_view backend
 #define FL_OPTIONS                                                                                                  \
   Options {                                                                                                         \
     causal, scale, window_left.expect_int(), window_right.expect_int(), sink_tokens.expect_int(), softcap,          \
