@@ -20,6 +20,7 @@ sequences in its launch parameters (capturable), the naive backend copies them t
 """
 
 import pathlib
+import warnings
 
 import torch
 from torch.utils import dlpack as _dlpack
@@ -181,17 +182,27 @@ attention_backward_op = torch.ops.flashlite.attention_backward.default  # (dq, d
 
 def _load_native_ops():
     """Loads flashlite/_torch_C (the C++ kernels and autograd of attention and attention_backward) when the build
-    made it for this torch (its version in _torch_C.version); True when loaded. A library built for another torch is
-    never loaded (its ABI may differ): the Python kernels serve instead."""
+    made it for this torch (its version in _torch_C.version); True when loaded. A build without torch made none: the
+    Python kernels serve, silently. A library built for another torch is never loaded (its ABI may differ), and one
+    that fails to load is not used: the Python kernels serve, with a warning saying why and how to get the C++ ones."""
     here = pathlib.Path(__file__).parent
     try:
         built_for = (here / "_torch_C.version").read_text().strip()
     except OSError:
         return False
+    lib = here / "_torch_C.so"
     if built_for != torch.__version__:
-        return False
-    torch.ops.load_library(str(here / "_torch_C.so"))
-    return True
+        why = f"{lib.name} was built for torch {built_for}, this is torch {torch.__version__}"
+    else:
+        try:
+            torch.ops.load_library(str(lib))
+            return True
+        except OSError as err:
+            why = f"{lib} failed to load ({err})"
+    warnings.warn(f"flashlite: {why}; the torch ops run their Python kernels (the same results, more host time per "
+                  "call). Rebuild flashlite against this torch (pip install --no-build-isolation) for the C++ ones.",
+                  RuntimeWarning, stacklevel=2)
+    return False
 
 
 NATIVE_OPS = _load_native_ops()

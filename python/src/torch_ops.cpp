@@ -3,9 +3,9 @@
 // autograd function). flashlite/_torch_ops.py defines the ops' schemas, their fake implementations (torch.compile),
 // their Autocast kernels and flashlite::attention_out, then loads this library when it was built against the torch
 // that runs (CMake writes that torch's version beside it: _torch_C.version); otherwise it registers its Python
-// kernels instead. The reason for C++ is host time: a call through the
-// Python kernels cost 21.5 us against SDPA's 17.1 on the H100 machine, and one that autograd records 30.6 against 21.1
-// (a Python autograd.Function alone costs ~6 us). Errors are flashlite's, raised as ValueError / TypeError /
+// kernels instead. The reason for C++ is host time: a call through the Python kernels cost 21.5 us against SDPA's
+// 17.1 on the H100 machine, and one that autograd records 30.6 against 21.1 (a Python autograd.Function alone costs
+// ~6 us). Errors are flashlite's, raised as ValueError / TypeError /
 // RuntimeError with the same messages as the Python path.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -234,14 +234,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_kernel(
   }
 }
 
-// The schemas' trailing options (SymInt: concrete in every kernel here; fake tensors take the Python fakes).
+// The schemas' trailing options. SymInt: concrete on real tensors; a symbolic one (torch.compile tracing a window
+// made from a shape) is specialised, as the Python kernels' int() did.
 #define FL_OPTION_PARAMS                                                                                 \
   bool causal, std::optional<double> scale, c10::SymInt window_left, c10::SymInt window_right,               \
       c10::SymInt sink_tokens, double softcap, c10::string_view backend
 #define FL_OPTIONS                                                                                                  \
   Options {                                                                                                         \
-    causal, scale, window_left.expect_int(), window_right.expect_int(), sink_tokens.expect_int(), softcap,          \
-        std::string(backend)                                                                                        \
+    causal, scale, window_left.guard_int(__FILE__, __LINE__), window_right.guard_int(__FILE__, __LINE__),           \
+        sink_tokens.guard_int(__FILE__, __LINE__), softcap, std::string(backend)                                    \
   }
 #define FL_OPTION_ARGS(o)                                                                                            \
   o.causal, o.scale, c10::SymInt(o.window_left), c10::SymInt(o.window_right), c10::SymInt(o.sink_tokens), o.softcap, \

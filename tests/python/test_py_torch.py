@@ -418,9 +418,11 @@ print("fallback ok")
 """
 
 
-def test_python_kernels_serve_without_native_ops(tmp_path):
-    """The package without flashlite/_torch_C (a build without torch, or for another torch): the Python kernels and
-    autograd give the same results, eager, through the op, and under torch.compile."""
+@pytest.mark.parametrize("case", ["other_torch", "broken_library"])
+def test_python_kernels_serve_without_native_ops(tmp_path, case):
+    """The package with flashlite/_torch_C built for another torch, or one that fails to load (and, silently, without
+    it: a build without torch): the library is not used, a warning says why, and the Python kernels and autograd give
+    the same results, eager, through the op, and under torch.compile."""
     import shutil
     import subprocess
     import sys
@@ -431,6 +433,14 @@ def test_python_kernels_serve_without_native_ops(tmp_path):
     for f in pkg.iterdir():
         if f.is_file() and not f.name.startswith("_torch_C"):
             shutil.copy(f.resolve(), dst / f.name)
+    if case == "other_torch":  # and no library: it is not even looked for
+        (dst / "_torch_C.version").write_text("0.0.0+another\n")
+        expect = "_torch_C.so was built for torch 0.0.0+another, this is torch"
+    else:
+        (dst / "_torch_C.version").write_text(torch.__version__ + "\n")
+        (dst / "_torch_C.so").write_bytes(b"not a shared library")
+        expect = "_torch_C.so failed to load"
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     r = subprocess.run([sys.executable, "-c", _FALLBACK_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "fallback ok" in r.stdout, r.stdout + r.stderr
+    assert expect in r.stderr and "the torch ops run their Python kernels" in r.stderr, r.stderr
