@@ -1,6 +1,6 @@
 """The torch custom ops flashlite::attention, flashlite::attention_out and flashlite::attention_backward, with fake
 implementations so torch.compile can trace them and CUDA graphs can capture them, and flashlite.attention for torch
-tensors (its eager calls skip the ops' dispatch).
+tensors (its eager calls take the op when its kernels are C++, else skip the op's dispatch).
 
 The ops are defined with torch.library.Library, not torch.library.custom_op: custom_op wraps every call in Python
 layers (an autograd wrapper that redispatches, a backend wrapper that checks aliasing) which cost more host time than
