@@ -17,7 +17,7 @@
 #include "flashlite/errors.h"
 #include "flashlite/tensor.h"
 #include "flashlite/version.h"
-#include "scratch.h"
+#include "bridge_common.h"
 #include "views.h"
 
 namespace nb = nanobind;
@@ -96,8 +96,9 @@ void swap_seq_and_heads(TensorView& t) {
 
 // Runs the attention. Scratch memory (the CUDA naive backend's; the fused kernels' for rows past 32768 keys; the
 // Hopper kernel's tile counter) comes from `workspace` (a byte array on the device) when given, else from `allocate`
-// (attach_allocated), except a small one outside graph capture (backend_allocates). heads_first: q, k, v and out come as [batch, heads, seq, head_dim] (the SDPA drop-in's
-// tensors, which then need no transpose in Python); lse is [batch, q_heads, seq_q] either way.
+// (attach_allocated), except a small one outside graph capture (backend_allocates). heads_first: q, k, v and out come
+// as [batch, heads, seq, head_dim] (the SDPA drop-in's tensors, which then need no transpose in Python); lse is
+// [batch, q_heads, seq_q] either way.
 void py_forward(FL_PY_PARAMS, const std::optional<OutArray>& workspace, nb::object allocate, bool heads_first) {
   ForwardArgs a = make_args(FL_PY_ARGS);
   if (heads_first) {

@@ -25,7 +25,7 @@
 #include "flashlite/backward.h"
 #include "flashlite/errors.h"
 #include "flashlite/tensor.h"
-#include "scratch.h"
+#include "bridge_common.h"
 
 #if FLASHLITE_WITH_CUDA && FLASHLITE_TORCH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -79,8 +79,7 @@ std::string layout_name(c10::Layout layout) {
 // as flashlite/_check.py does for the DLPack path.
 TensorView view(const Tensor& t, const char* name) {
   if (t.device().type() != c10::DeviceType::CPU && t.device().type() != c10::DeviceType::CUDA) {
-    throw Error(ErrorKind::invalid_value, std::string(name) + " is on " + t.device().str() +
-                                              "; expected CPU or CUDA memory");
+    throw flashlite::py::device_error(name, t.device().str());
   }
   if (t.layout() != c10::kStrided) {
     throw Error(ErrorKind::invalid_type, std::string(name) + " is a " + layout_name(t.layout()) +
@@ -96,15 +95,10 @@ TensorView view(const Tensor& t, const char* name) {
     case at::kHalf: v.dtype = DType::f16; break;
     case at::kBFloat16: v.dtype = DType::bf16; break;
     case at::kInt: v.dtype = DType::i32; break;
-    default:
-      throw Error(ErrorKind::invalid_type, std::string(name) + " has dtype " + dtype_name(t) +
-                                               "; expected float32, float16 or bfloat16 (int32 for cu_seqlens)");
+    default: throw flashlite::py::dtype_error(name, dtype_name(t));
   }
   v.device = t.is_cuda() ? Device::cuda(t.get_device()) : Device::cpu();
-  if (t.dim() > flashlite::kMaxRank) {
-    throw Error(ErrorKind::invalid_value, std::string(name) + " has rank " + std::to_string(t.dim()) +
-                                              "; expected at most " + std::to_string(flashlite::kMaxRank));
-  }
+  flashlite::py::check_rank(t.dim(), name);
   v.data = t.data_ptr();
   v.rank = int(t.dim());
   for (int i = 0; i < v.rank; ++i) {
@@ -135,13 +129,9 @@ int narrow(int64_t x, const char* name) {
 
 flashlite::AttentionOptions attention_options(const Options& o, const OptTensor& sink_logits, const OptTensor& cu_q,
                                               const OptTensor& cu_k) {
-  flashlite::AttentionOptions a;
-  a.causal = o.causal;
-  a.scale = o.scale;
-  a.window_left = narrow(o.window_left, "window_left");
-  a.window_right = narrow(o.window_right, "window_right");
-  a.sink_tokens = narrow(o.sink_tokens, "sink_tokens");
-  a.softcap = o.softcap;
+  flashlite::AttentionOptions a = flashlite::py::mask_options(o.causal, o.scale, narrow(o.window_left, "window_left"),
+                                                              narrow(o.window_right, "window_right"),
+                                                              narrow(o.sink_tokens, "sink_tokens"), o.softcap);
   a.sink_logits = opt_view(sink_logits, "sink_logits");
   a.cu_seqlens_q = opt_view(cu_q, "cu_seqlens_q");
   a.cu_seqlens_k = opt_view(cu_k, "cu_seqlens_k");

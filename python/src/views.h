@@ -10,6 +10,7 @@
 #include "flashlite/attention.h"
 #include "flashlite/errors.h"
 #include "flashlite/tensor.h"
+#include "bridge_common.h"
 
 namespace flashlite::py {
 
@@ -32,9 +33,7 @@ inline DType to_dtype(nb::dlpack::dtype dt, const char* name) {
                      : dt.code == uint8_t(Code::Bfloat) ? "bfloat"
                      : dt.code == uint8_t(Code::Bool)   ? "bool"
                                                         : "complex";
-  throw Error(ErrorKind::invalid_type, std::string(name) + " has dtype " + kind + std::to_string(dt.bits) +
-                                           (dt.lanes != 1 ? "x" + std::to_string(dt.lanes) : std::string()) +
-                                           "; expected float32, float16 or bfloat16 (int32 for cu_seqlens)");
+  throw dtype_error(name, kind + std::to_string(dt.bits) + (dt.lanes != 1 ? "x" + std::to_string(dt.lanes) : ""));
 }
 
 template <class... Ts>
@@ -48,13 +47,9 @@ inline TensorView to_view(const nb::ndarray<Ts...>& a, const char* name) {
   } else if (dev == nb::device::cuda::value) {
     t.device = Device::cuda(a.device_id());
   } else {
-    throw Error(ErrorKind::invalid_value, std::string(name) + " is on DLPack device type " + std::to_string(dev) +
-                                              "; expected CPU or CUDA memory");
+    throw device_error(name, "DLPack device type " + std::to_string(dev));
   }
-  if (a.ndim() > size_t(kMaxRank)) {
-    throw Error(ErrorKind::invalid_value, std::string(name) + " has rank " + std::to_string(a.ndim()) +
-                                              "; expected at most " + std::to_string(kMaxRank));
-  }
+  check_rank(int64_t(a.ndim()), name);
   t.rank = int(a.ndim());
   for (int i = 0; i < t.rank; ++i) {
     t.shape[size_t(i)] = int64_t(a.shape(size_t(i)));
@@ -66,19 +61,6 @@ inline TensorView to_view(const nb::ndarray<Ts...>& a, const char* name) {
 template <class A>
 inline TensorView opt_view(const std::optional<A>& a, const char* name) {
   return a ? to_view(*a, name) : TensorView{};
-}
-
-// The scale and mask arguments every attention entry point takes from Python (tensor options are set by the caller).
-inline AttentionOptions mask_options(bool causal, std::optional<double> scale, int window_left, int window_right,
-                                     int sink_tokens, double softcap) {
-  AttentionOptions o;
-  o.causal = causal;
-  o.scale = scale;
-  o.window_left = window_left;
-  o.window_right = window_right;
-  o.sink_tokens = sink_tokens;
-  o.softcap = softcap;
-  return o;
 }
 
 }  // namespace flashlite::py
