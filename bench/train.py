@@ -14,6 +14,7 @@ per run: tokens/s (after warm-up) and peak GPU memory. Writes JSON (and a PNG of
 import argparse
 import copy
 import json
+import math
 import pathlib
 import sys
 import time
@@ -56,13 +57,25 @@ def config(arch, tiny):
 BASELINE = {"llama": "eager"}
 
 
-def train(model, impl, data, device, dtype, lr):
+def lr_factor(step, steps, schedule, warmup):
+    """The learning rate of `step` over the peak: "constant"; "cosine": a linear warm-up over `warmup` steps, then a
+    cosine decay to a tenth of the peak at the last step (the usual language-model recipe)."""
+    if schedule == "constant":
+        return 1.0
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - 1 - warmup)
+    return 0.1 + 0.45 * (1.0 + math.cos(math.pi * progress))
+
+
+def train(model, impl, data, device, dtype, lr, schedule="constant", warmup=0):
     """dtype "amp": float32 weights and optimizer, the forward under torch.autocast to bf16 (mixed precision)."""
     amp = dtype == "amp"
     model = copy.deepcopy(model).to(device=device, dtype=torch.float32 if amp else dtype)
     model.set_attn_implementation(impl)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, len(data), schedule, warmup))
     losses, t_start, tokens = [], None, 0
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -78,6 +91,7 @@ def train(model, impl, data, device, dtype, lr):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
         losses.append(loss.item())
         if step >= 2:
             tokens += b[:, :-1].numel()
@@ -110,9 +124,10 @@ def run(arch, args):
     model, ref_impl = build_model(arch, args.tiny, args.seed)
     data = batches(corpus(), args.steps, args.batch, args.seq, args.seed)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "amp": "amp"}[args.dtype]
-    runs = [train(model, impl, data, args.device, dtype, args.lr) for impl in (flhf.NAME, ref_impl)]
+    recipe = dict(lr=args.lr, schedule=args.schedule, warmup=args.warmup)
+    runs = [train(model, impl, data, args.device, dtype, **recipe) for impl in (flhf.NAME, ref_impl)]
     if args.baseline and arch in BASELINE:  # another exact implementation against the reference: the noise floor of the comparison
-        runs.append(train(model, BASELINE[arch], data, args.device, dtype, args.lr))
+        runs.append(train(model, BASELINE[arch], data, args.device, dtype, **recipe))
     final = [sum(r["losses"][-args.average:]) / len(r["losses"][-args.average:]) for r in runs]
     res = dict(arch=arch, reference=ref_impl, params=sum(p.numel() for p in model.parameters()),
                runs=runs, final_loss_flite=final[0], final_loss_reference=final[1],
@@ -132,7 +147,10 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=1e-3, help="the peak learning rate")
+    ap.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
+                    help="cosine: linear warm-up over --warmup steps, then a cosine decay to lr / 10")
+    ap.add_argument("--warmup", type=int, default=25, help="warm-up steps of the cosine schedule")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--average", type=int, default=50, help="final loss: mean of the last N steps")
     ap.add_argument("--tiny", action="store_true", help="2-layer width-128 models (CI)")
@@ -153,7 +171,8 @@ def main(argv=None):
                           + (f" {x['peak_memory_mib']:,.0f} MiB" if x["peak_memory_mib"] else "") for x in r["runs"]))
     out = dict(benchmark="train", device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                torch=torch.__version__, transformers=transformers.__version__, commit=args.commit or tree_commit(),
-               dtype=args.dtype, steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, seed=args.seed,
+               dtype=args.dtype, steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr,
+               schedule=args.schedule, warmup=args.warmup if args.schedule == "cosine" else 0, seed=args.seed,
                data="pydoc_data.topics (Python's reference documentation), bytes", results=results)
     if args.json:
         with open(args.json, "w") as f:

@@ -421,6 +421,22 @@ std::vector<GridCase> grid_cases() {
     s.sink_logits = false;
     add("varlen_window_sinks_block0_leads_d128", s);
   }
+  // Sink tokens under a window with GQA (key block 0's items of several heads), q_len != k_len, softcap, a right
+  // window; at both families' block sizes, past the window the sinks are all that key block 0's q blocks see.
+  {
+    Spec s = shape(900, 850, 6, 2, 128);
+    s.mask = {true, 100, -1, 3};
+    s.sink_logits = true;
+    s.softcap = 20.0, s.input_std = 3.0;
+    add("gqa3_window_sinks_softcap_d128", s);
+    s = shape(1100, 1100, 8, 2, 64);
+    s.mask = {true, 64, -1, 2};
+    s.sink_logits = false, s.softcap = 0.0, s.input_std = 1.0;
+    add("gqa4_window_sinks_d64", s);
+    s = shape(600, 600, 4, 2, 128);
+    s.mask = {false, 60, 30, 4};
+    add("window_both_sinks_d128", s);
+  }
   // Grids of several waves (the cases above fit in one on an H100's 132 SMs): dK / dV 160 CTAs and dQ 640 here;
   // varlen, 480 each, most of them past a sequence's end.
   {
