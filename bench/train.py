@@ -126,15 +126,24 @@ def run(arch, args):
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "amp": "amp"}[args.dtype]
     recipe = dict(lr=args.lr, schedule=args.schedule, warmup=args.warmup)
     runs = [train(model, impl, data, args.device, dtype, **recipe) for impl in (flhf.NAME, ref_impl)]
+
+    def final(run_):
+        return sum(run_["losses"][-args.average:]) / len(run_["losses"][-args.average:])
+
+    ref_final = final(runs[1])
+
+    def rel_diff(run_):
+        return abs(final(run_) - ref_final) / ref_final
+
+    res = dict(arch=arch, reference=ref_impl, params=sum(p.numel() for p in model.parameters()), runs=runs,
+               final_loss_flite=final(runs[0]), final_loss_reference=ref_final, final_loss_rel_diff=rel_diff(runs[0]))
     if args.baseline and arch in BASELINE:  # another exact implementation against the reference: the noise floor of the comparison
         runs.append(train(model, BASELINE[arch], data, args.device, dtype, **recipe))
-    final = [sum(r["losses"][-args.average:]) / len(r["losses"][-args.average:]) for r in runs]
-    res = dict(arch=arch, reference=ref_impl, params=sum(p.numel() for p in model.parameters()),
-               runs=runs, final_loss_flite=final[0], final_loss_reference=final[1],
-               final_loss_rel_diff=abs(final[0] - final[1]) / final[1])
-    if len(final) > 2:
-        res["final_loss_baseline"] = final[2]
-        res["final_loss_baseline_rel_diff"] = abs(final[2] - final[1]) / final[1]
+        res.update(final_loss_baseline=final(runs[-1]), final_loss_baseline_rel_diff=rel_diff(runs[-1]))
+    if args.rerun:  # the reference against itself: what its own nondeterminism (atomics) does to the run
+        runs.append(dict(train(model, ref_impl, data, args.device, dtype, **recipe), rerun=True))
+        res.update(final_loss_rerun=final(runs[-1]), final_loss_rerun_rel_diff=rel_diff(runs[-1]),
+                   rerun_identical=runs[-1]["losses"] == runs[1]["losses"])
     return res
 
 
@@ -156,6 +165,9 @@ def main(argv=None):
     ap.add_argument("--tiny", action="store_true", help="2-layer width-128 models (CI)")
     ap.add_argument("--baseline", action="store_true",
                     help="llama only: a third run with transformers' eager attention (the noise floor)")
+    ap.add_argument("--rerun", action="store_true",
+                    help="a further run of the reference itself (the noise floor of its own nondeterminism; "
+                         "identical when it is deterministic)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="write the loss curves here (PNG, needs matplotlib)")
     ap.add_argument("--commit", default=None)
@@ -167,6 +179,8 @@ def main(argv=None):
         print(f"{r['arch']:8s} {r['params'] / 1e6:6.1f}M params  final loss flite {r['final_loss_flite']:.4f}  "
               f"{r['reference']} {r['final_loss_reference']:.4f}  rel diff {r['final_loss_rel_diff']:.2%}  "
               + (f"(noise floor {r['final_loss_baseline_rel_diff']:.2%})  " if "final_loss_baseline" in r else "")
+              + (f"(rerun {r['final_loss_rerun_rel_diff']:.2%}{', identical' if r['rerun_identical'] else ''})  "
+                 if "final_loss_rerun" in r else "")
               + "  ".join(f"{x['impl']} {x['tokens_per_s'] or 0:,.0f} tok/s"
                           + (f" {x['peak_memory_mib']:,.0f} MiB" if x["peak_memory_mib"] else "") for x in r["runs"]))
     out = dict(benchmark="train", device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
@@ -189,7 +203,7 @@ def _plot(out, path):
     fig, axes = plt.subplots(1, len(out["results"]), figsize=(6 * len(out["results"]), 4), squeeze=False)
     for ax, r in zip(axes[0], out["results"]):
         for run_ in r["runs"]:
-            ax.plot(run_["losses"], label=run_["impl"], lw=1)
+            ax.plot(run_["losses"], label=run_["impl"] + (" (rerun)" if run_.get("rerun") else ""), lw=1)
         ax.set_title(f"{r['arch']} ({r['params'] / 1e6:.0f}M, {out['dtype']}, {out['device']})")
         ax.set_xlabel("step")
         ax.set_ylabel("loss")

@@ -44,6 +44,20 @@ def test_short_mixed_precision_run_matches_reference():
     assert flite[-1] < flite[0] - 0.2, f"the loss did not go down: {flite}"
 
 
+def test_rerun_repeats_the_reference_and_cosine_schedule_is_recorded():
+    """--rerun: a last run of the reference itself, its distance from the first (0 here: sdpa on the CPU has no
+    atomics); --schedule cosine: warm-up, then the decay, recorded in the JSON."""
+    mod = _train_module()
+    out = mod.main(["--arch", "llama", "--device", "cpu", "--dtype", "fp32", "--steps", "4", "--tiny", "--batch", "2",
+                    "--seq", "32", "--average", "2", "--rerun", "--schedule", "cosine", "--warmup", "2"])
+    (r,) = out["results"]
+    assert [x["impl"] for x in r["runs"]] == ["flite", "sdpa", "sdpa"] and r["runs"][-1]["rerun"]
+    assert r["rerun_identical"] and r["final_loss_rerun_rel_diff"] == 0.0
+    assert r["runs"][0]["losses"] != r["runs"][1]["losses"]  # (so that a rerun of flite could not pass for sdpa's)
+    assert (out["schedule"], out["warmup"]) == ("cosine", 2)
+    assert [mod.lr_factor(s, 10, "cosine", 2) for s in (0, 1, 2, 9)] == [0.5, 1.0, 1.0, pytest.approx(0.1)]
+
+
 def test_hf_batches_bench_runs_flashlite_on_each_batch_kind():
     """bench/hf_batches.py, tiny and on the CPU: the unpadded, right-padded and packed batches run flashlite on every
     layer (no fallback), with the same loss as sdpa (float32)."""
