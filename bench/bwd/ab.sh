@@ -38,7 +38,8 @@ prefixes=""
 [ -d "$root/.carry/gtest/usr" ] && prefixes="${prefixes:+$prefixes;}$root/.carry/gtest/usr"
 if git -C "$root" archive "$base_rev" | tar -x -C "$base_src"; then
   cmake -S "$base_src" -B "$base_src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHLITE_BUILD_TESTS=OFF \
-    ${arch:+-DCMAKE_CUDA_ARCHITECTURES=$arch} ${prefixes:+-DCMAKE_PREFIX_PATH=$prefixes} > "$logs/build_base.log" 2>&1 &&
+    ${arch:+-DCMAKE_CUDA_ARCHITECTURES=$arch} ${prefixes:+-DCMAKE_PREFIX_PATH=$prefixes} \
+    > "$logs/build_base.log" 2>&1 &&
     cmake --build "$base_src/build" -j"$(nproc)" --target flashlite_bwd_capi >> "$logs/build_base.log" 2>&1 ||
     fail "$base_rev's build (build_base.log)"
 else
@@ -50,9 +51,10 @@ say "backward GPU tests"
 "$test_bin" ${TEST_FILTER:+--gtest_filter="$TEST_FILTER"} > "$logs/backward_test.log" 2>&1 || fail "backward tests"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$logs/backward_test.log" | head -20 | tee -a "$logs/summary.txt"
 
+default_filter="Grid/*/window_sinks16_d64:Grid/*/window_sinks17_d128:Grid/*/gqa3_window_sinks_softcap_d128"
+sanitize_filter="${SANITIZE_FILTER:-$default_filter}"
 for tool in memcheck racecheck; do
-  compute-sanitizer --tool "$tool" --error-exitcode 3 "$test_bin" \
-    --gtest_filter="${SANITIZE_FILTER:-Grid/*/window_sinks16_d64:Grid/*/window_sinks17_d128:Grid/*/gqa3_window_sinks_softcap_d128}" \
+  compute-sanitizer --tool "$tool" --error-exitcode 3 "$test_bin" --gtest_filter="$sanitize_filter" \
     > "$logs/sanitize_$tool.log" 2>&1 || fail "$tool"
   say "$tool: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$logs/sanitize_$tool.log" | tr '\n' ' ')"
 done

@@ -27,6 +27,10 @@ def test_whole_model_gradients_are_as_close_to_float64_as_the_references(arch, a
     for group in ("all", "attention", "mlp", "other"):
         ref = max(by[i][group]["rel_err"] for i in refs)
         assert by["flite"][group]["rel_err"] <= 2 * ref + 1e-4, group
-        assert by["flite"][group]["cos"] > 0.9999, group
+        # The direction too, by the same rule (an absolute bound moved with transformers' and torch's versions: the
+        # mixed-precision GPT-OSS's 0.99988 failed 0.9999 where eager's was 0.99973), and never far off.
+        ref_gap = max(1 - by[i][group]["cos"] for i in refs)
+        assert 1 - by["flite"][group]["cos"] <= 2 * ref_gap + 1e-5, group
+        assert by["flite"][group]["cos"] > 0.999, group
     assert 0 < worst_ref < 0.05  # bf16 against float64: an error, and a small one
     assert abs(by["flite"]["loss_diff"]) <= 2 * max(abs(by[i]["loss_diff"]) for i in refs) + 1e-3
