@@ -37,11 +37,14 @@ class Listener final : public httplib::Server {
   }
 };
 
-// Ends the request when its HTTP side goes away before it finished (disconnect, write timeout, exception).
-struct CancelOnExit {
-  std::shared_ptr<RequestStream> stream;
-  ~CancelOnExit() {
-    if (stream) stream->cancel();
+// Ends a request's choices when its HTTP side goes away before they finished (disconnect, write timeout, exception,
+// or a later choice that could not be queued); a finished stream ignores the cancel.
+struct CancelAllOnExit {
+  std::shared_ptr<std::vector<std::shared_ptr<RequestStream>>> streams;
+  ~CancelAllOnExit() {
+    if (streams) {
+      for (const auto& st : *streams) st->cancel();
+    }
   }
 };
 
@@ -122,12 +125,19 @@ void HttpServer::routes() {
   auto completion = [this](Endpoint endpoint) {
     return [this, endpoint](const Request& req, Response& res) {
       ParsedRequest p;
-      std::shared_ptr<RequestStream> stream;
+      // One stream per choice: choice i is a sequence of its own with the request's seed + i. If a later one cannot be
+      // queued, the earlier ones are cancelled (the guard) and the request is answered as a whole.
+      auto streams = std::make_shared<std::vector<std::shared_ptr<RequestStream>>>();
+      CancelAllOnExit guard{streams};
       bool logprobs = false;
       try {
         p = parse_request(req.body, endpoint, model_);
         logprobs = p.gen.top_logprobs >= 0;
-        stream = sched_.submit(std::move(p.gen));
+        for (int i = 0; i < p.n; ++i) {
+          GenerationRequest g = p.gen;
+          g.sampling.seed += uint64_t(i);
+          streams->push_back(sched_.submit(std::move(g)));
+        }
       } catch (const ApiError& e) {
         return send_error(res, e);
       } catch (const QueueFull& e) {
@@ -138,59 +148,99 @@ void HttpServer::routes() {
       ResponseHead head{endpoint, new_id(endpoint == Endpoint::chat ? "chatcmpl" : "cmpl"), model_.name,
                         int64_t(std::time(nullptr)), logprobs};
       if (!p.stream) {
-        CancelOnExit guard{stream};
-        std::vector<TokenEvent> events;
-        while (!stream->wait(events, std::chrono::milliseconds(1000))) {
+        std::vector<ChoiceResult> choices(streams->size());
+        for (size_t i = 0; i < streams->size(); ++i) {
+          RequestStream& st = *(*streams)[i];
+          while (!st.wait(choices[i].events, std::chrono::milliseconds(1000))) {
+          }
+          if (!st.error.empty()) return send_error(res, {503, st.error, "", ""});
+          choices[i].done = &st;
         }
-        if (!stream->error.empty()) return send_error(res, {503, stream->error, "", ""});
-        return res.set_content(dump(full_response(head, *model_.tokenizer, events, *stream)), "application/json");
+        return res.set_content(dump(full_response(head, *model_.tokenizer, choices)), "application/json");
       }
-      // Streaming: the provider runs on this connection's thread until the request ends or the client is gone.
-      auto first = std::make_shared<bool>(true);
+      // Streaming: the provider runs on this connection's thread until every choice ended or the client is gone;
+      // each call forwards what the choices have (one chunk per token, tagged with its choice's index), waiting a
+      // little on an unfinished one when none had anything.
+      struct ChoiceState {
+        bool first = true, finished = false;
+        size_t sent = 0;  // text bytes sent (completions' logprob offsets)
+      };
+      auto state = std::make_shared<std::vector<ChoiceState>>(streams->size());
       auto done = std::make_shared<bool>(false);
-      auto sent = std::make_shared<size_t>(0);  // text bytes sent (completions' logprob offsets)
       const bool usage = p.include_usage;
+      guard.streams = nullptr;  // from here the provider's release callback cancels
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream",
-          [this, head, stream, first, done, sent, usage](size_t, httplib::DataSink& sink) {
-            std::vector<TokenEvent> events;
-            const bool finished = stream->wait(events, std::chrono::milliseconds(200));
+          [this, head, streams, state, done, usage](size_t, httplib::DataSink& sink) {
             auto send = [&](const json& j) {
               const std::string line = "data: " + dump(j) + "\n\n";
               return sink.write(line.data(), line.size());
             };
-            if (finished && !stream->error.empty()) {
-              send(error_json({503, stream->error, "", ""}));
-            } else {
+            bool any = false, all_finished = true;
+            for (size_t c = 0; c < streams->size(); ++c) {
+              ChoiceState& cs = (*state)[c];
+              if (cs.finished) continue;
+              RequestStream& st = *(*streams)[c];
+              std::vector<TokenEvent> events;
+              // Wait only when this is the last unfinished choice or nothing came yet (the single-choice case waits
+              // as it always did).
+              const bool finished = st.wait(events, std::chrono::milliseconds(any || streams->size() > 1 ? 0 : 200));
+              any |= !events.empty() || finished;
+              if (finished && !st.error.empty()) {
+                for (const auto& other : *streams) other->cancel();
+                send(error_json({503, st.error, "", ""}));
+                const std::string end = "data: [DONE]\n\n";
+                sink.write(end.data(), end.size());
+                *done = true;
+                sink.done();
+                return true;
+              }
               // One chunk per token keeps per-token logprobs with their token; plain text chunks skip empty ones.
               for (size_t i = 0; i < events.size(); ++i) {
                 const bool last = finished && i + 1 == events.size();
-                if (events[i].text.empty() && !head.logprobs && !last && !*first) continue;
-                if (!send(stream_chunk(head, *model_.tokenizer, {events[i]}, last ? stream.get() : nullptr, *first, *sent))) {
+                if (events[i].text.empty() && !head.logprobs && !last && !cs.first) continue;
+                if (!send(stream_chunk(head, *model_.tokenizer, {events[i]}, last ? &st : nullptr, cs.first, cs.sent,
+                                       int(c)))) {
                   return false;
                 }
-                *first = false;
-                *sent += events[i].text.size();
+                cs.first = false;
+                cs.sent += events[i].text.size();
               }
-              if (finished && events.empty() && !send(stream_chunk(head, *model_.tokenizer, {}, stream.get(), *first))) return false;
-              if (finished && usage) {
-                json u = stream_chunk(head, *model_.tokenizer, {}, nullptr, false);
-                u["choices"] = json::array();
-                u["usage"] = usage_json(*stream);
-                if (!send(u)) return false;
+              if (finished && events.empty() &&
+                  !send(stream_chunk(head, *model_.tokenizer, {}, &st, cs.first, cs.sent, int(c)))) {
+                return false;
               }
+              cs.finished = finished;
+              all_finished &= finished;
             }
-            if (finished) {
-              const std::string end = "data: [DONE]\n\n";
-              if (!sink.write(end.data(), end.size())) return false;
-              *done = true;
-              sink.done();
+            if (!all_finished) {
+              if (!any && streams->size() > 1) {  // nothing came: wait on the first unfinished choice for a while
+                for (size_t c = 0; c < streams->size(); ++c) {
+                  if ((*state)[c].finished) continue;
+                  (*streams)[c]->wait_for_event(std::chrono::milliseconds(50));
+                  break;
+                }
+              }
+              return true;
             }
+            if (usage) {
+              json u = stream_chunk(head, *model_.tokenizer, {}, nullptr, false);
+              u["choices"] = json::array();
+              std::vector<const RequestStream*> ended;
+              for (const auto& st : *streams) ended.push_back(st.get());
+              u["usage"] = usage_json(ended);
+              if (!send(u)) return false;
+            }
+            const std::string end = "data: [DONE]\n\n";
+            if (!sink.write(end.data(), end.size())) return false;
+            *done = true;
+            sink.done();
             return true;
           },
-          [stream, done](bool) {
-            if (!*done) stream->cancel();  // the client went away (or writing failed) before the end
+          [streams, done](bool) {
+            if (*done) return;
+            for (const auto& st : *streams) st->cancel();  // the client went away (or writing failed) before the end
           });
     };
   };

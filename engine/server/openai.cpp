@@ -172,7 +172,7 @@ ParsedRequest parse_request(const std::string& text, Endpoint endpoint, const Se
   }
   ParsedRequest r;
   r.endpoint = endpoint;
-  if (int_field(body, "n", 1, 1000000, 1) != 1) bad("n", "'n' must be 1: this server generates one choice per request");
+  r.n = int(int_field(body, "n", 1, kMaxChoices, 1));
   r.stream = bool_field(body, "stream", false);
   if (const json* so = get(body, "stream_options")) {
     if (!r.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
@@ -213,7 +213,10 @@ ParsedRequest parse_request(const std::string& text, Endpoint endpoint, const Se
     if (const json* suffix = get(body, "suffix"); suffix && !(suffix->is_string() && suffix->get<std::string>().empty())) {
       bad("suffix", "'suffix' is not supported");
     }
-    if (int_field(body, "best_of", 1, 1000000, 1) != 1) bad("best_of", "'best_of' must be 1");
+    if (int_field(body, "best_of", 1, kMaxChoices, r.n) != r.n) {
+      bad("best_of",
+          "'best_of' must equal 'n' (" + std::to_string(r.n) + "): this server returns every choice it generates");
+    }
     g.prompt = prompt_of(body, m);
   }
   if (g.prompt.empty()) bad("prompt", "the prompt has no tokens (and the model has no BOS token to start it)");
@@ -289,31 +292,40 @@ std::string joined_text(const std::vector<TokenEvent>& events) {
 
 }  // namespace
 
-json usage_json(const RequestStream& done) {
-  return {{"prompt_tokens", done.prompt_tokens},
-          {"completion_tokens", done.completion_tokens},
-          {"total_tokens", done.prompt_tokens + done.completion_tokens}};
+json usage_json(const std::vector<const RequestStream*>& done) {
+  const int prompt = done.empty() ? 0 : done.front()->prompt_tokens;
+  int completion = 0;
+  for (const RequestStream* d : done) completion += d->completion_tokens;
+  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
 }
 
-json full_response(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& events,
-                   const RequestStream& done) {
+json full_response(const ResponseHead& h, const Tokenizer& tok, const std::vector<ChoiceResult>& choices) {
   const bool chat = h.endpoint == Endpoint::chat;
-  json choice = {{"index", 0}, {"finish_reason", done.finish_reason}};
-  if (chat) choice["message"] = {{"role", "assistant"}, {"content", joined_text(events)}};
-  else choice["text"] = joined_text(events);
-  choice["logprobs"] = !h.logprobs ? json(nullptr) : chat ? chat_logprobs(tok, events) : completion_logprobs(tok, events, 0);
+  json out = json::array();
+  std::vector<const RequestStream*> done;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceResult& c = choices[i];
+    json choice = {{"index", i}, {"finish_reason", c.done->finish_reason}};
+    if (chat) choice["message"] = {{"role", "assistant"}, {"content", joined_text(c.events)}};
+    else choice["text"] = joined_text(c.events);
+    choice["logprobs"] = !h.logprobs ? json(nullptr)
+                         : chat      ? chat_logprobs(tok, c.events)
+                                     : completion_logprobs(tok, c.events, 0);
+    out.push_back(std::move(choice));
+    done.push_back(c.done);
+  }
   return {{"id", h.id},
           {"object", chat ? "chat.completion" : "text_completion"},
           {"created", h.created},
           {"model", h.model},
-          {"choices", json::array({choice})},
+          {"choices", std::move(out)},
           {"usage", usage_json(done)}};
 }
 
 json stream_chunk(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& events,
-                  const RequestStream* done, bool first, size_t text_offset) {
+                  const RequestStream* done, bool first, size_t text_offset, int index) {
   const bool chat = h.endpoint == Endpoint::chat;
-  json choice = {{"index", 0}, {"finish_reason", done ? json(done->finish_reason) : json(nullptr)}};
+  json choice = {{"index", index}, {"finish_reason", done ? json(done->finish_reason) : json(nullptr)}};
   if (chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

@@ -37,9 +37,14 @@ struct ServedModel {
 
 enum class Endpoint { chat, completions };
 
+// Choices a request may ask for ('n'; OpenAI's limit). Each is a sequence of its own in the batch, sampled with the
+// request's seed + its index.
+inline constexpr int kMaxChoices = 128;
+
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::chat;
-  GenerationRequest gen;
+  GenerationRequest gen;  // choice 0's; choice i's differs only in its seed (gen.sampling.seed + i)
+  int n = 1;
   bool stream = false, include_usage = false;
 };
 
@@ -53,13 +58,18 @@ struct ResponseHead {
   int64_t created = 0;
   bool logprobs = false;  // the request asked for them
 };
-// The whole (non-streamed) response.
-json full_response(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& events,
-                   const RequestStream& done);
-// One stream chunk: the text of `events` (and their logprobs), and finish_reason when `done` is given; text_offset:
-// the completion text sent before it (completions' logprobs count offsets from the start).
+// One choice of a finished request: its events and its ended stream.
+struct ChoiceResult {
+  std::vector<TokenEvent> events;
+  const RequestStream* done = nullptr;
+};
+// The whole (non-streamed) response, choice i at index i.
+json full_response(const ResponseHead& h, const Tokenizer& tok, const std::vector<ChoiceResult>& choices);
+// One stream chunk of choice `index`: the text of `events` (and their logprobs), and finish_reason when `done` is
+// given; text_offset: the choice's completion text sent before it (completions' logprobs count offsets from the start).
 json stream_chunk(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& events,
-                  const RequestStream* done, bool first, size_t text_offset = 0);
-json usage_json(const RequestStream& done);
+                  const RequestStream* done, bool first, size_t text_offset = 0, int index = 0);
+// The request's usage over its ended choices: the prompt once, every choice's completion tokens.
+json usage_json(const std::vector<const RequestStream*>& done);
 
 }  // namespace flashlite::engine::server

@@ -31,6 +31,11 @@ bool RequestStream::wait(std::vector<TokenEvent>& out, std::chrono::milliseconds
   return done_;
 }
 
+void RequestStream::wait_for_event(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait_for(lk, timeout, [&] { return done_ || !events_.empty(); });
+}
+
 void RequestStream::push(TokenEvent e) {
   std::lock_guard<std::mutex> lk(mu_);
   events_.push_back(std::move(e));

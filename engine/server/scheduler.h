@@ -54,6 +54,8 @@ class RequestStream {
   // Moves the events that came into `out`, waiting up to `timeout` for one; true once the request ended and every
   // event was taken (then finish_reason or error is set).
   bool wait(std::vector<TokenEvent>& out, std::chrono::milliseconds timeout);
+  // Waits up to `timeout` for an event or the end, taking nothing (a reader of several streams polls with wait(0)).
+  void wait_for_event(std::chrono::milliseconds timeout);
   void cancel() { cancelled_ = true; }  // the client is gone: the scheduler drops it at the next step
   bool cancelled() const { return cancelled_; }
   void push(TokenEvent e);  // (the emitter) queues the event; its reader wakes on notify(), once per batch, not here

@@ -1,7 +1,8 @@
 """`flashlite serve` end to end on the CPU with stories260K (and a tiny random Llama with the real Llama 3 tokenizer for
 the chat template): the official `openai` client for chat and completions (streaming and not, usage, logprobs, stop
-strings, seeds), greedy text equal to `flashlite generate`, 200 concurrent requests each equal to its answer alone with
-every KV page free afterwards, raw HTTP for the errors, cancellation, the queue limit, the API key and shutdown."""
+strings, seeds, n choices), greedy text equal to `flashlite generate`, 200 concurrent requests each equal to its
+answer alone with every KV page free afterwards, raw HTTP for the errors, cancellation, the queue limit, the API key
+and shutdown."""
 import concurrent.futures
 import json
 import re
@@ -95,6 +96,55 @@ def test_chat_stream_matches_non_stream_and_reports_usage(server):
     assert full.usage.completion_tokens <= 50 and full.usage.prompt_tokens > 3
     without = list(c.chat.completions.create(model="stories260K", messages=messages, max_tokens=5, temperature=0, stream=True))
     assert all(ch.usage is None for ch in without)
+
+
+def test_n_choices_each_equal_its_seed_alone(server):
+    # Choice i is a sequence of its own sampled with seed + i: the answer a request with that seed gets alone.
+    c = client(server)
+    opts = dict(model="stories260K", prompt="Lily", max_tokens=30, temperature=0.9, extra_body={"top_k": 40})
+    r = c.completions.create(n=3, best_of=3, seed=11, **opts)
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    alone = [c.completions.create(seed=11 + i, **opts) for i in range(3)]
+    assert [ch.text for ch in r.choices] == [a.choices[0].text for a in alone]
+    assert [ch.finish_reason for ch in r.choices] == [a.choices[0].finish_reason for a in alone]
+    assert len({ch.text for ch in r.choices}) > 1
+    assert r.usage.prompt_tokens == alone[0].usage.prompt_tokens
+    assert r.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    m = server.wait_idle()
+    assert m["flashlite_kv_pages_used"] == 0
+
+
+def test_n_choices_streamed_equal_their_non_streamed_answer(server):
+    c = client(server)
+    messages = [{"role": "user", "content": "Once upon a time"}]
+    opts = dict(model="stories260K", messages=messages, max_tokens=40, temperature=0.8, seed=3, n=4)
+    full = c.chat.completions.create(**opts)
+    chunks = list(c.chat.completions.create(stream=True, stream_options={"include_usage": True}, **opts))
+    texts, roles, finals = {}, {}, {}
+    for ch in chunks:
+        for choice in ch.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            if choice.delta.role:
+                roles[choice.index] = roles.get(choice.index, 0) + 1
+            if choice.finish_reason:
+                finals.setdefault(choice.index, []).append(choice.finish_reason)
+    assert sorted(texts) == [0, 1, 2, 3] and roles == {i: 1 for i in range(4)}
+    assert [texts[i] for i in range(4)] == [ch.message.content for ch in full.choices]
+    assert finals == {i: [full.choices[i].finish_reason] for i in range(4)}
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == full.usage.total_tokens
+
+
+def test_n_choices_past_the_queue_are_refused_whole(start_server, models_dir):
+    # 1 slot and a queue of 2: a request of 5 choices cannot be queued whole, so none of it runs.
+    s = start_server(["--model", stories(models_dir), "--max-batch", "1", "--max-queue", "2"])
+    body = {"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 400, "n": 5, "ignore_eos": True}
+    status, headers, err = s.request("POST", "/v1/completions", body)
+    assert status == 503 and headers.get("Retry-After") == "1" and "busy" in err["error"]["message"]
+    m = s.wait_idle()
+    assert m["flashlite_kv_pages_used"] == 0 and m["flashlite_requests_running"] == 0
+    assert m["flashlite_requests_finished_total"] == 0, m  # the queued choices were cancelled, not answered
+    ok = s.request("POST", "/v1/completions", dict(body, n=2, max_tokens=20))
+    assert ok[0] == 200 and [ch["index"] for ch in ok[2]["choices"]] == [0, 1]
 
 
 def test_stop_strings_cut_the_text_streamed_or_not(server):
@@ -236,7 +286,10 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "temperature": "hot"}, 400, "must be a number"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "top_p": 0}, 400, "top_p"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "top_p": 1.5}, 400, "top_p"),
-    ("/v1/completions", {"model": "stories260K", "prompt": "a", "n": 2}, 400, "'n' must be 1"),
+    ("/v1/completions", {"model": "stories260K", "prompt": "a", "n": 0}, 400, "'n' is 0; expected 1 to 128"),
+    ("/v1/completions", {"model": "stories260K", "prompt": "a", "n": 129}, 400, "'n' is 129"),
+    ("/v1/completions", {"model": "stories260K", "prompt": "a", "n": 2, "best_of": 3}, 400, "'best_of' must equal 'n'"),
+    ("/v1/completions", {"model": "stories260K", "prompt": "a", "best_of": 2}, 400, "'best_of' must equal 'n'"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "stop": [""]}, 400, "must not be empty"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "stop": 5}, 400, "'stop' must be"),
@@ -287,7 +340,8 @@ def sse_request(url, body):
     return s
 
 
-def test_client_disconnect_mid_stream_cancels_and_frees_pages(start_server, models_dir):
+@pytest.mark.parametrize("n", [1, 3])
+def test_client_disconnect_mid_stream_cancels_and_frees_pages(start_server, models_dir, n):
     s = start_server(["--model", stories(models_dir), "--max-batch", "32"])
     c = client(s, timeout=120)
     # Other requests keep the batch busy, so the streamed one is still generating when its client leaves.
@@ -295,7 +349,7 @@ def test_client_disconnect_mid_stream_cancels_and_frees_pages(start_server, mode
     others = [background.submit(c.completions.create, model="stories260K", prompt=p, max_tokens=480, temperature=0,
                                 extra_body={"ignore_eos": True}) for p in PROMPTS * 5]
     sock = sse_request(s.url, {"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 480, "temperature": 0,
-                               "stream": True})
+                               "stream": True, "n": n})
     received = b""
     while b"data: " not in received:
         received += sock.recv(4096)
@@ -303,7 +357,7 @@ def test_client_disconnect_mid_stream_cancels_and_frees_pages(start_server, mode
     results = [f.result() for f in others]
     assert all(r.usage.completion_tokens > 0 for r in results)
     m = s.wait_idle()
-    assert m["flashlite_requests_cancelled_total"] == 1, m
+    assert m["flashlite_requests_cancelled_total"] == n, m  # every choice
     assert m["flashlite_kv_pages_used"] == 0 and m["flashlite_requests_running"] == 0
 
 
