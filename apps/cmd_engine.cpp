@@ -39,7 +39,7 @@ struct SamplingSettings {
   float temperature = 0.0f, top_p = 1.0f;
   int top_k = 0;
   uint64_t seed = 0;
-  float repeat_penalty = 1.0f, frequency_penalty = 0.0f;
+  float repeat_penalty = 1.0f, frequency_penalty = 0.0f, presence_penalty = 0.0f;
   int repeat_last_n = 64;
 };
 
@@ -93,6 +93,9 @@ void add_sampling_options(CLI::App* cmd, SamplingSettings& s) {
   cmd->add_option("--frequency-penalty", s.frequency_penalty, "Subtract this x the token's count in the last "
                                                               "--repeat-last-n tokens from its logit (0 = off)")
       ->check(real_between(-2, 2))->capture_default_str();
+  cmd->add_option("--presence-penalty", s.presence_penalty, "Subtract this once from the logit of a token seen in the "
+                                                            "last --repeat-last-n tokens (0 = off)")
+      ->check(real_between(-2, 2))->capture_default_str();
 }
 
 struct Loaded {
@@ -129,7 +132,8 @@ Loaded load(const ModelSettings& m, bool quiet) {
 eng::GenerationParams gen_params(const SamplingSettings& s, const std::vector<int>& stops) {
   eng::GenerationParams p;
   p.max_new_tokens = s.max_tokens;
-  p.sampling = {s.temperature, s.top_k, s.top_p, s.seed, s.repeat_penalty, s.repeat_last_n, s.frequency_penalty};
+  p.sampling = {s.temperature, s.top_k, s.top_p, s.seed, s.repeat_penalty, s.repeat_last_n, s.frequency_penalty,
+                s.presence_penalty};
   p.sampling.validate();
   p.stop_ids = stops;
   return p;

@@ -22,6 +22,9 @@ void SamplingParams::validate() const {
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
     fail("frequency_penalty is " + std::to_string(frequency_penalty) + "; expected a number in [-2, 2] (0 = off)");
   }
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
+    fail("presence_penalty is " + std::to_string(presence_penalty) + "; expected a number in [-2, 2] (0 = off)");
+  }
 }
 
 void apply_penalties(float* logits, int vocab, const int* recent, size_t n, const SamplingParams& params) {
@@ -33,7 +36,7 @@ void apply_penalties(float* logits, int vocab, const int* recent, size_t n, cons
     if (ids[i] >= 0 && ids[i] < vocab) {
       float& x = logits[ids[i]];
       x = x <= 0 ? x * params.repeat_penalty : x / params.repeat_penalty;
-      x -= float(j - i) * params.frequency_penalty;
+      x = x - float(j - i) * params.frequency_penalty - params.presence_penalty;
     }
     i = j;
   }

@@ -1,7 +1,7 @@
 #pragma once
 // Next-token choice from one row of logits: greedy (temperature 0), or temperature + top-k + top-p (nucleus)
 // sampling with a seeded, platform-independent RNG (xorshift64*), one stream per sequence; optionally after llama.cpp's
-// repeat and frequency penalties on the tokens seen last.
+// repeat and frequency penalties and OpenAI's presence penalty on the tokens seen last.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -14,13 +14,17 @@ struct SamplingParams {
   int top_k = 0;             // 0 = off
   float top_p = 1.0f;        // 1 = off
   uint64_t seed = 0;
-  // llama.cpp's penalties, over the last repeat_last_n tokens seen (the prompt's, then the sampled ones): a token seen
-  // there has its logit divided by repeat_penalty when positive (multiplied when not), then lowered by
-  // frequency_penalty x its count there. Applied before temperature, top-k and top-p, greedy included.
+  // The penalties, over the last repeat_last_n tokens seen (those given to Sampler::accept: `flashlite generate` gives
+  // the prompt's, then the sampled ones; the server the sampled ones, as OpenAI counts): a token seen there has its
+  // logit divided by repeat_penalty when positive (multiplied when not), then lowered by frequency_penalty x its
+  // count there and by presence_penalty once. Applied before temperature, top-k and top-p, greedy included.
   float repeat_penalty = 1.0f;     // 1 = off
   int repeat_last_n = 64;          // the window; 0 = off, -1 = every token seen
   float frequency_penalty = 0.0f;  // 0 = off
-  bool penalizes() const { return repeat_last_n != 0 && (repeat_penalty != 1.0f || frequency_penalty != 0.0f); }
+  float presence_penalty = 0.0f;   // 0 = off
+  bool penalizes() const {
+    return repeat_last_n != 0 && (repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f);
+  }
   void validate() const;     // throws Error naming the value
 };
 

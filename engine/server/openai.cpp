@@ -195,9 +195,14 @@ ParsedRequest parse_request(const std::string& text, Endpoint endpoint, const Se
     std::random_device rd;
     g.sampling.seed = (uint64_t(rd()) << 32) ^ rd();
   }
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
-    if (number_field(body, penalty, 0) != 0) bad(penalty, std::string("'") + penalty + "' is not supported (only 0)");
+  // OpenAI's penalties: over the tokens this completion sampled so far (the server's Sampler accepts those only).
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    const double v = number_field(body, name, 0);
+    if (!(v >= -2 && v <= 2)) bad(name, std::string("'") + name + "' is " + std::to_string(v) + "; expected -2 to 2");
+    (name[0] == 'p' ? g.sampling.presence_penalty : g.sampling.frequency_penalty) = float(v);
   }
+  g.sampling.repeat_penalty = 1.0f;
+  g.sampling.repeat_last_n = -1;
   g.stop = stops_of(body, m.max_stop);
   g.ignore_eos = bool_field(body, "ignore_eos", false);
 

@@ -359,7 +359,9 @@ void Scheduler::step() {
       samples.push_back(true);
     }
     who.push_back(&s);
-    if (samples.back() && (s.req.sampling.temperature > 0 || s.req.top_logprobs >= 0)) full_logits = true;
+    if (samples.back() && (s.req.sampling.temperature > 0 || s.req.top_logprobs >= 0 || s.req.sampling.penalizes())) {
+      full_logits = true;  // (the penalties change the row before any choice)
+    }
   }
   LogitsRequest request;
   request.kind = full_logits ? LogitsRequest::Kind::logits : LogitsRequest::Kind::argmax;
@@ -411,6 +413,7 @@ void Scheduler::sample(Sequence& s, const LogitsOutput& out, int row) {
     std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), Sampler::before);
     for (size_t i = 0; i < k; ++i) ev.top.push_back({cand[i].second, float(cand[i].first - lse)});
   }
+  s.sampler.accept(ev.token);  // the penalties' window: the sampled tokens (a no-op without penalties)
   ++s.generated;
   s.last = ev.token;
   if (!s.req.ignore_eos && std::find(text_.stop_ids.begin(), text_.stop_ids.end(), ev.token) != text_.stop_ids.end()) {

@@ -216,7 +216,8 @@ TEST(Sampler, RefusalsNameTheLowestIdNaNThenInf) {
 
 namespace {
 
-// llama.cpp's penalties written out plainly: each vocabulary id counted in the window by a linear scan.
+// The penalties written out plainly (llama.cpp's repeat and frequency, OpenAI's presence): each vocabulary id counted
+// in the window by a linear scan.
 std::vector<float> penalized_by_hand(std::vector<float> logits, const std::vector<int>& history,
                                      const eng::SamplingParams& p) {
   const size_t n = p.repeat_last_n < 0 ? history.size() : std::min(history.size(), size_t(p.repeat_last_n));
@@ -226,17 +227,18 @@ std::vector<float> penalized_by_hand(std::vector<float> logits, const std::vecto
     if (count == 0) continue;
     float x = logits[size_t(id)];
     x = x <= 0 ? x * p.repeat_penalty : x / p.repeat_penalty;
-    logits[size_t(id)] = x - float(count) * p.frequency_penalty;
+    logits[size_t(id)] = x - float(count) * p.frequency_penalty - p.presence_penalty;
   }
   return logits;
 }
 
 eng::SamplingParams penalized(float temperature, int top_k, float top_p, uint64_t seed, float repeat, int last_n,
-                              float frequency) {
+                              float frequency, float presence = 0.f) {
   eng::SamplingParams p{temperature, top_k, top_p, seed};
   p.repeat_penalty = repeat;
   p.repeat_last_n = last_n;
   p.frequency_penalty = frequency;
+  p.presence_penalty = presence;
   return p;
 }
 
@@ -246,9 +248,11 @@ TEST(SamplerPenalties, MatchAPlainComputation) {
   std::uniform_int_distribution<int> id(-5, 60);  // repeats, and ids outside the vocabulary (ignored)
   for (const auto& p : {penalized(0.f, 0, 1.f, 0, 1.3f, 64, 0.f), penalized(0.f, 0, 1.f, 0, 1.f, 64, 0.5f),
                         penalized(0.f, 0, 1.f, 0, 1.2f, 16, -0.7f), penalized(0.f, 0, 1.f, 0, 0.8f, -1, 0.3f),
-                        penalized(0.f, 0, 1.f, 0, 1.5f, 1, 1.f)}) {
+                        penalized(0.f, 0, 1.f, 0, 1.5f, 1, 1.f), penalized(0.f, 0, 1.f, 0, 1.f, -1, 0.f, 1.3f),
+                        penalized(0.f, 0, 1.f, 0, 1.f, 32, 0.4f, -0.6f)}) {
     SCOPED_TRACE("repeat " + std::to_string(p.repeat_penalty) + " last_n " + std::to_string(p.repeat_last_n) +
-                 " frequency " + std::to_string(p.frequency_penalty));
+                 " frequency " + std::to_string(p.frequency_penalty) + " presence " +
+                 std::to_string(p.presence_penalty));
     const std::vector<float> logits = random_logits(vocab, 12);
     std::vector<int> history(150);
     for (int& t : history) t = id(rng);
@@ -267,10 +271,11 @@ TEST(SamplerPenalties, SamplingEqualsSamplingTheHandPenalizedRow) {
   const int vocab = 200;
   const std::vector<float> logits = random_logits(vocab, 14);
   for (const auto& p : {penalized(0.f, 0, 1.f, 0, 1.4f, 8, 0.2f), penalized(0.9f, 0, 1.f, 3, 1.3f, 64, 0.f),
-                        penalized(0.9f, 20, 0.9f, 4, 1.1f, 32, 0.4f), penalized(1.2f, 0, 0.8f, 5, 2.f, -1, 0.f)}) {
+                        penalized(0.9f, 20, 0.9f, 4, 1.1f, 32, 0.4f), penalized(1.2f, 0, 0.8f, 5, 2.f, -1, 0.f),
+                        penalized(0.f, 0, 1.f, 0, 1.f, -1, 0.3f, 0.9f), penalized(0.8f, 0, 1.f, 7, 1.f, 40, 0.f, 1.5f)}) {
     SCOPED_TRACE("temperature " + std::to_string(p.temperature) + " last_n " + std::to_string(p.repeat_last_n));
     eng::SamplingParams plain = p;
-    plain.repeat_penalty = 1.f, plain.frequency_penalty = 0.f;
+    plain.repeat_penalty = 1.f, plain.frequency_penalty = 0.f, plain.presence_penalty = 0.f;
     eng::Sampler with(p, 1), without(plain, 1);
     std::vector<int> history = {5, 9, 5, 17};
     for (int t : history) with.accept(t);
@@ -290,7 +295,7 @@ TEST(SamplerPenalties, SamplingEqualsSamplingTheHandPenalizedRow) {
 
 TEST(SamplerPenalties, OffLeavesDrawsAlone) {
   const std::vector<float> logits = random_logits(100, 15);
-  for (const auto& p : {penalized(0.8f, 0, 1.f, 6, 1.f, 64, 0.f), penalized(0.8f, 0, 1.f, 6, 1.7f, 0, 0.9f)}) {
+  for (const auto& p : {penalized(0.8f, 0, 1.f, 6, 1.f, 64, 0.f), penalized(0.8f, 0, 1.f, 6, 1.7f, 0, 0.9f, 1.f)}) {
     EXPECT_FALSE(p.penalizes());
     eng::Sampler a(p, 0), b({0.8f, 0, 1.f, 6}, 0);
     for (int i = 0; i < 100; ++i) {

@@ -147,6 +147,30 @@ def test_n_choices_past_the_queue_are_refused_whole(start_server, models_dir):
     assert ok[0] == 200 and [ch["index"] for ch in ok[2]["choices"]] == [0, 1]
 
 
+def test_penalties_count_the_completions_own_tokens(server):
+    # Greedy under OpenAI's presence and frequency penalties: each token must be the argmax, over the 20 most likely
+    # tokens the server reports (log-softmax of the unpenalized logits), of the logprob lowered by presence once and
+    # by frequency per earlier occurrence in this completion (not in the prompt).
+    c = client(server)
+    # The prompt holds the words the story goes on with: counted there too, they would be chosen less.
+    messages = [{"role": "user", "content": "Once upon a time, there was a little girl named Lily. She liked to play "
+                                            "in the park with her mom. One day, she saw a big dog in the park."}]
+    opts = dict(model="stories260K", messages=messages, max_tokens=80, temperature=0, logprobs=True, top_logprobs=20)
+    plain = c.chat.completions.create(**opts)
+    r = c.chat.completions.create(presence_penalty=0.8, frequency_penalty=0.6, **opts)
+    assert r.choices[0].message.content != plain.choices[0].message.content
+    counts = {}
+    for k, item in enumerate(r.choices[0].logprobs.content):
+        alternatives = {t.token: t.logprob - 0.6 * counts.get(t.token, 0) - 0.8 * (t.token in counts)
+                        for t in item.top_logprobs}
+        assert item.token in alternatives, k
+        assert item.token == max(alternatives, key=alternatives.get), (k, item.token, alternatives)
+        counts[item.token] = counts.get(item.token, 0) + 1
+    assert max(counts.values()) >= 2  # some token came back despite its penalty, and was counted
+    zero = c.chat.completions.create(presence_penalty=0, frequency_penalty=0, **opts)
+    assert zero.choices[0].message.content == plain.choices[0].message.content
+
+
 def test_stop_strings_cut_the_text_streamed_or_not(server):
     c = client(server)
     base = c.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=60, temperature=0).choices[0].text
@@ -290,6 +314,8 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "n": 129}, 400, "'n' is 129"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "n": 2, "best_of": 3}, 400, "'best_of' must equal 'n'"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "best_of": 2}, 400, "'best_of' must equal 'n'"),
+    ("/v1/completions", {"model": "stories260K", "prompt": "a", "presence_penalty": 2.5}, 400, "expected -2 to 2"),
+    ("/v1/completions", {"model": "stories260K", "prompt": "a", "frequency_penalty": "x"}, 400, "must be a number"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "stop": [""]}, 400, "must not be empty"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "stop": 5}, 400, "'stop' must be"),
