@@ -272,7 +272,8 @@ TEST(SamplerPenalties, SamplingEqualsSamplingTheHandPenalizedRow) {
   const std::vector<float> logits = random_logits(vocab, 14);
   for (const auto& p : {penalized(0.f, 0, 1.f, 0, 1.4f, 8, 0.2f), penalized(0.9f, 0, 1.f, 3, 1.3f, 64, 0.f),
                         penalized(0.9f, 20, 0.9f, 4, 1.1f, 32, 0.4f), penalized(1.2f, 0, 0.8f, 5, 2.f, -1, 0.f),
-                        penalized(0.f, 0, 1.f, 0, 1.f, -1, 0.3f, 0.9f), penalized(0.8f, 0, 1.f, 7, 1.f, 40, 0.f, 1.5f)}) {
+                        penalized(0.f, 0, 1.f, 0, 1.f, -1, 0.3f, 0.9f),
+                        penalized(0.8f, 0, 1.f, 7, 1.f, 40, 0.f, 1.5f)}) {
     SCOPED_TRACE("temperature " + std::to_string(p.temperature) + " last_n " + std::to_string(p.repeat_last_n));
     eng::SamplingParams plain = p;
     plain.repeat_penalty = 1.f, plain.frequency_penalty = 0.f, plain.presence_penalty = 0.f;
