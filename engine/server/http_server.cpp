@@ -145,8 +145,13 @@ void HttpServer::routes() {
       } catch (const Error& e) {
         return send_error(res, {400, e.what(), "", ""});
       }
-      ResponseHead head{endpoint, new_id(endpoint == Endpoint::chat ? "chatcmpl" : "cmpl"), model_.name,
-                        int64_t(std::time(nullptr)), logprobs};
+      ResponseHead head;
+      head.endpoint = endpoint;
+      head.id = new_id(endpoint == Endpoint::chat ? "chatcmpl" : "cmpl");
+      head.model = model_.name;
+      head.created = int64_t(std::time(nullptr));
+      head.logprobs = logprobs;
+      if (p.echo) set_echo(head, *model_.tokenizer, model_.bos, p.gen.prompt);
       if (!p.stream) {
         std::vector<ChoiceResult> choices(streams->size());
         for (size_t i = 0; i < streams->size(); ++i) {
@@ -162,8 +167,9 @@ void HttpServer::routes() {
       // each call forwards what the choices have (one chunk per token, tagged with its choice's index), waiting a
       // little on an unfinished one when none had anything.
       struct ChoiceState {
-        bool first = true, finished = false;
+        bool first = true, finished = false, echoed = false;
         size_t sent = 0;  // text bytes sent (completions' logprob offsets)
+        std::vector<TokenEvent> prompt;  // echo: the prompt events, sent in the choice's first chunk
       };
       auto state = std::make_shared<std::vector<ChoiceState>>(streams->size());
       auto done = std::make_shared<bool>(false);
@@ -196,6 +202,15 @@ void HttpServer::routes() {
                 sink.done();
                 return true;
               }
+              // Echo: the prompt (and its events) first, once the first generated token or the end has come.
+              size_t from = 0;
+              while (from < events.size() && events[from].prompt) cs.prompt.push_back(std::move(events[from++]));
+              if (head.echo && !cs.echoed && (from < events.size() || finished)) {
+                if (!send(echo_chunk(head, *model_.tokenizer, cs.prompt, int(c)))) return false;
+                cs.echoed = true;
+                cs.sent = head.echo_text.size();
+              }
+              events.erase(events.begin(), events.begin() + std::ptrdiff_t(from));
               // One chunk per token keeps per-token logprobs with their token; plain text chunks skip empty ones.
               for (size_t i = 0; i < events.size(); ++i) {
                 const bool last = finished && i + 1 == events.size();

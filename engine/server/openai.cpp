@@ -214,7 +214,8 @@ ParsedRequest parse_request(const std::string& text, Endpoint endpoint, const Se
     g.prompt = m.chat->conversation(messages_of(body));
   } else {
     g.top_logprobs = int(int_field(body, "logprobs", 0, 5, -1));
-    if (bool_field(body, "echo", false)) bad("echo", "'echo' is not supported");
+    r.echo = bool_field(body, "echo", false);
+    if (r.echo && g.top_logprobs >= 0) g.prompt_logprobs = g.top_logprobs;  // the prompt's tokens get them too
     if (const json* suffix = get(body, "suffix"); suffix && !(suffix->is_string() && suffix->get<std::string>().empty())) {
       bad("suffix", "'suffix' is not supported");
     }
@@ -237,7 +238,10 @@ ParsedRequest parse_request(const std::string& text, Endpoint endpoint, const Se
   const int room = m.context - prompt_len;
   const char* max_name = get(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   const int64_t asked = int_field(body, max_name, INT64_MIN, INT64_MAX, -1);
-  if (get(body, max_name) && asked <= 0) bad(max_name, std::string("'") + max_name + "' is " + std::to_string(asked) + "; expected at least 1");
+  if (get(body, max_name) && (asked < 0 || (asked == 0 && !r.echo))) {
+    bad(max_name,
+        std::string("'") + max_name + "' is " + std::to_string(asked) + "; expected at least 1 (0 with 'echo')");
+  }
   if (asked > room) {
     bad(max_name,
         "This model's maximum context length is " + std::to_string(m.context) + " tokens. However, you requested " +
@@ -248,7 +252,7 @@ ParsedRequest parse_request(const std::string& text, Endpoint endpoint, const Se
         "context_length_exceeded");
   }
   // Unset: the rest of the context for chat (OpenAI's "as many as fit"), 16 for completions (OpenAI's default).
-  g.max_tokens = asked > 0 ? int(asked) : endpoint == Endpoint::chat ? room : std::min(16, room);
+  g.max_tokens = get(body, max_name) ? int(asked) : endpoint == Endpoint::chat ? room : std::min(16, room);
   return r;
 }
 
@@ -274,9 +278,30 @@ json chat_logprobs(const Tokenizer& tok, const std::vector<TokenEvent>& events) 
   return {{"content", content}};
 }
 
-json completion_logprobs(const Tokenizer& tok, const std::vector<TokenEvent>& events, size_t text_offset) {
+// The completions logprobs of `events` (generated tokens; prompt events are skipped), after those of the echoed
+// prompt when `echo` (the first prompt token has none: null) given the prompt events.
+json completion_logprobs(const Tokenizer& tok, const std::vector<TokenEvent>& events, size_t text_offset,
+                         const ResponseHead* echo = nullptr) {
   json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  if (echo) {
+    std::vector<const TokenEvent*> scored;
+    for (const TokenEvent& e : events) {
+      if (e.prompt) scored.push_back(&e);
+    }
+    for (size_t i = 0; i < echo->echo_ids.size(); ++i) {
+      tokens.push_back(TextStream::piece_of(tok, echo->echo_ids[i]));
+      offsets.push_back(echo->echo_offsets[i]);
+      const TokenEvent* e = i >= 1 && i - 1 < scored.size() ? scored[i - 1] : nullptr;
+      lps.push_back(e ? json(e->logprob) : json(nullptr));
+      json top = e ? json::object() : json(nullptr);
+      if (e) {
+        for (const TokenLogprob& t : e->top) top[TextStream::piece_of(tok, t.id)] = t.logprob;
+      }
+      tops.push_back(top);
+    }
+  }
   for (const TokenEvent& e : events) {
+    if (e.prompt) continue;
     const std::string s = TextStream::piece_of(tok, e.token);
     tokens.push_back(s);
     lps.push_back(e.logprob);
@@ -291,8 +316,16 @@ json completion_logprobs(const Tokenizer& tok, const std::vector<TokenEvent>& ev
 
 std::string joined_text(const std::vector<TokenEvent>& events) {
   std::string t;
-  for (const TokenEvent& e : events) t += e.text;
+  for (const TokenEvent& e : events) t += e.text;  // (prompt events have none)
   return t;
+}
+
+std::vector<TokenEvent> generated_of(const std::vector<TokenEvent>& events) {
+  std::vector<TokenEvent> out;
+  for (const TokenEvent& e : events) {
+    if (!e.prompt) out.push_back(e);
+  }
+  return out;
 }
 
 }  // namespace
@@ -312,10 +345,11 @@ json full_response(const ResponseHead& h, const Tokenizer& tok, const std::vecto
     const ChoiceResult& c = choices[i];
     json choice = {{"index", i}, {"finish_reason", c.done->finish_reason}};
     if (chat) choice["message"] = {{"role", "assistant"}, {"content", joined_text(c.events)}};
-    else choice["text"] = joined_text(c.events);
+    else choice["text"] = (h.echo ? h.echo_text : std::string()) + joined_text(c.events);
     choice["logprobs"] = !h.logprobs ? json(nullptr)
-                         : chat      ? chat_logprobs(tok, c.events)
-                                     : completion_logprobs(tok, c.events, 0);
+                         : chat      ? chat_logprobs(tok, generated_of(c.events))
+                                     : completion_logprobs(tok, c.events, h.echo ? h.echo_text.size() : 0,
+                                                           h.echo ? &h : nullptr);
     out.push_back(std::move(choice));
     done.push_back(c.done);
   }
@@ -325,6 +359,28 @@ json full_response(const ResponseHead& h, const Tokenizer& tok, const std::vecto
           {"model", h.model},
           {"choices", std::move(out)},
           {"usage", usage_json(done)}};
+}
+
+void set_echo(ResponseHead& h, const Tokenizer& tok, int bos, const std::vector<int>& prompt) {
+  h.echo = true;
+  h.echo_ids = prompt;
+  h.echo_text.clear();
+  h.echo_offsets.clear();
+  size_t first = 0;  // BOS has no text: the dummy-prefix space after it goes, as in generated text
+  if (!prompt.empty() && bos >= 0 && prompt[0] == bos) first = 1, h.echo_offsets.push_back(0);
+  TextStream text(tok, bos, first ? bos : -1, {});
+  for (size_t i = first; i < prompt.size(); ++i) {
+    h.echo_offsets.push_back(h.echo_text.size());
+    h.echo_text += text.push(prompt[i]);
+  }
+  h.echo_text += text.flush();
+}
+
+json echo_chunk(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& prompt, int index) {
+  json choice = {{"index", index}, {"finish_reason", nullptr}, {"text", h.echo_text}};
+  choice["logprobs"] = h.logprobs ? completion_logprobs(tok, prompt, h.echo_text.size(), &h) : json(nullptr);
+  return {{"id", h.id}, {"object", "text_completion"}, {"created", h.created}, {"model", h.model},
+          {"choices", json::array({choice})}};
 }
 
 json stream_chunk(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& events,

@@ -46,6 +46,7 @@ struct ParsedRequest {
   GenerationRequest gen;  // choice 0's; choice i's differs only in its seed (gen.sampling.seed + i)
   int n = 1;
   bool stream = false, include_usage = false;
+  bool echo = false;  // completions: the prompt returned before the text (with logprobs: its tokens' too)
 };
 
 // Throws ApiError.
@@ -57,7 +58,14 @@ struct ResponseHead {
   std::string id, model;
   int64_t created = 0;
   bool logprobs = false;  // the request asked for them
+  // Completions with echo (set_echo): the prompt's tokens, its text as generated text reads (TextStream) and each
+  // token's offset in it.
+  bool echo = false;
+  std::vector<int> echo_ids;
+  std::string echo_text;
+  std::vector<size_t> echo_offsets;
 };
+void set_echo(ResponseHead& h, const Tokenizer& tok, int bos, const std::vector<int>& prompt);
 // One choice of a finished request: its events and its ended stream.
 struct ChoiceResult {
   std::vector<TokenEvent> events;
@@ -66,9 +74,11 @@ struct ChoiceResult {
 // The whole (non-streamed) response, choice i at index i.
 json full_response(const ResponseHead& h, const Tokenizer& tok, const std::vector<ChoiceResult>& choices);
 // One stream chunk of choice `index`: the text of `events` (and their logprobs), and finish_reason when `done` is
-// given; text_offset: the choice's completion text sent before it (completions' logprobs count offsets from the start).
+// given; text_offset: the choice's text sent before it (completions' logprobs count offsets from the start). With
+// echo, a choice's first chunk (echo_chunk) is the prompt, with its tokens' logprobs (`prompt`: the prompt events).
 json stream_chunk(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& events,
                   const RequestStream* done, bool first, size_t text_offset = 0, int index = 0);
+json echo_chunk(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& prompt, int index);
 // The request's usage over its ended choices: the prompt once, every choice's completion tokens.
 json usage_json(const std::vector<const RequestStream*>& done);
 

@@ -83,6 +83,7 @@ struct Scheduler::Emit {
   std::vector<TokenLogprob> top;
   const char* reason = nullptr;  // ends the request: "stop", "length", "cancelled", or "" with error
   std::string error;
+  std::vector<TokenEvent> prompt;  // prompt tokens' log-probabilities (prompt_logprobs), before any token
   static Emit ending(std::shared_ptr<Output> out, const char* reason, std::string error = {}) {
     Emit e;
     e.out = std::move(out);
@@ -341,6 +342,7 @@ void Scheduler::step() {
   std::vector<SequenceInput> inputs;
   std::vector<Sequence*> who;       // per input
   std::vector<bool> samples;        // per input: its logits row picks a token (last prompt chunk, or decoding)
+  std::vector<size_t> fed_before;   // per input: the prompt tokens its sequence had in the cache before it
   bool full_logits = false;
   int prefill_budget = opt_.max_step_tokens, prefill_rows = 0;
   for (auto& sp : running_) {
@@ -351,11 +353,16 @@ void Scheduler::step() {
       if (prefill_rows > 0 && n > prefill_budget) continue;  // next step
       prefill_budget -= n;
       prefill_rows += n;
-      inputs.push_back({s.slot, std::vector<int>(s.req.prompt.begin() + s.fed, s.req.prompt.begin() + s.fed + n), false});
+      const bool score = s.req.prompt_logprobs >= 0;  // a row per prompt token: their log-probabilities
+      const auto first = s.req.prompt.begin() + std::ptrdiff_t(s.fed);
+      inputs.push_back({s.slot, std::vector<int>(first, first + n), score});
+      full_logits |= score;
+      fed_before.push_back(s.fed);
       s.fed += size_t(n);
       samples.push_back(s.fed == s.req.prompt.size());
     } else {
       inputs.push_back({s.slot, {s.last}, false});
+      fed_before.push_back(s.fed);
       samples.push_back(true);
     }
     who.push_back(&s);
@@ -378,8 +385,16 @@ void Scheduler::step() {
     const auto t0 = Clock::now();
     const LogitsOutput out = model_.forward_select(inputs, request);
     count_step(seconds(Clock::now() - t0));
+    int row = 0;  // the input's first logits row (one per token with all_logits, else one)
     for (size_t i = 0; i < inputs.size(); ++i) {
-      if (samples[i]) sample(*who[i], out, int(i));
+      const int rows = inputs[i].all_logits ? int(inputs[i].tokens.size()) : 1;
+      if (inputs[i].all_logits) score_prompt(*who[i], out, row, rows, fed_before[i]);
+      if (samples[i] && who[i]->req.max_tokens == 0) {
+        end(*who[i], "length", "");  // the prompt scored, nothing to generate
+      } else if (samples[i]) {
+        sample(*who[i], out, row + rows - 1);
+      }
+      row += rows;
     }
   } catch (const std::exception& e) {
     // The model rejected the step (its cache is as before it): every sequence in it fails, the others go on.
@@ -392,6 +407,47 @@ void Scheduler::step() {
                  running_.end());
 }
 
+// Log-softmax of a logits row: lse, and the k most likely tokens with their log-probabilities.
+namespace {
+double log_sum_exp(const float* logits, int vocab) {
+  float mx = -INFINITY;
+  for (int i = 0; i < vocab; ++i) mx = std::max(mx, logits[i]);
+  double z = 0;
+  for (int i = 0; i < vocab; ++i) z += std::exp(double(logits[i]) - mx);
+  return mx + std::log(z);
+}
+std::vector<TokenLogprob> top_of(const float* logits, int vocab, int k, double lse) {
+  std::vector<std::pair<float, int>> cand;
+  cand.reserve(size_t(vocab));
+  for (int i = 0; i < vocab; ++i) cand.push_back({logits[i], i});
+  const size_t n = std::min<size_t>(size_t(std::max(k, 0)), cand.size());
+  std::partial_sort(cand.begin(), cand.begin() + n, cand.end(), Sampler::before);
+  std::vector<TokenLogprob> top;
+  for (size_t i = 0; i < n; ++i) top.push_back({cand[i].second, float(cand[i].first - lse)});
+  return top;
+}
+}  // namespace
+
+// The prompt tokens this input's rows predict (row r: the token after prompt position fed + r), as prompt events for
+// the emitter, ahead of any sampled token.
+void Scheduler::score_prompt(Sequence& s, const LogitsOutput& out, int row0, int rows, size_t fed) {
+  Emit ev;
+  ev.out = s.out;
+  for (int r = 0; r < rows; ++r) {
+    const size_t target = fed + size_t(r) + 1;
+    if (target >= s.req.prompt.size()) break;  // the last row predicts the first generated token
+    const float* logits = out.logits + size_t(row0 + r) * vocab_;
+    const double lse = log_sum_exp(logits, vocab_);
+    TokenEvent te;
+    te.prompt = true;
+    te.token = s.req.prompt[target];
+    te.logprob = te.token >= 0 && te.token < vocab_ ? float(logits[te.token] - lse) : -INFINITY;
+    te.top = top_of(logits, vocab_, s.req.prompt_logprobs, lse);
+    ev.prompt.push_back(std::move(te));
+  }
+  if (!ev.prompt.empty()) emits_.push_back(std::move(ev));
+}
+
 // Only what needs this step's logits or decides the next step stays here (the token, log-probabilities, the end on a
 // stop token, max_tokens or a full context); the text, the stream and the per-token metrics are the emitter's.
 void Scheduler::sample(Sequence& s, const LogitsOutput& out, int row) {
@@ -400,18 +456,9 @@ void Scheduler::sample(Sequence& s, const LogitsOutput& out, int row) {
   const float* logits = out.kind == LogitsRequest::Kind::logits ? out.logits + size_t(row) * vocab_ : nullptr;
   ev.token = logits ? s.sampler.sample(logits, vocab_) : out.ids[row];
   if (logits && s.req.top_logprobs >= 0) {
-    float mx = -INFINITY;
-    for (int i = 0; i < vocab_; ++i) mx = std::max(mx, logits[i]);
-    double z = 0;
-    for (int i = 0; i < vocab_; ++i) z += std::exp(double(logits[i]) - mx);
-    const double lse = mx + std::log(z);
+    const double lse = log_sum_exp(logits, vocab_);
     ev.logprob = float(logits[ev.token] - lse);
-    std::vector<std::pair<float, int>> cand;
-    cand.reserve(size_t(vocab_));
-    for (int i = 0; i < vocab_; ++i) cand.push_back({logits[i], i});
-    const size_t k = std::min<size_t>(size_t(s.req.top_logprobs), cand.size());
-    std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), Sampler::before);
-    for (size_t i = 0; i < k; ++i) ev.top.push_back({cand[i].second, float(cand[i].first - lse)});
+    ev.top = top_of(logits, vocab_, s.req.top_logprobs, lse);
   }
   s.sampler.accept(ev.token);  // the penalties' window: the sampled tokens (a no-op without penalties)
   ++s.generated;
@@ -465,6 +512,7 @@ void Scheduler::emit(std::vector<Emit>& batch) {
   for (Emit& e : batch) {
     Output& o = *e.out;
     if (o.ended) continue;  // ended early (a stop string): what the scheduler sampled since is not the client's
+    for (TokenEvent& p : e.prompt) o.stream->push(std::move(p));  // (no text, not counted)
     try {
       if (e.token >= 0) {
         TokenEvent ev{e.token, "", e.logprob, std::move(e.top)};

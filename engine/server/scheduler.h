@@ -28,10 +28,11 @@ namespace flashlite::engine::server {
 // What the scheduler runs for one request (validated by the HTTP layer).
 struct GenerationRequest {
   std::vector<int> prompt;  // token ids, BOS and chat template included
-  int max_tokens = 16;      // prompt + max_tokens fits the context
+  int max_tokens = 16;      // prompt + max_tokens fits the context; 0 (with prompt_logprobs): the prompt scored alone
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings (non-empty)
   int top_logprobs = -1;          // -1: no logprobs; else the chosen token's log-probability and this many alternatives
+  int prompt_logprobs = -1;       // -1: none; else each prompt token's after the first, with this many alternatives
   bool ignore_eos = false;        // generate max_tokens whatever comes (benchmarks; vLLM's extension)
 };
 
@@ -40,12 +41,14 @@ struct TokenLogprob {
   float logprob = 0;
 };
 
-// One generated token and the text it releases (possibly empty: held back, see TextStream).
+// One generated token and the text it releases (possibly empty: held back, see TextStream), or (prompt) the
+// log-probability of a prompt token after the first, in prompt order and before any generated token.
 struct TokenEvent {
   int token = 0;
   std::string text;
   float logprob = 0;               // with logprobs: log-softmax of the model's logits (before temperature)
   std::vector<TokenLogprob> top;   // with top_logprobs > 0: the most likely tokens, most likely first
+  bool prompt = false;             // a prompt token's (GenerationRequest::prompt_logprobs): no text, not counted
 };
 
 // A request's results as they come; written by the scheduler's emitter thread, read by the request's HTTP thread.
@@ -117,6 +120,7 @@ class Scheduler {
   void admit();                          // waiting -> running while a slot and pages are free (mu_ held)
   void step();                           // one forward call over the running sequences
   void sample(Sequence& s, const LogitsOutput& out, int row);
+  void score_prompt(Sequence& s, const LogitsOutput& out, int row0, int rows, size_t fed);  // prompt_logprobs
   // Gives the slot and pages back and counts the outcome; end() also queues the request's end for the emitter.
   void release(Sequence& s, const std::string& reason, bool failed);
   void end(Sequence& s, const char* reason, const std::string& error);

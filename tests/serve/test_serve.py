@@ -11,6 +11,7 @@ import socket
 import subprocess
 import time
 
+import numpy as np
 import openai
 import pytest
 
@@ -171,6 +172,55 @@ def test_penalties_count_the_completions_own_tokens(server):
     assert zero.choices[0].message.content == plain.choices[0].message.content
 
 
+def score_logprobs(flashlite_bin, models_dir, ids, tmp_path):
+    """log-softmax of `flashlite score`'s teacher-forced logits (the generator's path, not the server's): the
+    log-probability of each token after the first, given those before it."""
+    out = tmp_path / "logits.npy"
+    subprocess.run([flashlite_bin, "score", "--model", stories(models_dir), "--ids", ",".join(map(str, ids)), "--out",
+                    str(out)], check=True, capture_output=True, timeout=120)
+    logits = np.load(out).astype(np.float64)
+    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    return [float(logits[i, ids[i + 1]] - lse[i]) for i in range(len(ids) - 1)]
+
+
+@pytest.mark.parametrize("chunk", [512, 3])
+def test_echo_scores_the_prompt_as_score_does(start_server, flashlite_bin, models_dir, tmp_path, chunk):
+    # echo + logprobs + max_tokens 0 (how evaluation harnesses score text): each prompt token's log-probability equals
+    # `flashlite score`'s, whether the prompt prefills at once or in chunks of 3 (rows carried across chunks).
+    s = start_server(["--model", stories(models_dir), "--prefill-chunk", str(chunk)])
+    c = client(s)
+    prompt = "Once upon a time, there was a little girl named Lily. She liked to play outside."
+    r = c.completions.create(model="stories260K", prompt=prompt, max_tokens=0, echo=True, logprobs=3)
+    ch = r.choices[0]
+    assert ch.text == prompt and ch.finish_reason == "length" and r.usage.completion_tokens == 0
+    lp = ch.logprobs
+    ids = c.completions.create(model="stories260K", prompt=prompt, max_tokens=1, logprobs=0).usage.prompt_tokens
+    assert len(lp.tokens) == ids == r.usage.prompt_tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert "".join(lp.tokens[1:]).strip() == prompt and lp.text_offset[1] == 0
+    for k in range(1, len(lp.tokens)):
+        piece = lp.tokens[k] if k > 1 else lp.tokens[k].lstrip(" ")  # (SentencePiece's dummy prefix: not text)
+        assert prompt[lp.text_offset[k]:].startswith(piece), k
+        assert len(lp.top_logprobs[k]) <= 3 and max(lp.top_logprobs[k].values()) >= lp.token_logprobs[k] - 1e-6
+    tokenize = [flashlite_bin, "tokenize", "--model", str(models_dir / "stories260K"), "--bos", "--json", "--text",
+                prompt]
+    token_ids = json.loads(subprocess.run(tokenize, capture_output=True, text=True, check=True).stdout)["ids"]
+    assert len(token_ids) == len(lp.tokens)
+    want = score_logprobs(flashlite_bin, models_dir, token_ids, tmp_path)
+    assert np.allclose(lp.token_logprobs[1:], want, atol=1e-4), (lp.token_logprobs[1:], want)
+    # Generating after the echo: the prompt, then the text the request gets without echo; streamed alike.
+    plain = c.completions.create(model="stories260K", prompt=prompt, max_tokens=12, temperature=0, logprobs=1)
+    both = c.completions.create(model="stories260K", prompt=prompt, max_tokens=12, temperature=0, logprobs=1, echo=True)
+    assert both.choices[0].text == prompt + plain.choices[0].text
+    assert both.choices[0].logprobs.token_logprobs == lp.token_logprobs + plain.choices[0].logprobs.token_logprobs
+    chunks = list(c.completions.create(model="stories260K", prompt=prompt, max_tokens=12, temperature=0, echo=True,
+                                       stream=True))
+    assert chunks[0].choices[0].text == prompt
+    assert "".join(x.choices[0].text for x in chunks) == both.choices[0].text
+    echo_only = c.completions.create(model="stories260K", prompt=prompt, max_tokens=0, echo=True)
+    assert echo_only.choices[0].text == prompt and echo_only.choices[0].logprobs is None
+
+
 def test_stop_strings_cut_the_text_streamed_or_not(server):
     c = client(server)
     base = c.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=60, temperature=0).choices[0].text
@@ -302,7 +352,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": "gpt-4", "prompt": "a"}, 404, "does not exist"),
     ("/v1/completions", {"model": 7, "prompt": "a"}, 400, "must be a string"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "max_tokens": "10"}, 400, "must be an integer"),
-    ("/v1/completions", {"model": "stories260K", "prompt": "a", "max_tokens": 0}, 400, "at least 1"),
+    ("/v1/completions", {"model": "stories260K", "prompt": "a", "max_tokens": 0}, 400, "at least 1 (0 with 'echo')"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "max_tokens": -5}, 400, "at least 1"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "max_tokens": 600}, 400, "maximum context length"),
     ("/v1/completions", {"model": "stories260K", "prompt": "the cat sat " * 300}, 400, "maximum context length"),
