@@ -125,18 +125,21 @@ void HttpServer::routes() {
   auto completion = [this](Endpoint endpoint) {
     return [this, endpoint](const Request& req, Response& res) {
       ParsedRequest p;
-      // One stream per choice: choice i is a sequence of its own with the request's seed + i. If a later one cannot be
-      // queued, the earlier ones are cancelled (the guard) and the request is answered as a whole.
+      // One stream per choice: prompt p's choice i (index p n + i) is a sequence of its own with the request's seed + i.
+      // If a later one cannot be queued, the earlier ones are cancelled (the guard) and the request is answered whole.
       auto streams = std::make_shared<std::vector<std::shared_ptr<RequestStream>>>();
       CancelAllOnExit guard{streams};
       bool logprobs = false;
       try {
         p = parse_request(req.body, endpoint, model_);
         logprobs = p.gen.top_logprobs >= 0;
-        for (int i = 0; i < p.n; ++i) {
-          GenerationRequest g = p.gen;
-          g.sampling.seed += uint64_t(i);
-          streams->push_back(sched_.submit(std::move(g)));
+        for (const std::vector<int>& prompt : p.prompts) {
+          for (int i = 0; i < p.n; ++i) {
+            GenerationRequest g = p.gen;
+            g.prompt = prompt;
+            g.sampling.seed += uint64_t(i);
+            streams->push_back(sched_.submit(std::move(g)));
+          }
         }
       } catch (const ApiError& e) {
         return send_error(res, e);
@@ -151,7 +154,8 @@ void HttpServer::routes() {
       head.model = model_.name;
       head.created = int64_t(std::time(nullptr));
       head.logprobs = logprobs;
-      if (p.echo) set_echo(head, *model_.tokenizer, model_.bos, p.gen.prompt);
+      head.n = p.n;
+      if (p.echo) set_echo(head, *model_.tokenizer, model_.bos, p.prompts);
       if (!p.stream) {
         std::vector<ChoiceResult> choices(streams->size());
         for (size_t i = 0; i < streams->size(); ++i) {
@@ -208,7 +212,7 @@ void HttpServer::routes() {
               if (head.echo && !cs.echoed && (from < events.size() || finished)) {
                 if (!send(echo_chunk(head, *model_.tokenizer, cs.prompt, int(c)))) return false;
                 cs.echoed = true;
-                cs.sent = head.echo_text.size();
+                cs.sent = head.echo_of(c)->text.size();
               }
               events.erase(events.begin(), events.begin() + std::ptrdiff_t(from));
               // One chunk per token keeps per-token logprobs with their token; plain text chunks skip empty ones.
@@ -244,7 +248,7 @@ void HttpServer::routes() {
               u["choices"] = json::array();
               std::vector<const RequestStream*> ended;
               for (const auto& st : *streams) ended.push_back(st.get());
-              u["usage"] = usage_json(ended);
+              u["usage"] = usage_json(ended, head.n);
               if (!send(u)) return false;
             }
             const std::string end = "data: [DONE]\n\n";

@@ -89,7 +89,8 @@ std::vector<ChatMessage> messages_of(const json& body) {
   return out;
 }
 
-std::vector<int> prompt_of(const json& body, const ServedModel& m) {
+// The prompts of a completions request: a string, token ids, or an array of either (a batch).
+std::vector<std::vector<int>> prompts_of(const json& body, const ServedModel& m) {
   const json* p = get(body, "prompt");
   if (!p) bad("prompt", "'prompt' is required");
   auto from_text = [&](const std::string& text) {
@@ -98,20 +99,34 @@ std::vector<int> prompt_of(const json& body, const ServedModel& m) {
     for (int t : m.tokenizer->encode(text, false)) ids.push_back(t);
     return ids;
   };
-  if (p->is_string()) return from_text(p->get<std::string>());
-  if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) return from_text((*p)[0].get<std::string>());
-  if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {  // token ids, used as given
+  auto from_ids = [&](const json& a, const std::string& what) {  // token ids, used as given
     std::vector<int> ids;
-    for (const json& t : *p) {
+    for (const json& t : a) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= m.vocab) {
-        bad("prompt", "'prompt' token " + t.dump() + " is not an id in [0, " + std::to_string(m.vocab) + ")");
+        bad("prompt", what + " token " + t.dump() + " is not an id in [0, " + std::to_string(m.vocab) + ")");
       }
       ids.push_back(t.get<int>());
     }
     return ids;
+  };
+  const std::string shapes = "a string, token ids, or an array of strings or of token-id arrays";
+  if (p->is_string()) return {from_text(p->get<std::string>())};
+  if (!p->is_array() || p->empty()) {
+    bad("prompt", "'prompt' must be " + shapes + ", got " + (p->is_array() ? "an empty array" : type_name(*p)));
   }
-  if (p->is_array() && p->size() > 1) bad("prompt", "'prompt' holds " + std::to_string(p->size()) + " prompts; this server takes one per request");
-  bad("prompt", "'prompt' must be a string, an array of one string, or an array of token ids, got " + (p->empty() ? "an empty array" : type_name(*p)));
+  if ((*p)[0].is_number_integer()) return {from_ids(*p, "'prompt'")};
+  if (p->size() > size_t(kMaxPrompts)) {
+    bad("prompt", "'prompt' holds " + std::to_string(p->size()) + " prompts; at most " + std::to_string(kMaxPrompts));
+  }
+  std::vector<std::vector<int>> out;
+  for (size_t i = 0; i < p->size(); ++i) {
+    const json& e = (*p)[i];
+    const std::string what = "'prompt'[" + std::to_string(i) + "]";
+    if (e.is_string()) out.push_back(from_text(e.get<std::string>()));
+    else if (e.is_array() && !e.empty()) out.push_back(from_ids(e, what));
+    else bad("prompt", what + " must be a string or a non-empty array of token ids, got " + type_name(e));
+  }
+  return out;
 }
 
 std::vector<std::string> stops_of(const json& body, int max_stop) {
@@ -211,7 +226,7 @@ ParsedRequest parse_request(const std::string& text, Endpoint endpoint, const Se
     const int64_t top = int_field(body, "top_logprobs", 0, 20, -1);
     if (top >= 0 && !logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     g.top_logprobs = logprobs ? int(std::max<int64_t>(top, 0)) : -1;
-    g.prompt = m.chat->conversation(messages_of(body));
+    r.prompts = {m.chat->conversation(messages_of(body))};
   } else {
     g.top_logprobs = int(int_field(body, "logprobs", 0, 5, -1));
     r.echo = bool_field(body, "echo", false);
@@ -223,16 +238,27 @@ ParsedRequest parse_request(const std::string& text, Endpoint endpoint, const Se
       bad("best_of",
           "'best_of' must equal 'n' (" + std::to_string(r.n) + "): this server returns every choice it generates");
     }
-    g.prompt = prompt_of(body, m);
+    r.prompts = prompts_of(body, m);
   }
-  if (g.prompt.empty()) bad("prompt", "the prompt has no tokens (and the model has no BOS token to start it)");
-
-  const int prompt_len = int(g.prompt.size());
+  if (r.prompts.size() * size_t(r.n) > size_t(kMaxSequences)) {
+    bad("n", std::to_string(r.prompts.size()) + " prompts x 'n' " + std::to_string(r.n) + " = " +
+                 std::to_string(r.prompts.size() * size_t(r.n)) + " sequences; at most " + std::to_string(kMaxSequences));
+  }
+  // The longest prompt decides the room (and names itself in a batch).
+  size_t longest = 0;
+  for (size_t i = 0; i < r.prompts.size(); ++i) {
+    if (r.prompts[i].empty()) bad("prompt", "the prompt has no tokens (and the model has no BOS token to start it)");
+    if (r.prompts[i].size() > r.prompts[longest].size()) longest = i;
+  }
+  g.prompt = r.prompts[0];
+  const int prompt_len = int(r.prompts[longest].size());
+  const std::string which = endpoint == Endpoint::chat ? "messages"
+                            : r.prompts.size() > 1 ? "prompt " + std::to_string(longest)
+                                                   : "prompt";
   if (prompt_len >= m.context) {
     bad(endpoint == Endpoint::chat ? "messages" : "prompt",
-        "This model's maximum context length is " + std::to_string(m.context) + " tokens. However, your " +
-            (endpoint == Endpoint::chat ? "messages" : "prompt") + " resulted in " + std::to_string(prompt_len) +
-            " tokens, leaving no room for a completion.",
+        "This model's maximum context length is " + std::to_string(m.context) + " tokens. However, your " + which +
+            " resulted in " + std::to_string(prompt_len) + " tokens, leaving no room for a completion.",
         "context_length_exceeded");
   }
   const int room = m.context - prompt_len;
@@ -246,7 +272,7 @@ ParsedRequest parse_request(const std::string& text, Endpoint endpoint, const Se
     bad(max_name,
         "This model's maximum context length is " + std::to_string(m.context) + " tokens. However, you requested " +
             std::to_string(int64_t(prompt_len) + asked) + " tokens (" + std::to_string(prompt_len) + " in the " +
-            (endpoint == Endpoint::chat ? "messages" : "prompt") + ", " + std::to_string(asked) +
+            which + ", " + std::to_string(asked) +
             " in the completion). Please reduce the length of the " +
             (endpoint == Endpoint::chat ? "messages" : "prompt") + " or completion.",
         "context_length_exceeded");
@@ -281,16 +307,16 @@ json chat_logprobs(const Tokenizer& tok, const std::vector<TokenEvent>& events) 
 // The completions logprobs of `events` (generated tokens; prompt events are skipped), after those of the echoed
 // prompt when `echo` (the first prompt token has none: null) given the prompt events.
 json completion_logprobs(const Tokenizer& tok, const std::vector<TokenEvent>& events, size_t text_offset,
-                         const ResponseHead* echo = nullptr) {
+                         const ResponseHead::EchoPrompt* echo = nullptr) {
   json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
   if (echo) {
     std::vector<const TokenEvent*> scored;
     for (const TokenEvent& e : events) {
       if (e.prompt) scored.push_back(&e);
     }
-    for (size_t i = 0; i < echo->echo_ids.size(); ++i) {
-      tokens.push_back(TextStream::piece_of(tok, echo->echo_ids[i]));
-      offsets.push_back(echo->echo_offsets[i]);
+    for (size_t i = 0; i < echo->ids.size(); ++i) {
+      tokens.push_back(TextStream::piece_of(tok, echo->ids[i]));
+      offsets.push_back(echo->offsets[i]);
       const TokenEvent* e = i >= 1 && i - 1 < scored.size() ? scored[i - 1] : nullptr;
       lps.push_back(e ? json(e->logprob) : json(nullptr));
       json top = e ? json::object() : json(nullptr);
@@ -330,10 +356,12 @@ std::vector<TokenEvent> generated_of(const std::vector<TokenEvent>& events) {
 
 }  // namespace
 
-json usage_json(const std::vector<const RequestStream*>& done) {
-  const int prompt = done.empty() ? 0 : done.front()->prompt_tokens;
-  int completion = 0;
-  for (const RequestStream* d : done) completion += d->completion_tokens;
+json usage_json(const std::vector<const RequestStream*>& done, int n) {
+  int prompt = 0, completion = 0;
+  for (size_t i = 0; i < done.size(); ++i) {
+    if (i % size_t(n) == 0) prompt += done[i]->prompt_tokens;
+    completion += done[i]->completion_tokens;
+  }
   return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
 }
 
@@ -345,11 +373,11 @@ json full_response(const ResponseHead& h, const Tokenizer& tok, const std::vecto
     const ChoiceResult& c = choices[i];
     json choice = {{"index", i}, {"finish_reason", c.done->finish_reason}};
     if (chat) choice["message"] = {{"role", "assistant"}, {"content", joined_text(c.events)}};
-    else choice["text"] = (h.echo ? h.echo_text : std::string()) + joined_text(c.events);
+    const ResponseHead::EchoPrompt* echo = h.echo_of(i);
+    if (!chat) choice["text"] = (echo ? echo->text : std::string()) + joined_text(c.events);
     choice["logprobs"] = !h.logprobs ? json(nullptr)
                          : chat      ? chat_logprobs(tok, generated_of(c.events))
-                                     : completion_logprobs(tok, c.events, h.echo ? h.echo_text.size() : 0,
-                                                           h.echo ? &h : nullptr);
+                                     : completion_logprobs(tok, c.events, echo ? echo->text.size() : 0, echo);
     out.push_back(std::move(choice));
     done.push_back(c.done);
   }
@@ -358,27 +386,30 @@ json full_response(const ResponseHead& h, const Tokenizer& tok, const std::vecto
           {"created", h.created},
           {"model", h.model},
           {"choices", std::move(out)},
-          {"usage", usage_json(done)}};
+          {"usage", usage_json(done, h.n)}};
 }
 
-void set_echo(ResponseHead& h, const Tokenizer& tok, int bos, const std::vector<int>& prompt) {
+void set_echo(ResponseHead& h, const Tokenizer& tok, int bos, const std::vector<std::vector<int>>& prompts) {
   h.echo = true;
-  h.echo_ids = prompt;
-  h.echo_text.clear();
-  h.echo_offsets.clear();
-  size_t first = 0;  // BOS has no text: the dummy-prefix space after it goes, as in generated text
-  if (!prompt.empty() && bos >= 0 && prompt[0] == bos) first = 1, h.echo_offsets.push_back(0);
-  TextStream text(tok, bos, first ? bos : -1, {});
-  for (size_t i = first; i < prompt.size(); ++i) {
-    h.echo_offsets.push_back(h.echo_text.size());
-    h.echo_text += text.push(prompt[i]);
+  h.echo_prompts.clear();
+  for (const std::vector<int>& prompt : prompts) {
+    ResponseHead::EchoPrompt& e = h.echo_prompts.emplace_back();
+    e.ids = prompt;
+    size_t first = 0;  // BOS has no text: the dummy-prefix space after it goes, as in generated text
+    if (!prompt.empty() && bos >= 0 && prompt[0] == bos) first = 1, e.offsets.push_back(0);
+    TextStream text(tok, bos, first ? bos : -1, {});
+    for (size_t i = first; i < prompt.size(); ++i) {
+      e.offsets.push_back(e.text.size());
+      e.text += text.push(prompt[i]);
+    }
+    e.text += text.flush();
   }
-  h.echo_text += text.flush();
 }
 
 json echo_chunk(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& prompt, int index) {
-  json choice = {{"index", index}, {"finish_reason", nullptr}, {"text", h.echo_text}};
-  choice["logprobs"] = h.logprobs ? completion_logprobs(tok, prompt, h.echo_text.size(), &h) : json(nullptr);
+  const ResponseHead::EchoPrompt& e = *h.echo_of(size_t(index));
+  json choice = {{"index", index}, {"finish_reason", nullptr}, {"text", e.text}};
+  choice["logprobs"] = h.logprobs ? completion_logprobs(tok, prompt, e.text.size(), &e) : json(nullptr);
   return {{"id", h.id}, {"object", "text_completion"}, {"created", h.created}, {"model", h.model},
           {"choices", json::array({choice})}};
 }

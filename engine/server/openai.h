@@ -37,13 +37,15 @@ struct ServedModel {
 
 enum class Endpoint { chat, completions };
 
-// Choices a request may ask for ('n'; OpenAI's limit). Each is a sequence of its own in the batch, sampled with the
-// request's seed + its index.
-inline constexpr int kMaxChoices = 128;
+// Choices a request may ask for per prompt ('n'; OpenAI's limit), prompts a completions request may hold, and
+// sequences (prompts x n) in all. Each is a sequence of its own in the batch: prompt p's choice i, index p n + i,
+// sampled with the request's seed + i.
+inline constexpr int kMaxChoices = 128, kMaxPrompts = 256, kMaxSequences = 1024;
 
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::chat;
-  GenerationRequest gen;  // choice 0's; choice i's differs only in its seed (gen.sampling.seed + i)
+  GenerationRequest gen;  // prompt 0's choice 0; the others differ in their prompt and seed (gen.sampling.seed + i)
+  std::vector<std::vector<int>> prompts;  // one, or (completions) the prompts of a batch
   int n = 1;
   bool stream = false, include_usage = false;
   bool echo = false;  // completions: the prompt returned before the text (with logprobs: its tokens' too)
@@ -58,14 +60,19 @@ struct ResponseHead {
   std::string id, model;
   int64_t created = 0;
   bool logprobs = false;  // the request asked for them
-  // Completions with echo (set_echo): the prompt's tokens, its text as generated text reads (TextStream) and each
+  int n = 1;              // choices per prompt: choice c answers prompt c / n
+  // Completions with echo (set_echo): per prompt, its tokens, its text as generated text reads (TextStream) and each
   // token's offset in it.
+  struct EchoPrompt {
+    std::vector<int> ids;
+    std::string text;
+    std::vector<size_t> offsets;
+  };
   bool echo = false;
-  std::vector<int> echo_ids;
-  std::string echo_text;
-  std::vector<size_t> echo_offsets;
+  std::vector<EchoPrompt> echo_prompts;
+  const EchoPrompt* echo_of(size_t choice) const { return echo ? &echo_prompts[choice / size_t(n)] : nullptr; }
 };
-void set_echo(ResponseHead& h, const Tokenizer& tok, int bos, const std::vector<int>& prompt);
+void set_echo(ResponseHead& h, const Tokenizer& tok, int bos, const std::vector<std::vector<int>>& prompts);
 // One choice of a finished request: its events and its ended stream.
 struct ChoiceResult {
   std::vector<TokenEvent> events;
@@ -79,7 +86,7 @@ json full_response(const ResponseHead& h, const Tokenizer& tok, const std::vecto
 json stream_chunk(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& events,
                   const RequestStream* done, bool first, size_t text_offset = 0, int index = 0);
 json echo_chunk(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& prompt, int index);
-// The request's usage over its ended choices: the prompt once, every choice's completion tokens.
-json usage_json(const std::vector<const RequestStream*>& done);
+// The request's usage over its ended choices (n per prompt): each prompt once, every choice's completion tokens.
+json usage_json(const std::vector<const RequestStream*>& done, int n);
 
 }  // namespace flashlite::engine::server

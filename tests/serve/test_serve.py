@@ -115,6 +115,35 @@ def test_n_choices_each_equal_its_seed_alone(server):
     assert m["flashlite_kv_pages_used"] == 0
 
 
+def test_a_batch_of_prompts_answers_each_as_alone(server):
+    # A completions batch (strings, or token-id arrays) with n choices each: choice p n + i is prompt p's answer to
+    # seed + i alone; usage counts each prompt once. Streamed alike.
+    c = client(server)
+    opts = dict(model="stories260K", max_tokens=20, temperature=0.9, seed=5, extra_body={"top_k": 40})
+    prompts = PROMPTS[:3]
+    r = c.completions.create(prompt=prompts, n=2, **opts)
+    assert [ch.index for ch in r.choices] == list(range(6))
+    alone = [c.completions.create(prompt=p, seed=5 + i, **{k: v for k, v in opts.items() if k != "seed"})
+             for p in prompts for i in range(2)]
+    assert [ch.text for ch in r.choices] == [a.choices[0].text for a in alone]
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone[::2])
+    assert r.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    ids = [[1, 403, 407, 261, 378], [1, 403]]
+    by_ids = c.completions.create(prompt=ids, max_tokens=8, temperature=0, model="stories260K")
+    assert [ch.text for ch in by_ids.choices] == [
+        c.completions.create(prompt=p, max_tokens=8, temperature=0, model="stories260K").choices[0].text for p in ids]
+    texts = {}
+    for ch in c.completions.create(prompt=prompts, n=2, stream=True, **opts):
+        for choice in ch.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert [texts[i] for i in range(6)] == [ch.text for ch in r.choices]
+    # Scoring a batch (echo, max_tokens 0): each prompt's logprobs as it gets them alone.
+    scored = c.completions.create(model="stories260K", prompt=prompts, max_tokens=0, echo=True, logprobs=1)
+    for p, ch in zip(prompts, scored.choices):
+        one = c.completions.create(model="stories260K", prompt=p, max_tokens=0, echo=True, logprobs=1).choices[0]
+        assert ch.text == p and ch.logprobs.token_logprobs == one.logprobs.token_logprobs
+
+
 def test_n_choices_streamed_equal_their_non_streamed_answer(server):
     c = client(server)
     messages = [{"role": "user", "content": "Once upon a time"}]
@@ -371,7 +400,13 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "stop": 5}, 400, "'stop' must be"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "stream": "yes"}, 400, "must be a boolean"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "logprobs": 6}, 400, "logprobs"),
-    ("/v1/completions", {"model": "stories260K", "prompt": ["a", "b"]}, 400, "one per request"),
+    ("/v1/completions", {"model": "stories260K", "prompt": []}, 400, "got an empty array"),
+    ("/v1/completions", {"model": "stories260K", "prompt": ["a", 5]}, 400, "'prompt'[1] must be a string"),
+    ("/v1/completions", {"model": "stories260K", "prompt": ["a", []]}, 400, "'prompt'[1] must be a string"),
+    ("/v1/completions", {"model": "stories260K", "prompt": [[1, 2], [3, 99999]]}, 400, "'prompt'[1] token 99999"),
+    ("/v1/completions", {"model": "stories260K", "prompt": ["a"] * 257}, 400, "at most 256"),
+    ("/v1/completions", {"model": "stories260K", "prompt": ["a"] * 10, "n": 128}, 400, "sequences; at most 1024"),
+    ("/v1/completions", {"model": "stories260K", "prompt": ["a", "the cat sat " * 300]}, 400, "your prompt 1 resulted"),
     ("/v1/completions", {"model": "stories260K", "prompt": [1, 99999]}, 400, "not an id"),
     ("/v1/completions", {"model": "stories260K", "prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream"),
     ("/v1/chat/completions", {"model": "stories260K", "messages": []}, 400, "empty"),
