@@ -125,8 +125,9 @@ void HttpServer::routes() {
   auto completion = [this](Endpoint endpoint) {
     return [this, endpoint](const Request& req, Response& res) {
       ParsedRequest p;
-      // One stream per choice: prompt p's choice i (index p n + i) is a sequence of its own with the request's seed + i.
-      // If a later one cannot be queued, the earlier ones are cancelled (the guard) and the request is answered whole.
+      // One stream per choice: prompt p's choice i (index p n + i) is a sequence of its own with the request's
+      // seed + i. If a later one cannot be queued, the earlier ones are cancelled (the guard) and the request is
+      // answered whole.
       auto streams = std::make_shared<std::vector<std::shared_ptr<RequestStream>>>();
       CancelAllOnExit guard{streams};
       bool logprobs = false;

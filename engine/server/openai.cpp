@@ -242,7 +242,8 @@ ParsedRequest parse_request(const std::string& text, Endpoint endpoint, const Se
   }
   if (r.prompts.size() * size_t(r.n) > size_t(kMaxSequences)) {
     bad("n", std::to_string(r.prompts.size()) + " prompts x 'n' " + std::to_string(r.n) + " = " +
-                 std::to_string(r.prompts.size() * size_t(r.n)) + " sequences; at most " + std::to_string(kMaxSequences));
+                 std::to_string(r.prompts.size() * size_t(r.n)) + " sequences; at most " +
+                 std::to_string(kMaxSequences));
   }
   // The longest prompt decides the room (and names itself in a batch).
   size_t longest = 0;
