@@ -194,8 +194,8 @@ void HttpServer::routes() {
               if (cs.finished) continue;
               RequestStream& st = *(*streams)[c];
               std::vector<TokenEvent> events;
-              // Wait only when this is the last unfinished choice or nothing came yet (the single-choice case waits
-              // as it always did).
+              // One choice waits here up to 200 ms for its next event; several are polled, and when none had
+              // anything the call waits on the first unfinished one below (a reader of one stream is woken by it).
               const bool finished = st.wait(events, std::chrono::milliseconds(any || streams->size() > 1 ? 0 : 200));
               any |= !events.empty() || finished;
               if (finished && !st.error.empty()) {
