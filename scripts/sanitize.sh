@@ -2,8 +2,9 @@
 # CI's sanitizer + fuzz step (run by .ci/run after scripts/test.sh): builds the library, the engine's loaders and
 # their tests with AddressSanitizer + UndefinedBehaviorSanitizer (CPU only, -O1) into build-asan/, then runs
 #   - the API's bad-argument suites and the loader / tokenizer / model suites (every crafted-file regression case),
-#   - the mutation fuzzers of the model files (safetensors, config.json, llama2.c) and of the tokenizers
-#     (tokenizer.json, tok*.bin), each test within FUZZ_SECONDS (default 20) of wall time,
+#   - the mutation fuzzers of the model files (safetensors, config.json, llama2.c), of the tokenizers
+#     (tokenizer.json, tok*.bin) and of the server's request bodies, each test within FUZZ_SECONDS (default 20) of
+#     wall time,
 #   - the safetensors differential test (flashlite's parser vs the `safetensors` package) through the sanitized parser.
 # Any sanitizer report aborts the process and fails the step. ~6 minutes on 2 cores (most of it the build).
 set -euo pipefail
@@ -19,13 +20,15 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFLASHLITE_CUDA=
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > /tmp/flashlite-asan-configure.log 2>&1 \
   || { cat /tmp/flashlite-asan-configure.log >&2; exit 1; }
 suites=(validation_test kv_errors_test prefill_errors_test engine_loader_hardening_test engine_fuzz_loaders_test
-        engine_tokenizer_fuzz_test engine_hf_checkpoint_test engine_llama2c_model_test engine_chat_template_test)
+        engine_tokenizer_fuzz_test engine_hf_checkpoint_test engine_llama2c_model_test engine_chat_template_test
+        serve_request_fuzz_test)
 cmake --build "$build" -j "${JOBS:-$(nproc)}" --target "${suites[@]/#/flashlite_}" flashlite_safetensors_check
 echo "== sanitize: built in $((SECONDS - t0)) s"
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export FLASHLITE_TOKENIZER_FUZZ_SECONDS="$fuzz_seconds" FLASHLITE_TOKENIZER_FUZZ_ITERATIONS=1000000
+export FLASHLITE_REQUEST_FUZZ_SECONDS="$fuzz_seconds" FLASHLITE_REQUEST_FUZZ_ITERATIONS=1000000
 status=0
 for s in "${suites[@]}"; do
   exe="$(find "$build/tests" -name "flashlite_$s" -type f | head -1)"

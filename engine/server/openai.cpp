@@ -174,7 +174,7 @@ ParsedRequest parse_request(const std::string& text, Endpoint endpoint, const Se
   json body;
   try {
     body = json::parse(text);  // rejects invalid UTF-8 in strings too
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number past a double's range (out_of_range)
     bad("", std::string("the body is not valid JSON: ") + e.what());
   }
   if (!body.is_object()) bad("", "the body must be a JSON object, got " + type_name(body));
@@ -270,9 +270,11 @@ ParsedRequest parse_request(const std::string& text, Endpoint endpoint, const Se
         std::string("'") + max_name + "' is " + std::to_string(asked) + "; expected at least 1 (0 with 'echo')");
   }
   if (asked > room) {
+    // (asked may be near INT64_MAX: the sum saturates rather than overflow)
+    const int64_t total = asked > INT64_MAX - prompt_len ? INT64_MAX : int64_t(prompt_len) + asked;
     bad(max_name,
         "This model's maximum context length is " + std::to_string(m.context) + " tokens. However, you requested " +
-            std::to_string(int64_t(prompt_len) + asked) + " tokens (" + std::to_string(prompt_len) + " in the " +
+            std::to_string(total) + " tokens (" + std::to_string(prompt_len) + " in the " +
             which + ", " + std::to_string(asked) +
             " in the completion). Please reduce the length of the " +
             (endpoint == Endpoint::chat ? "messages" : "prompt") + " or completion.",

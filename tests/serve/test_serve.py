@@ -377,6 +377,9 @@ BAD_REQUESTS = [
     ("/v1/completions", b'[1, 2]', 400, "must be a JSON object"),
     ("/v1/completions", b'{"model": "stories260K", "prompt": "\xff\xfe"}', 400, "not valid JSON"),  # invalid UTF-8
     ("/v1/completions", b'{"model": "stories260K", "prompt": "a", "temperature": NaN}', 400, "not valid JSON"),
+    ("/v1/completions", b'{"model": "stories260K", "prompt": "a", "temperature": 9e999}', 400, "not valid JSON"),
+    ("/v1/completions", {"model": "stories260K", "prompt": "a", "max_tokens": 2**63 - 1}, 400,
+     "you requested 9223372036854775807 tokens"),
     ("/v1/completions", {"prompt": "a"}, 400, "'model' is required"),
     ("/v1/completions", {"model": "gpt-4", "prompt": "a"}, 404, "does not exist"),
     ("/v1/completions", {"model": 7, "prompt": "a"}, 400, "must be a string"),
