@@ -32,6 +32,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # bench/
 from tree_commit import tree_commit  # noqa: E402
+from window_sinks import flex, visible_pairs  # noqa: E402
 
 
 GPU_CYCLES_PER_US = 1980  # the H100's boost clock; the sleep need only outlast the host's queueing
@@ -47,22 +48,6 @@ def sdpa(backend, causal):
 
 def flite(causal, window=(-1, -1), sink_tokens=0):
     return lambda q, k, v: flashlite.attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens)
-
-
-def flex(window, sink_tokens):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    compiled = torch.compile(flex_attention)
-    cache = {}
-
-    def fwd(q, k, v):
-        S = q.shape[1]
-        if S not in cache:
-            def mask(b, h, i, j):
-                return (j <= i) & ((j >= i - window) | (j < sink_tokens))
-            cache[S] = create_block_mask(mask, None, None, S, S, device="cuda")
-        return compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                        block_mask=cache[S]).transpose(1, 2)
-    return fwd
 
 
 def gpu_times_ms(call, reps):
@@ -129,15 +114,6 @@ def fwd_bwd_ms_and_peak(fn, q, k, v, dout, reps=5):
     return a.elapsed_time(b) / reps, (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def visible_pairs(S, causal, window, sink_tokens):
-    i = torch.arange(S, device="cuda")[:, None]
-    j = torch.arange(S, device="cuda")[None, :]
-    vis = torch.ones(S, S, dtype=torch.bool, device="cuda")
-    if causal:
-        vis &= j <= i
-    if window >= 0:
-        vis &= (j >= i - window) | (j < sink_tokens)
-    return vis.sum().item()
 
 
 def main():

@@ -25,6 +25,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # bench/
 from tree_commit import tree_commit  # noqa: E402
+from window_sinks import flex, visible_pairs  # noqa: E402
 
 
 def load(path):
@@ -33,24 +34,6 @@ def load(path):
     lib.fl_forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_void_p] + [ctypes.c_int] * 11 + [ctypes.c_void_p]
     lib.fl_last_error.restype = ctypes.c_char_p
     return lib
-
-
-def flex_window_sinks(window, sink_tokens, s):
-    """FlexAttention (compiled) with a causal window of `window` keys plus `sink_tokens` sink keys, on the
-    flashlite-layout tensors of one set."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    compiled = torch.compile(flex_attention)
-
-    def mask(b, h, i, j):
-        return (j <= i) & ((j >= i - window) | (j < sink_tokens))
-    block_mask = create_block_mask(mask, None, None, s, s, device="cuda")
-    return lambda q, k, v: compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                    block_mask=block_mask).transpose(1, 2)
-
-
-def visible_pairs(s, window, sink_tokens):
-    """Pairs (i, j) of a causal window of `window` keys plus the sink keys, S rows."""
-    return sum(min(i, window) + 1 + max(0, min(sink_tokens, i - window)) for i in range(s))
 
 
 def main():
@@ -108,8 +91,8 @@ def main():
             return flashlite.attention(q, k, v, causal=causal)
 
         if window >= 0:  # FlexAttention is the peer that takes a window with sink tokens
-            flex = flex_window_sinks(window, sinks, s)
-            fns = {"flashlite": ours, "flex": lambda i: flex(*sets[i])}
+            flex_fn = flex(window, sinks)
+            fns = {"flashlite": ours, "flex": lambda i: flex_fn(*sets[i])}
         else:
             fns = {"flashlite": op if args.torch_op else ours, "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
                    "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
@@ -140,7 +123,7 @@ def main():
                 medians[name].append(statistics.median(t))
         flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
         if window >= 0:
-            flops = 4 * b * h * visible_pairs(s, window, sinks) * d
+            flops = 4 * b * h * visible_pairs(s, causal, window, sinks) * d
         row = {"seq": s, "batch": b, "heads": h, "head_dim": d, "causal": causal,
                "rel_diff_vs_flash" if window < 0 else "rel_diff_vs_flex": round(float(diff), 5)}
         if window >= 0:

@@ -296,6 +296,7 @@ json bytes_of(const std::string& s) {
 json chat_logprobs(const Tokenizer& tok, const std::vector<TokenEvent>& events) {
   json content = json::array();
   for (const TokenEvent& e : events) {
+    if (e.prompt) continue;  // (a chat request has no echo: none come)
     json top = json::array();
     for (const TokenLogprob& t : e.top) {
       const std::string s = TextStream::piece_of(tok, t.id);
@@ -349,14 +350,6 @@ std::string joined_text(const std::vector<TokenEvent>& events) {
   return t;
 }
 
-std::vector<TokenEvent> generated_of(const std::vector<TokenEvent>& events) {
-  std::vector<TokenEvent> out;
-  for (const TokenEvent& e : events) {
-    if (!e.prompt) out.push_back(e);
-  }
-  return out;
-}
-
 }  // namespace
 
 json usage_json(const std::vector<const RequestStream*>& done, int n) {
@@ -379,7 +372,7 @@ json full_response(const ResponseHead& h, const Tokenizer& tok, const std::vecto
     const ResponseHead::EchoPrompt* echo = h.echo_of(i);
     if (!chat) choice["text"] = (echo ? echo->text : std::string()) + joined_text(c.events);
     choice["logprobs"] = !h.logprobs ? json(nullptr)
-                         : chat      ? chat_logprobs(tok, generated_of(c.events))
+                         : chat      ? chat_logprobs(tok, c.events)
                                      : completion_logprobs(tok, c.events, echo ? echo->text.size() : 0, echo);
     out.push_back(std::move(choice));
     done.push_back(c.done);
@@ -411,10 +404,11 @@ void set_echo(ResponseHead& h, const Tokenizer& tok, int bos, const std::vector<
 
 json echo_chunk(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& prompt, int index) {
   const ResponseHead::EchoPrompt& e = *h.echo_of(size_t(index));
-  json choice = {{"index", index}, {"finish_reason", nullptr}, {"text", e.text}};
-  choice["logprobs"] = h.logprobs ? completion_logprobs(tok, prompt, e.text.size(), &e) : json(nullptr);
-  return {{"id", h.id}, {"object", "text_completion"}, {"created", h.created}, {"model", h.model},
-          {"choices", json::array({choice})}};
+  json chunk = stream_chunk(h, tok, {}, nullptr, false, 0, index);  // a completions chunk, its text the prompt's
+  json& choice = chunk["choices"][0];
+  choice["text"] = e.text;
+  if (h.logprobs) choice["logprobs"] = completion_logprobs(tok, prompt, e.text.size(), &e);
+  return chunk;
 }
 
 json stream_chunk(const ResponseHead& h, const Tokenizer& tok, const std::vector<TokenEvent>& events,

@@ -342,7 +342,6 @@ void Scheduler::step() {
   std::vector<SequenceInput> inputs;
   std::vector<Sequence*> who;       // per input
   std::vector<bool> samples;        // per input: its logits row picks a token (last prompt chunk, or decoding)
-  std::vector<size_t> fed_before;   // per input: the prompt tokens its sequence had in the cache before it
   bool full_logits = false;
   int prefill_budget = opt_.max_step_tokens, prefill_rows = 0;
   for (auto& sp : running_) {
@@ -357,12 +356,10 @@ void Scheduler::step() {
       const auto first = s.req.prompt.begin() + std::ptrdiff_t(s.fed);
       inputs.push_back({s.slot, std::vector<int>(first, first + n), score});
       full_logits |= score;
-      fed_before.push_back(s.fed);
       s.fed += size_t(n);
       samples.push_back(s.fed == s.req.prompt.size());
     } else {
       inputs.push_back({s.slot, {s.last}, false});
-      fed_before.push_back(s.fed);
       samples.push_back(true);
     }
     who.push_back(&s);
@@ -388,7 +385,7 @@ void Scheduler::step() {
     int row = 0;  // the input's first logits row (one per token with all_logits, else one)
     for (size_t i = 0; i < inputs.size(); ++i) {
       const int rows = inputs[i].all_logits ? int(inputs[i].tokens.size()) : 1;
-      if (inputs[i].all_logits) score_prompt(*who[i], out, row, rows, fed_before[i]);
+      if (inputs[i].all_logits) score_prompt(*who[i], out, row, rows, who[i]->fed - size_t(rows));  // (a prefill)
       if (samples[i] && who[i]->req.max_tokens == 0) {
         end(*who[i], "length", "");  // the prompt scored, nothing to generate
       } else if (samples[i]) {
@@ -417,6 +414,7 @@ double log_sum_exp(const float* logits, int vocab) {
   return mx + std::log(z);
 }
 std::vector<TokenLogprob> top_of(const float* logits, int vocab, int k, double lse) {
+  if (k <= 0) return {};  // (logprobs 0: the chosen token's alone, no pass over the vocabulary)
   std::vector<std::pair<float, int>> cand;
   cand.reserve(size_t(vocab));
   for (int i = 0; i < vocab; ++i) cand.push_back({logits[i], i});

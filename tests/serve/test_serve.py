@@ -201,12 +201,18 @@ def test_penalties_count_the_completions_own_tokens(server):
     assert zero.choices[0].message.content == plain.choices[0].message.content
 
 
-def score_logprobs(flashlite_bin, models_dir, ids, tmp_path):
+def prompt_ids(flashlite_bin, models_dir, text):
+    """stories260K's ids of `text` with BOS, as `flashlite tokenize` gives them (the server's prompt)."""
+    cmd = [flashlite_bin, "tokenize", "--model", str(models_dir / "stories260K"), "--bos", "--json", "--text", text]
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["ids"]
+
+
+def score_logprobs(flashlite_bin, models_dir, ids, tmp_path, device="cpu"):
     """log-softmax of `flashlite score`'s teacher-forced logits (the generator's path, not the server's): the
     log-probability of each token after the first, given those before it."""
     out = tmp_path / "logits.npy"
-    subprocess.run([flashlite_bin, "score", "--model", stories(models_dir), "--ids", ",".join(map(str, ids)), "--out",
-                    str(out)], check=True, capture_output=True, timeout=120)
+    subprocess.run([flashlite_bin, "score", "--model", stories(models_dir), "--device", device, "--ids",
+                    ",".join(map(str, ids)), "--out", str(out)], check=True, capture_output=True, timeout=120)
     logits = np.load(out).astype(np.float64)
     lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
     return [float(logits[i, ids[i + 1]] - lse[i]) for i in range(len(ids) - 1)]
@@ -231,9 +237,7 @@ def test_echo_scores_the_prompt_as_score_does(start_server, flashlite_bin, model
         piece = lp.tokens[k] if k > 1 else lp.tokens[k].lstrip(" ")  # (SentencePiece's dummy prefix: not text)
         assert prompt[lp.text_offset[k]:].startswith(piece), k
         assert len(lp.top_logprobs[k]) <= 3 and max(lp.top_logprobs[k].values()) >= lp.token_logprobs[k] - 1e-6
-    tokenize = [flashlite_bin, "tokenize", "--model", str(models_dir / "stories260K"), "--bos", "--json", "--text",
-                prompt]
-    token_ids = json.loads(subprocess.run(tokenize, capture_output=True, text=True, check=True).stdout)["ids"]
+    token_ids = prompt_ids(flashlite_bin, models_dir, prompt)
     assert len(token_ids) == len(lp.tokens)
     want = score_logprobs(flashlite_bin, models_dir, token_ids, tmp_path)
     assert np.allclose(lp.token_logprobs[1:], want, atol=1e-4), (lp.token_logprobs[1:], want)

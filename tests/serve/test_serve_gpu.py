@@ -8,10 +8,11 @@ import concurrent.futures
 import json
 import subprocess
 
+import numpy as np
 import openai
 import pytest
 
-from test_serve import PROMPTS, client, stories
+from test_serve import PROMPTS, client, prompt_ids, score_logprobs, stories
 
 TIE_LOGPROB = 0.05  # two candidates closer than this are a tie in bf16 (the engine's parity tests use the same idea)
 
@@ -40,7 +41,6 @@ def test_cuda_request_alone_equals_generate(cuda_server, flashlite_bin, models_d
 def test_cuda_echo_scores_the_prompt_as_score_does(cuda_server, flashlite_bin, models_dir, tmp_path):
     # The CUDA model's logits rows of every prompt position (all_logits in a batched prefill) against `flashlite score
     # --device cuda` (teacher forcing alone): within bf16 noise, while other requests share the steps.
-    import numpy as np
     prompt = "Once upon a time, there was a little girl named Lily. She liked to play outside."
     c = client(cuda_server)
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
@@ -49,15 +49,8 @@ def test_cuda_echo_scores_the_prompt_as_score_does(cuda_server, flashlite_bin, m
         r = c.completions.create(model="stories260K", prompt=prompt, max_tokens=0, echo=True, logprobs=1)
         [f.result() for f in others]
     lp = r.choices[0].logprobs
-    tokenize = [flashlite_bin, "tokenize", "--model", str(models_dir / "stories260K"), "--bos", "--json", "--text",
-                prompt]
-    ids = json.loads(subprocess.run(tokenize, capture_output=True, text=True, check=True).stdout)["ids"]
-    out = tmp_path / "logits.npy"
-    subprocess.run([flashlite_bin, "score", "--model", stories(models_dir), "--device", "cuda", "--ids",
-                    ",".join(map(str, ids)), "--out", str(out)], check=True, capture_output=True, timeout=120)
-    logits = np.load(out).astype(np.float64)
-    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
-    want = [float(logits[i, ids[i + 1]] - lse[i]) for i in range(len(ids) - 1)]
+    ids = prompt_ids(flashlite_bin, models_dir, prompt)
+    want = score_logprobs(flashlite_bin, models_dir, ids, tmp_path, device="cuda")
     assert r.choices[0].text == prompt and lp.token_logprobs[0] is None and len(lp.tokens) == len(ids)
     assert np.allclose(lp.token_logprobs[1:], want, atol=TIE_LOGPROB), (lp.token_logprobs[1:], want)
 
