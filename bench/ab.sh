@@ -21,7 +21,8 @@ case "$area" in
        default_filter="Cuda/HopperGrid.*win150_sinks16*:Cuda/HopperGrid.*win90_sinks17*"
        default_filter+=":Cuda/HopperGrid.*q520_causal_win100_sinks3*" ;;
   bwd) capi=flashlite_bwd_capi test_name=flashlite_gpu_backward_test
-       default_filter="Grid/*/window_sinks16_d64:Grid/*/window_sinks17_d128:Grid/*/gqa3_window_sinks_softcap_d128" ;;
+       default_filter="Grid/*/bf16_window_sinks16_d64:Grid/*/bf16_window_sinks17_d128"
+       default_filter+=":Grid/*/bf16_gqa3_window_sinks_softcap_d128" ;;
   *) echo "usage: bench/ab.sh fwd|bwd [OUTDIR]" >&2; exit 2 ;;
 esac
 dest="${2:-${OUT:-$root/out}}"
@@ -67,6 +68,7 @@ for tool in memcheck racecheck; do
   compute-sanitizer --tool "$tool" --error-exitcode 3 "$test_bin" --gtest_filter="$sanitize_filter" \
     > "$logs/sanitize_$tool.log" 2>&1 || fail "$tool"
   say "$tool: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$logs/sanitize_$tool.log" | tr '\n' ' ')"
+  grep -q "Running 0 tests" "$logs/sanitize_$tool.log" && fail "$tool: the filter $sanitize_filter selects no test"
 done
 
 say "side by side"
