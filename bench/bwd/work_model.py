@@ -3,13 +3,13 @@ leaves visible, from the kernels' tile rules (no GPU). Useful work is the 5 prod
 (2.5x the forward's two) over the visible pairs; the kernels run 7 (dK / dV: S^T, dP^T, dV, dK; dQ: S, dP, dQ), each
 over the pairs of the tiles they walk:
   dK / dV  per consumer warpgroup (64 keys), the q blocks of BM rows that see one of its keys (q_blocks_seeing_keys);
-  dQ       per CTA (128 rows), the key tiles of BC keys that one of its rows sees, walked by both warpgroups
-           (--skip: only by a warpgroup whose 64 rows see one of the tile's keys, and the sink tile over its first
-           16 keys when the rows see none past them: bench/bwd/pending/dq_skip_narrow_sink.patch).
+  dQ       per warpgroup (64 rows), the key tiles of BC keys that one of its rows sees, the sink tile over its first
+           16 keys when the rows see none past them (--cta-walk: the rule before, both warpgroups walking every tile
+           one of the CTA's 128 rows sees, each at BC keys).
 BM = BC = 64 at head_dim 128, 128 at 64. The ratio useful / computed bounds what a shape's mask lets the kernels
 reach relative to the full mask's 5 / 7.
 
-    python3 bench/bwd/work_model.py [--skip]
+    python3 bench/bwd/work_model.py [--cta-walk]
 """
 import argparse
 
@@ -33,13 +33,13 @@ def blocks_any(v, rows, cols):
     return v.reshape(s // rows, rows, s // cols, cols).any(axis=(1, 3))
 
 
-def work(s, d, causal, window, sinks, skip):
+def work(s, d, causal, window, sinks, cta_walk):
     v = visible(s, causal, window, sinks)
     bm = bc = 64 if d == 128 else 128
     dkdv = blocks_any(v, bm, 64).sum() * bm * 64  # (q block, warpgroup's 64 keys) items
     cta = blocks_any(v, 128, bc)                  # the dQ CTA's key tiles
     wg = blocks_any(v, 64, bc)                    # ... those each warpgroup's 64 rows see
-    if not skip:
+    if cta_walk:
         dq = cta.sum() * 2 * 64 * bc
     else:
         dq = wg.sum() * 64 * bc
@@ -52,7 +52,7 @@ def work(s, d, causal, window, sinks, skip):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--skip", action="store_true", help="the dQ warpgroups' tile skip and narrow sink tile")
+    ap.add_argument("--cta-walk", action="store_true", help="dQ's rule before the per-warpgroup skip and narrow sink")
     args = ap.parse_args()
     print(f"{'shape':40s} {'dK/dV':>7s} {'dQ':>7s} {'useful / computed':>18s}")
     for d in (64, 128):
@@ -60,7 +60,7 @@ def main():
                                          (True, 8192, 1024, 4)]:
             if window >= 0 and d != 128:
                 continue  # the benchmark's window + sinks case is D128
-            vis, dkdv, dq = work(s, d, causal, window, sinks, args.skip)
+            vis, dkdv, dq = work(s, d, causal, window, sinks, args.cta_walk)
             name = f"D{d} {'causal' if causal else 'full'} S{s}" + (f" window {window} + {sinks} sinks"
                                                                     if window >= 0 else "")
             print(f"{name:40s} {dkdv / vis:7.3f} {dq / vis:7.3f} {5 * vis / (4 * dkdv + 3 * dq):18.3f}")

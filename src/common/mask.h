@@ -52,6 +52,22 @@ FL_HD int64_t causal_key_end(const MaskParams& m, int64_t i1, int64_t seq_q, int
   return e < 0 ? 0 : (e > seq_k ? seq_k : e);
 }
 
+// The keys that rows [i0, i1) may see, as 32-bit bounds: their window range (window_key_range) and the sink tokens
+// [0, sink_end) that the causal limit leaves. `may_see(j0, j1)` is false only when no row sees a key of [j0, j1): a
+// tile it rules out holds nothing for these rows (it may say true for a tile none of them sees).
+struct RowsKeys {
+  int win_begin = 0, win_end = 0, sink_end = 0;
+  FL_HD bool may_see(int j0, int j1) const { return (j0 < win_end && win_begin < j1) || j0 < sink_end; }
+};
+FL_HD RowsKeys rows_keys(const MaskParams& m, int64_t i0, int64_t i1, int64_t seq_q, int64_t seq_k) {
+  if (i1 <= i0) return {};
+  const KeyRange w = window_key_range(m, i0, i1, seq_q, seq_k);
+  int64_t sink_end = m.sink_tokens < seq_k ? m.sink_tokens : seq_k;
+  const int64_t causal_end = causal_key_end(m, i1, seq_q, seq_k);
+  if (causal_end < sink_end) sink_end = causal_end;
+  return {int(w.begin), int(w.end), int(sink_end)};
+}
+
 // True when every (i, j) of the tile [i0, i1) x [j0, j1) is visible, so the predicate need not be evaluated.
 FL_HD bool tile_fully_visible(const MaskParams& m, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t seq_q,
                               int64_t seq_k) {

@@ -436,6 +436,14 @@ std::vector<GridCase> grid_cases() {
     s = shape(600, 600, 4, 2, 128);
     s.mask = {false, 60, 30, 4};
     add("window_both_sinks_d128", s);
+    // The Hopper dQ kernel takes a sink tile past the window over its first 16 keys alone: 16 sinks fill them, 17
+    // keep the whole tile.
+    s = shape(900, 900, 4, 2, 64);
+    s.mask = {true, 150, -1, 16};
+    add("window_sinks16_d64", s);
+    s = shape(700, 650, 4, 2, 128);
+    s.mask = {true, 90, -1, 17};
+    add("window_sinks17_d128", s);
   }
   // Grids of several waves (the cases above fit in one on an H100's 132 SMs): dK / dV 160 CTAs and dQ 640 here;
   // varlen, 480 each, most of them past a sequence's end.

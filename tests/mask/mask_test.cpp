@@ -88,6 +88,40 @@ TEST(Mask, TileFullyVisibleIsNeverWrong) {
   EXPECT_GT(fully, 1000);  // the helper must also say "yes" often, or tiles are masked needlessly
 }
 
+// rows_keys(...).may_see rules a key range out only when no row of the range sees one of its keys (the Hopper dQ
+// kernel's warpgroups skip such tiles, and take the sink tile's first keys alone when the rest is ruled out).
+TEST(Mask, RowsKeysRulesOutOnlyKeysNoRowSees) {
+  int ruled_out = 0, seen = 0;
+  for (const Case& c : all_cases()) {
+    for (int64_t i0 = 0; i0 < c.seq_q; ++i0) {
+      for (int64_t i1 = i0 + 1; i1 <= c.seq_q; i1 += 2) {
+        const RowsKeys rk = rows_keys(c.mask, i0, i1, c.seq_q, c.seq_k);
+        for (int j0 = 0; j0 < int(c.seq_k) + 2; ++j0) {
+          for (int wj : {1, 2, 5, 64}) {
+            const int j1 = j0 + wj;  // past seq_k too, as a kernel's last tile reaches
+            bool sees = false;
+            for (int64_t i = i0; i < i1 && !sees; ++i) {
+              for (int64_t j = j0; j < std::min<int64_t>(j1, c.seq_k) && !sees; ++j) {
+                sees = key_visible(c.mask, i, j, c.seq_q, c.seq_k);
+              }
+            }
+            seen += sees;
+            if (rk.may_see(j0, j1)) continue;
+            ++ruled_out;
+            ASSERT_FALSE(sees) << "rows [" << i0 << ", " << i1 << ") keys [" << j0 << ", " << j1 << ") sq "
+                               << c.seq_q << " sk " << c.seq_k << " causal " << c.mask.causal << " window "
+                               << c.mask.window_left << "," << c.mask.window_right << " sinks "
+                               << c.mask.sink_tokens;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(seen, 10000);
+  EXPECT_GT(ruled_out, 10000);  // and it rules ranges out often, or nothing is skipped
+  EXPECT_FALSE(rows_keys(MaskParams{}, 3, 3, 8, 8).may_see(0, 8));  // no rows see nothing
+}
+
 // The q-block range a backward key block walks (q_blocks_seeing_keys) holds exactly the blocks of bm rows that see
 // one of its keys: none is dropped (its gradients would be lost) and none is walked for nothing.
 TEST(Mask, QBlocksSeeingKeysIsExactlyTheBlocksThatSeeTheKeys) {

@@ -16,9 +16,11 @@
 //     dK (times scale) and dV are written from registers once, at the end.
 //   bwd_hopper_dq_kernel  one CTA per (128 query rows, q head, sequence); the producer loads Q and dO once and the
 //     K / V tiles of 64 keys that the rows see (the forward's KeyTiles) through the ring; warpgroups 1 and 2 own 64
-//     rows each: S = Q K^T, dP = dO V^T, dS as above, dQ += dS K (K N-major); dQ (times scale) from registers. Each
-//     warpgroup also writes its 64 rows' share of dsink (-sum exp(sink - L_i) D_i, in row order) into the workspace
-//     slot the mma.sync dQ kernel would fill for the same 64-row tile, so launch.cu's dsink sum is shared.
+//     rows each: S = Q K^T, dP = dO V^T, dS as above, dQ += dS K (K N-major); dQ (times scale) from registers. A
+//     warpgroup skips the tiles none of its rows sees, and past the window takes the sink tile's first 16 keys alone
+//     (n16 products). Each warpgroup also writes its 64 rows' share of dsink (-sum exp(sink - L_i) D_i, in row order)
+//     into the workspace slot the mma.sync dQ kernel would fill for the same 64-row tile, so launch.cu's dsink sum is
+//     shared.
 // D = dout . out comes from bwd_delta_kernel (src/cuda/bwd/) before both. No atomics: every run gives the same bits.
 // Rows past a sequence: in padded batches (and after the last varlen sequence) they are past the tensor map's end and
 // land as zeros. Inside a varlen batch a tile that crosses a sequence's end holds the next sequence's first rows:
@@ -55,6 +57,7 @@ using cuda_fwd_hopper::wgmma_fence;
 using cuda_fwd_hopper::wgmma_rs_n128;
 using cuda_fwd_hopper::wgmma_rs_n64;
 using cuda_fwd_hopper::wgmma_ss_n128;
+using cuda_fwd_hopper::wgmma_ss_n16;
 using cuda_fwd_hopper::wgmma_ss_n64;
 using cuda_fwd_hopper::wgmma_wait;
 
@@ -144,8 +147,11 @@ __device__ __forceinline__ void issue_scores(float (&acc)[N / 2], uint32_t a, ui
     const uint64_t b_desc = db + ((uint32_t(kk / 4) * b_block + col) >> 4);
     if constexpr (N == 128) {
       wgmma_ss_n128(acc, a_desc, b_desc, kk > 0 ? 1 : 0, T{});
-    } else {
+    } else if constexpr (N == 64) {
       wgmma_ss_n64(acc, a_desc, b_desc, kk > 0 ? 1 : 0, T{});
+    } else {
+      static_assert(N == 16, "score products of 16, 64 or 128 keys / rows");
+      wgmma_ss_n16(acc, a_desc, b_desc, kk > 0 ? 1 : 0, T{});
     }
   }
 }
@@ -454,7 +460,7 @@ template <class T, int D>
 __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_constant__ HopperBwdParams hp) {
   using Cfg = BwdHopperTile<D>;
   constexpr int BR = Cfg::BR, BC = Cfg::BC, DB = Cfg::DB, STAGES = Cfg::STAGES;
-  constexpr int NB = BC / 8;  // n8 blocks of S over the keys
+  constexpr int kSinkKeys = 16;  // the narrow sink tile's keys: wgmma's n16 for S and dP, one k16 step for dQ
   const BwdParams& p = hp.b;
 
   const CtaPlace place = cta_place(p, hp.row_blocks, p.q_heads, false);
@@ -516,51 +522,70 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
 
-    float sc[BC / 2], dp[BC / 2];  // S and dP: this warp's 16 rows x the tile's BC keys
-    uint32_t dsk[NB][2];   // dS packed to 16 bits as the A fragment (rows: this warp's q rows; columns: keys)
+    // The keys this warpgroup's 64 rows may see: a tile of the CTA's walk that holds none of them is skipped (as the
+    // dK / dV kernel skips q blocks), so at a window's two edges each warpgroup walks one tile fewer than the CTA. A
+    // sink tile whose keys past the first kSinkKeys the rows do not see (past the window: sink tokens alone) takes
+    // products over those keys only, n16 instead of the tile's BC.
+    const RowsKeys wk = rows_keys(p.mask, i0 + 64 * cw, min(i0 + 64 * cw + 64, s.sq), s.sq, s.sk);
+    const bool narrow_sink = ktl.n_sink == 1 && !wk.may_see(kSinkKeys, BC);
 
-    // Per key tile, overlapped within the warpgroup: S and dP are issued as two commit groups (they complete in
+    // One key tile, overlapped within the warpgroup: S and dP are issued as two commit groups (they complete in
     // order) and P is formed while dP runs. Each tile ends with nothing in flight, as in the dK / dV kernel: the
     // forward kernel's way of overlapping further (the previous tile's dQ product issued with this tile's scores)
-    // left ptxas short of registers for the wgmma pipeline at d128, and it serialised every wgmma.
+    // left ptxas short of registers for the wgmma pipeline at d128, and it serialised every wgmma. NK: the keys the
+    // products take, BC or the narrow sink tile's kSinkKeys.
+    const auto tile_step = [&]<int NK>(int st, int j0, int j1) {
+      float sc[NK / 2], dp[NK / 2];  // S and dP: this warp's 16 rows x the tile's NK keys
+      uint32_t dsk[NK / 8][2];       // dS packed to 16 bits as the A fragment (rows: this warp's q rows; columns: keys)
+      wgmma_fence();
+      issue_scores<T, D, NK>(sc, q_wg, Cfg::QR_BLOCK, sK(st), Cfg::KC_BLOCK);
+      wgmma_commit();
+      issue_scores<T, D, NK>(dp, o_wg, Cfg::QR_BLOCK, sV(st), Cfg::KC_BLOCK);
+      wgmma_commit();
+      const bool full = NK == BC && wr1 - wr0 == 16 && j1 - j0 == BC &&
+                        tile_fully_visible(p.mask, wr0, wr1, j0, j1, s.sq, s.sk);
+      if constexpr (NK != 128) {
+        wgmma_wait<1>();  // S
+        pin_regs(sc);
+        cuda_bwd::probs_tile<NK / 8>(p, rt, j0 + 2 * t, full, sc);
+        wgmma_wait<0>();  // dP
+        pin_regs(dp);
+        cuda_bwd::grads_tile<T, NK / 8>(dsk, rt, full, sc, dp);
+      } else {  // 128 keys: both products land before P and dS are formed (dS fills as S and dP are spent)
+        wgmma_wait<0>();
+        pin_regs(sc);
+        pin_regs(dp);
+        cuda_bwd::probs_tile<NK / 8>(p, rt, j0 + 2 * t, full, sc);
+        cuda_bwd::grads_tile<T, NK / 8>(dsk, rt, full, sc, dp);
+      }
+      wgmma_fence();
+      issue_frag_product<T, D, NK>(dq, dsk, sK(st), Cfg::KC_BLOCK);  // dQ += dS K
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin_regs(dq);
+      pin_regs(dsk);
+    };
+
     cuda::mbar_wait_or_trap(bars.once(), 0);
     for (int n = 0; n < ktl.count; ++n) {
       const int st = n % STAGES;
       const int j0 = ktl.tile(n) * BC, j1 = min(j0 + BC, s.sk);
       // (the plain wait, as in the dK / dV kernel: the trapping one's exit path, which the producer shares, keeps
       // ptxas from giving this loop the consumers' 240 registers at 128 keys; a hang here still traps in the
-      // producer, which waits for every tile's release)
+      // producer, which waits for every tile's release. A warpgroup that skips the tile waits too: its release then
+      // cannot count towards an earlier use of the stage.)
       cuda_fwd_hopper::mbar_wait(bars.full(st), uint32_t((n / STAGES) & 1));
       if (__builtin_expect(ktl.tile(n) == k_tail, 0)) {  // both warpgroups visit the same tiles: both reach the barrier
         zero_tail<DB, BC>(sK(st), s.sk - j0, ct);
         named_sync(1, 256);
       }
-      wgmma_fence();
-      issue_scores<T, D, BC>(sc, q_wg, Cfg::QR_BLOCK, sK(st), Cfg::KC_BLOCK);
-      wgmma_commit();
-      issue_scores<T, D, BC>(dp, o_wg, Cfg::QR_BLOCK, sV(st), Cfg::KC_BLOCK);
-      wgmma_commit();
-      const bool full = wr1 - wr0 == 16 && j1 - j0 == BC && tile_fully_visible(p.mask, wr0, wr1, j0, j1, s.sq, s.sk);
-      if constexpr (BC == 64) {
-        wgmma_wait<1>();  // S
-        pin_regs(sc);
-        cuda_bwd::probs_tile<NB>(p, rt, j0 + 2 * t, full, sc);
-        wgmma_wait<0>();  // dP
-        pin_regs(dp);
-        cuda_bwd::grads_tile<T, NB>(dsk, rt, full, sc, dp);
-      } else {  // 128 keys: both products land before P and dS are formed (dS fills as S and dP are spent)
-        wgmma_wait<0>();
-        pin_regs(sc);
-        pin_regs(dp);
-        cuda_bwd::probs_tile<NB>(p, rt, j0 + 2 * t, full, sc);
-        cuda_bwd::grads_tile<T, NB>(dsk, rt, full, sc, dp);
+      if (!wk.may_see(j0, j1)) {
+        // none of this warpgroup's rows sees the tile's keys (uniform over it)
+      } else if (n == 0 && narrow_sink) {
+        tile_step.template operator()<kSinkKeys>(st, j0, j1);
+      } else {
+        tile_step.template operator()<BC>(st, j0, j1);
       }
-      wgmma_fence();
-      issue_frag_product<T, D, BC>(dq, dsk, sK(st), Cfg::KC_BLOCK);  // dQ += dS K
-      wgmma_commit();
-      wgmma_wait<0>();
-      pin_regs(dq);
-      pin_regs(dsk);
       if (lane == 0) mbar_arrive(bars.empty(st));
     }
 
