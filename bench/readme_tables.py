@@ -22,7 +22,7 @@ SOURCES = {
     "decode": ("h100/decode_round14/decode_ed95b32.json", "h100/decode_round14/sdpa_decode_ed95b32.json"),
     "engine": "h200/e2e.json",
     "cpu": "cpu/bench_cpu.json",
-    "bwd": "h100/bwd_side_by_side.json",
+    "bwd": "h200/bwd_side_by_side.json",
     "train": ("h100/train.json", tuple(f"h100/train_seeds/llama_seed{s}.json" for s in range(1, 6)),
               "h100/train_curves.png"),
     "train_amp": ("h200/train_amp/train_amp.json", ("h200/train_amp/llama_amp_seed1.json",
@@ -186,7 +186,8 @@ def table_bwd():
     seqs = sorted({r["seq"] for r in rows})
     win = [r for r in d["rows"] if r["window"] >= 0]
     extra = "".join(f" Causal window {r['window']} + {r['sink_tokens']} sink tokens, D {r['head_dim']}, S {r['seq']}: "
-                    f"{r['flashlite']['bwd_tflops']:.0f} against FlexAttention's {r['flex']['bwd_tflops']:.0f}."
+                    f"{r['flashlite']['bwd_tflops']:.0f} against FlexAttention's {r['flex']['bwd_tflops']:.0f} "
+                    f"({r['flashlite']['bwd_tflops'] / r['flex']['bwd_tflops']:.2f}x)."
                     for r in win)
     lines = [source_line(rel, d, d["device"]) + f" torch {d.get('torch', '?')}; bf16, batch x seq = 16384, heads x "
              "head_dim = 2048; the backward alone through each one's autograd, its GPU time "
