@@ -18,48 +18,6 @@ struct GridCase {
   Spec spec;
 };
 
-std::string num(double x) {  // 2.5 -> "2p5", -1 -> "inf" (window), names allow only [A-Za-z0-9_]
-  std::ostringstream os;
-  os << x;
-  std::string s = os.str();
-  for (char& ch : s) ch = ch == '.' ? 'p' : ch == '-' ? 'm' : ch;
-  return s;
-}
-
-const char* dtype_tag(DType t) { return t == DType::f32 ? "f32" : t == DType::f16 ? "f16" : "bf16"; }
-
-std::string describe(const Spec& s) {
-  std::ostringstream os;
-  os << dtype_tag(s.dtype);
-  if (s.varlen()) {
-    os << "_varlen" << s.varlen_q.size();
-  } else {
-    os << "_b" << s.batch << "_q" << s.seq_q << "_k" << s.seq_k;
-  }
-  os << "_h" << s.hq << "x" << s.hkv << "_d" << s.d;
-  if (s.mask.causal) os << "_causal";
-  if (s.mask.wl >= 0 || s.mask.wr >= 0) {
-    os << "_win" << (s.mask.wl < 0 ? "inf" : std::to_string(s.mask.wl)) << "x"
-       << (s.mask.wr < 0 ? "inf" : std::to_string(s.mask.wr));
-  }
-  if (s.mask.sinks) os << "_sinks" << s.mask.sinks;
-  if (s.sink_logits) os << "_sinklogits";
-  if (s.softcap > 0) os << "_softcap" << num(s.softcap);
-  if (s.scale) os << "_scale" << num(*s.scale);
-  if (s.input_std != 1.0) os << "_std" << num(s.input_std);
-  if (s.in_layout != Layout::contiguous) os << "_in" << layout_name(s.in_layout);
-  if (s.out_layout != Layout::contiguous) os << "_out" << layout_name(s.out_layout);
-  if (s.lse == LseMode::none) os << "_nolse";
-  if (s.lse == LseMode::transposed) os << "_lseT";
-  return os.str();
-}
-
-Spec shape(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, DType t = DType::f32) {
-  Spec s;
-  s.batch = b, s.seq_q = sq, s.seq_k = sk, s.hq = hq, s.hkv = hkv, s.d = d, s.dtype = t;
-  return s;
-}
-
 struct MaskCase {
   MaskSpec mask;
   bool sink_logits = false;

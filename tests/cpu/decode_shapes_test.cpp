@@ -19,40 +19,6 @@ struct DecodeCase {
   Spec spec;
 };
 
-const char* dtype_tag(DType t) { return t == DType::f32 ? "f32" : t == DType::f16 ? "f16" : "bf16"; }
-
-std::string describe(const Spec& s) {
-  std::ostringstream os;
-  os << dtype_tag(s.dtype);
-  if (s.varlen()) {
-    os << "_varlen" << s.varlen_q.size();
-  } else {
-    os << "_b" << s.batch << "_q" << s.seq_q << "_k" << s.seq_k;
-  }
-  os << "_h" << s.hq << "x" << s.hkv << "_d" << s.d;
-  if (s.mask.causal) os << "_causal";
-  if (s.mask.wl >= 0 || s.mask.wr >= 0) {
-    os << "_win" << (s.mask.wl < 0 ? "inf" : std::to_string(s.mask.wl)) << "x"
-       << (s.mask.wr < 0 ? "inf" : std::to_string(s.mask.wr));
-  }
-  if (s.mask.sinks) os << "_sinks" << s.mask.sinks;
-  if (s.sink_logits) os << "_sinklogits";
-  if (s.softcap > 0) os << "_softcap" << int(s.softcap);
-  if (s.scale) os << (*s.scale < 0 ? "_negscale" : *s.scale == 0 ? "_zeroscale" : "_scale");
-  if (s.input_std != 1.0) os << "_std" << int(s.input_std);
-  if (s.in_layout != Layout::contiguous) os << "_in" << layout_name(s.in_layout);
-  if (s.out_layout != Layout::contiguous) os << "_out" << layout_name(s.out_layout);
-  if (s.lse == LseMode::none) os << "_nolse";
-  if (s.lse == LseMode::transposed) os << "_lseT";
-  return os.str();
-}
-
-Spec shape(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, DType t = DType::f32) {
-  Spec s;
-  s.batch = b, s.seq_q = sq, s.seq_k = sk, s.hq = hq, s.hkv = hkv, s.d = d, s.dtype = t;
-  return s;
-}
-
 std::vector<DecodeCase> build_grid() {
   std::vector<DecodeCase> cases;
   std::map<std::string, int> seen;

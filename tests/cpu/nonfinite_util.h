@@ -29,7 +29,6 @@ inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 inline constexpr float kInf = std::numeric_limits<float>::infinity();
 inline constexpr float kSentinel = -777.0f;  // written to every output element before a call
 
-inline const char* dtype_tag(DType t) { return t == DType::f32 ? "f32" : t == DType::f16 ? "f16" : "bf16"; }
 
 struct NfCase {
   std::string name;
