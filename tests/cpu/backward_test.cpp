@@ -96,22 +96,6 @@ void expect_close(const char* name, const TensorView& t, const std::vector<doubl
   EXPECT_EQ(bad, 0) << name << ": " << bad << " elements off; worst finite error " << worst;
 }
 
-// The padding of a strided gradient buffer (elements no view covers) is still the poison.
-void expect_padding_untouched(const Buffer& buf, const TensorView& t, const char* name) {
-  std::vector<char> covered(size_t(buf.numel()), 0);
-  const int64_t base = (static_cast<const uint8_t*>(t.data) - buf.bytes.data()) / int64_t(elem_size(buf.dtype));
-  for (int64_t b = 0; b < t.shape[0]; ++b)
-    for (int64_t r = 0; r < t.shape[1]; ++r)
-      for (int64_t h = 0; h < t.shape[2]; ++h)
-        for (int64_t c = 0; c < t.shape[3]; ++c) covered[size_t(base + offset4(t, b, r, h, c))] = 1;
-  for (int64_t i = 0; i < buf.numel(); ++i) {
-    if (!covered[size_t(i)] && !std::isnan(load(buf.dtype, buf.bytes.data(), i))) {
-      ADD_FAILURE() << name << ": padding element " << i << " was written";
-      return;
-    }
-  }
-}
-
 double tolerance(DType t) { return t == DType::f32 ? 1e-4 : t == DType::f16 ? 4e-3 : 3e-2; }
 
 // ---------------------------------------------------------------- 1. the reference against finite differences

@@ -31,4 +31,20 @@ inline double max_abs(const std::vector<double>& v) {
   return m;
 }
 
+// The padding of a strided gradient buffer (elements no view covers) is still the poison.
+inline void expect_padding_untouched(const Buffer& buf, const TensorView& t, const char* name) {
+  std::vector<char> covered(size_t(buf.numel()), 0);
+  const int64_t base = (static_cast<const uint8_t*>(t.data) - buf.bytes.data()) / int64_t(elem_size(buf.dtype));
+  for (int64_t b = 0; b < t.shape[0]; ++b)
+    for (int64_t r = 0; r < t.shape[1]; ++r)
+      for (int64_t h = 0; h < t.shape[2]; ++h)
+        for (int64_t c = 0; c < t.shape[3]; ++c) covered[size_t(base + offset4(t, b, r, h, c))] = 1;
+  for (int64_t i = 0; i < buf.numel(); ++i) {
+    if (!covered[size_t(i)] && !std::isnan(load(buf.dtype, buf.bytes.data(), i))) {
+      ADD_FAILURE() << name << ": padding element " << i << " was written";
+      return;
+    }
+  }
+}
+
 }  // namespace fltest
