@@ -93,15 +93,11 @@ struct KeyTiles {
 };
 
 __device__ __forceinline__ KeyTiles key_tiles(const MaskParams& m, int i0, int i1, int sq, int sk, int bc) {
-  const KeyRange w = window_key_range(m, i0, i1, sq, sk);
-  int64_t sink_end = m.sink_tokens;
-  const int64_t causal_end = causal_key_end(m, i1, sq, sk);
-  if (causal_end < sink_end) sink_end = causal_end;
-  if (sk < sink_end) sink_end = sk;
+  const RowsKeys r = rows_keys(m, i0, i1, sq, sk);
   KeyTiles t;
-  t.n_sink = int((sink_end + bc - 1) / bc);
-  int first = int(w.begin / bc), last = int((w.end + bc - 1) / bc);
-  if (w.end <= w.begin) first = last = 0;
+  t.n_sink = (r.sink_end + bc - 1) / bc;
+  int first = r.win_begin / bc, last = (r.win_end + bc - 1) / bc;
+  if (r.win_end <= r.win_begin) first = last = 0;
   if (first < t.n_sink) first = t.n_sink;
   t.win_first = first;
   t.count = t.n_sink + (last > first ? last - first : 0);
