@@ -4,8 +4,9 @@ leaves visible, from the kernels' tile rules (no GPU). Useful work is the 5 prod
 over the pairs of the tiles they walk:
   dK / dV  per consumer warpgroup (64 keys), the q blocks of BM rows that see one of its keys (q_blocks_seeing_keys);
   dQ       per warpgroup (64 rows), the key tiles of BC keys that one of its rows sees, the sink tile over its first
-           16 keys when the rows see none past them (--cta-walk: the rule before, both warpgroups walking every tile
-           one of the CTA's 128 rows sees, each at BC keys).
+           16 keys when the rows see none past them, a 128-key tile over its first 64 keys when they see none of its
+           last 64 (--cta-walk: the rule before both, every warpgroup walking every tile one of the CTA's 128 rows
+           sees, each at BC keys).
 BM = BC = 64 at head_dim 128, 128 at 64. The ratio useful / computed bounds what a shape's mask lets the kernels
 reach relative to the full mask's 5 / 7.
 
@@ -43,6 +44,9 @@ def work(s, d, causal, window, sinks, cta_walk):
         dq = cta.sum() * 2 * 64 * bc
     else:
         dq = wg.sum() * 64 * bc
+        if bc == 128:  # rows that see none of a tile's last 64 keys: n64 products
+            upper = v.reshape(s // 64, 64, s // bc, bc)[:, :, :, 64:].any(axis=(1, 3))
+            dq -= (wg & ~upper).sum() * 64 * 64
         if sinks:  # a sink tile whose rows see nothing past its first 16 keys: n16 products
             past16 = v[:, 16:bc].reshape(s // 64, 64, bc - 16).any(axis=(1, 2))
             narrow = wg[:, 0] & ~past16

@@ -167,34 +167,59 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
   return s;
 }
 
-// `lanes` threads (a power of two, at most 32) per (tensor row, q head). kVec: every row of out and dout is 16-byte
-// aligned, and each thread reads 16-byte chunks (a warp's loads then cover whole rows; one element per lane left the
-// kernel latency-bound at 5x its bytes' time on the H100 at head_dim 64).
-template <class T, bool kVec>
+// `lanes` threads (a power of two, at most 32) per (tensor row, q head), each group kDeltaRows of them: a block's
+// 256 / lanes groups take consecutive (row, head) items, then the next 256 / lanes, so a warp still reads whole rows
+// and a thread has kDeltaRows loads in flight. kVec: every row of out and dout is 16-byte aligned, and each thread
+// reads 16-byte chunks (one element per lane left the kernel latency-bound at 5x its bytes' time on the H100 at
+// head_dim 64). Index: uint32_t when the items fit, so that splitting an item into (tensor batch, row, head) costs two
+// 32-bit divisions instead of 64-bit ones (with one item per thread those had made the kernel issue-bound: 3.0 TB/s
+// on the H200).
+constexpr int kDeltaRows = 4;
+template <class T, bool kVec, class Index>
 __global__ void bwd_delta_kernel(const __grid_constant__ BwdParams p, int lanes) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t item = t / lanes;
-  const int sub = int(t % lanes);
-  const int64_t total = int64_t(p.tensor_batch) * p.rows_q * p.q_heads;
-  const int h = int(item % p.q_heads);
-  const int64_t r = (item / p.q_heads) % p.rows_q;
-  const int64_t tb = item / (int64_t(p.q_heads) * p.rows_q);
-  float acc = 0.f;
-  if (item < total) {  // no early return: every lane takes part in the shuffles below
+  const Index groups = Index(blockDim.x) / Index(lanes);
+  const Index first = Index(blockIdx.x) * groups * kDeltaRows + Index(threadIdx.x) / Index(lanes);
+  const int sub = int(threadIdx.x) % lanes;
+  const Index total = Index(p.tensor_batch) * Index(p.rows_q) * Index(p.q_heads);
+  float acc[kDeltaRows];
+  Index items[kDeltaRows];
+  uint4 oc[kDeltaRows], gc[kDeltaRows];  // kVec: this lane's 16-byte chunk of each row, all loads issued first
+#pragma unroll
+  for (int k = 0; k < kDeltaRows; ++k) {  // no early return: every lane takes part in the shuffles below
+    const Index item = first + Index(k) * groups;
+    items[k] = item;
+    acc[k] = 0.f;
+    oc[k] = gc[k] = make_uint4(0u, 0u, 0u, 0u);
+    if (item >= total) continue;
+    const int h = int(item % Index(p.q_heads));
+    const Index rt = item / Index(p.q_heads);
+    const int64_t r = int64_t(rt % Index(p.rows_q)), tb = int64_t(rt / Index(p.rows_q));
     const T* o = static_cast<const T*>(p.out) + p.out_stride.offset(tb, r, h);
     const T* g = static_cast<const T*>(p.dout) + p.dout_stride.offset(tb, r, h);
-    if constexpr (kVec) {
-      for (int c = 8 * sub; c < p.head_dim; c += 8 * lanes) {
-        acc += dot8<T>(*reinterpret_cast<const uint4*>(o + c), *reinterpret_cast<const uint4*>(g + c));
+    if constexpr (kVec) {  // one chunk per lane: the launch gives a row at least head_dim / 8 lanes
+      if (8 * sub < p.head_dim) {
+        oc[k] = *reinterpret_cast<const uint4*>(o + 8 * sub);
+        gc[k] = *reinterpret_cast<const uint4*>(g + 8 * sub);
       }
     } else {
-      for (int c = sub; c < p.head_dim; c += lanes) acc += cuda::to_float(o[c]) * cuda::to_float(g[c]);
+      for (int c = sub; c < p.head_dim; c += lanes) acc[k] += cuda::to_float(o[c]) * cuda::to_float(g[c]);
     }
   }
-  for (int off = lanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (item < total && sub == 0) {
-    if (p.dlse) acc -= p.dlse[p.dlse_stride.offset(tb, h, r)];  // the loss's dependence on lse
-    p.delta[(tb * p.q_heads + h) * p.rows_q + r] = acc;
+  if constexpr (kVec) {
+#pragma unroll
+    for (int k = 0; k < kDeltaRows; ++k) acc[k] = dot8<T>(oc[k], gc[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < kDeltaRows; ++k) {
+    for (int off = lanes / 2; off > 0; off /= 2) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], off);
+    if (items[k] < total && sub == 0) {
+      const int h = int(items[k] % Index(p.q_heads));
+      const Index rt = items[k] / Index(p.q_heads);
+      const int64_t r = int64_t(rt % Index(p.rows_q)), tb = int64_t(rt / Index(p.rows_q));
+      float d = acc[k];
+      if (p.dlse) d -= p.dlse[p.dlse_stride.offset(tb, h, r)];  // the loss's dependence on lse
+      p.delta[(tb * p.q_heads + h) * p.rows_q + r] = d;
+    }
   }
 }
 

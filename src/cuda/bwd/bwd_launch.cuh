@@ -32,7 +32,8 @@ template <class T>
 void launch_delta(const BwdParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.tensor_batch) * p.rows_q * p.q_heads;
   if (rows <= 0) return;
-  const bool vec = p.head_dim % 8 == 0 && rows_16byte_aligned(p.out, p.out_stride, p.tensor_batch, p.q_heads) &&
+  const bool vec = p.head_dim % 8 == 0 && p.head_dim <= 8 * 32 &&  // one 16-byte chunk per lane
+                   rows_16byte_aligned(p.out, p.out_stride, p.tensor_batch, p.q_heads) &&
                    rows_16byte_aligned(p.dout, p.dout_stride, p.tensor_batch, p.q_heads);
   int lanes = 32;
   if (vec) {
@@ -40,11 +41,16 @@ void launch_delta(const BwdParams& p, cudaStream_t stream) {
     while (lanes < 32 && 8 * lanes < p.head_dim) lanes *= 2;  // the chunks of a row, rounded up to a power of two
   }
   constexpr int kThreads = 256;
-  const unsigned blocks = unsigned((rows * lanes + kThreads - 1) / kThreads);
+  const int64_t per_block = int64_t(kThreads / lanes) * kDeltaRows;
+  const unsigned blocks = unsigned((rows + per_block - 1) / per_block);
+  // 32-bit item indices while the last block's stay below 2^32
+  const bool narrow = int64_t(blocks) * per_block < (int64_t(1) << 32);
   if (vec) {
-    bwd_delta_kernel<T, true><<<blocks, kThreads, 0, stream>>>(p, lanes);
+    narrow ? bwd_delta_kernel<T, true, uint32_t><<<blocks, kThreads, 0, stream>>>(p, lanes)
+           : bwd_delta_kernel<T, true, int64_t><<<blocks, kThreads, 0, stream>>>(p, lanes);
   } else {
-    bwd_delta_kernel<T, false><<<blocks, kThreads, 0, stream>>>(p, lanes);
+    narrow ? bwd_delta_kernel<T, false, uint32_t><<<blocks, kThreads, 0, stream>>>(p, lanes)
+           : bwd_delta_kernel<T, false, int64_t><<<blocks, kThreads, 0, stream>>>(p, lanes);
   }
   FL_CUDA_CHECK_LAUNCH("bwd_delta_kernel");
 }

@@ -15,12 +15,13 @@
 //       dV  += P^T dO, dK += dS^T Q       wgmma m64nDk16, A from registers, B (dO, Q) N-major
 //     dK (times scale) and dV are written from registers once, at the end.
 //   bwd_hopper_dq_kernel  one CTA per (128 query rows, q head, sequence); the producer loads Q and dO once and the
-//     K / V tiles of 64 keys that the rows see (the forward's KeyTiles) through the ring; warpgroups 1 and 2 own 64
-//     rows each: S = Q K^T, dP = dO V^T, dS as above, dQ += dS K (K N-major); dQ (times scale) from registers. A
-//     warpgroup skips the tiles none of its rows sees, and past the window takes the sink tile's first 16 keys alone
-//     (n16 products). Each warpgroup also writes its 64 rows' share of dsink (-sum exp(sink - L_i) D_i, in row order)
-//     into the workspace slot the mma.sync dQ kernel would fill for the same 64-row tile, so launch.cu's dsink sum is
-//     shared.
+//     K / V tiles (64 keys at D128, 128 at D64) that the rows see (the forward's KeyTiles) through the ring;
+//     warpgroups 1 and 2 own 64 rows each: S = Q K^T, dP = dO V^T, dS as above, dQ += dS K (K N-major); dQ (times
+//     scale) from registers. A warpgroup skips the tiles none of its rows sees, takes a 128-key tile (D64) over its
+//     first 64 keys when its rows see none of the rest (the causal diagonal), and past the window the sink tile's
+//     first 16 keys alone (n16 products). Each warpgroup also writes its 64 rows' share of dsink (-sum exp(sink -
+//     L_i) D_i, in row order) into the workspace slot the mma.sync dQ kernel would fill for the same 64-row tile, so
+//     launch.cu's dsink sum is shared.
 // D = dout . out comes from bwd_delta_kernel (src/cuda/bwd/) before both. No atomics: every run gives the same bits.
 // Rows past a sequence: in padded batches (and after the last varlen sequence) they are past the tensor map's end and
 // land as zeros. Inside a varlen batch a tile that crosses a sequence's end holds the next sequence's first rows:
@@ -533,7 +534,8 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
     // order) and P is formed while dP runs. Each tile ends with nothing in flight, as in the dK / dV kernel: the
     // forward kernel's way of overlapping further (the previous tile's dQ product issued with this tile's scores)
     // left ptxas short of registers for the wgmma pipeline at d128, and it serialised every wgmma. NK: the keys the
-    // products take, BC or the narrow sink tile's kSinkKeys.
+    // products take: BC, the first 64 of a 128-key tile (rows that see none of the rest), or the narrow sink tile's
+    // kSinkKeys.
     const auto tile_step = [&]<int NK>(int st, int j0, int j1) {
       float sc[NK / 2], dp[NK / 2];  // S and dP: this warp's 16 rows x the tile's NK keys
       uint32_t dsk[NK / 8][2];       // dS packed to 16 bits as the A fragment (rows: this warp's q rows; columns: keys)
@@ -583,6 +585,8 @@ __global__ void __launch_bounds__(384, 1) bwd_hopper_dq_kernel(const __grid_cons
         // none of this warpgroup's rows sees the tile's keys (uniform over it)
       } else if (n == 0 && narrow_sink) {
         tile_step.template operator()<kSinkKeys>(st, j0, j1);
+      } else if (BC == 128 && !wk.may_see(j0 + 64, j1)) {  // rows that see only the tile's first 64 keys (a causal
+        tile_step.template operator()<64>(st, j0, j1);      // diagonal, a right window edge): n64 products
       } else {
         tile_step.template operator()<BC>(st, j0, j1);
       }
