@@ -34,10 +34,13 @@ def blocks_any(v, rows, cols):
     return v.reshape(s // rows, rows, s // cols, cols).any(axis=(1, 3))
 
 
-def work(s, d, causal, window, sinks, cta_walk):
+def work(s, d, causal, window, sinks, cta_walk, dkdv_halves=False):
     v = visible(s, causal, window, sinks)
     bm = bc = 64 if d == 128 else 128
     dkdv = blocks_any(v, bm, 64).sum() * bm * 64  # (q block, warpgroup's 64 keys) items
+    if bm == 128 and dkdv_halves:  # items whose keys only one 64-row half of the q block sees: that half alone
+        halves = blocks_any(v, 64, 64).reshape(s // 128, 2, s // 64)
+        dkdv -= (halves[:, 0] != halves[:, 1]).sum() * 64 * 64
     cta = blocks_any(v, 128, bc)                  # the dQ CTA's key tiles
     wg = blocks_any(v, 64, bc)                    # ... those each warpgroup's 64 rows see
     if cta_walk:
@@ -57,6 +60,8 @@ def work(s, d, causal, window, sinks, cta_walk):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cta-walk", action="store_true", help="dQ's rule before the per-warpgroup skip and narrow sink")
+    ap.add_argument("--dkdv-halves", action="store_true",
+                    help="bench/bwd/pending/dkdv_halves.patch: D64 dK / dV items over the one 64-row half that sees")
     args = ap.parse_args()
     print(f"{'shape':40s} {'dK/dV':>7s} {'dQ':>7s} {'useful / computed':>18s}")
     for d in (64, 128):
@@ -64,7 +69,7 @@ def main():
                                          (True, 8192, 1024, 4)]:
             if window >= 0 and d != 128:
                 continue  # the benchmark's window + sinks case is D128
-            vis, dkdv, dq = work(s, d, causal, window, sinks, args.cta_walk)
+            vis, dkdv, dq = work(s, d, causal, window, sinks, args.cta_walk, args.dkdv_halves)
             name = f"D{d} {'causal' if causal else 'full'} S{s}" + (f" window {window} + {sinks} sinks"
                                                                     if window >= 0 else "")
             print(f"{name:40s} {dkdv / vis:7.3f} {dq / vis:7.3f} {5 * vis / (4 * dkdv + 3 * dq):18.3f}")
