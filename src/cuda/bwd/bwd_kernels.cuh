@@ -167,9 +167,9 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
   return s;
 }
 
-// `lanes` threads (a power of two, at most 32) per (tensor row, q head), each group kDeltaRows of them: a block's
-// 256 / lanes groups take consecutive (row, head) items, then the next 256 / lanes, so a warp still reads whole rows
-// and a thread has kDeltaRows loads in flight. kVec: every row of out and dout is 16-byte aligned, and each thread
+// `lanes` threads (a power of two, at most 32) per (tensor row, q head) item, kDeltaRows items per group of lanes: a
+// block's 256 / lanes groups take consecutive items, then the next 256 / lanes, so a warp still reads whole rows and
+// a thread has kDeltaRows loads in flight. kVec: every row of out and dout is 16-byte aligned, and each thread
 // reads 16-byte chunks (one element per lane left the kernel latency-bound at 5x its bytes' time on the H100 at
 // head_dim 64). Index: uint32_t when the items fit, so that splitting an item into (tensor batch, row, head) costs two
 // 32-bit divisions instead of 64-bit ones (with one item per thread those had made the kernel issue-bound: 3.0 TB/s
