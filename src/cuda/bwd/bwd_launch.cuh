@@ -43,13 +43,13 @@ void launch_delta(const BwdParams& p, cudaStream_t stream) {
   constexpr int kThreads = 256;
   const int64_t per_block = int64_t(kThreads / lanes) * kDeltaRows;
   const unsigned blocks = unsigned((rows + per_block - 1) / per_block);
-  // 32-bit item indices while the last block's stay below 2^32
-  const bool narrow = int64_t(blocks) * per_block < (int64_t(1) << 32);
+  // 32-bit item indices while the last block's stay below 2^32 (the divisions splitting an item are then 32-bit)
+  const bool index32 = int64_t(blocks) * per_block < (int64_t(1) << 32);
   if (vec) {
-    narrow ? bwd_delta_kernel<T, true, uint32_t><<<blocks, kThreads, 0, stream>>>(p, lanes)
+    index32 ? bwd_delta_kernel<T, true, uint32_t><<<blocks, kThreads, 0, stream>>>(p, lanes)
            : bwd_delta_kernel<T, true, int64_t><<<blocks, kThreads, 0, stream>>>(p, lanes);
   } else {
-    narrow ? bwd_delta_kernel<T, false, uint32_t><<<blocks, kThreads, 0, stream>>>(p, lanes)
+    index32 ? bwd_delta_kernel<T, false, uint32_t><<<blocks, kThreads, 0, stream>>>(p, lanes)
            : bwd_delta_kernel<T, false, int64_t><<<blocks, kThreads, 0, stream>>>(p, lanes);
   }
   FL_CUDA_CHECK_LAUNCH("bwd_delta_kernel");
